@@ -1,0 +1,53 @@
+"""`glm5lib tiny ...`: build or locate the embedded tiny GLM-5."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from glm5lib.errors import UserError
+from glm5lib.model.tiny import DEFAULT_TYPES, FILE_TYPES, build_tiny, ensure_tiny
+
+
+def _paths_dict(paths) -> dict:
+    return {
+        "root": str(paths.root),
+        "hf_dir": str(paths.hf_dir),
+        "gguf": {k: str(v) for k, v in paths.gguf.items()},
+        "shards": {k: [str(p) for p in v] for k, v in paths.shards.items()},
+    }
+
+
+def _build(args: argparse.Namespace) -> int:
+    types = tuple(args.types)
+    bad = [t for t in types if t not in FILE_TYPES]
+    if bad:
+        raise UserError(f"unsupported GGUF type(s) {', '.join(bad)}; choose from {', '.join(FILE_TYPES)}")
+    if args.out:
+        out = Path(args.out)
+        if out.exists() and not args.force:
+            raise UserError(f"{out} already exists (use --force to replace it)")
+        if out.exists():
+            if not (out / "manifest.json").exists():
+                raise UserError(f"{out} exists and is not a tiny-model directory; refusing to replace it")
+            import shutil
+
+            shutil.rmtree(out)
+        paths = build_tiny(out, seed=args.seed, types=types)
+    else:
+        paths = ensure_tiny(seed=args.seed, types=types)
+    print(json.dumps(_paths_dict(paths), indent=1))
+    return 0
+
+
+def register_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tiny", help="the embedded tiny GLM-5 (HF directory + glm-dsa GGUF files)")
+    tsub = p.add_subparsers(dest="tiny_command", metavar="ACTION")
+    tsub.required = True
+    b = tsub.add_parser("build", help="build (or locate the cached) tiny model and print its paths as JSON")
+    b.add_argument("--out", help="build into this new directory instead of the cache")
+    b.add_argument("--types", nargs="+", default=list(DEFAULT_TYPES), help=f"GGUF types ({', '.join(FILE_TYPES)})")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--force", action="store_true", help="replace an existing tiny-model directory given with --out")
+    b.set_defaults(func=_build)

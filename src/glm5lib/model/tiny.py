@@ -1,0 +1,279 @@
+"""Build the embedded tiny GLM-5: an HF directory and glm-dsa GGUF files (F32, BF16, Q8_0, ...), merged and split.
+
+Nothing is downloaded: weights are drawn from a seed, the tokenizer is trained on text the package ships.
+The GGUF files are laid out as llama.cpp's `glm-dsa` converter lays them out (names and order from
+`glm5lib.model.spec`, kv_b split into attn_k_b/attn_v_b, stacked experts, F32 norms/router/biases/indexer proj).
+
+    paths = ensure_tiny()            # builds into .cache/tiny (or $GLM5LIB_CACHE/tiny) once
+    paths.hf_dir, paths.gguf["Q8_0"], paths.shards["Q8_0"][0]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import gguf
+import numpy as np
+import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+from glm5lib.errors import UserError
+from glm5lib.model.layout import split_kv_b
+from glm5lib.model.spec import GGUF_ARCH, GLM5Config, TensorSpec, gguf_metadata, gguf_tensor_specs, hf_tensor_shapes
+from glm5lib.model.tokenizer import EOS_TOKEN, SPECIAL_TOKENS, save_hf_tokenizer, train_tokenizer
+
+# Types gguf-py can quantize and llama.cpp's converter would write for the main weights.
+FILE_TYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
+    "F32": (gguf.GGMLQuantizationType.F32, gguf.LlamaFileType.ALL_F32),
+    "BF16": (gguf.GGMLQuantizationType.BF16, gguf.LlamaFileType.MOSTLY_BF16),
+    "Q8_0": (gguf.GGMLQuantizationType.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "Q5_0": (gguf.GGMLQuantizationType.Q5_0, gguf.LlamaFileType.MOSTLY_Q5_0),
+    "Q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+}
+DEFAULT_TYPES = ("F32", "BF16", "Q8_0", "Q4_0")
+TINY_NAME = "tiny-glm5"
+# Shards "like a real release": a split every N tensors gives several shards for the 94-tensor tiny model.
+TINY_SPLIT_MAX_TENSORS = 32
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("GLM5LIB_CACHE")
+    if root:
+        return Path(root)
+    # The repo's .cache when run from a checkout, else the user's cache.
+    here = Path(__file__).resolve().parents[3]
+    if (here / "pyproject.toml").exists():
+        return here / ".cache"
+    return Path.home() / ".cache" / "glm5lib"
+
+
+# ---- weights ---------------------------------------------------------------------------------------------------
+
+
+def init_weights(cfg: GLM5Config, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Deterministic HF-named fp32 weights. Norm weights and biases are not trivial (1 + noise) so that a
+    mapping that drops or swaps them changes the output."""
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name, shape in hf_tensor_shapes(cfg).items():
+        if len(shape) == 1:
+            if name.endswith("e_score_correction_bias"):
+                t = 0.1 * torch.randn(shape, generator=gen)
+            elif name.endswith(".bias"):
+                t = 0.05 * torch.randn(shape, generator=gen)
+            else:  # RMSNorm / LayerNorm weight
+                t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
+        else:
+            fan_in = shape[-1]
+            std = 0.02 if "embed_tokens" in name else fan_in**-0.5
+            t = std * torch.randn(shape, generator=gen)
+        out[name] = t.float()
+    return out
+
+
+def hf_to_gguf_arrays(cfg: GLM5Config, weights: Mapping[str, torch.Tensor]) -> Iterable[tuple[TensorSpec, torch.Tensor]]:
+    """HF checkpoint tensors -> GGUF tensors (torch order), one at a time, in converter order."""
+    for spec in gguf_tensor_specs(cfg):
+        if spec.transform == "identity":
+            t = weights[spec.hf_names[0]]
+        elif spec.transform == "experts":
+            t = torch.stack([weights[n] for n in spec.hf_names])
+        else:
+            k_b, v_b = split_kv_b(weights[spec.hf_names[0]], cfg)
+            t = k_b if spec.transform == "k_b" else v_b
+        if tuple(t.shape) != spec.shape:
+            raise ValueError(f"{spec.gguf_name}: got {tuple(t.shape)}, expected {spec.shape}")
+        yield spec, t
+
+
+# ---- writers ---------------------------------------------------------------------------------------------------
+
+
+def write_hf_dir(cfg: GLM5Config, weights: Mapping[str, torch.Tensor], out_dir: Path, *, tokenizer=None,
+                 shard_layers: int = 2) -> None:
+    """config.json, generation_config.json, tokenizer files and safetensors shards with an index, like a hub repo."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
+    gen_cfg = {"eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id, "do_sample": False}
+    (out_dir / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2))
+    if tokenizer is not None:
+        save_hf_tokenizer(tokenizer, out_dir)
+    # Shard by layer groups so the index/multi-file path is exercised.
+    groups: dict[int, dict[str, torch.Tensor]] = {}
+    for name, t in weights.items():
+        layer = int(name.split(".")[2]) if name.startswith("model.layers.") else -1
+        groups.setdefault(max(layer, 0) // shard_layers, {})[name] = t.contiguous()
+    n = len(groups)
+    weight_map = {}
+    for k, (gi, tensors) in enumerate(sorted(groups.items())):
+        fname = f"model-{k + 1:05d}-of-{n:05d}.safetensors"
+        save_file(tensors, str(out_dir / fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name in tensors})
+    total = sum(t.numel() * t.element_size() for t in weights.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def _add_tokenizer(writer: gguf.GGUFWriter, hf_dir: Path) -> None:
+    """tokenizer.ggml.* as llama.cpp's converter writes them for a gpt2-style BPE (get_vocab_base + SpecialVocab)."""
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    vocab: dict[str, int] = tok["model"]["vocab"]
+    for added in tok.get("added_tokens", []):
+        vocab[added["content"]] = added["id"]
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise ValueError("tokenizer ids are not contiguous")
+    special = set(SPECIAL_TOKENS)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")  # the tiny tokenizer uses the GPT-2 byte-level split regex
+    writer.add_token_list([t for t, _ in by_id])
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t, _ in by_id])
+    special_vocab = gguf.SpecialVocab(hf_dir, load_merges=True)
+    eos = vocab[EOS_TOKEN]
+    special_vocab._set_special_token("eos", eos)  # as the glm converter does (private API, same call)
+    special_vocab._set_special_token("eot", vocab["<|user|>"])
+    special_vocab._set_special_token("unk", eos)
+    special_vocab._set_special_token("bos", eos)
+    special_vocab._set_special_token("pad", eos)
+    special_vocab.add_to_gguf(writer, quiet=True)
+
+
+def write_gguf(cfg: GLM5Config, weights: Mapping[str, torch.Tensor], hf_dir: Path, out_path: Path,
+               file_type: str = "F32", *, name: str = TINY_NAME, progress: bool = True) -> Path:
+    """One merged glm-dsa GGUF file. `hf_dir` supplies the tokenizer files."""
+    if file_type not in FILE_TYPES:
+        raise UserError(f"unsupported GGUF type {file_type!r}; choose from {', '.join(FILE_TYPES)}")
+    qtype, ftype = FILE_TYPES[file_type]
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    writer = gguf.GGUFWriter(str(tmp), GGUF_ARCH)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(name)
+    writer.add_file_type(int(ftype))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    for key, value in gguf_metadata(cfg).items():
+        _add_kv(writer, key, value)
+    _add_tokenizer(writer, hf_dir)
+    specs = list(hf_to_gguf_arrays(cfg, weights))
+    for spec, t in tqdm(specs, desc=f"gguf {file_type}", disable=not progress, leave=False):
+        arr = t.detach().to(torch.float32).numpy()
+        this_type = gguf.GGMLQuantizationType.F32 if spec.storage == "f32" else qtype
+        if this_type == gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(spec.gguf_name, np.ascontiguousarray(arr))
+        else:
+            data = gguf.quants.quantize(arr, this_type)
+            writer.add_tensor(spec.gguf_name, data, raw_shape=data.shape, raw_dtype=this_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file(progress=False)
+    writer.close()
+    os.replace(tmp, out_path)
+    return out_path
+
+
+def _add_kv(writer: gguf.GGUFWriter, key: str, value) -> None:
+    # gguf-py 0.19 has no add_indexer_types (GLM-5.2); write every arch key with explicit types instead.
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, list):
+        writer.add_array(key, value)
+    else:
+        writer.add_string(key, str(value))
+
+
+# ---- the cached tiny model ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class TinyPaths:
+    root: Path
+    config: GLM5Config
+    hf_dir: Path
+    gguf: dict[str, Path] = field(default_factory=dict)  # merged file per type
+    shards: dict[str, list[Path]] = field(default_factory=dict)  # shard files per type, first shard first
+
+    def first_shard(self, file_type: str = "Q8_0") -> Path:
+        return self.shards[file_type][0]
+
+
+def _split_file():
+    try:  # TEMPORARY while the GGUF tools land: without them the tiny build has no shards
+        from glm5lib.gguf.split import split_file
+    except ImportError:
+        return None
+    return split_file
+
+
+def _manifest(cfg: GLM5Config, seed: int, types: tuple[str, ...]) -> dict:
+    return {"config": cfg.to_hf_dict(), "seed": seed, "types": list(types), "split_max_tensors": TINY_SPLIT_MAX_TENSORS,
+            "sharded": _split_file() is not None, "version": 1}
+
+
+def build_tiny(out_dir: Path, *, cfg: GLM5Config | None = None, seed: int = 0,
+               types: tuple[str, ...] = DEFAULT_TYPES, weights: Mapping[str, torch.Tensor] | None = None,
+               progress: bool = True) -> TinyPaths:
+    """Build the tiny model into `out_dir` (must not exist); built in a temp dir and renamed when complete."""
+    cfg = cfg or GLM5Config.tiny()
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise UserError(f"{out_dir} already exists; remove it or choose another directory")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        tok = train_tokenizer(cfg.vocab_size)
+        eos = tok.token_to_id(EOS_TOKEN)
+        cfg = cfg.replace(bos_token_id=None, eos_token_id=eos, pad_token_id=eos)
+        weights = dict(weights) if weights is not None else init_weights(cfg, seed)
+        hf_dir = work / "hf"
+        write_hf_dir(cfg, weights, hf_dir, tokenizer=tok)
+        split_file = _split_file()
+        for ft in types:
+            merged = write_gguf(cfg, weights, hf_dir, work / f"{TINY_NAME}-{ft}.gguf", ft, progress=progress)
+            shard_dir = work / f"shards-{ft}"
+            shard_dir.mkdir()
+            if split_file is not None:
+                split_file(merged, shard_dir / f"{TINY_NAME}-{ft}", max_tensors=TINY_SPLIT_MAX_TENSORS, progress=False)
+        (work / "manifest.json").write_text(json.dumps(_manifest(cfg, seed, types), indent=1))
+        work.chmod(0o755)
+        os.replace(work, out_dir)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return load_tiny(out_dir)
+
+
+def load_tiny(root: Path) -> TinyPaths:
+    root = Path(root)
+    manifest = json.loads((root / "manifest.json").read_text())
+    cfg = GLM5Config.from_hf_dict(manifest["config"])
+    paths = TinyPaths(root=root, config=cfg, hf_dir=root / "hf")
+    for ft in manifest["types"]:
+        paths.gguf[ft] = root / f"{TINY_NAME}-{ft}.gguf"
+        paths.shards[ft] = sorted((root / f"shards-{ft}").glob("*.gguf"))
+    return paths
+
+
+def ensure_tiny(root: Path | None = None, *, seed: int = 0, types: tuple[str, ...] = DEFAULT_TYPES,
+                progress: bool = True) -> TinyPaths:
+    """The cached tiny model, built on first use (a few seconds). Rebuilt if the recipe changed."""
+    root = Path(root) if root else default_cache_dir() / "tiny"
+    cfg = GLM5Config.tiny()
+    if (root / "manifest.json").exists():
+        paths = load_tiny(root)
+        want = _manifest(cfg.replace(bos_token_id=None, eos_token_id=paths.config.eos_token_id,
+                                     pad_token_id=paths.config.pad_token_id), seed, types)
+        if json.loads((root / "manifest.json").read_text()) == want:
+            return paths
+        shutil.rmtree(root)  # our own cache, never user data
+    return build_tiny(root, seed=seed, types=types, progress=progress)

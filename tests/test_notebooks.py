@@ -1,0 +1,45 @@
+"""Every notebook executes under papermill with the CI profile, and the values it records are asserted
+(the assertions for notebook NN live in tests/nbchecks/nbNN.py)."""
+
+import importlib
+import json
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+from glm5lib.workbook import read_report
+from glm5lib.workbook.run import execute_notebook, notebooks
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = notebooks(ROOT)
+
+
+def test_every_notebook_has_a_check_and_a_pair():
+    assert [nb.stem[:2] for nb in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
+    for nb in NOTEBOOKS:
+        assert nb.with_suffix(".py").exists(), f"{nb.name} has no paired py:percent file"
+        assert (ROOT / "tests" / "nbchecks" / f"nb{nb.stem[:2]}.py").exists()
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_stripped_paired_and_parameterised(nb):
+    book = nbformat.read(nb, as_version=4)
+    code = [c for c in book.cells if c.cell_type == "code"]
+    assert not any(c.get("outputs") or c.get("execution_count") for c in code), "outputs must be stripped"
+    assert "parameters" in code[0].metadata.get("tags", []), "first code cell must be tagged parameters"
+    assert "INTERACTIVE" in code[0].source and "PROFILE" in code[0].source
+    text = jupytext.read(nb.with_suffix(".py"))
+    assert [c.source for c in text.cells] == [c.source for c in book.cells], "ipynb and py:percent differ: jupytext --sync"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_and_records_checked_values(nb):
+    result = execute_notebook(nb, "ci", out_dir=ROOT / "outputs")
+    assert result.output.exists(), "the executed notebook must be kept, also on failure"
+    assert result.error is None, f"{nb.name} failed: {result.error} (see {result.output})"
+    report = read_report(result.report)
+    check = importlib.import_module(f"nbchecks.nb{nb.stem[:2]}").check
+    check(report)
+    json.dumps(report)  # the report stays machine readable
