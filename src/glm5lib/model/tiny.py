@@ -207,17 +207,9 @@ class TinyPaths:
         return self.shards[file_type][0]
 
 
-def _split_file():
-    try:  # TEMPORARY while the GGUF tools land: without them the tiny build has no shards
-        from glm5lib.gguf.split import split_file
-    except ImportError:
-        return None
-    return split_file
-
-
 def _manifest(cfg: GLM5Config, seed: int, types: tuple[str, ...]) -> dict:
     return {"config": cfg.to_hf_dict(), "seed": seed, "types": list(types), "split_max_tensors": TINY_SPLIT_MAX_TENSORS,
-            "sharded": _split_file() is not None, "version": 1}
+            "version": 1}
 
 
 def build_tiny(out_dir: Path, *, cfg: GLM5Config | None = None, seed: int = 0,
@@ -237,16 +229,21 @@ def build_tiny(out_dir: Path, *, cfg: GLM5Config | None = None, seed: int = 0,
         weights = dict(weights) if weights is not None else init_weights(cfg, seed)
         hf_dir = work / "hf"
         write_hf_dir(cfg, weights, hf_dir, tokenizer=tok)
-        split_file = _split_file()
+        from glm5lib.gguf.split import split  # lazy: glm5lib.gguf users import this module
+
         for ft in types:
             merged = write_gguf(cfg, weights, hf_dir, work / f"{TINY_NAME}-{ft}.gguf", ft, progress=progress)
             shard_dir = work / f"shards-{ft}"
             shard_dir.mkdir()
-            if split_file is not None:
-                split_file(merged, shard_dir / f"{TINY_NAME}-{ft}", max_tensors=TINY_SPLIT_MAX_TENSORS, progress=False)
+            split(merged, shard_dir / f"{TINY_NAME}-{ft}", max_tensors=TINY_SPLIT_MAX_TENSORS, progress=False)
         (work / "manifest.json").write_text(json.dumps(_manifest(cfg, seed, types), indent=1))
         work.chmod(0o755)
-        os.replace(work, out_dir)
+        try:
+            os.replace(work, out_dir)
+        except OSError:
+            if not (out_dir / "manifest.json").exists():
+                raise
+            shutil.rmtree(work)  # another process finished the same build first: use theirs
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
