@@ -4,27 +4,32 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from glm5lib.errors import UserError
 
-# Modules that expose `register_cli(subparsers)`. Order is the order of `glm5lib --help`.
-COMMAND_MODULES = (
-    "glm5lib.model.cli",  # glm5lib tiny ...
-    "glm5lib.gguf.cli",  # glm5lib gguf ...
-    "glm5lib.mapping.cli",  # glm5lib map ...
-    "glm5lib.dsa.cli",  # glm5lib dsa ...
-    "glm5lib.kernels.cli",  # glm5lib bench ...
-    "glm5lib.vllm_plugin.cli",  # glm5lib doctor / serve
-    "glm5lib.workbook.cli",  # glm5lib workbook
-)
+# Sub-command -> module exposing `register_cli(subparsers)`. Order is the order of `glm5lib --help`.
+# Only the module of the command being run is imported, so `glm5lib gguf ...` does not pay for torch/vLLM.
+COMMANDS = {
+    "tiny": "glm5lib.model.cli",
+    "gguf": "glm5lib.gguf.cli",
+    "map": "glm5lib.mapping.cli",
+    "dsa": "glm5lib.dsa.cli",
+    "bench": "glm5lib.kernels.cli",
+    "doctor": "glm5lib.vllm_plugin.cli",
+    "serve": "glm5lib.vllm_plugin.cli",
+    "workbook": "glm5lib.workbook.cli",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="glm5lib", description="GLM-5 deployment workbench")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    first = next((a for a in (argv or []) if not a.startswith("-")), None)
+    modules = [COMMANDS[first]] if first in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -36,13 +41,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         rc = args.func(args)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # `glm5lib ... | head`: the reader left; not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130

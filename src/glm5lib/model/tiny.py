@@ -26,7 +26,6 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from glm5lib.errors import UserError
-from glm5lib.model.layout import split_kv_b
 from glm5lib.model.spec import GGUF_ARCH, GLM5Config, TensorSpec, gguf_metadata, gguf_tensor_specs, hf_tensor_shapes
 from glm5lib.model.tokenizer import EOS_TOKEN, SPECIAL_TOKENS, save_hf_tokenizer, train_tokenizer
 
@@ -80,18 +79,11 @@ def init_weights(cfg: GLM5Config, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def hf_to_gguf_arrays(cfg: GLM5Config, weights: Mapping[str, torch.Tensor]) -> Iterable[tuple[TensorSpec, torch.Tensor]]:
-    """HF checkpoint tensors -> GGUF tensors (torch order), one at a time, in converter order."""
-    for spec in gguf_tensor_specs(cfg):
-        if spec.transform == "identity":
-            t = weights[spec.hf_names[0]]
-        elif spec.transform == "experts":
-            t = torch.stack([weights[n] for n in spec.hf_names])
-        else:
-            k_b, v_b = split_kv_b(weights[spec.hf_names[0]], cfg)
-            t = k_b if spec.transform == "k_b" else v_b
-        if tuple(t.shape) != spec.shape:
-            raise ValueError(f"{spec.gguf_name}: got {tuple(t.shape)}, expected {spec.shape}")
-        yield spec, t
+    """HF checkpoint tensors -> GGUF tensors (torch order), one at a time, in converter order (the mapping's
+    HF -> GGUF direction; one implementation lives in glm5lib.mapping)."""
+    from glm5lib.mapping.weights import iter_gguf_arrays
+
+    return iter_gguf_arrays(cfg, weights)
 
 
 # ---- writers ---------------------------------------------------------------------------------------------------
