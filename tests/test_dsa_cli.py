@@ -1,0 +1,38 @@
+"""`glm5lib dsa ...` commands: output and user errors."""
+
+import json
+
+import pytest
+
+from glm5lib.cli import main
+from glm5lib.model.tiny import ensure_tiny
+
+
+def test_cost_prints_glm5_numbers(capsys):
+    assert main(["dsa", "cost", "--context", "2048,35000"]) == 0
+    out = capsys.readouterr().out
+    assert "34,546" in out and "285.2" in out
+
+
+def test_analyze_tiny_gguf_shard(capsys):
+    shard = ensure_tiny(progress=False).shards["Q8_0"][1]
+    assert main(["dsa", "analyze", str(shard), "--layers", "0-2", "--tokens", "96", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["layer"] for r in res["layers"]] == [0, 1, 2] and res["tokens"] == 96
+
+
+def test_rope_layout_runs(capsys):
+    assert main(["dsa", "rope-layout", str(ensure_tiny(progress=False).hf_dir), "--sequences", "1"]) == 0
+    assert "indexer RoPE layout:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["dsa", "analyze", "/nonexistent.gguf"], "no such file"),
+    (["dsa", "analyze", "{gguf}", "--layers", "1-2"], "starting at 0"),
+    (["dsa", "analyze", "{gguf}", "--layers", "0-9"], "within 0-2"),
+], ids=["missing", "not-from-0", "out-of-range"])
+def test_user_errors(capsys, argv, msg):
+    gguf = str(ensure_tiny(progress=False).gguf["Q8_0"])
+    assert main([a.replace("{gguf}", gguf) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and msg in err and "Traceback" not in err
