@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
+# usage: scripts/device_kernels.sh [checks] [sanitize] [bench] [bench-sweep] [compile]
+set -u
+export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
+OUT=${OUT:-outputs/bench}
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv | tee "$OUT/env.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/env.txt"
+for step in "$@"; do
+  case $step in
+    checks) timeout 150 python3 -m glm5lib.kernels.checks --profile full --json "$OUT/checks_full.json" > "$OUT/checks_full.log" 2>&1
+            echo "checks rc=$?"; grep -v " ok " "$OUT/checks_full.log" | tail -20 ;;
+    sanitize) timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize > "$OUT/sanitizer.log" 2>&1
+            echo "sanitizer rc=$?"; tail -6 "$OUT/sanitizer.log" ;;
+    bench) timeout 420 python3 -m glm5lib.kernels.cli bench all --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  " ;;
+    bench-sweep) timeout 300 python3 -m glm5lib.kernels.cli bench sparse-mla --sweep --quick --no-scaling --name sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
+            echo "sweep rc=$?"; tail -30 "$OUT/sweep.log" ;;
+    bench-indexer) timeout 150 python3 -m glm5lib.kernels.cli bench indexer --name indexer --out "$OUT" > "$OUT/indexer.log" 2>&1
+            echo "indexer rc=$?"; grep -v Warn "$OUT/indexer.log" | tail -12 ;;
+    bench-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 200 python3 -m glm5lib.kernels.cli bench sparse-mla --quick --no-scaling --name swfp8 --out "$OUT" > "$OUT/swfp8.log" 2>&1
+            echo "swfp8 rc=$?"; grep -v Warn "$OUT/swfp8.log" | grep "fp8_ds_mla" | sort -u | head -20 ;;
+    compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
+  esac
+done

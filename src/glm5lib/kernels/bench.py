@@ -1,0 +1,578 @@
+"""Benchmarks for the sparse-MLA and indexer kernels (run on a CUDA GPU; results as JSON + PNG).
+
+In one run, side by side: our Triton kernels, FlashMLA's sparse kernels as shipped in the vllm 0.33.0 wheel
+(`_flashmla_C`, loaded from `.vendor/` when present), a naive torch gather + einsum, and the machine's measured
+ceilings (1 GiB device copy, 8192^3 bf16 matmul). GLM-5 shapes: d_qk 576, d_v 512, top-k 2048, scale 1/16.
+
+Timing (METHOD.md): `triton.testing.do_bench` medians (it flushes L2 before every timed call); small decode
+launches are timed as a CUDA graph of R calls over R different index sets (so each call gathers rows that are
+not in L2, and launch gaps do not count), divided by R. Inputs are fresh random data, outputs poisoned.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from glm5lib.kernels import naive
+from glm5lib.kernels.indexer import indexer_logits
+from glm5lib.kernels.sparse_mla import CONFIGS, MLAConfig, sparse_mla, sparse_mla_launch
+from glm5lib.kernels.topk import topk_indices
+
+SM_SCALE = 1.0 / 16
+TOPK = 2048
+L2_BYTES = 60 * 2**20
+
+
+def _median_ms(fn, warmup=25, rep=100) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def _graph_ms(fns, reps: int = 20) -> float:
+    """Median time of one call, from a CUDA graph that runs every fn in `fns` once (falls back to do_bench)."""
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for f in fns[:2]:
+                f()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for f in fns:
+                f()
+        torch.cuda.synchronize()
+        return _median_ms(g.replay, warmup=10, rep=max(50, reps)) / len(fns)
+    except Exception as exc:  # capture can fail for ops that sync; time them plainly
+        print(f"  graph capture failed ({type(exc).__name__}: {str(exc)[:80]}); timing with do_bench", flush=True)
+        i = [0]
+
+        def one():
+            fns[i[0] % len(fns)]()
+            i[0] += 1
+
+        return _median_ms(one)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Ceilings and FlashMLA
+# ----------------------------------------------------------------------------------------------------------
+
+
+def measure_ceilings() -> dict:
+    n = 2**30
+    src = torch.randint(0, 255, (n,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = _median_ms(lambda: dst.copy_(src))
+    copy_gbs = 2 * n / ms / 1e6  # bytes read + written
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms_mm = _median_ms(lambda: a @ b)
+    tflops = 2 * 8192**3 / ms_mm / 1e9
+    return {"copy_GBps": copy_gbs, "copy_ms_1GiB": ms, "matmul_bf16_TFLOPs": tflops, "matmul_ms": ms_mm}
+
+
+def load_flashmla(vendor: str = ".vendor") -> str | None:
+    """Import FlashMLA's ops from the vllm wheel's `_flashmla_C.abi3.so`; returns None or why it failed."""
+    p = str(Path(vendor).resolve())
+    if p not in sys.path:
+        sys.path.insert(0, p)
+    try:
+        import _flashmla_C  # noqa: F401
+
+        torch.ops._flashmla_C.sparse_decode_fwd  # noqa: B018
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+class FlashMLADecode:
+    """`sparse_decode_fwd` with its scheduler metadata kept across calls (as flash_mla_with_kvcache does)."""
+
+    def __init__(self):
+        self.meta = None
+        self.splits = None
+
+    def __call__(self, q4, kv4, idx3):
+        out, lse, md, ns = torch.ops._flashmla_C.sparse_decode_fwd(
+            q4, kv4, idx3, None, None, self.meta, self.splits, None, None, None, 512, SM_SCALE, None, False)
+        self.meta, self.splits = md, ns
+        return out, lse
+
+
+def flashmla_prefill(q, kv3, idx3):
+    return torch.ops._flashmla_C.sparse_prefill_fwd(q, kv3, idx3, SM_SCALE, 512, None, None, None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Sparse MLA
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _rand_indices(T: int, ctx: int, topk: int, row_base: torch.Tensor | None = None) -> torch.Tensor:
+    """Distinct uniform random positions in [0, ctx) per token (+ row_base[t]), int32 [T, topk]."""
+    idx = torch.rand(T, ctx, device="cuda").argsort(dim=1)[:, :topk].to(torch.int32)
+    if row_base is not None:
+        idx = idx + row_base[:, None]
+    return idx
+
+
+def _make_decode(B: int, H: int, ctx: int, topk: int, kv_format: str, block_size: int = 64):
+    """One request per token; request b owns rows [b*ctx, (b+1)*ctx) of a paged cache of block_size rows."""
+    n_rows = B * ctx
+    nb = math.ceil(n_rows / block_size)
+    kv = torch.randn(nb * block_size, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+    cache = naive.quantize_fp8_ds_mla(kv) if kv_format == "fp8_ds_mla" else kv
+    del kv
+    q = torch.randn(B, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+    base = (torch.arange(B, device="cuda", dtype=torch.int32) * ctx)
+    return q, cache.view(nb, block_size, -1), base
+
+
+def _rotations(bytes_per_call: float) -> int:
+    return int(min(64, max(1, math.ceil(3 * L2_BYTES / max(bytes_per_call, 1)))))
+
+
+def _row(kind, impl, B, H, topk, kv_format, ms, flops, kv_bytes, ceil, extra=None):
+    r = {
+        "kind": kind, "impl": impl, "T": B, "H": H, "topk": topk, "kv_format": kv_format, "ms": ms,
+        "us": ms * 1e3, "TFLOPs": flops / ms / 1e9 if ms else None, "GBps": kv_bytes / ms / 1e6 if ms else None,
+    }
+    if ms and ceil:
+        r["pct_bw"] = 100 * r["GBps"] / ceil["copy_GBps"]
+        r["pct_mm"] = 100 * r["TFLOPs"] / ceil["matmul_bf16_TFLOPs"]
+    if extra:
+        r.update(extra)
+    return r
+
+
+def bench_decode_case(B, H, kv_format, ceil, ctx=32768, topk=TOPK, flashmla=True, naive_ref=False,
+                      configs: list[MLAConfig] | None = None, check=True):
+    """Our kernel (default pick + optional config sweep), FlashMLA padded to 64/128 heads, naive torch."""
+    rows = []
+    q, cache, base = _make_decode(B, H, ctx, topk, kv_format)
+    row_bytes = naive.FP8_DS_MLA_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * naive.D_QK
+    kv_bytes = B * topk * row_bytes
+    flops = 2.0 * B * H * topk * (naive.D_QK + naive.D_NOPE)
+    R = _rotations(kv_bytes)
+    idx_sets = [_rand_indices(B, ctx, topk, base) for _ in range(R)]
+    out = torch.full((B, H, naive.D_NOPE), float("nan"), device="cuda", dtype=torch.bfloat16)
+    if check:
+        o, lse = sparse_mla(q, cache, idx_sets[0], SM_SCALE, kv_format=kv_format, out=out)
+        ro, rl = naive.sparse_mla_ref_chunked(q, cache, idx_sets[0], SM_SCALE, kv_format=kv_format, chunk=16)
+        rel = float((o.float() - ro).norm() / ro.norm())
+        assert not torch.isnan(o).any() and rel < 1e-2, f"decode B{B} H{H} {kv_format}: rel err {rel}"
+    else:
+        rel = None
+    ms = _graph_ms([lambda i=i: sparse_mla(q, cache, i, SM_SCALE, kv_format=kv_format, out=out) for i in idx_sets])
+    rows.append(_row("decode", "triton", B, H, topk, kv_format, ms, flops, kv_bytes, ceil, {"rel_err": rel, "rotations": R}))
+    for cfg in configs or []:
+        for ns_mult in (1, 2):
+            from glm5lib.kernels.sparse_mla import pick_num_splits
+            import triton
+
+            ns = pick_num_splits(B, triton.cdiv(H, cfg.block_h), topk, cfg.block_n, 132, cfg.waves) * ns_mult
+            try:
+                o, _ = sparse_mla_launch(q, cache, idx_sets[0], SM_SCALE, kv_format=kv_format, out=out, config=cfg, num_splits=ns)
+                ok = bool(torch.allclose(o.float(), ro, atol=2e-2, rtol=2e-2)) if check else None
+                ms_c = _graph_ms([lambda i=i: sparse_mla_launch(q, cache, i, SM_SCALE, kv_format=kv_format, out=out,
+                                                                config=cfg, num_splits=ns) for i in idx_sets])
+                rows.append(_row("decode-sweep", f"triton:{cfg.name}:splits{ns}", B, H, topk, kv_format, ms_c, flops, kv_bytes, ceil, {"ok": ok}))
+            except Exception as exc:
+                rows.append({"kind": "decode-sweep", "impl": f"triton:{cfg.name}:splits{ns}", "T": B, "H": H,
+                             "kv_format": kv_format, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+    if flashmla and kv_format == "fp8_ds_mla":
+        h_pad = 64 if H <= 64 else 128
+        q4 = torch.zeros(B, 1, h_pad, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+        q4[:, 0, :H] = q
+        kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
+        try:
+            fm = FlashMLADecode()
+            o4, _ = fm(q4, kv4, idx_sets[0].unsqueeze(1))
+            fm_rel = float((o4[:, 0, :H].float() - ro).norm() / ro.norm()) if check else None
+            fms = [FlashMLADecode() for _ in idx_sets]
+            for f, i in zip(fms, idx_sets):
+                f(q4, kv4, i.unsqueeze(1))
+            ms_f = _graph_ms([lambda f=f, i=i: f(q4, kv4, i.unsqueeze(1)) for f, i in zip(fms, idx_sets)])
+            rows.append(_row("decode", f"flashmla(h_pad={h_pad})", B, H, topk, kv_format, ms_f, flops, kv_bytes, ceil,
+                             {"rel_err": fm_rel, "padded_TFLOPs": 2.0 * B * h_pad * topk * 1088 / ms_f / 1e9}))
+        except Exception as exc:
+            rows.append({"kind": "decode", "impl": "flashmla", "T": B, "H": H, "kv_format": kv_format,
+                         "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+    if naive_ref:
+        flat = naive.kv_row_view(cache)[0]
+
+        def torch_naive(i=idx_sets[0]):
+            k = (naive.dequantize_fp8_ds_mla(flat[i.long()]) if kv_format == "fp8_ds_mla" else flat[i.long()].float())
+            s = torch.einsum("thd,tkd->thk", q.float(), k) * SM_SCALE
+            return torch.einsum("thk,tkd->thd", torch.softmax(s, -1), k[..., :512])
+
+        rows.append(_row("decode", "torch-naive", B, H, topk, kv_format, _median_ms(torch_naive), flops, kv_bytes, ceil))
+    del q, cache, idx_sets
+    torch.cuda.empty_cache()
+    return rows
+
+
+def bench_prefill_case(H, ceil, s_q=4096, s_kv=32768, topk=TOPK, flashmla=True, configs=None, check=True):
+    rows = []
+    kv = torch.randn(s_kv, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(s_q, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+    idx = _rand_indices(s_q, s_kv, topk)
+    flops = 2.0 * s_q * H * topk * (naive.D_QK + naive.D_NOPE)
+    kv_bytes = s_q * topk * 2 * naive.D_QK
+    out = torch.full((s_q, H, naive.D_NOPE), float("nan"), device="cuda", dtype=torch.bfloat16)
+    rel = None
+    if check:
+        o, _ = sparse_mla(q, kv, idx, SM_SCALE, out=out)
+        sl = slice(0, 256)
+        ro, _ = naive.sparse_mla_ref_chunked(q[sl], kv, idx[sl], SM_SCALE, chunk=32)
+        rel = float((o[sl].float() - ro).norm() / ro.norm())
+        assert not torch.isnan(o).any() and rel < 1e-2, f"prefill H{H}: rel err {rel}"
+    ms = _median_ms(lambda: sparse_mla(q, kv, idx, SM_SCALE, out=out))
+    rows.append(_row("prefill", "triton", s_q, H, topk, "bf16", ms, flops, kv_bytes, ceil, {"rel_err": rel, "s_kv": s_kv}))
+    for cfg in configs or []:
+        try:
+            sparse_mla_launch(q, kv, idx, SM_SCALE, out=out, config=cfg, num_splits=1)
+            ms_c = _median_ms(lambda: sparse_mla_launch(q, kv, idx, SM_SCALE, out=out, config=cfg, num_splits=1))
+            rows.append(_row("prefill-sweep", f"triton:{cfg.name}", s_q, H, topk, "bf16", ms_c, flops, kv_bytes, ceil))
+        except Exception as exc:
+            rows.append({"kind": "prefill-sweep", "impl": f"triton:{cfg.name}", "H": H, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+    if flashmla:
+        h_pad = max(64, H)
+        qp = q if h_pad == H else torch.cat([q, torch.zeros(s_q, h_pad - H, naive.D_QK, device="cuda", dtype=q.dtype)], 1)
+        try:
+            res = flashmla_prefill(qp, kv.unsqueeze(1), idx.unsqueeze(1))
+            fm_rel = float((res[0][:256, :H].float() - ro).norm() / ro.norm()) if check else None
+            ms_f = _median_ms(lambda: flashmla_prefill(qp, kv.unsqueeze(1), idx.unsqueeze(1)))
+            rows.append(_row("prefill", f"flashmla(h_pad={h_pad})", s_q, H, topk, "bf16", ms_f, flops, kv_bytes, ceil,
+                             {"rel_err": fm_rel, "padded_TFLOPs": 2.0 * s_q * h_pad * topk * 1088 / ms_f / 1e9}))
+        except Exception as exc:
+            rows.append({"kind": "prefill", "impl": "flashmla", "H": H, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+    del kv, q, idx, out
+    torch.cuda.empty_cache()
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Indexer
+# ----------------------------------------------------------------------------------------------------------
+
+
+def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size=64, sweep=False):
+    from glm5lib.kernels import indexer as ix
+
+    rows = []
+    scale = naive.INDEXER_DIM ** -0.5
+    # decode: B requests of ctx tokens, fp8 paged (block-split) and bf16 paged
+    max_blocks = math.ceil(ctx / block_size)
+    nb = B * max_blocks
+    for fmt in ("fp8", "bf16"):
+        keys = torch.randn(nb * block_size, naive.INDEXER_DIM, device="cuda", dtype=torch.bfloat16)
+        cache = (naive.pack_indexer_cache_paged(naive.quantize_indexer_k(keys), block_size) if fmt == "fp8"
+                 else keys.view(nb, block_size, naive.INDEXER_DIM))
+        bt = torch.randperm(nb, device="cuda").view(B, max_blocks).to(torch.int32)
+        ctxs = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+        q = torch.randn(B, HI, naive.INDEXER_DIM, device="cuda", dtype=torch.bfloat16)
+        w = torch.rand(B, HI, device="cuda") * HI ** -0.5
+        kw = dict(scale=scale, k_format=fmt, block_table=bt, context_lens=ctxs, max_len=ctx)
+        o = indexer_logits(q, cache, w, **kw)
+        r = naive.indexer_logits_ref(q[:2], cache, w[:2], **{**kw, "block_table": bt[:2], "context_lens": ctxs[:2]})
+        rel = float((o[:2] - r).norm() / r.norm())
+        row_b = naive.INDEXER_FP8_ROW_BYTES if fmt == "fp8" else 2 * naive.INDEXER_DIM
+        byts = B * ctx * row_b + B * ctx * 4  # keys read + fp32 scores written
+        ms = _median_ms(lambda: indexer_logits(q, cache, w, out=o, **kw))
+        rows.append(_row("indexer-decode", "triton", B, HI, ctx, fmt, ms, 2.0 * B * ctx * HI * 128, byts, ceil, {"rel_err": rel, "ctx": ctx}))
+        if fmt == "fp8":
+            # fp8 q (per-(token, head) scale folded into the weights): fp8 x fp8 tensor-core dot, no conversion
+            amax = q.float().abs().amax(-1).clamp_min(1e-8) / naive.E4M3_MAX
+            q8 = (q.float() / amax[..., None]).to(torch.float8_e4m3fn)
+            w8 = w * amax
+            o8 = indexer_logits(q8, cache, w8, **kw)
+            rel8 = float((o8[:2] - r).norm() / r.norm())
+            ms8 = _median_ms(lambda: indexer_logits(q8, cache, w8, out=o8, **kw))
+            rows.append(_row("indexer-decode", "triton-q8", B, HI, ctx, fmt, ms8, 2.0 * B * ctx * HI * 128, byts, ceil,
+                             {"rel_err_vs_bf16_q": rel8, "ctx": ctx}))
+        if sweep:
+            keep = ix.INDEXER_CONFIGS["paged"]
+            for cfg in ((0, 128, 4, 2), (0, 128, 8, 2), (0, 256, 8, 2), (0, 64, 4, 3), (0, 128, 4, 3)):
+                ix.INDEXER_CONFIGS["paged"] = cfg
+                try:
+                    ok = bool(torch.allclose(indexer_logits(q, cache, w, **kw)[:2], r, rtol=1e-3, atol=1e-3))
+                    ms_c = _median_ms(lambda: indexer_logits(q, cache, w, out=o, **kw))
+                    rows.append(_row("indexer-decode-sweep", f"triton:N{cfg[1]}-w{cfg[2]}-s{cfg[3]}", B, HI, ctx, fmt, ms_c,
+                                     2.0 * B * ctx * HI * 128, byts, ceil, {"ok": ok}))
+                except Exception as exc:
+                    rows.append({"kind": "indexer-decode-sweep", "impl": str(cfg), "error": str(exc)[:200]})
+            ix.INDEXER_CONFIGS["paged"] = keep
+        ms_t = _median_ms(lambda: topk_indices(o, topk))
+        rows.append(_row("topk-decode", "torch.topk", B, HI, topk, fmt, ms_t, 0.0, B * ctx * 4, ceil, {"ctx": ctx}))
+        del keys, cache, q, w, o
+    # prefill: the last s_q tokens of one request of ctx tokens, causal
+    N = ctx
+    for fmt in ("fp8", "bf16"):
+        keys = torch.randn(N, naive.INDEXER_DIM, device="cuda", dtype=torch.bfloat16)
+        cache = naive.quantize_indexer_k(keys) if fmt == "fp8" else keys
+        q = torch.randn(s_q, HI, naive.INDEXER_DIM, device="cuda", dtype=torch.bfloat16)
+        w = torch.rand(s_q, HI, device="cuda") * HI ** -0.5
+        ks = torch.zeros(s_q, device="cuda", dtype=torch.int32)
+        ke = (N - s_q + 1 + torch.arange(s_q, device="cuda")).to(torch.int32)
+        o = indexer_logits(q, cache, w, scale=scale, k_format=fmt, ks=ks, ke=ke)
+        r = naive.indexer_logits_ref(q[-4:], cache, w[-4:], scale=scale, k_format=fmt, ks=ks[-4:], ke=ke[-4:])
+        fin = torch.isfinite(r)
+        rel = float((o[-4:][fin] - r[fin]).norm() / r[fin].norm())
+        visible = float(ke.sum() - ks.sum())
+        flops = 2.0 * visible * HI * 128
+        ms = _median_ms(lambda: indexer_logits(q, cache, w, scale=scale, k_format=fmt, ks=ks, ke=ke, out=o))
+        rows.append(_row("indexer-prefill", "triton", s_q, HI, N, fmt, ms, flops, s_q * N * 4, ceil, {"rel_err": rel, "ctx": N}))
+        if fmt == "fp8":
+            amax = q.float().abs().amax(-1).clamp_min(1e-8) / naive.E4M3_MAX
+            q8 = (q.float() / amax[..., None]).to(torch.float8_e4m3fn)
+            w8 = w * amax
+            o8 = indexer_logits(q8, cache, w8, scale=scale, k_format=fmt, ks=ks, ke=ke)
+            rel8 = float((o8[-4:][fin] - r[fin]).norm() / r[fin].norm())
+            ms8 = _median_ms(lambda: indexer_logits(q8, cache, w8, scale=scale, k_format=fmt, ks=ks, ke=ke, out=o8))
+            rows.append(_row("indexer-prefill", "triton-q8", s_q, HI, N, fmt, ms8, flops, s_q * N * 4, ceil,
+                             {"rel_err_vs_bf16_q": rel8, "ctx": N}))
+        ms_t = _median_ms(lambda: topk_indices(o, topk, ks=ks))
+        rows.append(_row("topk-prefill", "torch.topk", s_q, HI, topk, fmt, ms_t, 0.0, s_q * N * 4, ceil, {"ctx": N}))
+        del keys, cache, q, w, o
+    torch.cuda.empty_cache()
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Driver
+# ----------------------------------------------------------------------------------------------------------
+
+C = MLAConfig
+SWEEP_DECODE_SMALL = [C(16, 32, 4, 2, True, True), C(16, 32, 4, 2, True, False, True), C(16, 32, 4, 2, False, False, True),
+                      C(16, 64, 4, 2, False, False, True), C(16, 32, 4, 3, False, False, True)]
+SWEEP_DECODE_LARGE = [C(64, 64, 8, 3), C(64, 64, 8, 3, False, False, True), C(64, 64, 8, 2, False, False, True),
+                      C(64, 32, 8, 2, False, False, True), C(64, 64, 8, 2, True, False, True)]
+SWEEP_PREFILL = [C(64, 64, 8, 2), C(64, 64, 8, 3), C(64, 64, 8, 2, True), C(64, 64, 8, 1, True), C(64, 32, 8, 1),
+                 C(32, 32, 4, 2), C(16, 32, 4, 2), C(16, 64, 4, 2, True)]
+
+
+def run(what: str = "all", out_dir: str = "outputs/bench", vendor: str = ".vendor", quick: bool = False,
+        sweep: bool = False, scaling: bool = True, name: str = "bench_h200", sweep_indexer: bool = False) -> dict:
+    if not torch.cuda.is_available():
+        from glm5lib.errors import UserError
+
+        raise UserError("glm5lib bench needs a CUDA GPU (none visible); the CPU checks are `pytest tests/test_kernels_*.py`", exit_code=3)
+    import triton
+
+    torch.manual_seed(0)
+    res: dict = {"meta": {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
+        "shapes": {"d_qk": 576, "d_v": 512, "topk": TOPK, "sm_scale": SM_SCALE},
+        "configs": {"/".join(k): v.name for k, v in CONFIGS.items()},
+    }}
+    fm_err = load_flashmla(vendor)
+    res["meta"]["flashmla"] = "loaded" if fm_err is None else fm_err
+    fm = fm_err is None
+    print(f"flashmla: {res['meta']['flashmla']}", flush=True)
+    ceil = measure_ceilings()
+    res["ceilings"] = ceil
+    print(f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 matmul {ceil['matmul_bf16_TFLOPs']:.0f} TFLOP/s", flush=True)
+    rows: list[dict] = []
+    if what in ("all", "sparse-mla"):
+        Bs = (1, 32, 128) if not quick else (32, 128)
+        for fmt in ("bf16", "fp8_ds_mla"):
+            for H in (8, 16):
+                for B in Bs:
+                    rows += bench_decode_case(B, H, fmt, ceil, flashmla=fm, naive_ref=(B == 32 and H == 16 and fmt == "bf16"),
+                                              configs=SWEEP_DECODE_SMALL if sweep and B == 128 and H == 16 and fmt == "fp8_ds_mla" else None)
+                    _print_rows(rows[-3:])
+            for H in (64, 128):
+                rows += bench_decode_case(128, H, fmt, ceil, flashmla=fm,
+                                          configs=SWEEP_DECODE_LARGE if sweep and fmt == "fp8_ds_mla" else None)
+                _print_rows(rows[-3:])
+        rows += bench_decode_case(64, 64, "bf16", ceil, flashmla=False, naive_ref=True, check=False)
+        for H in (8, 64, 128):
+            sw = None
+            rows += bench_prefill_case(H, ceil, flashmla=fm, configs=sw)
+            _print_rows(rows[-3:])
+        # time vs top-k (decode B=128) and vs context length (flat expected: only top-k rows are read)
+        for fmt, H in ((("fp8_ds_mla", 16), ("fp8_ds_mla", 64)) if scaling else ()):
+            for k in (256, 512, 1024, 2048):
+                rows += [dict(r, kind="scale-topk") for r in bench_decode_case(128, H, fmt, ceil, topk=k, flashmla=fm and H >= 64, check=False)]
+        for ctx in ((4096, 32768, 131072) if scaling else ()):
+            rows += [dict(r, kind="scale-ctx", ctx=ctx) for r in bench_decode_case(64, 16, "fp8_ds_mla", ceil, ctx=ctx, flashmla=False, check=False)]
+    if what in ("all", "indexer"):
+        rows += bench_indexer(ceil, sweep=sweep or sweep_indexer)
+        _print_rows(rows[-8:])
+    res["rows"] = rows
+    res["targets"] = evaluate_targets(res)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f"{name}.json.tmp"
+    tmp.write_text(json.dumps(res, indent=1))
+    os.replace(tmp, out / f"{name}.json")
+    return res
+
+
+def _print_rows(rows):
+    for r in rows:
+        if "error" in r:
+            print(f"  {r.get('kind')} {r.get('impl')} T{r.get('T')} H{r.get('H')}: ERROR {r['error']}", flush=True)
+        else:
+            print(f"  {r['kind']:14s} {r['impl']:34s} T{r['T']:<5d} H{r['H']:<4d} k{r['topk']:<6d} {r['kv_format']:10s} "
+                  f"{r['us']:9.1f} us {r['TFLOPs']:7.1f} TF/s {r['GBps']:7.0f} GB/s", flush=True)
+
+
+def _find(rows, **kw):
+    for r in rows:
+        if "error" not in r and all(r.get(k) == v for k, v in kw.items()):
+            return r
+    return None
+
+
+def evaluate_targets(res: dict) -> list[dict]:
+    """The issue's targets, each with the measured value and whether it is met."""
+    rows = res.get("rows", [])
+    out = []
+
+    def add(name, value, goal, met):
+        out.append({"target": name, "value": value, "goal": goal, "met": bool(met) if value is not None else None})
+
+    for H in (8, 16):
+        for B in (1, 32, 128):
+            r = _find(rows, kind="decode", impl="triton", T=B, H=H, kv_format="bf16")
+            add(f"decode bf16 H{H} B{B}: % of copy bandwidth", r and r.get("pct_bw"), ">= 85", r and r.get("pct_bw", 0) >= 85)
+            r8 = _find(rows, kind="decode", impl="triton", T=B, H=H, kv_format="fp8_ds_mla")
+            f8 = next((x for x in rows if x.get("kind") == "decode" and str(x.get("impl", "")).startswith("flashmla")
+                       and x.get("T") == B and x.get("H") == H and "error" not in x), None)
+            sp = f8["ms"] / r8["ms"] if (r8 and f8) else None
+            add(f"decode fp8 H{H} B{B}: speed-up vs FlashMLA padded to 64", sp, ">= 2.5", sp is not None and sp >= 2.5)
+    for H in (64, 128):
+        r8 = _find(rows, kind="decode", impl="triton", T=128, H=H, kv_format="fp8_ds_mla")
+        f8 = next((x for x in rows if x.get("kind") == "decode" and str(x.get("impl", "")).startswith("flashmla")
+                   and x.get("T") == 128 and x.get("H") == H and "error" not in x), None)
+        sp = f8["ms"] / r8["ms"] if (r8 and f8) else None
+        add(f"decode fp8 H{H} B128: ratio to FlashMLA", sp, ">= 0.8", sp is not None and sp >= 0.8)
+    for H in (64, 128, 8):
+        r = _find(rows, kind="prefill", impl="triton", H=H)
+        f = next((x for x in rows if x.get("kind") == "prefill" and str(x.get("impl", "")).startswith("flashmla")
+                  and x.get("H") == H and "error" not in x), None)
+        sp = f["ms"] / r["ms"] if (r and f) else None
+        goal = 4.0 if H == 8 else 0.6
+        add(f"prefill bf16 H{H}: ratio to FlashMLA (time)", sp, f">= {goal}", sp is not None and sp >= goal)
+    r = _find(rows, kind="indexer-decode", impl="triton", kv_format="fp8")
+    add("indexer decode fp8: % of copy bandwidth", r and r.get("pct_bw"), ">= 70", r and r.get("pct_bw", 0) >= 70)
+    r = _find(rows, kind="indexer-decode", impl="triton-q8", kv_format="fp8")
+    add("indexer decode fp8 (fp8 q): % of copy bandwidth", r and r.get("pct_bw"), ">= 70", r and r.get("pct_bw", 0) >= 70)
+    r = _find(rows, kind="indexer-decode", impl="triton", kv_format="bf16")
+    add("indexer decode bf16: % of copy bandwidth", r and r.get("pct_bw"), ">= 70", r and r.get("pct_bw", 0) >= 70)
+    r = _find(rows, kind="indexer-prefill", impl="triton", kv_format="fp8")
+    add("indexer prefill fp8: % of bf16 matmul rate", r and r.get("pct_mm"), ">= 50", r and r.get("pct_mm", 0) >= 50)
+    r = _find(rows, kind="indexer-prefill", impl="triton", kv_format="bf16")
+    add("indexer prefill bf16: % of bf16 matmul rate", r and r.get("pct_mm"), ">= 50", r and r.get("pct_mm", 0) >= 50)
+    return out
+
+
+def plot(json_path: str | Path, png_path: str | Path) -> Path:
+    """Two panels: time per case (ours vs FlashMLA) and a roofline (achieved TFLOP/s against FLOP/byte)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = json.loads(Path(json_path).read_text())
+    rows = [r for r in res["rows"] if "error" not in r and r["kind"] in ("decode", "prefill")]
+    ceil = res["ceilings"]
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(18, 5.5))
+    labels, ours, theirs = [], [], []
+    for r in rows:
+        if r["impl"] != "triton":
+            continue
+        f = next((x for x in rows if x["kind"] == r["kind"] and x["impl"].startswith("flashmla") and x["T"] == r["T"]
+                  and x["H"] == r["H"] and x["kv_format"] == r["kv_format"]), None)
+        labels.append(f"{r['kind'][:3]} {r['kv_format'][:3]} T{r['T']} H{r['H']}")
+        ours.append(r["us"])
+        theirs.append(f["us"] if f else float("nan"))
+    x = range(len(labels))
+    a1.bar([i - 0.2 for i in x], ours, 0.4, label="Triton (glm5lib)")
+    a1.bar([i + 0.2 for i in x], theirs, 0.4, label="FlashMLA (vllm 0.33 wheel, padded heads)")
+    a1.set_xticks(list(x), labels, rotation=80, fontsize=7)
+    a1.set_yscale("log")
+    a1.set_ylabel("time per call (us)")
+    a1.legend(fontsize=8)
+    a1.set_title("sparse MLA, top-k 2048")
+    bw, mm = ceil["copy_GBps"], ceil["matmul_bf16_TFLOPs"]
+    ai = [0.1 * 1.15**i for i in range(80)]
+    a2.plot(ai, [min(mm, a * bw / 1e3) for a in ai], "k--", lw=1, label=f"roofline ({bw:.0f} GB/s, {mm:.0f} TF/s)")
+    for r in rows:
+        inten = r["TFLOPs"] * 1e3 / r["GBps"]
+        a2.scatter(inten, r["TFLOPs"], marker="o" if r["impl"] == "triton" else "x",
+                   c="C0" if r["impl"] == "triton" else "C1", s=20)
+    a2.set_xscale("log")
+    a2.set_yscale("log")
+    a2.set_xlabel("FLOP per gathered KV byte")
+    a2.set_ylabel("TFLOP/s")
+    a2.set_title("roofline (o: Triton, x: FlashMLA)")
+    a2.legend(fontsize=8)
+    sc = [r for r in res["rows"] if r.get("kind") == "scale-topk" and "error" not in r]
+    for H in sorted({r["H"] for r in sc}):
+        for impl in ("triton", "flashmla"):
+            pts = sorted((r["topk"], r["us"]) for r in sc if r["H"] == H and r["impl"].startswith(impl))
+            if pts:
+                a3.plot(*zip(*pts), marker="o", label=f"{impl} H{H} B128 fp8")
+    cx = sorted((r["ctx"], r["us"]) for r in res["rows"] if r.get("kind") == "scale-ctx" and "error" not in r)
+    if cx:
+        a3b = a3.twiny()
+        a3b.plot(*zip(*cx), "k:", marker="s", label="triton H16 B64 vs context")
+        a3b.set_xscale("log")
+        a3b.set_xlabel("context length (dotted)")
+    a3.set_xlabel("top-k")
+    a3.set_ylabel("time (us)")
+    a3.set_title("time grows with top-k, flat in context")
+    a3.legend(fontsize=8)
+    fig.tight_layout()
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = png_path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, png_path)
+    return png_path
+
+
+def key_table(res: dict) -> str:
+    """Markdown: our kernel beside FlashMLA for every decode / prefill case of a benchmark JSON."""
+    rows = [r for r in res["rows"] if "error" not in r and r["kind"] in ("decode", "prefill")]
+    ceil = res["ceilings"]
+    lines = ["| case | T | H | cache | Triton us | FlashMLA us | speed-up | Triton TFLOP/s | KV GB/s | % of copy BW |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["impl"] != "triton":
+            continue
+        f = next((x for x in rows if x["kind"] == r["kind"] and x["impl"].startswith("flashmla") and x["T"] == r["T"]
+                  and x["H"] == r["H"] and x["kv_format"] == r["kv_format"]), None)
+        fu = f"{f['us']:.1f}" if f else "-"
+        sp = f"{f['us'] / r['us']:.2f}x" if f else "-"
+        lines.append(f"| {r['kind']} | {r['T']} | {r['H']} | {r['kv_format']} | {r['us']:.1f} | {fu} | {sp} | "
+                     f"{r['TFLOPs']:.0f} | {r['GBps']:.0f} | {100 * r['GBps'] / ceil['copy_GBps']:.0f} |")
+    for r in res["rows"]:
+        if r.get("kind", "").startswith(("indexer-decode", "indexer-prefill", "topk")) and "error" not in r and "sweep" not in r["kind"]:
+            lines.append(f"| {r['kind']} ({r['impl']}) | {r['T']} | {r['H']} | {r['kv_format']} | {r['us']:.1f} | - | - | "
+                         f"{r['TFLOPs']:.0f} | {r['GBps']:.0f} | {100 * r['GBps'] / ceil['copy_GBps']:.0f} |")
+    return "\n".join(lines)
+
+
+def targets_table(res: dict) -> str:
+    lines = ["| target | measured | goal | met |", "|---|---|---|---|"]
+    for t in res.get("targets", []):
+        v = "-" if t["value"] is None else f"{t['value']:.2f}"
+        lines.append(f"| {t['target']} | {v} | {t['goal']} | {'yes' if t['met'] else 'no'} |")
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""`glm5lib bench sparse-mla|indexer|all|plot|compile|check`: kernel benchmarks (GPU) and checks (CPU or GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from glm5lib.errors import UserError
+
+
+def _bench(args) -> int:
+    from glm5lib.kernels import bench
+
+    res = bench.run(args.what, out_dir=args.out, vendor=args.vendor, quick=args.quick, sweep=args.sweep,
+                    scaling=not args.no_scaling, name=args.name, sweep_indexer=args.sweep_indexer)
+    png = bench.plot(Path(args.out) / f"{args.name}.json", Path(args.out) / f"{args.name}.png")
+    for t in res["targets"]:
+        v = t["value"]
+        print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else 'n/a '} {t['target']}: "
+              f"{'-' if v is None else f'{v:.2f}'} (goal {t['goal']})")
+    print(f"wrote {Path(args.out) / (args.name + '.json')} and {png}")
+    return 0
+
+
+def _plot(args) -> int:
+    from glm5lib.kernels import bench
+
+    src = Path(args.json)
+    if not src.is_file():
+        raise UserError(f"no benchmark JSON at {src}")
+    png = bench.plot(src, src.with_suffix(".png") if args.png is None else Path(args.png))
+    print(f"wrote {png}")
+    return 0
+
+
+def _compile(args) -> int:
+    from glm5lib.kernels.compile_report import compile_report, format_report
+
+    rows = compile_report(args.arch)
+    print(format_report(rows))
+    return 0 if all(r.ok and r.fits for r in rows) else 1
+
+
+def _check(args) -> int:
+    from glm5lib.kernels import checks
+
+    argv = ["--profile", args.profile] + (["--sanitize"] if args.sanitize else [])
+    return checks.main(argv)
+
+
+def register_cli(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="sparse-MLA / indexer kernel benchmarks and checks")
+    sub = p.add_subparsers(dest="bench_cmd", metavar="WHAT")
+    sub.required = True
+    for what in ("sparse-mla", "indexer", "all"):
+        b = sub.add_parser(what, help=f"benchmark {what} on the GPU (JSON + PNG under --out)")
+        b.add_argument("--out", default="outputs/bench")
+        b.add_argument("--name", default="bench_h200", help="file stem of the JSON/PNG")
+        b.add_argument("--vendor", default=".vendor", help="folder holding FlashMLA's _flashmla_C.abi3.so")
+        b.add_argument("--quick", action="store_true", help="fewer batch sizes")
+        b.add_argument("--sweep", action="store_true", help="also time alternative kernel configurations")
+        b.add_argument("--sweep-indexer", action="store_true", help="also time alternative paged-indexer tiles")
+        b.add_argument("--no-scaling", action="store_true", help="skip the top-k / context scaling series")
+        b.set_defaults(func=_bench, what=what)
+    pl = sub.add_parser("plot", help="plot a benchmark JSON")
+    pl.add_argument("json")
+    pl.add_argument("--png")
+    pl.set_defaults(func=_plot)
+    c = sub.add_parser("compile", help="AOT-compile every shipped config for sm_80/89/90/120 and check shared memory")
+    c.add_argument("--arch", type=int, nargs="*", default=[80, 89, 90, 120])
+    c.set_defaults(func=_compile)
+    k = sub.add_parser("check", help="run the numeric case matrix (GPU if present, else the Triton interpreter)")
+    k.add_argument("--profile", default="ci", choices=["ci", "full"])
+    k.add_argument("--sanitize", action="store_true")
+    k.set_defaults(func=_check)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="glm5lib")
+    register_cli(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

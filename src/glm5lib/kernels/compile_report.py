@@ -1,0 +1,211 @@
+"""Ahead-of-time compile of every shipped kernel configuration for sm_80 / sm_89 / sm_90 / sm_120 (no GPU needed).
+
+`triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", cc, 32), options=...)` runs the
+whole pipeline down to PTX/cubin on the CPU; `metadata.shared` is the static shared memory a block needs, which
+must fit the target's per-block limit (sm_80 163 KB, sm_90 227 KB, sm_89 / sm_120 99 KB opt-in). The report
+also says whether Hopper's wgmma or the older mma.sync was chosen, and whether anything went to local memory.
+
+`python -m glm5lib.kernels.compile_report [--arch 90 ...] [--json PATH]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+# usable shared memory per block (opt-in maximum), bytes
+SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 120: 99 * 1024}
+ARCHS = (80, 89, 90, 120)
+
+
+@dataclass
+class KernelSpec:
+    """A kernel with the argument types and constexprs of one shipped configuration."""
+
+    name: str
+    fn: object
+    signature: dict
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    divisible: tuple = ()  # args Triton's launcher would specialise as multiples of 16 (pointers, row strides)
+
+
+@dataclass
+class CompileRow:
+    kernel: str
+    arch: int
+    ok: bool
+    shared_bytes: int | None
+    limit_bytes: int
+    fits: bool
+    mma: str | None
+    local_mem: bool | None
+    seconds: float
+    error: str | None = None
+    vec16_loads: int | None = None  # 16-byte global loads / async copies in the PTX (0 would mean scalar gathers)
+
+
+def _sig(fn, types: dict, consts: dict) -> dict:
+    out = {}
+    for a in fn.arg_names:
+        if a in consts:
+            out[a] = "constexpr"
+        else:
+            out[a] = types.get(a, "i32")
+    return out
+
+
+def shipped_kernels(arch: int) -> list[KernelSpec]:
+    """Every (kernel, config) the dispatchers can launch on `arch` (fp8 conversion is software before sm_89)."""
+    from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, _indexer_ragged_kernel
+    from glm5lib.kernels.sparse_mla import CONFIGS, _merge_splits_kernel, _sparse_mla_fwd_kernel, merge_tile
+
+    fp8_hw = arch >= 89
+    smem = "big" if arch in (90, 100) else "small"
+    specs = []
+    fn = _sparse_mla_fwd_kernel
+    div = ("Q", "KV8", "KVF", "KVH", "IDX", "O", "LSE", "stride_qt", "stride_qh", "stride_kv", "stride_it",
+           "stride_os", "stride_ot", "stride_oh")
+    for (hcls, fmt, scls), cfg in CONFIGS.items():
+        if scls != smem:
+            continue
+        fp8 = fmt == "fp8_ds_mla"
+        cname = f"{hcls}-{fmt}"
+        for _ in (0,):
+            for split in (False, True):
+                types = {"Q": "*bf16", "KV8": "*u8" if fp8 else "*bf16", "KVF": "*fp32" if fp8 else "*bf16",
+                         "KVH": "*bf16", "IDX": "*i32", "O": "*fp32" if split else "*bf16", "LSE": "*fp32",
+                         "qk_scale": "fp32"}
+                consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "SPLIT": split, "BLOCK_H": cfg.block_h,
+                          "BLOCK_N": cfg.block_n, "D_NOPE": 512, "D_ROPE": 64, "PREFETCH": cfg.prefetch,
+                          "ALIGNED": fp8, "NOPE_F16": fp8 and cfg.nope_f16,
+                          "DEQUANT": fp8 and cfg.dequant}
+                specs.append(KernelSpec(f"sparse_mla[{cname}:{cfg.name}:{'split' if split else 'direct'}]",
+                                        fn, _sig(fn, types, consts), consts, cfg.num_warps, cfg.num_stages, div))
+    fn = _merge_splits_kernel
+    for n_splits, H in ((2, 128), (32, 8), (32, 16), (4, 64)):
+        sp, bh, bd = merge_tile(n_splits, H)
+        consts = {"SP": sp, "BLOCK_H": bh, "BLOCK_D": bd}
+        specs.append(KernelSpec(f"merge_splits[SP{sp}-H{bh}-D{bd}]", fn,
+                                _sig(fn, {"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "LSE": "*fp32"}, consts), consts, 4, 3,
+                                ("OP", "LP", "O", "LSE", "stride_ps", "stride_pt", "stride_ph", "stride_ot", "stride_oh")))
+    variants = [(False, "bf16"), (True, "bf16")] + ([(True, "fp8e4nv")] if fp8_hw else [])
+    for fp8, qty in variants:
+        qtag = "" if qty == "bf16" else ":q8"
+        bm, bn, nw, ns = INDEXER_CONFIGS["ragged"]
+        fn = _indexer_ragged_kernel
+        types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
+                 "KS": "*i32", "KE": "*i32", "OUT": "*fp32", "scale": "fp32"}
+        consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_M": bm, "BLOCK_N": bn, "D": 128}
+        specs.append(KernelSpec(f"indexer_ragged[M{bm}-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
+                                _sig(fn, types, consts), consts, nw, ns,
+                                ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_k", "stride_ot")))
+        _, bn, nw, ns = INDEXER_CONFIGS["paged"]
+        fn = _indexer_paged_kernel
+        types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
+                 "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
+        consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_HI": 32, "BLOCK_N": bn, "D": 128}
+        specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
+                                _sig(fn, types, consts), consts, nw, ns,
+                                ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val")))
+    return specs
+
+
+def compile_one(spec: KernelSpec, arch: int) -> CompileRow:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    t0 = time.time()
+    limit = SMEM_LIMIT[arch]
+    try:
+        consts = {(spec.fn.arg_names.index(k),): v for k, v in spec.constexprs.items()}
+        attrs = {(spec.fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in spec.divisible}
+        src = ASTSource(spec.fn, spec.signature, constexprs=consts, attrs=attrs)
+        k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                           options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+        shared = int(k.metadata.shared)
+        ptx = k.asm.get("ptx", "")
+        vec = ptx.count("ld.global.v4") + ptx.count("cp.async.cg")
+        mma = "wgmma" if "wgmma" in ptx else ("mma.sync" if "mma.sync" in ptx else ("mma" if "mma" in ptx else None))
+        local = ".local" in ptx
+        return CompileRow(spec.name, arch, True, shared, limit, shared <= limit, mma, local, time.time() - t0,
+                          vec16_loads=vec)
+    except Exception as exc:  # a config that does not compile is a failed row, not a crash of the report
+        msg = str(exc).strip().splitlines()
+        return CompileRow(spec.name, arch, False, None, limit, False, None, None, time.time() - t0,
+                          (msg[-1] if msg else type(exc).__name__)[:300])
+
+
+def _interpreted() -> bool:
+    from triton.runtime.jit import JITFunction
+
+    from glm5lib.kernels.sparse_mla import _sparse_mla_fwd_kernel
+
+    return not isinstance(_sparse_mla_fwd_kernel, JITFunction)
+
+
+def compile_report(archs=ARCHS, progress: bool = True) -> list[CompileRow]:
+    """Rows for every shipped (kernel, config) x arch. On a CPU-only machine the kernels in this process are
+    Triton-interpreter functions (see `common`), which cannot be compiled, so the report runs in a child
+    process with the interpreter switched off."""
+    import os
+    import subprocess
+    import tempfile
+
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when unset; keep today's default
+    if _interpreted():
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "rows.json")
+            env = dict(os.environ, TRITON_INTERPRET="0")
+            cmd = [sys.executable, "-m", "glm5lib.kernels.compile_report", "--json", out, "--quiet", "--arch",
+                   *[str(a) for a in archs]]
+            subprocess.run(cmd, env=env, check=False, stdout=subprocess.DEVNULL, stderr=None if progress else subprocess.DEVNULL)
+            if not os.path.exists(out):
+                raise RuntimeError("AOT compile report subprocess wrote no result")
+            with open(out) as f:
+                return [CompileRow(**r) for r in json.load(f)]
+    rows = []
+    jobs = [(spec, a) for a in archs for spec in shipped_kernels(a)]
+    try:
+        from tqdm.auto import tqdm
+
+        it = tqdm(jobs, desc="AOT compile", disable=not progress)
+    except ImportError:
+        it = jobs
+    for spec, a in it:
+        rows.append(compile_one(spec, a))
+    return rows
+
+
+def format_report(rows: list[CompileRow]) -> str:
+    lines = [f"{'kernel':64s} {'sm':>4s} {'ok':3s} {'shared':>8s} {'limit':>8s} {'fits':4s} {'mma':8s} {'local':5s} {'vec16':>5s}"]
+    for r in rows:
+        lines.append(f"{r.kernel:64s} {r.arch:4d} {'ok' if r.ok else 'ERR':3s} {r.shared_bytes or 0:8d} {r.limit_bytes:8d} "
+                     f"{'yes' if r.fits else 'NO':4s} {r.mma or '-':8s} {str(r.local_mem):5s} {r.vec16_loads or 0:5d} {r.error or ''}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, nargs="*", default=list(ARCHS))
+    ap.add_argument("--json")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    rows = compile_report(a.arch, progress=not a.quiet)
+    if not a.quiet:
+        print(format_report(rows))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([asdict(r) for r in rows], f, indent=1)
+    bad = [r for r in rows if not (r.ok and r.fits)]
+    print(f"{len(rows) - len(bad)}/{len(rows)} compile and fit")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

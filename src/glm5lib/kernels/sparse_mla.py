@@ -1,0 +1,481 @@
+"""Triton sparse MLA forward (absorbed / MQA form, DeepSeek-V3.2 DSA and GLM-5).
+
+`sparse_mla(q, kv_cache, indices, sm_scale)` -> `(out [T, H, 512], lse [T, H])`; the fp32 twin is
+`naive.sparse_mla_ref`. One kernel serves decode and prefill:
+
+- a program owns one query token, a block of `BLOCK_H` heads and a slice of that token's top-k list;
+  it gathers `BLOCK_N` cache rows at a time (once for all its heads: heads share the row, so HBM traffic
+  is one pass over the gathered rows per head block), computes `S = q k^T` on tensor cores, and runs the
+  online softmax with `acc += P V` (V = the first 512 columns of the same rows);
+- when `T * head_blocks` is too small to fill the GPU (decode), the top-k list is split across
+  `num_splits` programs that write fp32 partials and a second kernel merges them with the log-sum-exp rule;
+- the 512 latent columns are handled as 4 chunks of 128: fp8_ds_mla keeps one fp32 scale per chunk, so the
+  e4m3 bytes convert exactly to the dot dtype and the scale is applied on the `[BLOCK_H, BLOCK_N]` side
+  (to S, and to P before the P V product) instead of on every element.
+
+Indices are data: `row = load(indices)`, then `load(kv + row * stride)` with the row masked and clamped to
+0 when it is -1 or >= N, so no address outside the cache is formed whatever the indices hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from glm5lib.kernels.common import e4m3_bits_to, fp8_hw
+from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES, kv_row_view
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """One shipped kernel configuration (tests compile every one of them for sm_80/89/90/120)."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    prefetch: bool = False  # register double-buffering of the gathered tile
+    nope_f16: bool = False  # fp8 caches: latent dots in fp16 instead of bf16
+    dequant: bool = False  # fp8 caches: scale into bf16 in registers (one P operand) instead of scaling S and P
+    waves: int = 2  # split the top-k until about this many programs per SM
+
+    @property
+    def name(self) -> str:
+        return f"H{self.block_h}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}{'-pf' if self.prefetch else ''}{'-f16' if self.nope_f16 else ''}{'-dq' if self.dequant else ''}-v{self.waves}"
+
+
+# Configs the dispatcher picks from, by (head count class, cache format, shared-memory class). "big" is
+# sm_90's 227 KB per block; "small" fits the 99 KB of sm_89 / sm_120 (compile_report checks every one).
+CONFIGS = {
+    ("small", "bf16", "big"): MLAConfig(16, 32, 4, 2),
+    ("small", "fp8_ds_mla", "big"): MLAConfig(16, 32, 4, 2, prefetch=True, nope_f16=True, waves=4),
+    ("prefill-small", "bf16", "big"): MLAConfig(16, 64, 4, 2),
+    ("prefill-small", "fp8_ds_mla", "big"): MLAConfig(16, 32, 4, 2, prefetch=True, nope_f16=True),
+    ("large", "bf16", "big"): MLAConfig(64, 64, 8, 2),
+    ("large", "fp8_ds_mla", "big"): MLAConfig(64, 64, 8, 2, dequant=True),
+    ("small", "bf16", "small"): MLAConfig(16, 32, 4, 2),
+    ("small", "fp8_ds_mla", "small"): MLAConfig(16, 32, 4, 2, prefetch=True, nope_f16=True, waves=4),
+    ("prefill-small", "bf16", "small"): MLAConfig(16, 32, 4, 2),
+    ("prefill-small", "fp8_ds_mla", "small"): MLAConfig(16, 32, 4, 2, prefetch=True, nope_f16=True),
+    ("large", "bf16", "small"): MLAConfig(32, 32, 4, 2),
+    ("large", "fp8_ds_mla", "small"): MLAConfig(64, 32, 8, 1, dequant=True),
+}
+
+
+@triton.jit
+def _tile_rows(idx_row, start, k_end, N_ROWS, stride_kv, BLOCK_N: tl.constexpr):
+    """Row offsets of one tile of BLOCK_N keys; invalid ids (-1, >= N, past the split) become row 0, masked."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    idx = tl.load(idx_row + offs_n, mask=offs_n < k_end, other=-1)
+    valid = (idx >= 0) & (idx < N_ROWS)
+    row_b = tl.where(valid, idx, 0).to(tl.int64) * stride_kv  # bytes (fp8) / elements (bf16)
+    return valid, row_b
+
+
+@triton.jit
+def _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+               KV_FP8: tl.constexpr, ALIGNED: tl.constexpr):
+    """Raw gathered rows: 4 latent chunks of 128 (e4m3 bytes or bf16), the rope part, and the 4 fp32 scales."""
+    CH: tl.constexpr = 128
+    offs = tl.arange(0, CH)
+    offs_r = tl.arange(0, D_ROPE)
+    m = valid[:, None]
+    x0 = tl.load(KV8 + row_b[:, None] + 0 * CH + offs[None, :], mask=m, other=0)
+    x1 = tl.load(KV8 + row_b[:, None] + 1 * CH + offs[None, :], mask=m, other=0)
+    x2 = tl.load(KV8 + row_b[:, None] + 2 * CH + offs[None, :], mask=m, other=0)
+    x3 = tl.load(KV8 + row_b[:, None] + 3 * CH + offs[None, :], mask=m, other=0)
+    if KV_FP8:
+        # rope: 64 bf16 at byte 528; scales: 4 fp32 at byte 512. The hints let both load as 16-byte vectors
+        # (the host sets ALIGNED only when the row stride and base are multiples of 16 bytes).
+        rope_off = (row_b + D_NOPE + 16) // 2
+        sc_off = (row_b + D_NOPE) // 4
+        if ALIGNED:
+            rope_off = tl.multiple_of(rope_off, 8)
+            sc_off = tl.multiple_of(sc_off, 4)
+        kr = tl.load(KVH + rope_off[:, None] + offs_r[None, :], mask=m, other=0.0)
+        sc = tl.load(KVF + sc_off[:, None] + tl.arange(0, 4)[None, :], mask=m, other=0.0)
+    else:
+        kr = tl.load(KV8 + row_b[:, None] + D_NOPE + offs_r[None, :], mask=m, other=0.0)
+        sc = tl.full([BLOCK_N, 4], 1.0, tl.float32)
+    return x0, x1, x2, x3, kr, sc
+
+
+@triton.jit
+def _col(sc, c: tl.constexpr):
+    """Column c of a [BLOCK_N, 4] tile, as [BLOCK_N]."""
+    return tl.sum(tl.where(tl.arange(0, 4)[None, :] == c, sc, 0.0), 1)
+
+
+@triton.jit
+def _tile_attend(q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
+                 KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, DOT_DTYPE: tl.constexpr, NOPE_F16: tl.constexpr,
+                 DEQUANT: tl.constexpr):
+    """S = q k^T on the tile, online-softmax update of (m, l, acc) with acc += P V (V = latent chunks).
+
+    NOPE_F16 (fp8 caches): the latent dots run in fp16 (e4m3 -> fp16 is one conversion instruction, bf16 takes
+    more); q chunks arrive pre-scaled by 2^-8 and P is scaled by 2^8 so both stay inside fp16's range, and the
+    accumulator is divided by 2^8 at the end.
+    DEQUANT (fp8 caches): scale the e4m3 values into the dot dtype in registers instead (one P operand for all
+    four P V products, as with bf16 rows; exact for FlashMLA's power-of-two scales).
+    """
+    if KV_FP8 and DEQUANT:
+        k0, f = e4m3_bits_to(x0, tl.float32, FP8_HW)
+        k1, f = e4m3_bits_to(x1, tl.float32, FP8_HW)
+        k2, f = e4m3_bits_to(x2, tl.float32, FP8_HW)
+        k3, f = e4m3_bits_to(x3, tl.float32, FP8_HW)
+        x0 = (k0 * (_col(sc, 0) * f)[:, None]).to(DOT_DTYPE)
+        x1 = (k1 * (_col(sc, 1) * f)[:, None]).to(DOT_DTYPE)
+        x2 = (k2 * (_col(sc, 2) * f)[:, None]).to(DOT_DTYPE)
+        x3 = (k3 * (_col(sc, 3) * f)[:, None]).to(DOT_DTYPE)
+        kr = kr.to(DOT_DTYPE)
+    if KV_FP8 and not DEQUANT:
+        # e4m3 -> dot dtype is exact; the per-chunk scale goes on the [H, N] side, to S and to P
+        NOPE_DTYPE: tl.constexpr = tl.float16 if NOPE_F16 else DOT_DTYPE
+        k0, f = e4m3_bits_to(x0, NOPE_DTYPE, FP8_HW)
+        k1, f = e4m3_bits_to(x1, NOPE_DTYPE, FP8_HW)
+        k2, f = e4m3_bits_to(x2, NOPE_DTYPE, FP8_HW)
+        k3, f = e4m3_bits_to(x3, NOPE_DTYPE, FP8_HW)
+        s0 = _col(sc, 0) * f
+        s1 = _col(sc, 1) * f
+        s2 = _col(sc, 2) * f
+        s3 = _col(sc, 3) * f
+        s = tl.dot(q0, tl.trans(k0)) * s0[None, :]
+        s += tl.dot(q1, tl.trans(k1)) * s1[None, :]
+        s += tl.dot(q2, tl.trans(k2)) * s2[None, :]
+        s += tl.dot(q3, tl.trans(k3)) * s3[None, :]
+        if NOPE_F16:
+            s = s * 256.0
+        s += tl.dot(qr, tl.trans(kr.to(DOT_DTYPE)))
+    else:
+        s = tl.dot(q0, tl.trans(x0))
+        s += tl.dot(q1, tl.trans(x1))
+        s += tl.dot(q2, tl.trans(x2))
+        s += tl.dot(q3, tl.trans(x3))
+        s += tl.dot(qr, tl.trans(kr))
+    s = tl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
+
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if KV_FP8 and not DEQUANT:
+        if NOPE_F16:
+            p = p * 256.0
+        acc0 = acc0 * alpha[:, None] + tl.dot((p * s0[None, :]).to(k0.dtype), k0)
+        acc1 = acc1 * alpha[:, None] + tl.dot((p * s1[None, :]).to(k0.dtype), k1)
+        acc2 = acc2 * alpha[:, None] + tl.dot((p * s2[None, :]).to(k0.dtype), k2)
+        acc3 = acc3 * alpha[:, None] + tl.dot((p * s3[None, :]).to(k0.dtype), k3)
+    else:
+        pd = p.to(DOT_DTYPE)
+        acc0 = acc0 * alpha[:, None] + tl.dot(pd, x0)
+        acc1 = acc1 * alpha[:, None] + tl.dot(pd, x1)
+        acc2 = acc2 * alpha[:, None] + tl.dot(pd, x2)
+        acc3 = acc3 * alpha[:, None] + tl.dot(pd, x3)
+    return m_new, l_i, acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _sparse_mla_fwd_kernel(
+    Q, KV8, KVF, KVH, IDX, O, LSE,
+    stride_qt, stride_qh, stride_kv, stride_it,
+    stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_lh,
+    H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+    KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
+    PREFETCH: tl.constexpr = False, ALIGNED: tl.constexpr = False, NOPE_F16: tl.constexpr = False,
+    DEQUANT: tl.constexpr = False,
+):
+    CH: tl.constexpr = 128
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    DOT_DTYPE: tl.constexpr = Q.dtype.element_ty
+
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = offs_h < H
+    offs_c = tl.arange(0, CH)
+    offs_r = tl.arange(0, D_ROPE)
+    q_row = Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
+    q0 = tl.load(q_row + 0 * CH + offs_c[None, :], mask=h_mask[:, None], other=0.0)
+    q1 = tl.load(q_row + 1 * CH + offs_c[None, :], mask=h_mask[:, None], other=0.0)
+    q2 = tl.load(q_row + 2 * CH + offs_c[None, :], mask=h_mask[:, None], other=0.0)
+    q3 = tl.load(q_row + 3 * CH + offs_c[None, :], mask=h_mask[:, None], other=0.0)
+    qr = tl.load(q_row + D_NOPE + offs_r[None, :], mask=h_mask[:, None], other=0.0)
+    if KV_FP8 and NOPE_F16 and not DEQUANT:
+        q0 = (q0.to(tl.float32) * (1.0 / 256.0)).to(tl.float16)
+        q1 = (q1.to(tl.float32) * (1.0 / 256.0)).to(tl.float16)
+        q2 = (q2.to(tl.float32) * (1.0 / 256.0)).to(tl.float16)
+        q3 = (q3.to(tl.float32) * (1.0 / 256.0)).to(tl.float16)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, CH], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, CH], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, CH], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, CH], tl.float32)
+
+    k_start = sp * KEYS_PER_SPLIT
+    k_end = tl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+    idx_row = IDX + t.to(tl.int64) * stride_it
+    if PREFETCH:
+        # register double-buffering: the next tile's gathers are in flight while this tile is computed
+        # (Triton's own pipeliner cannot stage loads that are converted before the dot, as fp8 is)
+        valid, row_b = _tile_rows(idx_row, k_start, k_end, N_ROWS, stride_kv, BLOCK_N)
+        x0, x1, x2, x3, kr, sc = _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
+        for start in range(k_start, k_end, BLOCK_N):
+            n_valid, n_row_b = _tile_rows(idx_row, start + BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
+            y0, y1, y2, y3, yr, ysc = _tile_load(KV8, KVF, KVH, n_row_b, n_valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _tile_attend(
+                q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
+                KV_FP8, FP8_HW, DOT_DTYPE, NOPE_F16, DEQUANT)
+            x0, x1, x2, x3, kr, sc, valid = y0, y1, y2, y3, yr, ysc, n_valid
+    else:
+        for start in range(k_start, k_end, BLOCK_N):
+            valid, row_b = _tile_rows(idx_row, start, k_end, N_ROWS, stride_kv, BLOCK_N)
+            x0, x1, x2, x3, kr, sc = _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _tile_attend(
+                q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
+                KV_FP8, FP8_HW, DOT_DTYPE, NOPE_F16, DEQUANT)
+
+    has_key = l_i > 0
+    inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l_i, 1.0), 0.0)
+    if KV_FP8 and NOPE_F16 and not DEQUANT:
+        inv_l = inv_l * (1.0 / 256.0)
+    lse2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
+    o_row = O + sp.to(tl.int64) * stride_os + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh
+    o_ty = O.dtype.element_ty
+    tl.store(o_row + 0 * CH + offs_c[None, :], (acc0 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
+    tl.store(o_row + 1 * CH + offs_c[None, :], (acc1 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
+    tl.store(o_row + 2 * CH + offs_c[None, :], (acc2 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
+    tl.store(o_row + 3 * CH + offs_c[None, :], (acc3 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
+    l_ptr = LSE + sp.to(tl.int64) * stride_ls + t.to(tl.int64) * stride_lt + offs_h * stride_lh
+    if SPLIT:
+        tl.store(l_ptr, lse2, mask=h_mask)  # log2 units, merged below
+    else:
+        tl.store(l_ptr, lse2 * 0.6931471805599453, mask=h_mask)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    OP, LP, O, LSE,
+    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
+    stride_ot, stride_oh, stride_lot,
+    H, NUM_SPLITS,
+    SP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """out = sum_s 2^(lse_s - lse) o_s, lse = log2 sum_s 2^lse_s (partials hold normalised o_s).
+
+    One program owns (token, head block, BLOCK_D columns) and loads every split at once ([SP, BLOCK_H, BLOCK_D]),
+    so the split loads are all in flight together instead of one dependent round trip per split.
+    """
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    db = tl.program_id(2)
+    offs_s = tl.arange(0, SP)
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    h_mask = offs_h < H
+    sh_mask = s_mask[:, None] & h_mask[None, :]
+    ls = tl.load(LP + offs_s[:, None] * stride_ls + t * stride_lt + offs_h[None, :], mask=sh_mask, other=float("-inf"))
+    m = tl.max(ls, 0)  # [BLOCK_H]
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(ls - m_use[None, :])  # [SP, BLOCK_H]; 0 for splits without keys
+    l = tl.sum(w, 0)
+    o = tl.load(OP + t.to(tl.int64) * stride_pt + offs_s[:, None, None] * stride_ps + offs_h[None, :, None] * stride_ph
+                + offs_d[None, None, :], mask=sh_mask[:, :, None], other=0.0)
+    acc = tl.sum(o * w[:, :, None], 0)  # [BLOCK_H, BLOCK_D]
+    has_key = l > 0
+    inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l, 1.0), 0.0)
+    tl.store(O + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
+             (acc * inv_l[:, None]).to(O.dtype.element_ty), mask=h_mask[:, None])
+    if db == 0:
+        lse = tl.where(has_key, (m_use + tl.log2(tl.where(has_key, l, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + t * stride_lot + offs_h, lse, mask=h_mask)
+
+
+MAX_SPLITS = 32  # keeps the merge's [splits, heads, columns] tile small; >= 64 keys per split at top-k 2048
+
+
+def merge_tile(num_splits: int, H: int) -> tuple[int, int, int]:
+    """(SP, BLOCK_H, BLOCK_D) for the merge: about 4K fp32 values in flight per program."""
+    sp = triton.next_power_of_2(num_splits)
+    bh = min(16, triton.next_power_of_2(H))
+    bd = max(16, min(128, 4096 // (sp * bh)))
+    return sp, bh, bd
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132  # interpreter: behave as on an H200 so CPU tests exercise the split path
+
+
+def smem_class(device: torch.device) -> str:
+    """'big' on sm_90/sm_100 (>= 200 KB of shared memory per block), else 'small' (sm_80 is served by 'small' too)."""
+    if device.type != "cuda":
+        return "big"
+    return "big" if torch.cuda.get_device_capability(device)[0] in (9, 10) else "small"
+
+
+def pick_config(T: int, H: int, topk: int, kv_format: str, smem: str = "big", n_sms: int = 132) -> MLAConfig:
+    """All of a token's heads in one program up to 16 (tl.dot pads M to 16); 64-head tiles beyond.
+
+    Small-H prefill (enough tokens to fill the GPU without splitting) takes wider key tiles (H200 sweep:
+    1.96 ms with N=64 against 2.62 ms with N=32 at H=8, s_q 4096).
+    """
+    fmt = "fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16"
+    if H > 16:
+        return CONFIGS[("large", fmt, smem)]
+    return CONFIGS[("prefill-small" if T >= 4 * n_sms else "small", fmt, smem)]
+
+
+def pick_num_splits(T: int, n_hblk: int, topk: int, block_n: int, n_sms: int, waves: int = 2) -> int:
+    """Split the top-k list until about `waves` programs per SM are in flight (1 when T*heads already fill it)."""
+    base = T * n_hblk
+    if base >= waves * n_sms:
+        return 1
+    max_splits = max(1, min(MAX_SPLITS, triton.cdiv(topk, block_n)))
+    return int(min(max_splits, triton.cdiv(waves * n_sms, base)))
+
+
+def _check_inputs(q, kv_cache, indices, d_v, kv_format):
+    if q.dim() != 3 or q.shape[-1] != D_QK:
+        raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
+    if not 1 <= q.shape[1] <= 128:
+        raise ValueError(f"H must be in 1..128, got {q.shape[1]}")
+    if d_v != D_NOPE:
+        raise ValueError(f"d_v must be {D_NOPE} (the value is the latent part of the row), got {d_v}")
+    if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
+        raise ValueError(f"indices must be [T, topk] with T = {q.shape[0]}, got {tuple(indices.shape)}")
+    if indices.dtype != torch.int32:
+        raise ValueError(f"indices must be int32, got {indices.dtype}")
+    if kv_format == "fp8_ds_mla":
+        if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
+            raise ValueError(f"fp8_ds_mla cache must be uint8 rows of {FP8_DS_MLA_ROW_BYTES}, got {kv_cache.dtype} {tuple(kv_cache.shape)}")
+    elif kv_format in ("bf16", "fp16", "fp32"):  # fp32: the interpreter's stand-in for bf16
+        if kv_cache.shape[-1] != D_QK or kv_cache.dtype != q.dtype:
+            raise ValueError(f"{kv_format} cache must be rows of {D_QK} in q's dtype {q.dtype}, got {kv_cache.dtype} {tuple(kv_cache.shape)}")
+    else:
+        raise ValueError(f"kv_format must be 'bf16' or 'fp8_ds_mla', got {kv_format!r}")
+
+
+def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=None,
+                      config: MLAConfig | None = None, num_splits: int | None = None):
+    """`sparse_mla` with the configuration and split count chosen by the caller (tests and benchmarks)."""
+    T, H, _ = q.shape
+    topk = indices.shape[1]
+    flat, n_rows = kv_row_view(kv_cache)
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    if out is None:
+        out = torch.empty(T, H, D_NOPE, dtype=q.dtype, device=q.device)
+    elif out.shape != (T, H, D_NOPE) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [T, H, {D_NOPE}] with contiguous rows, got {tuple(out.shape)}")
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    if T == 0:
+        return out, lse
+    cfg = config or pick_config(T, H, topk, kv_format, smem_class(q.device), _num_sms(q.device))
+    block_h = cfg.block_h
+    n_hblk = triton.cdiv(H, block_h)
+    if num_splits is None:
+        num_splits = pick_num_splits(T, n_hblk, topk, cfg.block_n, _num_sms(q.device), cfg.waves)
+    keys_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_splits), cfg.block_n) * cfg.block_n
+    num_splits = max(1, triton.cdiv(topk, keys_per_split))
+
+    fp8 = kv_format == "fp8_ds_mla"
+    if fp8:
+        kv8 = flat
+        # same bytes seen as fp32 (scales) and bf16 (rope); the row stride is a multiple of 4 bytes
+        if flat.stride(0) % 4 != 0 or flat.storage_offset() % 4 != 0:
+            raise ValueError("fp8_ds_mla rows must start on 4-byte boundaries")
+        kvf = flat.view(torch.float32)  # [N, 164]: only the base pointer is used
+        kvh = flat.view(torch.bfloat16)  # [N, 328]
+        aligned = flat.stride(0) % 16 == 0 and flat.data_ptr() % 16 == 0
+    else:
+        kv8 = kvf = kvh = flat
+        aligned = False
+    grid = (T, n_hblk, num_splits)
+    nope_f16 = fp8 and cfg.nope_f16 and q.dtype != torch.float32  # fp32 q: the interpreter's exact path
+    qk_scale = float(sm_scale) * LOG2E
+    if num_splits == 1:
+        _sparse_mla_fwd_kernel[grid](
+            q, kv8, kvf, kvh, indices, out, lse,
+            q.stride(0), q.stride(1), flat.stride(0), indices.stride(0),
+            0, out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1),
+            H, topk, n_rows, keys_per_split, qk_scale,
+            KV_FP8=fp8, FP8_HW=fp8_hw(q.device), SPLIT=False, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_ROPE=D_ROPE,
+            PREFETCH=cfg.prefetch, ALIGNED=aligned, NOPE_F16=nope_f16, DEQUANT=fp8 and cfg.dequant,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out, lse
+    o_part = torch.empty(num_splits, T, H, D_NOPE, dtype=torch.float32, device=q.device)
+    l_part = torch.empty(num_splits, T, H, dtype=torch.float32, device=q.device)
+    _sparse_mla_fwd_kernel[grid](
+        q, kv8, kvf, kvh, indices, o_part, l_part,
+        q.stride(0), q.stride(1), flat.stride(0), indices.stride(0),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1), l_part.stride(2),
+        H, topk, n_rows, keys_per_split, qk_scale,
+        KV_FP8=fp8, FP8_HW=fp8_hw(q.device), SPLIT=True, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_ROPE=D_ROPE,
+        PREFETCH=cfg.prefetch, ALIGNED=aligned, NOPE_F16=nope_f16, DEQUANT=fp8 and cfg.dequant,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    sp, bh, bd = merge_tile(num_splits, H)
+    _merge_splits_kernel[(T, triton.cdiv(H, bh), D_NOPE // bd)](
+        o_part, l_part, out, lse,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0),
+        H, num_splits, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4,
+    )
+    return out, lse
+
+
+def sparse_mla(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    *,
+    d_v: int = D_NOPE,
+    kv_format: str = "bf16",
+    block_size: int | None = None,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA forward over gathered cache rows.
+
+    q: `[T, H, 576]` bf16/fp16 (absorbed: 512 latent + 64 rope), H in 1..128.
+    kv_cache: `[N, 576]` (bf16/fp16), `[N, 656]` uint8 (`kv_format="fp8_ds_mla"`), or a paged view
+      `[num_blocks, block_size, (1,) row]` whose block stride may exceed block_size rows.
+    indices: int32 `[T, topk]` physical rows; -1 or >= N (or beyond the last block) means "no key".
+    Returns `(out [T, H, 512] in q's dtype, lse [T, H] fp32 natural log)`; a row with no key gives zeros
+    and lse = -inf.
+    """
+    fmt = "bf16" if kv_format == "fp16" else kv_format
+    _check_inputs(q, kv_cache, indices, d_v, kv_format)
+    if block_size is not None and kv_cache.dim() >= 3 and kv_cache.shape[1] != block_size:
+        raise ValueError(f"block_size {block_size} does not match the cache view's {kv_cache.shape[1]}")
+    return sparse_mla_launch(q, kv_cache, indices, sm_scale, kv_format=fmt, out=out)
+
+
+def sparse_mla_flops(T: int, H: int, topk: int) -> float:
+    """Useful FLOPs: QK^T over 576 plus PV over 512 for every (token, head, key)."""
+    return 2.0 * T * H * topk * (D_QK + D_NOPE)
+
+
+def sparse_mla_kv_bytes(T: int, topk: int, kv_format: str) -> float:
+    """Gathered cache bytes, each row counted once per token (what decode must move)."""
+    row = FP8_DS_MLA_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * D_QK
+    return float(T) * topk * row
+
+
+__all__ = ["sparse_mla", "sparse_mla_launch", "CONFIGS", "MLAConfig", "pick_config", "pick_num_splits"]

@@ -1,0 +1,33 @@
+"""Checks on what notebook 04 (Triton sparse MLA and indexer kernels) records."""
+
+from pathlib import Path
+
+
+def check(report: dict) -> None:
+    # the kernel agrees with its fp32 reference on the demo (fp32 interpreter on CPU, bf16 on a GPU)
+    tol = 1e-5 if report["device"] == "cpu" else 1e-2
+    assert report["demo_rel_err"] < tol and report["demo_fp8_rel_err"] < tol
+    assert report["indexer_demo_rel_err"] < tol
+    assert report["demo_empty_row_zero"] is True
+    # fp8_ds_mla quantization itself costs a few percent against the bf16 cache, not more
+    assert 1e-4 < report["fp8_quantization_rel_err"] < 0.1
+    # the case matrix ran its groups and passed
+    m = report["matrix"]
+    assert m["passed"] == m["cases"] and m["failed"] == []
+    assert {"regular", "irregular", "invalid", "paged", "indexer-ragged", "indexer-paged"} <= set(m["groups"])
+    # every shipped config compiles for every target and fits its shared memory (sm_120: 99 KB)
+    assert report["compile_ok"] is True
+    assert report["compile_archs"] == [80, 89, 90, 120]
+    assert report["compile_max_shared_sm120"] <= 99 * 1024
+    # the H200 results exist and are internally consistent
+    if "h200_matrix_cases" in report:
+        assert report["h200_matrix_passed"] == report["h200_matrix_cases"] >= 100
+        assert report["h200_matrix_max_rel"] < 1e-2
+    assert report["targets_total"] >= 20 and 0 <= report["targets_met"] <= report["targets_total"]
+    assert report["ceilings"]["copy_GBps"] > 1000
+    # time grows with top-k and stays flat in context length
+    topk_us = [us for _, us in report["scale_topk_us"]]
+    assert all(b > a for a, b in zip(topk_us, topk_us[1:]))
+    ctx_us = [us for _, us in report["scale_ctx_us"]]
+    assert max(ctx_us) < 1.25 * min(ctx_us)
+    assert Path(report["figure"]).is_file()

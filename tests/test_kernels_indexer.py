@@ -1,0 +1,92 @@
+"""DSA indexer scores and top-k: Triton (interpreter on CPU) vs the fp32 reference, the reference vs vLLM's
+formula written independently, cache codecs, and vLLM's top-k convention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glm5lib.kernels import checks, naive
+from glm5lib.kernels.indexer import indexer_logits
+from glm5lib.kernels.topk import topk_indices
+
+torch.set_num_threads(1)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
+
+
+@pytest.mark.parametrize("case", checks.indexer_cases("ci"), ids=lambda c: c.name)
+def test_case_matrix(case):
+    res = checks.run_indexer_case(case, DEVICE, DTYPE)
+    assert res.ok, f"{res.name}: {res.notes} rel={res.rel:.2e}"
+
+
+def test_reference_matches_vllm_formula():
+    """vLLM's fp8_mqa_logits_torch: logits = sum_h relu(q_h . k * scale_k) * w_h, masked outside [ks, ke)."""
+    gen = torch.Generator().manual_seed(3)
+    M, H, N = 6, 4, 30
+    q = torch.randn(M, H, 128, generator=gen)
+    k = torch.randn(N, 128, generator=gen)
+    w = torch.rand(M, H, generator=gen)
+    ks = torch.tensor([0, 0, 5, 5, 10, 29])
+    ke = torch.tensor([1, 2, 8, 30, 10, 30])
+    rows = naive.quantize_indexer_k(k)
+    k8 = rows[:, :128].view(torch.float8_e4m3fn).float()
+    sc = rows[:, 128:].contiguous().view(torch.float32).reshape(-1)
+    score = torch.einsum("mhd,nd->hmn", q, k8) * sc
+    want = (score.relu() * w.T[:, :, None]).sum(0)
+    pos = torch.arange(N)
+    want = want.masked_fill(~((pos >= ks[:, None]) & (pos < ke[:, None])), float("-inf"))
+    got = naive.indexer_logits_ref(q, rows, w, k_format="fp8", ks=ks, ke=ke)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)
+    assert torch.allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+
+
+def test_paged_cache_is_vllm_block_split_layout():
+    """[nb, bs, 132]: a block holds bs*128 value bytes, then bs fp32 scales (DeepGEMM/vLLM layout)."""
+    k = torch.randn(10, 128)
+    rows = naive.quantize_indexer_k(k)
+    paged = naive.pack_indexer_cache_paged(rows, 4)
+    assert paged.shape == (3, 4, 132)
+    flat = paged.reshape(3, 4 * 132)
+    assert torch.equal(flat[1, 128:256], rows[5, :128])  # token 5 = block 1, offset 1
+    assert torch.equal(flat[1, 4 * 128 + 4: 4 * 128 + 8], rows[5, 128:])
+    assert torch.allclose(naive.unpack_indexer_cache_paged(paged)[:10], naive.dequantize_indexer_k(rows))
+
+
+def test_fp8_query_path():
+    """q in float8_e4m3fn (scale folded into weights): fp8 x fp8 dot on the raw key bytes."""
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(5, 8, 128, generator=gen)
+    w = torch.rand(5, 8, generator=gen)
+    rows = naive.quantize_indexer_k(torch.randn(70, 128, generator=gen)).to(DEVICE)
+    amax = q.abs().amax(-1) / 448
+    q8 = (q / amax[..., None]).to(torch.float8_e4m3fn).to(DEVICE)
+    got = indexer_logits(q8, rows, (w * amax).to(DEVICE), k_format="fp8", scale=0.1)
+    want = naive.indexer_logits_ref(q8.float(), rows, (w * amax).to(DEVICE), k_format="fp8", scale=0.1)
+    assert float((got - want).norm() / want.norm()) < 1e-5
+
+
+def test_topk_convention():
+    logits = torch.tensor([[0.5, float("-inf"), 2.0, 1.0, float("-inf")],
+                           [float("-inf")] * 5,
+                           [3.0, 2.0, 1.0, 0.0, -1.0]])
+    ks = torch.tensor([0, 0, 2])
+    got = topk_indices(logits, 4, ks=ks)
+    assert got.dtype == torch.int32 and got.shape == (3, 4)
+    assert set(got[0].tolist()) == {2, 3, 0, -1}
+    assert got[1].tolist() == [-1, -1, -1, -1]
+    assert set(got[2].tolist()) == {-2, -1, 0, 1}  # positions relative to ks = 2 (here: -2, -1 are rows 0, 1)
+    wide = topk_indices(logits[:, :3], 8)
+    assert wide.shape == (3, 8) and torch.all(wide[:, 3:] == -1)
+
+
+def test_validation():
+    q = torch.randn(2, 4, 128)
+    with pytest.raises(ValueError):
+        indexer_logits(q, torch.randn(5, 64), torch.rand(2, 4))
+    with pytest.raises(ValueError):
+        indexer_logits(q, torch.randn(5, 128), torch.rand(2, 3))
+    with pytest.raises(ValueError):
+        indexer_logits(q, torch.zeros(5, 130, dtype=torch.uint8), torch.rand(2, 4), k_format="fp8")
