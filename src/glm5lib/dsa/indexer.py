@@ -18,7 +18,6 @@ import torch
 
 Fp8Mode = Literal["e4m3", "e4m3_hadamard"]
 FP8_MODES: tuple[str, ...] = ("e4m3", "e4m3_hadamard")
-E4M3_MAX = 448.0
 
 
 def hadamard(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -32,10 +31,11 @@ def hadamard(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 def fake_quant_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """Round x to e4m3 with one fp32 scale per last-axis row (amax / 448), returned dequantized in fp32."""
-    x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / E4M3_MAX
-    return (x / scale).to(torch.float8_e4m3fn).float() * scale
+    """Round x [..., 128] to e4m3 with one fp32 scale per row (amax / 448) through the same 132-byte row codec the
+    kernels and vLLM's indexer cache use, returned dequantized in fp32."""
+    from glm5lib.kernels.naive import dequantize_indexer_k, quantize_indexer_k
+
+    return dequantize_indexer_k(quantize_indexer_k(x)).view(x.shape)
 
 
 def quantize_indexer_qk(q: torch.Tensor, k: torch.Tensor, mode: Fp8Mode | None) -> tuple[torch.Tensor, torch.Tensor]:
