@@ -3,6 +3,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Tools and subprocesses find the venv's python/glm5lib first, as in an activated environment.
+export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: install workbook test lab clean-outputs
 

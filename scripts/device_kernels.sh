@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
-# usage: scripts/device_kernels.sh [checks] [sanitize] [bench] [bench-sweep] [compile]
+# usage: scripts/device_kernels.sh [checks] [sanitize] [bench] [bench-sweep] [tune] [verify] [compile]
+# tune: decode candidates side by side (checks + timings), then `bench all` with the winners (tune_decode.py)
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
 OUT=${OUT:-outputs/bench}
@@ -20,6 +21,10 @@ for step in "$@"; do
             echo "indexer rc=$?"; grep -v Warn "$OUT/indexer.log" | tail -12 ;;
     bench-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 200 python3 -m glm5lib.kernels.cli bench sparse-mla --quick --no-scaling --name swfp8 --out "$OUT" > "$OUT/swfp8.log" 2>&1
             echo "swfp8 rc=$?"; grep -v Warn "$OUT/swfp8.log" | grep "fp8_ds_mla" | sort -u | head -20 ;;
+    tune) timeout 340 python3 -m glm5lib.kernels.tune_decode --out "$OUT" --bench --deadline 200 --bench-seconds 0 2>&1 | tee "$OUT/tune.log" | grep -v "^  "
+            echo "tune rc=${PIPESTATUS[0]}" ;;
+    verify) timeout 120 python3 -m glm5lib.kernels.tune_decode --verify --out "$OUT" 2>&1 | tee "$OUT/verify.log"
+            echo "verify rc=${PIPESTATUS[0]}" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

@@ -8,8 +8,8 @@ fixture (tests/golden/gguf_split.txt, always run), and side by side with the bin
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -293,7 +293,7 @@ split({str(tmp_path / 'big.gguf')!r}, {str(tmp_path / 'm')!r}, max_tensors=1, pr
 merge({str(tmp_path / 'm-00001-of-00002.gguf')!r}, {str(tmp_path / 'merged.gguf')!r}, progress=False)
 print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
-    out = subprocess.run([shutil.which("python") or "python", "-c", script], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")})
     assert out.returncode == 0, out.stderr
     base_kb, peak_kb = map(int, out.stdout.split())

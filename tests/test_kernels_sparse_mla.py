@@ -24,7 +24,9 @@ def test_case_matrix(case):
 
 
 @pytest.mark.parametrize("cfg", [MLAConfig(16, 16, 4, 1), MLAConfig(16, 32, 4, 2, prefetch=True),
-                                 MLAConfig(32, 16, 4, 1, prefetch=True), MLAConfig(16, 16, 4, 1, nope_f16=True)],
+                                 MLAConfig(32, 16, 4, 1, prefetch=True), MLAConfig(16, 16, 4, 1, nope_f16=True),
+                                 MLAConfig(16, 32, 4, 3, idx_ahead=True),
+                                 MLAConfig(16, 32, 4, 2, prefetch=True, idx_ahead=True)],
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_every_kernel_variant_matches_reference(cfg, num_splits, monkeypatch):

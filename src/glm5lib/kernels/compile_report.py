@@ -83,7 +83,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                 consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "SPLIT": split, "BLOCK_H": cfg.block_h,
                           "BLOCK_N": cfg.block_n, "D_NOPE": 512, "D_ROPE": 64, "PREFETCH": cfg.prefetch,
                           "ALIGNED": fp8, "NOPE_F16": fp8 and cfg.nope_f16,
-                          "DEQUANT": fp8 and cfg.dequant}
+                          "DEQUANT": fp8 and cfg.dequant, "IDX_AHEAD": cfg.idx_ahead}
                 specs.append(KernelSpec(f"sparse_mla[{cname}:{cfg.name}:{'split' if split else 'direct'}]",
                                         fn, _sig(fn, types, consts), consts, cfg.num_warps, cfg.num_stages, div))
     fn = _merge_splits_kernel

@@ -1,0 +1,193 @@
+"""Decode tuning on the GPU in one run: candidate configs of the small-head (H <= 16) decode kernel, side by side.
+
+For each cache format: every candidate runs the decode part of the full case matrix (`checks.mla_cases("full")`
+with H <= 16 and fewer tokens than the prefill switch), then every (candidate, waves) pair is timed on the same
+inputs as `bench` (GLM-5 shapes, B 1/32/128, H 8/16, graph replay over rotated index sets) with the shipped
+config timed first and last (the spread of those two is the noise). The winner is the fastest total time among
+candidates that pass every check; with `--bench` and a winner at least `--min-gain` faster than the shipped
+config, the winners replace the shipped ("small", fmt, "big") configs in this process and the full
+`glm5lib bench all --sweep-indexer` runs, so its JSON records exactly the configs that were measured.
+
+`python -m glm5lib.kernels.tune_decode --out DIR [--bench] [--deadline S]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from glm5lib.kernels import bench, checks, naive
+from glm5lib.kernels.sparse_mla import MLAConfig as C
+
+sm = sys.modules["glm5lib.kernels.sparse_mla"]  # the package's `sparse_mla` attribute is the function, not the module
+
+DEVICE = "cuda"  # a CPU dry run of the plumbing swaps this (and bench's input makers) out
+WAVES = (1, 2, 4)
+CASES = [(B, H) for H in (8, 16) for B in (1, 32, 128)]
+CANDIDATES = {
+    "bf16": [
+        C(16, 32, 4, 3, idx_ahead=True),
+        C(16, 16, 4, 4, idx_ahead=True),
+        C(16, 16, 4, 3, idx_ahead=True),
+        C(16, 32, 8, 3, idx_ahead=True),
+    ],
+    "fp8_ds_mla": [
+        C(16, 32, 4, 2, prefetch=True, nope_f16=True, idx_ahead=True),
+        C(16, 16, 4, 2, prefetch=True, nope_f16=True, idx_ahead=True),
+        C(16, 32, 8, 2, prefetch=True, nope_f16=True, idx_ahead=True),
+        C(16, 32, 4, 3, nope_f16=True, idx_ahead=True),
+    ],
+}
+
+
+def check_cases(fmt: str) -> list[checks.MLACase]:
+    """The full matrix's cases that the small-head decode config serves."""
+    return [c for c in checks.mla_cases("full") if c.kv_format == fmt and c.H <= 16 and c.T < 4 * 132]
+
+
+def run_checks(fmt: str, cfg: C) -> tuple[int, int, list[str]]:
+    keep = sm.CONFIGS[("small", fmt, "big")]
+    sm.CONFIGS[("small", fmt, "big")] = cfg
+    bad = []
+    try:
+        cases = check_cases(fmt)
+        for i, c in enumerate(cases):
+            r = checks.run_mla_case(c, DEVICE, torch.bfloat16 if DEVICE == "cuda" else torch.float32, seed=1000 + i)
+            if not r.ok:
+                bad.append(f"{r.name}: {r.notes} rel={r.rel:.1e}")
+    finally:
+        sm.CONFIGS[("small", fmt, "big")] = keep
+    return len(cases) - len(bad), len(cases), bad
+
+
+def time_case(fmt: str, B: int, H: int, cfgs: list[C]) -> list[dict]:
+    """us per call for the shipped config (first and last) and every (candidate, waves), same inputs."""
+    import triton
+
+    q, cache, base = bench._make_decode(B, H, 32768, bench.TOPK, fmt)
+    row = naive.FP8_DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else 2 * naive.D_QK
+    kv_bytes = B * bench.TOPK * row
+    idx_sets = [bench._rand_indices(B, 32768, bench.TOPK, base) for _ in range(bench._rotations(kv_bytes))]
+    out = torch.full((B, H, naive.D_NOPE), float("nan"), device=DEVICE, dtype=q.dtype)
+    ro, _ = naive.sparse_mla_ref_chunked(q, cache, idx_sets[0], bench.SM_SCALE, kv_format=fmt, chunk=16)
+    rows = []
+
+    def one(tag, cfg, ns):
+        try:
+            out.fill_(float("nan"))
+            o, _ = sm.sparse_mla_launch(q, cache, idx_sets[0], bench.SM_SCALE, kv_format=fmt, out=out, config=cfg, num_splits=ns)
+            rel = float((o.float() - ro).norm() / ro.norm())
+            ok = bool(not torch.isnan(o).any() and rel < 1e-2)
+            ms = bench._graph_ms([lambda i=i: sm.sparse_mla_launch(q, cache, i, bench.SM_SCALE, kv_format=fmt, out=out,
+                                                                   config=cfg, num_splits=ns) for i in idx_sets])
+            rows.append({"fmt": fmt, "B": B, "H": H, "tag": tag, "config": cfg.name, "splits": ns, "us": ms * 1e3,
+                         "rel": rel, "ok": ok, "GBps": kv_bytes / ms / 1e6})
+        except Exception as exc:
+            rows.append({"fmt": fmt, "B": B, "H": H, "tag": tag, "config": cfg.name, "splits": ns,
+                         "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+
+    shipped = sm.CONFIGS[("small", fmt, "big")]
+    n_hblk = triton.cdiv(H, shipped.block_h)
+    ns0 = sm.pick_num_splits(B, n_hblk, bench.TOPK, shipped.block_n, 132, shipped.waves, shipped.fit)
+    one("shipped-a", shipped, ns0)
+    for cfg in cfgs:
+        for w in WAVES:
+            c = dataclasses.replace(cfg, waves=w)
+            one(c.name, c, sm.pick_num_splits(B, triton.cdiv(H, c.block_h), bench.TOPK, c.block_n, 132, w, c.fit))
+    one("shipped-b", shipped, ns0)
+    del q, cache, idx_sets, out
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="outputs/bench")
+    ap.add_argument("--bench", action="store_true", help="re-run `bench all --sweep-indexer` with the winners")
+    ap.add_argument("--deadline", type=float, default=1e9, help="seconds from start after which no bench starts")
+    ap.add_argument("--bench-seconds", type=float, default=120, help="time the bench needs")
+    ap.add_argument("--min-gain", type=float, default=0.03)
+    ap.add_argument("--formats", nargs="*", default=["bf16", "fp8_ds_mla"])
+    ap.add_argument("--verify", action="store_true", help="only run the decode checks on the shipped configs")
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if a.verify:
+        bad_total = 0
+        for fmt in a.formats:
+            cfg = sm.CONFIGS[("small", fmt, "big")]
+            n_ok, n, bad = run_checks(fmt, cfg)
+            bad_total += len(bad)
+            print(f"verify {fmt:10s} {cfg.name:34s} {n_ok}/{n} {'; '.join(bad[:3])}  [{time.time() - t0:.0f}s]", flush=True)
+        return 1 if bad_total else 0
+    res: dict = {"checks": {}, "rows": [], "winners": {}}
+    cands: dict[str, list[C]] = {}
+    for fmt in a.formats:
+        shipped = sm.CONFIGS[("small", fmt, "big")]
+        # the shipped config passed the whole full matrix already (checks_h200_full.json); it is timed at other
+        # waves too, so a split-count change alone can win
+        res["checks"][f"{fmt}/{shipped.name}"] = {"ok": 1, "n": 1, "bad": [], "note": "checks_h200_full.json"}
+        cands[fmt] = [shipped] + CANDIDATES[fmt]
+        for cfg in CANDIDATES[fmt]:
+            try:
+                n_ok, n, bad = run_checks(fmt, cfg)
+            except Exception as exc:
+                n_ok, n, bad = 0, 1, [f"{type(exc).__name__}: {str(exc)[:200]}"]
+            res["checks"][f"{fmt}/{cfg.name}"] = {"ok": n_ok, "n": n, "bad": bad[:5]}
+            print(f"checks {fmt:10s} {cfg.name:34s} {n_ok}/{n} {'; '.join(bad[:2])}  [{time.time() - t0:.0f}s]", flush=True)
+    for fmt in a.formats:
+        for B, H in CASES:
+            rows = time_case(fmt, B, H, cands[fmt])
+            res["rows"] += rows
+            sh = [r["us"] for r in rows if r["tag"].startswith("shipped") and "us" in r]
+            best = min((r for r in rows if "us" in r and r["ok"]), key=lambda r: r["us"])
+            print(f"time {fmt:10s} B{B:<4d} H{H:<3d} shipped {sh[0]:7.1f}/{sh[-1]:7.1f} us  best {best['us']:7.1f} us "
+                  f"{best['tag']} splits{best['splits']}  [{time.time() - t0:.0f}s]", flush=True)
+    # winner per format: fastest total over the cases among candidates that pass every check and every timed run
+    for fmt in a.formats:
+        rows = [r for r in res["rows"] if r["fmt"] == fmt]
+        ship_total = sum(min(r["us"] for r in rows if r["B"] == B and r["H"] == H and r["tag"].startswith("shipped"))
+                         for B, H in CASES)
+        totals = {}
+        for tag in {r["tag"] for r in rows if not r["tag"].startswith("shipped")}:
+            rs = [r for r in rows if r["tag"] == tag]
+            base_name = tag.rsplit("-v", 1)[0]
+            chk = next((v for k, v in res["checks"].items() if k.startswith(f"{fmt}/") and k.split("/", 1)[1].rsplit("-v", 1)[0] == base_name), None)
+            if len(rs) == len(CASES) and all("us" in r and r["ok"] for r in rs) and chk and chk["ok"] == chk["n"]:
+                totals[tag] = sum(r["us"] for r in rs)
+        win = min(totals, key=totals.get) if totals else None
+        res["winners"][fmt] = {"shipped_total_us": ship_total, "winner": win, "winner_total_us": totals.get(win),
+                               "totals": dict(sorted(totals.items(), key=lambda kv: kv[1]))}
+        print(f"winner {fmt}: {win} {totals.get(win, 0):.1f} us vs shipped {ship_total:.1f} us (sum over {len(CASES)} cases)")
+    tmp = out / "tune_decode.json.tmp"
+    tmp.write_text(json.dumps(res, indent=1))
+    os.replace(tmp, out / "tune_decode.json")
+    adopt = {}
+    for fmt, w in res["winners"].items():
+        if w["winner"] and w["winner_total_us"] < (1 - a.min_gain) * w["shipped_total_us"]:
+            cand = next(c for c in cands[fmt] if c.name.rsplit("-v", 1)[0] == w["winner"].rsplit("-v", 1)[0])
+            print(f"{fmt}: adopting {w['winner']}: {w['winner_total_us']:.1f} us vs {w['shipped_total_us']:.1f} us")
+            adopt[fmt] = dataclasses.replace(cand, waves=int(w["winner"].rsplit("-v", 1)[1]))
+    print("adopt:", {k: v.name for k, v in adopt.items()} or "nothing", flush=True)
+    if a.bench and adopt:
+        if time.time() - t0 + a.bench_seconds > a.deadline:
+            print(f"no time left for the bench ({time.time() - t0:.0f}s used)")
+            return 0
+        for fmt, cfg in adopt.items():
+            sm.CONFIGS[("small", fmt, "big")] = cfg
+        from glm5lib.kernels.cli import main as bench_main
+
+        return bench_main(["bench", "all", "--sweep-indexer", "--out", str(out)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
