@@ -105,6 +105,14 @@ class GLM5Config:
             torch_dtype="float32",
         )
 
+    @classmethod
+    def preset(cls, name: str) -> "GLM5Config":
+        """A named family member: one of PRESET_NAMES."""
+        try:
+            return _PRESETS[name](cls)
+        except KeyError:
+            raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESET_NAMES)}") from None
+
     # ---- derived geometry --------------------------------------------------------------------------------
     @property
     def qk_head_dim(self) -> int:  # 256: per-head q width (nope + rope)
@@ -219,6 +227,10 @@ class GLM5Config:
 
     def replace(self, **changes: Any) -> "GLM5Config":
         return dataclasses.replace(self, **changes)
+
+
+_PRESETS = {"glm5": lambda c: c.glm5(), "glm5.2": lambda c: c.glm5_2(), "tiny": lambda c: c.tiny()}
+PRESET_NAMES = tuple(_PRESETS)
 
 
 def indexer_pattern(num_layers: int, freq: int, offset: int) -> list[str]:
