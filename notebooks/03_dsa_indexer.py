@@ -295,7 +295,7 @@ else:
     gguf_model = ReferenceModel.from_gguf(GGUF_PATH, stream=True)
     result = analyze_layers(gguf_model, tokens=GGUF_TOKENS, layers=range(GGUF_LAYERS))
 for row in result["layers"]:
-    print(f"layer {row['layer']}: {row['seconds']:.3f} s, peak RSS {row['peak_rss_gb']:.2f} GB, "
+    print(f"layer {row['layer']}: {row['seconds']:.3f} s, RSS {row['rss_gb']:.2f} GB (peak {row['peak_rss_gb']:.2f}), "
           f"mass kept {row['mass_recall']:.3f} (best {row['oracle_mass']:.3f})")
 record("gguf_layers", result)
 
@@ -307,10 +307,8 @@ record("gguf_layers", result)
 # real MoE layer from a Q4 GGUF costs the attention part plus, for each expert the router hits (all 256 once a
 # prompt has a few hundred tokens), dequantizing three 2048 x 6144 matrices.
 #
-# Measured once on the 2-core CI machine, one thread, 512 tokens: a dense layer's attention math 2.8 s and
-# SwiGLU 1.9 s with 0.70 + 0.91 GB of fp32 weights resident, peak RSS 2.2 GB for the whole process; gguf-py
-# dequantizes ~190 M values/s (Q4_0), so each expert costs ~0.2 s to dequantize and 0.04 s to run, and a MoE
-# layer about a minute on one core, never holding more than the attention weights and one expert.
+# The cell prints the measured times, resident weights and dequantization rates of this machine and records
+# them as `full_size` (the full profile turns the probe on; the CI profile skips it).
 
 # %%
 if FULL_SIZE_PROBE:

@@ -47,7 +47,7 @@ def check(report: dict) -> None:
     if "gguf_f32_equals_hf" in report:
         assert report["gguf_f32_equals_hf"] is True
     rows = report["gguf_layers"]["layers"]
-    assert rows and all(r["seconds"] > 0 and r["peak_rss_gb"] > 0 for r in rows)
+    assert rows and all(r["seconds"] > 0 and 0 < r["rss_gb"] <= r["peak_rss_gb"] for r in rows)
     for key in ("fig_training", "fig_recall_length", "fig_recall_topk", "fig_dense_sparse", "fig_rope", "fig_fp8",
                 "fig_cost", "fig_cost_prefill"):
         assert Path(report[key]).is_file(), key

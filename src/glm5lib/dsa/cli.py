@@ -64,9 +64,11 @@ def cmd_analyze(args) -> int:
         print(json.dumps(result, indent=1))
         return 0
     print(f"{args.model}: {result['tokens']} tokens, top-k {result['topk']}")
-    print(f"{'layer':>5} {'seconds':>8} {'peak RSS GB':>11} {'mass kept':>9} {'best k':>7} {'set recall':>10}")
+    print(f"{'layer':>5} {'seconds':>8} {'RSS GB':>7} {'peak RSS GB':>11} {'mass kept':>9} {'best k':>7} "
+          f"{'set recall':>10}")
     for row in result["layers"]:
-        print(f"{row['layer']:>5} {row['seconds']:>8.2f} {row['peak_rss_gb']:>11.2f} {row['mass_recall']:>9.3f} "
+        print(f"{row['layer']:>5} {row['seconds']:>8.2f} {row['rss_gb']:>7.2f} {row['peak_rss_gb']:>11.2f} "
+              f"{row['mass_recall']:>9.3f} "
               f"{row['oracle_mass']:>7.3f} {row['set_recall']:>10.3f}")
     return 0
 

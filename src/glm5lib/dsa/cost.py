@@ -23,18 +23,24 @@ import numpy as np
 
 from glm5lib.model.spec import GLM5Config
 
-KV_ROW_BYTES = {"bf16": 2 * 576, "fp8_ds_mla": 656}  # one absorbed-MLA cache row
-INDEXER_KEY_BYTES = {"bf16": 2 * 128, "fp8": 128 + 4}  # one indexer key (vLLM: e4m3 + one fp32 scale)
+_G5 = GLM5Config.glm5()
+# One absorbed-MLA cache row: bf16 [c_kv | k_rot]; fp8_ds_mla = e4m3 c_kv + one fp32 scale per 128 + bf16 k_rot.
+KV_ROW_BYTES = {"bf16": 2 * _G5.mla_qk_dim,
+                "fp8_ds_mla": _G5.kv_lora_rank + 4 * (_G5.kv_lora_rank // 128) + 2 * _G5.qk_rope_head_dim}
+# One indexer key (vLLM: e4m3 + one fp32 scale).
+INDEXER_KEY_BYTES = {"bf16": 2 * _G5.index_head_dim, "fp8": _G5.index_head_dim + 4}
 
 
 @dataclass(frozen=True)
 class CostShapes:
-    heads: int = 64
-    topk: int = 2048
-    d_qk: int = 576
-    d_v: int = 512
-    index_heads: int = 32
-    index_dim: int = 128
+    """Defaults: GLM-5 with all 64 heads on one GPU."""
+
+    heads: int = _G5.num_attention_heads
+    topk: int = _G5.index_topk
+    d_qk: int = _G5.mla_qk_dim
+    d_v: int = _G5.kv_lora_rank
+    index_heads: int = _G5.index_n_heads
+    index_dim: int = _G5.index_head_dim
 
     @classmethod
     def from_config(cls, cfg: GLM5Config, *, heads: int | None = None) -> "CostShapes":

@@ -2,7 +2,7 @@
 
 - `analyze_layers(model, ...)`: embed a sequence, run layers one at a time (the model should be opened with
   `stream=True`: one layer's weights resident, routed experts one at a time), and report per layer the wall
-  time, the process's peak RSS so far, and how much dense attention the indexer's top-k keeps.
+  time, the process's resident memory after the layer (and the peak so far), and how much dense attention the indexer's top-k keeps.
 - `SyntheticWeights(cfg)`: deterministic random weights of any GLM-5 shape, made on request, so the full-size
   geometry can be timed without the 1.5 TB checkpoint.
 - `dequant_throughput(type)`: gguf-py dequantization speed on one full-size expert matrix; the cost of a real
@@ -25,8 +25,20 @@ from glm5lib.model.spec import GLM5Config, hf_tensor_shapes
 
 
 def peak_rss_gb() -> float:
-    """Peak resident memory of this process so far (Linux reports KiB)."""
+    """Peak resident memory of this process so far (Linux reports KiB): a lifetime maximum."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def rss_gb() -> float:
+    """Resident memory now (VmRSS), which shows whether a layer's weights were released after it ran."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:  # not Linux: fall back to the lifetime peak
+        pass
+    return peak_rss_gb()
 
 
 def sample_ids(model: ReferenceModel, T: int, seed: int = 0) -> torch.Tensor:
@@ -50,7 +62,7 @@ def analyze_layers(model: ReferenceModel, *, tokens: int = 256, layers=None, see
         for i in layers:
             trace = Trace(("index_scores", "attn_probs"))
             h = model.run_layers(h, pos, layers=[i], options=DSAOptions(dense=True), trace=trace)
-            row = {"layer": i, "seconds": trace.seconds[i], "peak_rss_gb": peak_rss_gb()}
+            row = {"layer": i, "seconds": trace.seconds[i], "rss_gb": rss_gb(), "peak_rss_gb": peak_rss_gb()}
             d = trace.layers.get(i, {})
             if "index_scores" in d and T > k:
                 probs = d["attn_probs"]

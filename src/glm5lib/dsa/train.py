@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from glm5lib.model.reference import LATENT_NORM_EPS, DSAOptions, ReferenceModel, Trace, rms_norm
 from glm5lib.model.rope import rope_cos_sin
 from glm5lib.model.spec import GLM5Config
+from glm5lib.errors import UserError
 from glm5lib.model.tiny import TinyPaths, build_tiny, default_cache_dir, init_weights, load_tiny, write_hf_dir
 
 INDEXER_PREFIX = "self_attn.indexer."
@@ -192,40 +193,6 @@ def train_dense(cfg: GLM5Config, recipe: TrainRecipe, *, progress: bool = True) 
     return _hf_to_checkpoint(model, cfg, weights), losses
 
 
-def train_dense_reference(cfg: GLM5Config, recipe: TrainRecipe, *, progress: bool = True) -> tuple[dict, list[float]]:
-    """Stage 1 through the reference forward (autograd, one sequence at a time; no transformers needed)."""
-    torch.manual_seed(recipe.seed)
-    weights = {k: v.requires_grad_(".indexer." not in k) for k, v in initial_weights(cfg, recipe).items()}
-    params = [v for k, v in weights.items() if v.requires_grad and not cfg.is_mtp_layer(_layer_of(k))]
-    ref = ReferenceModel(cfg, weights, stream=True)
-    opt = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    warm = max(recipe.steps // 10, 1)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s / recipe.steps, 1.0))))
-    gen = torch.Generator().manual_seed(recipe.seed + 1)
-    losses: list[float] = []
-    bar = tqdm(list(recipe.schedule()), desc="train (dense, reference)", disable=not progress)
-    for seq_len, batch in bar:
-        ids, mask = recall_batch(gen, batch, seq_len, recipe)
-        opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for row, m in zip(ids, mask):
-            logits = ref.forward(row, options=DSAOptions(dense=True))
-            loss = torch.nn.functional.cross_entropy(logits[:-1][m[1:]], row[1:][m[1:]]) / len(ids)
-            loss.backward()
-            total += float(loss)
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        losses.append(total)
-        bar.set_postfix(loss=f"{total:.3f}")
-    return {k: v.detach() for k, v in weights.items()}, losses
-
-
-def _layer_of(name: str) -> int:
-    return int(name.split(".")[2]) if name.startswith("model.layers.") else -1
-
-
 def distill_indexer(cfg: GLM5Config, weights: dict[str, torch.Tensor], recipe: TrainRecipe, *,
                     progress: bool = True) -> tuple[dict, list[float]]:
     """Stage 2: fit every layer's indexer to its layer's head-summed dense attention (KL). Returns (weights, loss
@@ -308,7 +275,9 @@ def ensure_trained_tiny(root: Path | None = None, recipe: TrainRecipe | None = N
     if stamp.exists() and json.loads(stamp.read_text()).get("key") == recipe.key():
         return load_tiny(root)
     if root.exists():
-        shutil.rmtree(root)  # our own cache, stale recipe
+        if not (stamp.exists() or (root / "manifest.json").exists()):
+            raise UserError(f"{root} exists and is not a trained tiny-model directory; choose another --out")
+        shutil.rmtree(root)  # our own build, stale recipe (or interrupted before its stamp)
     weights, log = train_tiny(recipe, progress=progress)
     paths = build_tiny(root, weights=weights, types=types, progress=progress)
     tmp = stamp.with_suffix(".tmp")

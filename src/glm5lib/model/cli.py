@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 from pathlib import Path
 
 from glm5lib.errors import UserError
-from glm5lib.model.tiny import DEFAULT_TYPES, FILE_TYPES, build_tiny, ensure_tiny
+from glm5lib.model.spec import GGUF_FILE_TYPES as FILE_TYPES
+from glm5lib.model.spec import TINY_DEFAULT_TYPES as DEFAULT_TYPES
 
 
 def _paths_dict(paths) -> dict:
@@ -20,6 +23,8 @@ def _paths_dict(paths) -> dict:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from glm5lib.model.tiny import build_tiny, ensure_tiny
+
     types = tuple(args.types)
     bad = [t for t in types if t not in FILE_TYPES]
     if bad:
@@ -28,13 +33,20 @@ def _build(args: argparse.Namespace) -> int:
         out = Path(args.out)
         if out.exists() and not args.force:
             raise UserError(f"{out} already exists (use --force to replace it)")
-        if out.exists():
-            if not (out / "manifest.json").exists():
-                raise UserError(f"{out} exists and is not a tiny-model directory; refusing to replace it")
-            import shutil
+        if out.exists() and not (out / "manifest.json").exists():
+            raise UserError(f"{out} exists and is not a tiny-model directory; refusing to replace it")
+        if out.exists():  # build beside it first: a failed build leaves the old one in place
+            new = out.with_name(out.name + f".new-{os.getpid()}")
+            build_tiny(new, seed=args.seed, types=types)
+            old = out.with_name(out.name + f".old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(new, out)
+            shutil.rmtree(old)
+            from glm5lib.model.tiny import load_tiny
 
-            shutil.rmtree(out)
-        paths = build_tiny(out, seed=args.seed, types=types)
+            paths = load_tiny(out)
+        else:
+            paths = build_tiny(out, seed=args.seed, types=types)
     else:
         paths = ensure_tiny(seed=args.seed, types=types)
     print(json.dumps(_paths_dict(paths), indent=1))

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Literal
+
+# GGUF file types the tiny builder writes (the ones gguf-py can quantize to) and its default set.
+GGUF_FILE_TYPES = ("F32", "BF16", "Q8_0", "Q5_0", "Q4_0")
+TINY_DEFAULT_TYPES = ("F32", "BF16", "Q8_0", "Q4_0")
 
 HF_ARCHITECTURE = "GlmMoeDsaForCausalLM"
 HF_MODEL_TYPE = "glm_moe_dsa"

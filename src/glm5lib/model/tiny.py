@@ -10,7 +10,6 @@ The GGUF files are laid out as llama.cpp's `glm-dsa` converter lays them out (na
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -26,7 +25,9 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from glm5lib.errors import UserError
-from glm5lib.model.spec import GGUF_ARCH, GLM5Config, TensorSpec, gguf_metadata, gguf_tensor_specs, hf_tensor_shapes
+from glm5lib.model.spec import (
+    GGUF_ARCH, GGUF_FILE_TYPES, TINY_DEFAULT_TYPES, GLM5Config, TensorSpec, gguf_metadata, hf_tensor_shapes,
+)
 from glm5lib.model.tokenizer import EOS_TOKEN, SPECIAL_TOKENS, save_hf_tokenizer, train_tokenizer
 
 # Types gguf-py can quantize and llama.cpp's converter would write for the main weights.
@@ -37,7 +38,8 @@ FILE_TYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
     "Q5_0": (gguf.GGMLQuantizationType.Q5_0, gguf.LlamaFileType.MOSTLY_Q5_0),
     "Q4_0": (gguf.GGMLQuantizationType.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
 }
-DEFAULT_TYPES = ("F32", "BF16", "Q8_0", "Q4_0")
+DEFAULT_TYPES = TINY_DEFAULT_TYPES
+assert tuple(FILE_TYPES) == GGUF_FILE_TYPES
 TINY_NAME = "tiny-glm5"
 # Shards "like a real release": a split every N tensors gives several shards for the 94-tensor tiny model.
 TINY_SPLIT_MAX_TENSORS = 32
@@ -256,7 +258,9 @@ def load_tiny(root: Path) -> TinyPaths:
 def ensure_tiny(root: Path | None = None, *, seed: int = 0, types: tuple[str, ...] = DEFAULT_TYPES,
                 progress: bool = True) -> TinyPaths:
     """The cached tiny model, built on first use (a few seconds). Rebuilt if the recipe changed."""
-    root = Path(root) if root else default_cache_dir() / "tiny"
+    if root is None:  # other type sets get their own cache, so they never replace the one others are reading
+        root = default_cache_dir() / ("tiny" if tuple(types) == DEFAULT_TYPES else "tiny-" + "-".join(types))
+    root = Path(root)
     cfg = GLM5Config.tiny()
     if (root / "manifest.json").exists():
         paths = load_tiny(root)
