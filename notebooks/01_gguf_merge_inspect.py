@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 
 from glm5lib.gguf import open_gguf, scan
-from glm5lib.gguf.inspect import diff_tensors, format_summary, summarize
+from glm5lib.gguf.inspect import diff_tensors, format_summary, summarize, tensor_digests
 from glm5lib.gguf.plot import plot_bytes_per_block
 from glm5lib.gguf.split import ensure_shards, merge
 from glm5lib.workbook import record
@@ -144,9 +144,10 @@ record("figure", str(figure))
 # keys into it and trims trailing 1s from tensor shapes; the tensors are identical.)
 
 # %%
-differences = diff_tensors(shards, merged, progress=not INTERACTIVE)
+merged_digests = tensor_digests(merged, progress=not INTERACTIVE)  # hashed once, used by both comparisons
+differences = diff_tensors(shards, merged, progress=not INTERACTIVE, digests_b=merged_digests)
 if original is not None:
-    differences += diff_tensors(open_gguf(original), merged, progress=not INTERACTIVE)
+    differences += diff_tensors(open_gguf(original), merged, progress=not INTERACTIVE, digests_b=merged_digests)
 for d in differences[:20]:
     print("difference:", d)
 lossless = not differences

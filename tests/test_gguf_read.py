@@ -15,7 +15,7 @@ from gguf_fixtures import make_fixture
 from glm5lib.cli import main
 from glm5lib.gguf import open_gguf, read_header
 from glm5lib.gguf.format import KEY_SPLIT_COUNT, encode_kv
-from glm5lib.gguf.inspect import block_of, diff_tensors, summarize
+from glm5lib.gguf.inspect import block_of, diff_tensors, summarize, tensor_digests
 from glm5lib.gguf.split import split
 
 
@@ -67,6 +67,18 @@ def test_raw_views_and_dequantize_match_gguf_reader(fixture):
     assert seen == {"F32", "BF16", "Q8_0"}
 
 
+def test_dequantize_index_reads_a_slice_equal_to_the_whole_tensors(fixture):
+    """`dequantize(name, index=)` (one expert, some rows) equals the same selection of the whole dequantized tensor."""
+    g = open_gguf(fixture)
+    rows = np.array([4, 0, 5002])
+    for t in g.tensors:
+        whole = g.dequantize(t.name)
+        for index in (0, len(whole) - 1, rows[rows < len(whole)]):
+            part = g.dequantize(t.name, index=index)
+            assert part.dtype == np.float32
+            np.testing.assert_array_equal(part, whole[index], err_msg=f"{t.name}[{index}]")
+
+
 def test_typed_views(fixture):
     g = open_gguf(fixture)
     f32, bf16, q8 = g.raw("blk.0.attn_norm.weight"), g.raw("token_embd.weight"), g.raw("blk.0.ffn_down.weight")
@@ -100,6 +112,11 @@ def test_diff_tensors_finds_a_changed_byte(fixture, tmp_path):
     data[t.offset + 100] ^= 1
     copy.write_bytes(bytes(data))
     assert diff_tensors(open_gguf(fixture), open_gguf(copy), progress=False) == ["blk.2.ffn_down_exps.weight: bytes differ"]
+    # digests of `b` computed once and passed in (notebook 01 compares two files with one merged file)
+    digests = tensor_digests(open_gguf(copy), progress=False)
+    assert digests["blk.2.ffn_down_exps.weight"] == hashlib.sha256(open_gguf(copy).raw(t.name).tobytes()).hexdigest()
+    assert diff_tensors(open_gguf(fixture), open_gguf(copy), progress=False, digests_b=digests) == [
+        "blk.2.ffn_down_exps.weight: bytes differ"]
 
 
 def test_summary_totals_add_up(fixture, shards):

@@ -12,8 +12,7 @@ from gguf_fixtures import llama_gguf_split
 from glm5lib.gguf import open_gguf, scan
 from glm5lib.gguf.inspect import diff_tensors
 from glm5lib.gguf.split import merge, split
-
-tiny_module = pytest.importorskip("glm5lib.model.tiny")
+from glm5lib.model import tiny as tiny_module
 LLAMA = llama_gguf_split()
 
 MODES = {  # name -> (llama-gguf-split flags, our keyword arguments)

@@ -119,8 +119,12 @@ def tensor_digests(gset: GGUFSet, algorithm: str = "sha256", progress: bool = Tr
     return out
 
 
-def diff_tensors(a: GGUFSet, b: GGUFSet, progress: bool = True) -> list[str]:
-    """Differences between two files' tensors (names, order, types, shapes, bytes). Empty: lossless."""
+def diff_tensors(a: GGUFSet, b: GGUFSet, progress: bool = True, *,
+                 digests_b: dict[str, str] | None = None) -> list[str]:
+    """Differences between two files' tensors (names, order, types, shapes, bytes). Empty: lossless.
+
+    `digests_b`: `tensor_digests(b)` computed earlier, so comparing several files with one `b` hashes `b` once
+    (a merged GLM-5 is ~400 GB of reads per hash)."""
     out = []
     names_a, names_b = [t.name for t in a.tensors], [t.name for t in b.tensors]
     if set(names_a) != set(names_b):
@@ -137,6 +141,6 @@ def diff_tensors(a: GGUFSet, b: GGUFSet, progress: bool = True) -> list[str]:
             if ta.ggml_type != tb.ggml_type or pa != pb:
                 out.append(f"{n}: {ta.type_name}{list(ta.ne)} vs {tb.type_name}{list(tb.ne)}")
     da = tensor_digests(a, progress=progress)
-    db = tensor_digests(b, progress=progress)
+    db = tensor_digests(b, progress=progress) if digests_b is None else digests_b
     out += [f"{n}: bytes differ" for n in common if da[n] != db[n]]
     return out

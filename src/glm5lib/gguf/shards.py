@@ -127,19 +127,26 @@ class GGUFSet:
             return data.view(_TYPED[t.ggml_type]).reshape(t.shape)
         return data.reshape(quant_shape_to_byte_shape(t.shape, t.ggml_type))
 
-    def dequantize(self, name: str) -> np.ndarray:
-        """float32 values, shape `info.shape` (torch order), via `gguf.quants.dequantize`."""
+    def dequantize(self, name: str, index: Any = None) -> np.ndarray:
+        """float32 values in torch order via `gguf.quants.dequantize`: the whole tensor (shape `info.shape`), or
+        with `index` only `raw(name)[index]`, a selection along the outermost torch dim (one expert of a stacked
+        `ffn_*_exps`, some embedding rows). Only the selected bytes are read: a quantized block never spans rows."""
         t = self.tensor(name)
         raw = self.raw(name)
-        if t.ggml_type in _TYPED and t.ggml_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16,
-                                                         GGMLQuantizationType.BF16):
-            return np.asarray(raw, dtype=np.float32)  # integer / f64 tensors: plain cast
-        byte_view = raw.view(np.uint8).reshape(quant_shape_to_byte_shape(t.shape, t.ggml_type))
+        if index is not None:
+            raw = raw[index]
+        shape = None
+        if t.ggml_type in _TYPED:
+            if t.ggml_type not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16):
+                return np.asarray(raw, dtype=np.float32)  # integer / f64 tensors: plain cast
+            shape = np.shape(raw)  # gguf-py takes the plain float types as bytes too
+            raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
         try:
-            out = gguf_dequantize(byte_view, t.ggml_type)
-        except (NotImplementedError, ValueError) as exc:
-            raise UserError(f"cannot dequantize '{name}' ({t.type_name}): {exc}") from None
-        return np.asarray(out, dtype=np.float32).reshape(t.shape)
+            out = gguf_dequantize(np.asarray(raw), t.ggml_type)
+        except (NotImplementedError, ValueError) as exc:  # e.g. ik_llama.cpp-only types
+            raise UserError(f"cannot dequantize '{name}' ({t.type_name}) with gguf-py: {exc}") from None
+        out = np.asarray(out, dtype=np.float32)
+        return out.reshape(shape) if shape is not None else out
 
     def iter_bytes(self, name: str, chunk: int = CHUNK) -> Iterator[bytes]:
         """The tensor's bytes in bounded chunks, read with pread (no mmap, so they leave no resident pages)."""

@@ -288,11 +288,6 @@ def merge(first_shard: str | os.PathLike, out: str | os.PathLike, *, force: bool
     return plan
 
 
-# Names the tiny-model builder (glm5lib.model.tiny) imports.
-split_file = split
-merge_file = merge
-
-
 def ensure_shards(
     path: str | os.PathLike,
     out_dir: str | os.PathLike,

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 from glm5lib.errors import UserError
+from glm5lib.model.spec import PRESET_NAMES, GLM5Config  # dependency-free module: cheap at CLI start-up
 
 
 def _load_config(path: str | None) -> dict | None:
@@ -61,11 +62,9 @@ def _parse_blocks(text: str | None) -> set[int] | None:
 def cmd_table(args: argparse.Namespace) -> int:
     from glm5lib.mapping.config import config_from_gguf
     from glm5lib.mapping.weights import mapping_table
-    from glm5lib.model.spec import GLM5Config
 
     if args.path is None:
-        presets = {"tiny": GLM5Config.tiny, "glm5": GLM5Config.glm5, "glm5.2": GLM5Config.glm5_2}
-        cfg = presets[args.preset]()
+        cfg = GLM5Config.preset(args.preset)
     else:
         cfg = config_from_gguf(args.path)
     rows = mapping_table(cfg, blocks=_parse_blocks(args.blocks))
@@ -122,7 +121,7 @@ def register_cli(subparsers) -> None:
 
     t = sub.add_parser("table", help="GGUF name/shape -> HF name/shape/transform for every tensor")
     t.add_argument("path", nargs="?", help="GGUF file (or use --preset)")
-    t.add_argument("--preset", choices=("tiny", "glm5", "glm5.2"), default="glm5")
+    t.add_argument("--preset", choices=PRESET_NAMES, default="glm5")
     t.add_argument("--blocks", help="only these blocks, e.g. 0,3,78 (globals always shown)")
     fmt = t.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")

@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -20,24 +19,7 @@ from glm5lib.mapping.config import config_from_gguf
 from glm5lib.mapping.source import open_model, read_tensor
 from glm5lib.mapping.weights import iter_hf_weights
 from glm5lib.model.layout import merge_kv_b, split_kv_b
-
-
-def _hf_getter(hf_dir: Path):
-    from safetensors import safe_open
-
-    index = hf_dir / "model.safetensors.index.json"
-    weight_map = json.loads(index.read_text())["weight_map"] if index.exists() else None
-    handles: dict[str, Any] = {}
-
-    def get(name: str) -> torch.Tensor | None:
-        fname = weight_map.get(name) if weight_map is not None else "model.safetensors"
-        if fname is None:
-            return None
-        if fname not in handles:
-            handles[fname] = safe_open(str(hf_dir / fname), "pt")
-        return handles[fname].get_tensor(name)
-
-    return get, (set(weight_map) if weight_map is not None else None)
+from glm5lib.model.reference import SafetensorsWeights
 
 
 def compare_weights(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike, *, include_mtp: bool = True,
@@ -48,7 +30,7 @@ def compare_weights(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike, *, 
     so a BF16 file is checked for bit-exactness against what it should hold."""
     gs = open_model(gguf_path)
     cfg = config_from_gguf(gs)
-    get, names = _hf_getter(Path(hf_dir))
+    hf = SafetensorsWeights(hf_dir)  # the shard of each name from model.safetensors.index.json
     from glm5lib.model.spec import gguf_tensor_specs
 
     f32_names = {s.hf_names[0] for s in gguf_tensor_specs(cfg) if s.storage == "f32"}
@@ -57,11 +39,10 @@ def compare_weights(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike, *, 
     seen = set()
     for name, t in iter_hf_weights(gs, dtype=torch.float32, include_mtp=include_mtp, progress=progress):
         seen.add(name)
-        ref = get(name)
-        if ref is None:
+        if name not in hf.weight_map:
             missing.append(name)
             continue
-        ref = ref.float()
+        ref = hf(name)  # float32
         if round_reference_to is not None and name not in f32_names:
             ref = ref.to(round_reference_to).float()
         n += 1
@@ -71,7 +52,7 @@ def compare_weights(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike, *, 
         err = float((ref - t).abs().max() / ref.abs().max().clamp_min(1e-30)) if ref.shape == t.shape else float("inf")
         if err > worst:
             worst, worst_name = err, name
-    not_rebuilt = sorted(names - seen) if names is not None else []
+    not_rebuilt = sorted(set(hf.weight_map) - seen)
     return {"compared": n, "bit_exact": exact, "worst_rel_err": worst, "worst_tensor": worst_name,
             "missing_in_hf": missing, "hf_not_rebuilt": not_rebuilt}
 

@@ -133,7 +133,7 @@ def defects(cfg: GLM5Config) -> dict[str, tuple[Edit, str]]:
     moe = cfg.first_k_dense_replace
     return {
         "missing_tensor": (_drop(f"blk.{last}.attn_output.weight"), "missing"),
-        "missing_indexer": (_drop(f"blk.0.indexer.attn_k.weight"), "missing"),
+        "missing_indexer": (_drop("blk.0.indexer.attn_k.weight"), "missing"),
         "wrong_shape": (_transpose(f"blk.{moe}.attn_q_b.weight"), "misshapen"),
         "swapped_k_b_v_b": (_swap(f"blk.{moe}.attn_k_b.weight", f"blk.{moe}.attn_v_b.weight"), "misshapen"),
         "legacy_kv_b": (_legacy_kv_b(0), "unexpected"),

@@ -4,7 +4,7 @@ A wrong kv_b/W_UK/W_UV orientation loads without complaint (the shapes fit) and 
 so names and shapes are not enough. On the same input x (a normed hidden state) and positions this computes:
 
 - `reference`: transformers' `GlmMoeDsaAttention` (with its `GlmMoeDsaIndexer`) holding the original HF weights.
-- `hf_from_gguf`: the same module holding the weights `iter_hf_weights` rebuilt from the GGUF (kv_b_proj merged
+- `hf_from_gguf`: the same module holding the weights `GGUFHFWeights` rebuilt from the GGUF (kv_b_proj merged
   from attn_k_b/attn_v_b). Exact (0) for an F32 file, quantization noise otherwise.
 - `absorbed_from_gguf`: the absorbed MLA form a sparse kernel runs (GLM5_FACTS section 2), fed *directly* with
   the stored `attn_k_b` [H, r, nope] and `attn_v_b` [H, v, r]: q_hat = q_nope @ k_b^T, o = v_b @ o_lat. This is
@@ -19,17 +19,18 @@ Errors are `max|a - ref| / max|ref|` and FlashMLA's cosine difference `1 - 2<a,b
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from glm5lib.kernels.naive import cos_diff  # FlashMLA's metric, one definition for all checks
 from glm5lib.mapping.config import config_from_gguf
 from glm5lib.mapping.source import open_model, read_tensor
-from glm5lib.mapping.weights import iter_hf_weights
+from glm5lib.mapping.weights import GGUFHFWeights
+from glm5lib.model.layout import merge_kv_b
+from glm5lib.model.reference import SafetensorsWeights
 from glm5lib.model.spec import GLM5Config
 
 BROKEN = ("k_b_not_transposed", "kv_swapped", "kv_b_blocked")
@@ -37,11 +38,6 @@ BROKEN = ("k_b_not_transposed", "kv_swapped", "kv_b_blocked")
 
 def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return float((a.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30))
-
-
-def cos_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    return float(1 - 2 * (a * b).sum() / (a * a + b * b).sum().clamp_min(1e-30))
 
 
 # ---- the HF reference module ---------------------------------------------------------------------------------------
@@ -185,19 +181,11 @@ class LayerCheck:
         return "\n".join(lines)
 
 
-def _hf_layer_weights(hf_dir: Path, layer: int) -> dict[str, torch.Tensor]:
-    from safetensors import safe_open
-
-    index = hf_dir / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
+def _hf_layer_weights(hf_dir: str | os.PathLike, layer: int) -> dict[str, torch.Tensor]:
+    """The HF checkpoint's attention tensors of `layer` (float32); only the shards that hold them are opened."""
+    hf = SafetensorsWeights(hf_dir)
     prefix = f"model.layers.{layer}.self_attn."
-    out = {}
-    for f in files:
-        with safe_open(str(hf_dir / f), "pt") as st:
-            for k in st.keys():
-                if k.startswith(prefix):
-                    out[k] = st.get_tensor(k).float()
-    return out
+    return {k: hf(k) for k in hf.weight_map if k.startswith(prefix)}
 
 
 def layer_check(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike, *, layer: int | None = None,
@@ -213,12 +201,24 @@ def layer_check(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike, *, laye
     seq_len = seq_len or (cfg.index_topk * 3) // 2
     x, pos, cos_sin, mask = _inputs(cfg, seq_len, seed)
 
-    ref_module = build_attention(cfg, layer, _hf_layer_weights(Path(hf_dir), layer))
+    ref_module = build_attention(cfg, layer, _hf_layer_weights(hf_dir, layer))
     ref_out, ref_topk = run_attention(ref_module, x, pos, cos_sin, mask)
 
-    # GGUF -> HF weights of this layer only (other tensors are never read).
+    cache: dict[str, torch.Tensor] = {}
+
+    def g(name: str) -> torch.Tensor:  # GGUF tensors by GGUF name, each dequantized once
+        if name not in cache:
+            cache[name] = read_tensor(gs, name, torch.float32)
+        return cache[name]
+
+    # GGUF -> HF weights of this layer's attention only (its experts and other layers are never read);
+    # kv_b_proj is merged from the k_b/v_b that the absorbed form and the broken variants also use.
     prefix = f"model.layers.{layer}.self_attn."
-    gguf_w = {k: v for k, v in iter_hf_weights(gs, dtype=torch.float32, layers=[layer]) if k.startswith(prefix)}
+    kv_b_name = prefix + "kv_b_proj.weight"
+    w = GGUFHFWeights(gs, torch.float32)
+    gguf_w = {k: w(k) for k in w.keys() if k.startswith(prefix) and k != kv_b_name}
+    k_b, v_b = g(f"blk.{layer}.attn_k_b.weight"), g(f"blk.{layer}.attn_v_b.weight")
+    gguf_w[kv_b_name] = merge_kv_b(k_b, v_b, cfg)
     results: dict[str, dict[str, float]] = {}
 
     def score(name: str, out: torch.Tensor) -> None:
@@ -228,17 +228,9 @@ def layer_check(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike, *, laye
     gg_out, gg_topk = run_attention(gg_module, x, pos, cos_sin, mask)
     score("hf_from_gguf", gg_out)
 
-    cache: dict[str, torch.Tensor] = {}
-
-    def g(name: str) -> torch.Tensor:
-        if name not in cache:
-            cache[name] = read_tensor(gs, name, torch.float32)
-        return cache[name]
-
     with torch.no_grad():
         score("absorbed_from_gguf", absorbed_attention(cfg, g, layer, x, cos_sin, mask, ref_topk))
 
-    k_b, v_b = g(f"blk.{layer}.attn_k_b.weight"), g(f"blk.{layer}.attn_v_b.weight")
     for variant in broken:
         w = dict(gguf_w)
         w[prefix + "kv_b_proj.weight"] = broken_kv_b(variant, k_b, v_b, cfg)

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from gguf.constants import GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
 
-from glm5lib.errors import GGUFFormatError, UserError
+from glm5lib.errors import GGUFFormatError
 from glm5lib.model.spec import GGUF_ARCH
 
 from glm5lib.gguf import open_gguf as _open_gguf
@@ -33,27 +32,21 @@ def open_model(path: str | os.PathLike, *, require_arch: bool = True) -> Any:
     return gs
 
 
-def read_tensor(gs: Any, name: str, dtype: "torch.dtype | None" = None, *, index: int | None = None) -> "torch.Tensor":
-    """One tensor (or, with `index`, one slice along its outermost torch dim) in torch order, as `dtype` (float32).
+def read_tensor(gs: Any, name: str, dtype: "torch.dtype | None" = None, *, index: Any = None) -> "torch.Tensor":
+    """One tensor (or, with `index`, a selection along its outermost torch dim) in torch order, as `dtype` (float32).
 
-    Only the bytes of that tensor/slice are read. F32/F16/BF16 are converted exactly (no float32 round trip
-    for BF16 -> BF16); quantized types are dequantized by gguf-py to float32 first, then cast.
+    Only the bytes of that tensor/selection are read. F32/F16/BF16 are converted exactly from their typed view
+    (no float32 round trip for BF16 -> BF16: half the memory on a BF16 file); other types are dequantized to
+    float32 by `GGUFSet.dequantize` (gguf-py), then cast.
     """
     import torch  # here, so that header-only users (`map check`) never import torch
 
     dtype = dtype or torch.float32
-    info = gs.tensor(name)
-    raw = gs.raw(name)  # memmap; typed for plain types, uint8 [..., bytes per row] for block types
+    qtype = GGMLQuantizationType(gs.tensor(name).ggml_type)
+    if qtype not in _PLAIN:
+        return torch.from_numpy(gs.dequantize(name, index=index)).to(dtype)
+    raw = gs.raw(name)  # memmap, typed (uint16 for BF16)
     if index is not None:
         raw = raw[index]
-    qtype = GGMLQuantizationType(info.ggml_type)
-    if qtype == GGMLQuantizationType.BF16:
-        t = torch.from_numpy(np.array(raw)).view(torch.bfloat16)
-    elif qtype in _PLAIN:
-        t = torch.from_numpy(np.array(raw))
-    else:
-        try:
-            t = torch.from_numpy(np.ascontiguousarray(gguf_dequantize(np.asarray(raw), qtype), dtype=np.float32))
-        except (NotImplementedError, ValueError) as exc:  # e.g. ik_llama.cpp-only types
-            raise UserError(f"cannot dequantize '{name}' ({qtype.name}) with gguf-py: {exc}") from None
-    return t.to(dtype)
+    t = torch.from_numpy(np.array(raw))
+    return (t.view(torch.bfloat16) if qtype == GGMLQuantizationType.BF16 else t).to(dtype)
