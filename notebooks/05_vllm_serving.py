@@ -56,7 +56,7 @@ import torch
 from glm5lib.model.tiny import ensure_tiny
 from glm5lib.vllm_plugin import client as C
 from glm5lib.vllm_plugin.doctor import diagnose, doctor_table, format_report
-from glm5lib.vllm_plugin.server import ServeOptions, VLLMServer, server_command
+from glm5lib.vllm_plugin.server import ServeOptions, VLLMServer
 from glm5lib.workbook import record
 
 torch.set_num_threads(2)
@@ -105,10 +105,9 @@ record("doctor_cpu_vllm_error", diagnose(DOCTOR_MODEL, "cpu").vllm_error)
 opts = ServeOptions(model=model_path, port=PORT, dtype="float32" if DEVICE == "cpu" else "bfloat16",
                     max_model_len=MAX_MODEL_LEN, max_num_seqs=max(64, N_CONCURRENT),
                     attention_backend=None if DEVICE == "cpu" else "GLM5_SPARSE_MLA")
-cmd, model_dir, served = server_command(opts, port=8000)
-print("model directory:", model_dir, "->", sorted(p.name for p in model_dir.iterdir()))
-print("$", " ".join(cmd[1:]))
 srv = VLLMServer(opts, log_path=Path("outputs/logs/05_vllm_serving.log"))
+print("model directory:", srv.model_dir, "->", sorted(p.name for p in srv.model_dir.iterdir()))
+print("$", " ".join(srv.cmd[1:]))
 srv.start(timeout_s=900)
 print(f"healthy after {srv.started_s:.1f} s at {srv.base_url}")
 record("server_start_s", srv.started_s)
@@ -208,8 +207,9 @@ record("server_stopped", stopped)
 # either rebuilt once per layer in bf16 (small: 64 x 448 x 512) or `attn_k_b`/`attn_v_b` used directly as W_UK /
 # W_UV, the sparse attention backend (FlashMLA on SM90/SM100, `GLM5_SPARSE_MLA` on SM80/89/120), and
 # tensor-parallel 8 (8 heads per GPU, ~50 GB of weights each) with the experts spread by expert parallelism.
-# Streaming matters there too: `iter_hf_weights` holds one tensor at a time, so the loader's host RAM stays at
-# one expert stack (6.4 GB in BF16), not a 50 GB shard.
+# Streaming matters there too: `iter_hf_weights` holds one tensor at a time, and of a stacked expert tensor one
+# expert's slice (2048 x 6144, 25 MB in BF16, not the 6.4 GB stack), so the loader's host RAM stays at the largest
+# single tensor (the 154880 x 6144 embedding, 1.9 GB in BF16), not a 50 GB shard.
 #
 # **CUDA backend without vLLM on the GPU.** The backend's forward is `glm5lib.vllm_plugin.paged.sparse_mla_forward`
 # (no vLLM import), so it runs on the H200 through a harness that builds vLLM's inputs (paged cache with block

@@ -359,6 +359,29 @@ def test_serve_dry_run_prints_the_command(tmp_path):
         assert ("--load-format glm5-gguf" in cmd) == fmt and cmd.endswith("--seed 3")
 
 
+def test_serve_cli_starts_like_vllmserver(monkeypatch):
+    """`glm5lib serve` spawns through VLLMServer: server_env's variables, own process group, parent-death signal."""
+    from glm5lib.cli import main
+    from glm5lib.model.tiny import ensure_tiny
+    from glm5lib.vllm_plugin import server
+
+    seen = {}
+
+    class FakePopen:
+        def __init__(self, cmd, **kw):
+            seen.update(kw, cmd=cmd)
+
+        def wait(self):
+            return 0
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setattr(server.subprocess, "Popen", FakePopen)
+    assert main(["serve", str(ensure_tiny(progress=False).hf_dir), "--port", "8124"]) == 0
+    assert seen["env"] == server.server_env(server.ServeOptions(model="unused"))
+    assert seen["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1" and seen["env"]["VLLM_NO_USAGE_STATS"] == "1"
+    assert seen["preexec_fn"].func is server._die_with_parent and "8124" in seen["cmd"]
+
+
 def test_indexer_replacement_keeps_vllms_for_other_indexers():
     """GLM-5 / V3.2 style (keys inserted by the op) -> glm5lib; DeepSeek-V4 style (skip insert, compressed) -> vLLM."""
     from vllm.config import VllmConfig, set_current_vllm_config

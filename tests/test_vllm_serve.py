@@ -20,19 +20,11 @@ pytest.importorskip("openai")
 
 from glm5lib.model.tiny import ensure_tiny  # noqa: E402
 from glm5lib.vllm_plugin import client as C  # noqa: E402
-from glm5lib.vllm_plugin.server import ServeOptions, VLLMServer  # noqa: E402
+from glm5lib.vllm_plugin.server import ServeOptions, VLLMServer, group_alive  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_MODEL_LEN = 192
 LOGPROB_TOL = 1e-3
-
-
-def pg_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +42,7 @@ def server(tiny):
     try:
         yield srv
     finally:
-        assert srv.stop() and not pg_alive(pgid), "vLLM server processes outlived stop()"
+        assert srv.stop() and not group_alive(pgid), "vLLM server processes outlived stop()"
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +58,7 @@ def reference(tiny):
 
 
 def prompts(tiny, n, length, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(10, tiny.config.vocab_size, (length,), generator=g).tolist() for _ in range(n)]
+    return C.prompt_set(tiny.config.vocab_size, [length] * n, seed=seed)
 
 
 def test_models_endpoint_names_the_gguf(server, client):
@@ -110,9 +101,9 @@ def test_malformed_requests_get_4xx_and_server_keeps_serving(server, client, tin
 
 
 def test_metrics_count_generated_tokens(server, client):
-    before = sum(v for k, v in server.metrics().items() if k.startswith("vllm:generation_tokens_total"))
+    before = C.metric_total(server.metrics(), "vllm:generation_tokens_total")
     C.complete_greedy(client, server.model_name, [21, 22, 23], 5)
-    after = sum(v for k, v in server.metrics().items() if k.startswith("vllm:generation_tokens_total"))
+    after = C.metric_total(server.metrics(), "vllm:generation_tokens_total")
     assert after - before == 5
 
 
@@ -139,13 +130,13 @@ def test_server_dies_with_its_owner(tmp_path):
             "time.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     child = int(owner.stdout.readline())
-    assert pg_alive(child)  # the child leads its own group
+    assert group_alive(child)  # the child leads its own group
     owner.send_signal(signal.SIGKILL)
     owner.wait()
     deadline = time.time() + 10
-    while pg_alive(child) and time.time() < deadline:
+    while group_alive(child) and time.time() < deadline:
         time.sleep(0.2)
-    assert not pg_alive(child)
+    assert not group_alive(child)
 
 
 def test_failed_start_leaves_nothing_running(tiny, tmp_path):

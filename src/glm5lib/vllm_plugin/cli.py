@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-import subprocess
 
 from glm5lib.errors import UserError
+from glm5lib.model.spec import PRESET_NAMES
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +17,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
                                           "its priority order, accepted or rejected with vLLM's own reason; the "
                                           "indexer; and what the glm5lib plugin adds.")
     p.add_argument("model", help="HF model directory, config.json, glm-dsa .gguf (any shard), or a preset: "
-                                 "glm5, glm5.2, tiny")
+                                 + ", ".join(PRESET_NAMES))
     p.add_argument("--cc", action="append", default=None, metavar="CAP",
                    help="target compute capability (8.0, 8.9, 9.0, 10.0, 12.0, sm120) or 'cpu'; repeatable "
                         "(default 12.0)")
@@ -62,18 +61,18 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from glm5lib.vllm_plugin.server import ServeOptions, server_command
+    from glm5lib.vllm_plugin.server import ServeOptions, VLLMServer
 
     extra = shlex.split(args.vllm_args)
     opts = ServeOptions(model=args.model, port=args.port, host=args.host, dtype=args.dtype,
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         served_model_name=args.served_model_name, attention_backend=args.attention_backend,
                         enforce_eager=not args.compile, extra_args=extra)
-    cmd, model_dir, served = server_command(opts, args.port)
-    print(f"model directory: {model_dir}\nserved model name: {served}\n$ {' '.join(cmd)}", flush=True)
+    srv = VLLMServer(opts)  # the same command, environment and process handling as the notebooks and tests
+    print(f"model directory: {srv.model_dir}\nserved model name: {srv.model_name}\n$ {' '.join(srv.cmd)}", flush=True)
     if args.dry_run:
         return 0
     try:
-        return subprocess.call(cmd, env=dict(os.environ))
+        return srv.run_foreground()
     except FileNotFoundError as exc:
         raise UserError(f"cannot start vLLM: {exc}") from None

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from glm5lib.errors import UserError
+from glm5lib.model.spec import PRESET_NAMES, GLM5Config
 
-PRESETS = {"glm5": "GLM5Config.glm5", "glm5.2": "GLM5Config.glm5_2", "tiny": "GLM5Config.tiny"}
 TARGETS = {"sm80": "8.0", "sm89": "8.9", "sm90": "9.0", "sm100": "10.0", "sm120": "12.0"}
 
 
@@ -41,6 +41,7 @@ class DoctorReport:
     kv_cache_dtype: str
     num_heads: int
     heads_per_gpu: int
+    head_size: int  # kv_lora_rank + qk_rope_head_dim (576 for GLM-5)
     index_topk: int | None
     use_sparse: bool
     vllm_version: str
@@ -61,11 +62,8 @@ class DoctorReport:
 
 def load_model_config(model: str) -> tuple[dict[str, Any], str]:
     """HF config dict and a label from a preset name, an HF directory / config.json, or a glm-dsa GGUF."""
-    from glm5lib.model.spec import GLM5Config
-
-    if model in PRESETS:
-        cfg = {"glm5": GLM5Config.glm5, "glm5.2": GLM5Config.glm5_2, "tiny": GLM5Config.tiny}[model]()
-        return cfg.to_hf_dict(), model
+    if model in PRESET_NAMES:
+        return GLM5Config.preset(model).to_hf_dict(), model
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"
@@ -75,7 +73,7 @@ def load_model_config(model: str) -> tuple[dict[str, Any], str]:
         return gguf_to_hf_config(path, include_mtp=False), path.name
     if path.name.endswith(".json") and path.is_file():
         return json.loads(path.read_text()), str(model)
-    raise UserError(f"{model}: not a preset ({', '.join(PRESETS)}), an HF model directory, config.json or .gguf file")
+    raise UserError(f"{model}: not a preset ({', '.join(PRESET_NAMES)}), an HF model directory, config.json or .gguf file")
 
 
 def parse_target(target: str) -> tuple[int, int] | None:
@@ -231,6 +229,7 @@ def diagnose(model: str, target: str = "12.0", dtype: str = "bfloat16", kv_cache
         raise UserError(f"--tp {tp} does not divide {heads} attention heads")
     rep = DoctorReport(model=label, target="cpu" if cap is None else f"{cap[0]}.{cap[1]}", dtype=str(sel.dtype),
                        kv_cache_dtype=kv_cache_dtype, num_heads=heads, heads_per_gpu=heads // tp,
+                       head_size=sel.head_size,
                        index_topk=hf.get("index_topk"), use_sparse=sel.use_sparse, vllm_version=vllm_version)
     if cap is None:
         _diagnose_cpu(rep, sel)
@@ -295,7 +294,7 @@ def _advice(rep: DoctorReport) -> list[str]:
 
 
 def format_report(rep: DoctorReport) -> str:
-    lines = [f"model {rep.model}: {rep.num_heads} heads ({rep.heads_per_gpu} per GPU), head size 576, "
+    lines = [f"model {rep.model}: {rep.num_heads} heads ({rep.heads_per_gpu} per GPU), head size {rep.head_size}, "
              f"{'sparse (DSA, top-k ' + str(rep.index_topk) + ')' if rep.use_sparse else 'dense'} MLA",
              f"target {rep.target}, dtype {rep.dtype}, kv-cache {rep.kv_cache_dtype}, vLLM {rep.vllm_version}", "",
              "vLLM's MLA backends, in its priority order:"]

@@ -30,6 +30,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from glm5lib.kernels.naive import D_QK, FP8_DS_MLA_ROW_BYTES, INDEXER_DIM, INDEXER_FP8_ROW_BYTES, cos_diff
+from glm5lib.model.spec import GLM5Config
+
+GLM5 = GLM5Config.glm5()
+
 
 @dataclass
 class Case:
@@ -54,16 +59,16 @@ def tiny_cases() -> list[Case]:
 
 
 def glm5_cases() -> list[Case]:
-    out = []
+    out, k = [], GLM5.index_topk
     for kv in ("bf16", "fp8_ds_mla"):
         for h in (8, 16, 64, 128):
-            out.append(Case(h, 2048, kv, (4096, 9000, 2100, 777) * 16, (1,) * 64))  # decode batch 64
-        out.append(Case(64, 2048, kv, (1500, 6000, 3000), (1, 1, 512)))  # decode + prefill chunk
+            out.append(Case(h, k, kv, (4096, 9000, 2100, 777) * 16, (1,) * 64))  # decode batch 64
+        out.append(Case(GLM5.num_attention_heads, k, kv, (1500, 6000, 3000), (1, 1, 512)))  # decode + prefill chunk
     return out
 
 
 def build_inputs(case: Case, device: torch.device, seed: int = 0):
-    from glm5lib.kernels.naive import D_QK, quantize_fp8_ds_mla
+    from glm5lib.kernels.naive import quantize_fp8_ds_mla
     from glm5lib.vllm_plugin.paged import PagedBatch
 
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -78,7 +83,7 @@ def build_inputs(case: Case, device: torch.device, seed: int = 0):
         k += nb
     kv_logical = [torch.randn(L, D_QK, generator=g) for L in case.seq_lens]  # fp32 per-request rows
     fp8 = case.kv_format == "fp8_ds_mla"
-    width = 656 if fp8 else D_QK
+    width = FP8_DS_MLA_ROW_BYTES if fp8 else D_QK
     # bf16 on the GPU; fp32 on CPU, where Triton's interpreter stands in fp32 for bf16 (glm5lib.kernels.checks)
     act = torch.bfloat16 if device.type == "cuda" else torch.float32
     dtype = torch.uint8 if fp8 else act
@@ -125,17 +130,11 @@ def reference(q, ref_rows, topk, req_of_token, kv_format, scale):
     return out.cpu(), lse.cpu()
 
 
-def cos_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    denom = (a * a + b * b).sum()
-    return float(1 - 2 * (a * b).sum() / denom) if denom > 0 else 0.0
-
-
 def run_case(case: Case, device: torch.device, kernel: str, repeats: int) -> dict:
     from glm5lib.kernels.sparse_mla import sparse_mla_flops
     from glm5lib.vllm_plugin.paged import sparse_mla_forward
 
-    scale = 1 / 16  # (192 + 64) ** -0.5
+    scale = GLM5.softmax_scale  # (192 + 64) ** -0.5 = 1/16
     q, cache, batch, topk, ref_rows, req_of_token = build_inputs(case, device)
     out, lse = sparse_mla_forward(q, cache, batch, topk, scale, case.kv_format, kernel)
     ref_out, ref_lse = reference(q, ref_rows, topk, req_of_token, case.kv_format, scale)
@@ -163,7 +162,7 @@ class IndexerCase:
     topk: int
     seq_len: int
     n_query: int  # the request's last n positions (1 = decode)
-    heads: int = 32
+    heads: int = GLM5.index_n_heads
     block_size: int = 64
     stride_pad_rows: int = 8
 
@@ -175,7 +174,8 @@ class IndexerCase:
 def indexer_cases(tiny: bool) -> list[IndexerCase]:
     if tiny:
         return [IndexerCase(16, 150, 3, heads=4), IndexerCase(64, 40, 1, heads=4)]
-    return [IndexerCase(2048, 9000, 1), IndexerCase(2048, 32768, 1), IndexerCase(2048, 6000, 256)]
+    k = GLM5.index_topk
+    return [IndexerCase(k, 9000, 1), IndexerCase(k, 32768, 1), IndexerCase(k, 6000, 256)]
 
 
 def run_indexer_case(case: IndexerCase, device: torch.device, kernel: str) -> dict:
@@ -188,15 +188,16 @@ def run_indexer_case(case: IndexerCase, device: torch.device, kernel: str) -> di
     nb = math.ceil(L / bs)
     n_blocks = nb + 2
     stride = bs + case.stride_pad_rows
-    storage = torch.zeros(n_blocks * stride, 132, dtype=torch.uint8)
-    cache = storage.as_strided((n_blocks, bs, 132), (stride * 132, 132, 1))
+    row = INDEXER_FP8_ROW_BYTES
+    storage = torch.zeros(n_blocks * stride, row, dtype=torch.uint8)
+    cache = storage.as_strided((n_blocks, bs, row), (stride * row, row, 1))
     block_row = torch.randperm(n_blocks, generator=g)[:nb].to(torch.int32)
-    keys = torch.randn(L, 128, generator=g)
+    keys = torch.randn(L, INDEXER_DIM, generator=g)
     pos = torch.arange(L)
     write_indexer_keys(cache, keys, block_row[pos // bs].long() * bs + pos % bs)
     act = torch.bfloat16 if device.type == "cuda" else torch.float32
-    q = torch.randn(n, case.heads, 128, generator=g).to(act)
-    w = torch.randn(n, case.heads, generator=g) * case.heads**-0.5 * 128**-0.5
+    q = torch.randn(n, case.heads, INDEXER_DIM, generator=g).to(act)
+    w = torch.randn(n, case.heads, generator=g) * case.heads**-0.5 * INDEXER_DIM**-0.5
     cache_d = storage.to(device).as_strided(cache.shape, cache.stride())
     got = request_topk(q.to(device), w.to(device), cache_d, block_row.to(device), L, case.topk, kernel=kernel).cpu()
     ref = request_topk(q.float(), w, cache, block_row, L, case.topk, kernel="naive")

@@ -13,6 +13,7 @@ function where vLLM itself cannot be installed. vLLM conventions (GLM5_FACTS sec
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -20,10 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from glm5lib.kernels.naive import INDEXER_DIM, quantize_indexer_k
+from glm5lib.dsa.indexer import select_topk
+from glm5lib.kernels.naive import (INDEXER_DIM, INDEXER_FP8_ROW_BYTES, indexer_logits_ref, quantize_indexer_k,
+                                   sparse_mla_ref, unpack_indexer_cache_paged)
+from glm5lib.model.spec import GLM5Config
 
-LATENT = 512
-HEAD_SIZE = 576
+_GLM5 = GLM5Config.glm5()
+LATENT = _GLM5.kv_lora_rank  # 512: latent width of the output (d_v)
+HEAD_SIZE = _GLM5.mla_qk_dim  # 576: absorbed q / cached kv row width
 
 
 @dataclass
@@ -85,10 +90,17 @@ def write_kv_rows(kv_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor
     kv_cache[slots // bs, slots % bs] = row
 
 
+@functools.lru_cache(maxsize=None)
+def _env_switch(name: str, choices: tuple[str, ...]) -> str | None:
+    """An environment override, read once per process (the backend asks on every layer of every step)."""
+    value = os.environ.get(name, "").strip().lower()
+    return value if value in choices else None
+
+
 def kernel_choice(device: torch.device) -> str:
     """'triton' on CUDA, 'naive' elsewhere, unless GLM5LIB_SPARSE_MLA_KERNEL=triton|naive says otherwise."""
-    forced = os.environ.get("GLM5LIB_SPARSE_MLA_KERNEL", "").strip().lower()
-    if forced in ("triton", "naive"):
+    forced = _env_switch("GLM5LIB_SPARSE_MLA_KERNEL", ("triton", "naive"))
+    if forced:
         return forced
     return "triton" if device.type == "cuda" else "naive"
 
@@ -102,8 +114,6 @@ def run_sparse_mla(q: torch.Tensor, kv_rows: torch.Tensor, rows: torch.Tensor, s
         if kv_format != "fp8_ds_mla":  # the kernel names the cache by its element type (fp32: interpreter runs)
             kv_format = {torch.float32: "fp32", torch.float16: "fp16"}.get(kv_rows.dtype, "bf16")
         return sparse_mla(q, kv_rows, rows, scale, d_v=LATENT, kv_format=kv_format)
-    from glm5lib.kernels.naive import sparse_mla_ref
-
     fmt = kv_format if kv_format == "fp8_ds_mla" else "fp32"
     out, lse = sparse_mla_ref(q, kv_rows, rows, scale, d_v=LATENT, kv_format=fmt)
     return out.to(q.dtype), lse
@@ -141,38 +151,41 @@ def write_indexer_keys(kv_cache: torch.Tensor, k: torch.Tensor, slot_mapping: to
     slots = slot_mapping[keep].long()
     if slots.numel() == 0:
         return
-    rows = quantize_indexer_k(k[keep])  # [n, 132]: 128 e4m3 bytes, 4 scale bytes
+    rows = quantize_indexer_k(k[keep])  # [n, INDEXER_FP8_ROW_BYTES]: 128 e4m3 bytes, then a 4-byte fp32 scale
     blk, off = slots // bs, slots % bs
     val_cols = off[:, None] * INDEXER_DIM + torch.arange(INDEXER_DIM, device=k.device)
-    scale_cols = bs * INDEXER_DIM + off[:, None] * 4 + torch.arange(4, device=k.device)
+    sb = INDEXER_FP8_ROW_BYTES - INDEXER_DIM  # scale bytes per key
+    scale_cols = bs * INDEXER_DIM + off[:, None] * sb + torch.arange(sb, device=k.device)
     flat[blk[:, None], val_cols] = rows[:, :INDEXER_DIM]
     flat[blk[:, None], scale_cols] = rows[:, INDEXER_DIM:]
 
 
+def request_blocks(kv_cache: torch.Tensor, block_row: torch.Tensor, n: int) -> torch.Tensor:
+    """The blocks holding one request's positions 0..n-1, gathered in request order: `[ceil(n / bs), bs, 132]`."""
+    return kv_cache[block_row[: math.ceil(n / kv_cache.shape[1])].long()]
+
+
 def read_indexer_keys(kv_cache: torch.Tensor, block_row: torch.Tensor, n: int) -> torch.Tensor:
     """fp32 keys of request positions 0..n-1 through one request's block-table row."""
-    bs = kv_cache.shape[1]
-    nblk = math.ceil(n / bs)
-    raw = _block_bytes(kv_cache)[block_row[:nblk].long()]  # [nblk, bs * 132]
-    vals = raw[:, : bs * INDEXER_DIM].contiguous().view(torch.float8_e4m3fn).float().view(nblk * bs, INDEXER_DIM)
-    scale = raw[:, bs * INDEXER_DIM :].contiguous().view(torch.float32).reshape(nblk * bs)
-    return (vals * scale[:, None])[:n]
+    return unpack_indexer_cache_paged(request_blocks(kv_cache, block_row, n))[:n]
 
 
 def key_precision(device: torch.device) -> str:
-    forced = os.environ.get("GLM5LIB_VLLM_INDEXER_KEYS", "").strip().lower()
-    if forced in ("fp32", "fp8"):
+    """'fp8' on CUDA, 'fp32' elsewhere, unless GLM5LIB_VLLM_INDEXER_KEYS=fp32|fp8 says otherwise."""
+    forced = _env_switch("GLM5LIB_VLLM_INDEXER_KEYS", ("fp32", "fp8"))
+    if forced:
         return forced
     return "fp8" if device.type == "cuda" else "fp32"
 
 
 def stable_topk(logits: torch.Tensor, topk: int) -> torch.Tensor:
-    """int32 [n, topk] positions of the largest finite scores, -1 padded. Exact ties (common: ReLU zeroes whole
-    rows of head scores) go to the earlier key, as in the reference (`DSAOptions.tie_break="stable"`)."""
-    order = torch.sort(-logits, dim=-1, stable=True).indices[:, :topk]  # descending score, ties: lower index
-    picked = torch.gather(logits, 1, order)
+    """int32 [n, topk] positions of the largest finite scores, -1 padded (vLLM's top-k buffer). Exact ties
+    (common: ReLU zeroes whole rows of head scores) go to the earlier key, as in the reference forward
+    (`select_topk(tie_break="stable")`); torch.topk's order among ties is unspecified."""
+    finite = torch.isfinite(logits)
+    order = select_topk(logits, finite, topk, tie_break="stable")
     out = torch.full((logits.shape[0], topk), -1, dtype=torch.int32, device=logits.device)
-    out[:, : order.shape[1]] = torch.where(torch.isfinite(picked), order, torch.full_like(order, -1)).to(torch.int32)
+    out[:, : order.shape[1]] = torch.where(finite.gather(1, order), order, -1).to(torch.int32)
     return out
 
 
@@ -180,14 +193,8 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, q_p
                  topk: int) -> torch.Tensor:
     """One request: q [n, H, 128] (fp32), weights [n, H], keys [L, 128], q_pos [n] -> int32 [n, topk] local positions.
 
-    Exact score ties (common: ReLU zeroes whole rows of head scores) go to the earlier key, as in the reference
-    forward (`DSAOptions.tie_break="stable"`); torch.topk's order among ties is unspecified."""
-    s = torch.relu(torch.einsum("thd,ld->thl", q.float(), keys.float()))
-    logits = torch.einsum("thl,th->tl", s, weights.float())
-    causal = torch.arange(keys.shape[0], device=q.device)[None, :] <= q_pos[:, None]
-    return stable_topk(logits.masked_fill(~causal, float("-inf")), topk)
-
-
+    Scores are `naive.indexer_logits_ref` over the keys each query may see (positions <= its own)."""
+    return stable_topk(indexer_logits_ref(q.float(), keys, weights, ke=q_pos + 1), topk)
 
 
 def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_row: torch.Tensor, L: int,
@@ -195,19 +202,25 @@ def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
     """Top-k for one request's n query tokens (its last n positions of L): int32 [n, topk] local positions.
 
     keys_fp32 given: scores from those exact keys (reference math). Else from the fp8 cache: with glm5lib's
-    Triton paged indexer kernel on CUDA (`kernel="triton"`), or the dequantized keys in PyTorch."""
+    Triton paged indexer kernel on CUDA (`kernel="triton"`), or its PyTorch twin `naive.indexer_logits_ref`
+    (same paged arguments)."""
     n = q.shape[0]
-    q_pos = torch.arange(L - n, L, device=q.device)
     if keys_fp32 is not None:
-        return indexer_topk(q.float(), weights, keys_fp32, q_pos, topk)
+        return indexer_topk(q.float(), weights, keys_fp32, torch.arange(L - n, L, device=q.device), topk)
     kernel = kernel or kernel_choice(q.device)
+    context_lens = torch.tensor([L], dtype=torch.int32, device=q.device)
     if kernel == "triton":
         from glm5lib.kernels.indexer import indexer_logits
 
         qk = q if q.dtype in (torch.bfloat16, torch.float16) or q.device.type != "cuda" else q.to(torch.bfloat16)
         logits = indexer_logits(qk, kv_cache, weights.float(), scale=1.0, k_format="fp8",
-                                block_table=block_row[None].to(torch.int32),
-                                context_lens=torch.tensor([L], dtype=torch.int32, device=q.device), next_n=n,
+                                block_table=block_row[None].to(torch.int32), context_lens=context_lens, next_n=n,
                                 max_len=L)
-        return stable_topk(logits, topk)
-    return indexer_topk(q.float(), weights, read_indexer_keys(kv_cache, block_row, L), q_pos, topk)
+    else:
+        # The reference dequantizes every block it is given: hand it this request's blocks only (vLLM's cache
+        # holds thousands), renumbered 0..nblk-1 in the block table.
+        blocks = request_blocks(kv_cache, block_row, L)
+        table = torch.arange(blocks.shape[0], dtype=torch.int32, device=q.device)[None]
+        logits = indexer_logits_ref(q, blocks, weights.float(), scale=1.0, k_format="fp8", block_table=table,
+                                    context_lens=context_lens, next_n=n, max_len=L)
+    return stable_topk(logits, topk)

@@ -82,6 +82,18 @@ def server_command(opts: ServeOptions, port: int) -> tuple[list[str], Path, str]
     return cmd, model_dir, served
 
 
+def server_env(opts: ServeOptions) -> dict[str, str]:
+    """The server's environment: ours, plus vLLM's CPU kv-cache size and no usage reporting unless already set,
+    then `opts.env`."""
+    env = dict(os.environ)
+    if opts.kv_cache_gib is not None:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(opts.kv_cache_gib))
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.update(opts.env)
+    return env
+
+
 def _die_with_parent(pdeathsig: bool = True) -> None:
     """Child side of Popen: own process group, SIGTERM when the parent dies (Linux prctl PR_SET_PDEATHSIG).
 
@@ -113,23 +125,23 @@ class VLLMServer:
     def base_url(self) -> str:
         return self.url + "/v1"
 
+    def spawn(self, stdout: Any = None) -> subprocess.Popen:
+        """Start the server process (own process group, parent-death signal) with `server_env`; no health wait.
+
+        `stdout` None: the server shares this process's terminal (`glm5lib serve`)."""
+        main = threading.current_thread() is threading.main_thread()
+        self.proc = subprocess.Popen(self.cmd, stdout=stdout, stderr=subprocess.STDOUT if stdout else None,
+                                     env=server_env(self.opts), preexec_fn=functools.partial(_die_with_parent, main))
+        _LIVE.add(self)
+        return self.proc
+
     def start(self, timeout_s: float = 600.0) -> "VLLMServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        if self.opts.kv_cache_gib is not None:
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.opts.kv_cache_gib))
-        env.setdefault("VLLM_NO_USAGE_STATS", "1")
-        env.setdefault("DO_NOT_TRACK", "1")
-        env.update(self.opts.env)
         t0 = time.time()
-        log = open(self.log_path, "w")
-        log.write("$ " + " ".join(self.cmd) + "\n")
-        log.flush()
-        main = threading.current_thread() is threading.main_thread()
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=functools.partial(_die_with_parent, main))
-        log.close()
-        _LIVE.add(self)
+        with open(self.log_path, "w") as log:
+            log.write("$ " + " ".join(self.cmd) + "\n")
+            log.flush()
+            self.spawn(stdout=log)
         try:
             self.wait_healthy(timeout_s)
         except BaseException:
@@ -137,6 +149,17 @@ class VLLMServer:
             raise
         self.started_s = time.time() - t0
         return self
+
+    def run_foreground(self) -> int:
+        """Serve in this terminal until the server exits or Ctrl-C (then stop its whole process group)."""
+        proc = self.spawn()
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:  # the server has its own process group: Ctrl-C reaches only us
+            self.stop()
+            return 130
+        finally:
+            _LIVE.discard(self)
 
     def wait_healthy(self, timeout_s: float) -> None:
         deadline = time.time() + timeout_s
