@@ -4,6 +4,9 @@ of the committed H200 JSON."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,3 +43,18 @@ def test_committed_json_targets_and_plot(tmp_path):
 def test_plot_cli_missing_file(tmp_path, capsys):
     assert bench_main(["bench", "plot", str(tmp_path / "nope.json")]) == 2
     assert "no benchmark JSON" in capsys.readouterr().err
+
+
+def test_default_name_comes_from_the_gpu():
+    assert bench.default_name("NVIDIA H200") == "bench_h200"
+    assert bench.default_name("NVIDIA GeForce RTX 5090") == "bench_geforce_rtx_5090"
+    assert bench.default_name("NVIDIA A100-SXM4-80GB") == "bench_a100_sxm4_80gb"
+
+
+def test_naive_import_leaves_triton_alone():
+    """The vLLM plugin's CPU path imports kernels.naive: no Triton, no interpreter switch for the process."""
+    code = ("import os, sys; import glm5lib.kernels.naive, glm5lib.kernels; "
+            "print('triton' in sys.modules, os.environ.get('TRITON_INTERPRET'))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "None"]

@@ -61,8 +61,8 @@ def test_fp8_query_path():
     q = torch.randn(5, 8, 128, generator=gen)
     w = torch.rand(5, 8, generator=gen)
     rows = naive.quantize_indexer_k(torch.randn(70, 128, generator=gen)).to(DEVICE)
-    amax = q.abs().amax(-1) / 448
-    q8 = (q / amax[..., None]).to(torch.float8_e4m3fn).to(DEVICE)
+    q8, amax = naive.quantize_indexer_q(q)
+    q8 = q8.to(DEVICE)
     got = indexer_logits(q8, rows, (w * amax).to(DEVICE), k_format="fp8", scale=0.1)
     want = naive.indexer_logits_ref(q8.float(), rows, (w * amax).to(DEVICE), k_format="fp8", scale=0.1)
     assert float((got - want).norm() / want.norm()) < 1e-5

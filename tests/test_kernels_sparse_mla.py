@@ -4,12 +4,11 @@ fp8_ds_mla codec layout, paged views, input validation. Case ids read like Flash
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 
-from glm5lib.kernels import checks, naive  # imports glm5lib.kernels.common first: interpreter on CPU-only machines
+from glm5lib.kernels import checks, common, naive  # checks imports the kernels (common first: interpreter on CPU)
 from glm5lib.kernels.sparse_mla import MLAConfig, sparse_mla, sparse_mla_launch
 
 torch.set_num_threads(1)
@@ -32,7 +31,7 @@ def test_case_matrix(case):
 def test_every_kernel_variant_matches_reference(cfg, num_splits, monkeypatch):
     """Prefetch / split / software-fp8 (sm_80) variants compute the same function."""
     if DEVICE == "cpu":
-        monkeypatch.setenv("GLM5LIB_FP8_SOFTWARE", "1" if cfg.prefetch else "0")
+        monkeypatch.setattr(common, "FP8_SOFTWARE", cfg.prefetch)  # GLM5LIB_FP8_SOFTWARE, read once at import
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(3, 20, naive.D_QK, generator=gen).to(DTYPE).to(DEVICE)
     kv = torch.randn(90, naive.D_QK, generator=gen)

@@ -23,6 +23,23 @@ def check(report: dict) -> None:
     if "h200_matrix_cases" in report:
         assert report["h200_matrix_passed"] == report["h200_matrix_cases"] >= 100
         assert report["h200_matrix_max_rel"] < 1e-2
+    # which configs the H200 evidence ran (read from the files): every piece passed, and every config the H200
+    # runs now was run as-is by at least one correctness piece (the benchmark alone does not count)
+    ev = report["h200_evidence"]
+    for name, p in ev["pieces"].items():
+        assert p["configs"], name
+        if "cases" in p:
+            assert p["passed"] == p["cases"] > 0, name
+        if "sanitizer_errors" in p:
+            assert p["sanitizer_errors"] == 0
+    for key, s in ev["shipped"].items():
+        assert set(s["covered_by"]) - {"h200_bench"}, f"{key} ({s['config']}) has no H200 correctness run"
+    # the prose of section 6, against the numbers it summarises
+    head = report["headline"]
+    lo, hi = head["decode_bf16_h8_16_b128_pct_copy"]
+    assert 55 < lo <= hi < 85  # "about two thirds of the copy bandwidth, short of the 85 % target"
+    assert head["prefill_h64_128_TFLOPs"][1] < 0.5 * head["prefill_h64_128_flashmla_TFLOPs"][0]  # "less than half"
+    assert 0.8 < head["prefill_h8_speedup_vs_flashmla"] < 1.25  # "about the same speed"
     assert report["targets_total"] >= 20 and 0 <= report["targets_met"] <= report["targets_total"]
     assert report["ceilings"]["copy_GBps"] > 1000
     # time grows with top-k and stays flat in context length

@@ -1,12 +1,30 @@
 """Triton kernels for GLM-5 sparse attention: sparse MLA forward, DSA indexer scores, top-k selection.
 
-fp32 references with the same signatures live in `glm5lib.kernels.naive`.
+fp32 references with the same signatures live in `glm5lib.kernels.naive`. Modules: `sparse_mla` (the function
+is `glm5lib.kernels.sparse_mla.sparse_mla`: the submodule owns the package attribute of that name), `indexer`,
+`topk`, `naive`, `common`, `checks` (case matrix), `bench` (GPU benchmarks), `compile_report`.
+
+The names below are imported on first use, so `import glm5lib.kernels.naive` (the vLLM plugin's CPU path, the
+DSA analysis) loads neither Triton nor the kernels and leaves TRITON_INTERPRET alone. The kernel modules import
+`glm5lib.kernels.common` before Triton; it selects the interpreter on machines without a CUDA GPU.
 """
 
-from glm5lib.kernels import common  # noqa: F401  (first: sets the interpreter switch on CPU-only machines)
-from glm5lib.kernels.indexer import indexer_logits
-from glm5lib.kernels.naive import dequantize_fp8_ds_mla, quantize_fp8_ds_mla
-from glm5lib.kernels.sparse_mla import sparse_mla
-from glm5lib.kernels.topk import topk_indices
+from importlib import import_module
 
-__all__ = ["sparse_mla", "indexer_logits", "topk_indices", "quantize_fp8_ds_mla", "dequantize_fp8_ds_mla"]
+_EXPORTS = {
+    "indexer_logits": "glm5lib.kernels.indexer",
+    "topk_indices": "glm5lib.kernels.topk",
+    "quantize_fp8_ds_mla": "glm5lib.kernels.naive",
+    "dequantize_fp8_ds_mla": "glm5lib.kernels.naive",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'glm5lib.kernels' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -15,18 +15,23 @@ import datetime
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 
 import torch
 
 from glm5lib.kernels import naive
-from glm5lib.kernels.indexer import indexer_logits
-from glm5lib.kernels.sparse_mla import CONFIGS, MLAConfig, sparse_mla, sparse_mla_launch
+from glm5lib.kernels.indexer import indexer_flops, indexer_logits
+from glm5lib.kernels.sparse_mla import (CONFIGS, MLAConfig, config_num_splits, sparse_mla, sparse_mla_flops,
+                                        sparse_mla_kv_bytes, sparse_mla_launch)
 from glm5lib.kernels.topk import topk_indices
+from glm5lib.model.spec import GLM5Config
 
-SM_SCALE = 1.0 / 16
-TOPK = 2048
+GLM5 = GLM5Config.glm5()
+SM_SCALE = GLM5.softmax_scale  # 1/16
+TOPK = GLM5.index_topk  # 2048
+D_V = GLM5.kv_lora_rank  # 512: the value is the latent part of the cached row
 L2_BYTES = 60 * 2**20
 
 
@@ -104,13 +109,13 @@ class FlashMLADecode:
 
     def __call__(self, q4, kv4, idx3):
         out, lse, md, ns = torch.ops._flashmla_C.sparse_decode_fwd(
-            q4, kv4, idx3, None, None, self.meta, self.splits, None, None, None, 512, SM_SCALE, None, False)
+            q4, kv4, idx3, None, None, self.meta, self.splits, None, None, None, D_V, SM_SCALE, None, False)
         self.meta, self.splits = md, ns
         return out, lse
 
 
 def flashmla_prefill(q, kv3, idx3):
-    return torch.ops._flashmla_C.sparse_prefill_fwd(q, kv3, idx3, SM_SCALE, 512, None, None, None)
+    return torch.ops._flashmla_C.sparse_prefill_fwd(q, kv3, idx3, SM_SCALE, D_V, None, None, None)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -138,6 +143,22 @@ def _make_decode(B: int, H: int, ctx: int, topk: int, kv_format: str, block_size
     return q, cache.view(nb, block_size, -1), base
 
 
+def time_config(q, cache, idx_sets, kv_format, out, cfg: MLAConfig, num_splits: int,
+                ref: torch.Tensor | None = None) -> tuple[float, float | None]:
+    """(ms per call, rel err against `ref` on idx_sets[0] or None) of one fixed config and split count.
+
+    The output is poisoned first, so an unwritten element shows as a NaN rel err. Used by the `--sweep` rows and
+    by `tune_decode`.
+    """
+    out.fill_(float("nan"))
+    o, _ = sparse_mla_launch(q, cache, idx_sets[0], SM_SCALE, kv_format=kv_format, out=out, config=cfg,
+                             num_splits=num_splits)
+    rel = None if ref is None else float((o.float() - ref).norm() / ref.norm())
+    ms = _graph_ms([lambda i=i: sparse_mla_launch(q, cache, i, SM_SCALE, kv_format=kv_format, out=out, config=cfg,
+                                                  num_splits=num_splits) for i in idx_sets])
+    return ms, rel
+
+
 def _rotations(bytes_per_call: float) -> int:
     return int(min(64, max(1, math.ceil(3 * L2_BYTES / max(bytes_per_call, 1)))))
 
@@ -160,9 +181,8 @@ def bench_decode_case(B, H, kv_format, ceil, ctx=32768, topk=TOPK, flashmla=True
     """Our kernel (default pick + optional config sweep), FlashMLA padded to 64/128 heads, naive torch."""
     rows = []
     q, cache, base = _make_decode(B, H, ctx, topk, kv_format)
-    row_bytes = naive.FP8_DS_MLA_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * naive.D_QK
-    kv_bytes = B * topk * row_bytes
-    flops = 2.0 * B * H * topk * (naive.D_QK + naive.D_NOPE)
+    kv_bytes = sparse_mla_kv_bytes(B, topk, kv_format)
+    flops = sparse_mla_flops(B, H, topk)
     R = _rotations(kv_bytes)
     idx_sets = [_rand_indices(B, ctx, topk, base) for _ in range(R)]
     out = torch.full((B, H, naive.D_NOPE), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -177,16 +197,13 @@ def bench_decode_case(B, H, kv_format, ceil, ctx=32768, topk=TOPK, flashmla=True
     rows.append(_row("decode", "triton", B, H, topk, kv_format, ms, flops, kv_bytes, ceil, {"rel_err": rel, "rotations": R}))
     for cfg in configs or []:
         for ns_mult in (1, 2):
-            from glm5lib.kernels.sparse_mla import pick_num_splits
-            import triton
-
-            ns = pick_num_splits(B, triton.cdiv(H, cfg.block_h), topk, cfg.block_n, 132, cfg.waves) * ns_mult
+            # the split count sparse_mla would pick for this config on this GPU, and twice that
+            ns = config_num_splits(B, H, topk, cfg, q.device) * ns_mult
             try:
-                o, _ = sparse_mla_launch(q, cache, idx_sets[0], SM_SCALE, kv_format=kv_format, out=out, config=cfg, num_splits=ns)
-                ok = bool(torch.allclose(o.float(), ro, atol=2e-2, rtol=2e-2)) if check else None
-                ms_c = _graph_ms([lambda i=i: sparse_mla_launch(q, cache, i, SM_SCALE, kv_format=kv_format, out=out,
-                                                                config=cfg, num_splits=ns) for i in idx_sets])
-                rows.append(_row("decode-sweep", f"triton:{cfg.name}:splits{ns}", B, H, topk, kv_format, ms_c, flops, kv_bytes, ceil, {"ok": ok}))
+                ms_c, rel_c = time_config(q, cache, idx_sets, kv_format, out, cfg, ns, ro if check else None)
+                ok = None if rel_c is None else bool(rel_c < 1e-2)
+                rows.append(_row("decode-sweep", f"triton:{cfg.name}:splits{ns}", B, H, topk, kv_format, ms_c, flops,
+                                 kv_bytes, ceil, {"ok": ok, "sweep_rel": rel_c}))
             except Exception as exc:
                 rows.append({"kind": "decode-sweep", "impl": f"triton:{cfg.name}:splits{ns}", "T": B, "H": H,
                              "kv_format": kv_format, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
@@ -204,7 +221,7 @@ def bench_decode_case(B, H, kv_format, ceil, ctx=32768, topk=TOPK, flashmla=True
                 f(q4, kv4, i.unsqueeze(1))
             ms_f = _graph_ms([lambda f=f, i=i: f(q4, kv4, i.unsqueeze(1)) for f, i in zip(fms, idx_sets)])
             rows.append(_row("decode", f"flashmla(h_pad={h_pad})", B, H, topk, kv_format, ms_f, flops, kv_bytes, ceil,
-                             {"rel_err": fm_rel, "padded_TFLOPs": 2.0 * B * h_pad * topk * 1088 / ms_f / 1e9}))
+                             {"rel_err": fm_rel, "padded_TFLOPs": sparse_mla_flops(B, h_pad, topk) / ms_f / 1e9}))
         except Exception as exc:
             rows.append({"kind": "decode", "impl": "flashmla", "T": B, "H": H, "kv_format": kv_format,
                          "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
@@ -214,7 +231,7 @@ def bench_decode_case(B, H, kv_format, ceil, ctx=32768, topk=TOPK, flashmla=True
         def torch_naive(i=idx_sets[0]):
             k = (naive.dequantize_fp8_ds_mla(flat[i.long()]) if kv_format == "fp8_ds_mla" else flat[i.long()].float())
             s = torch.einsum("thd,tkd->thk", q.float(), k) * SM_SCALE
-            return torch.einsum("thk,tkd->thd", torch.softmax(s, -1), k[..., :512])
+            return torch.einsum("thk,tkd->thd", torch.softmax(s, -1), k[..., :D_V])
 
         rows.append(_row("decode", "torch-naive", B, H, topk, kv_format, _median_ms(torch_naive), flops, kv_bytes, ceil))
     del q, cache, idx_sets
@@ -227,8 +244,8 @@ def bench_prefill_case(H, ceil, s_q=4096, s_kv=32768, topk=TOPK, flashmla=True, 
     kv = torch.randn(s_kv, naive.D_QK, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(s_q, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
     idx = _rand_indices(s_q, s_kv, topk)
-    flops = 2.0 * s_q * H * topk * (naive.D_QK + naive.D_NOPE)
-    kv_bytes = s_q * topk * 2 * naive.D_QK
+    flops = sparse_mla_flops(s_q, H, topk)
+    kv_bytes = sparse_mla_kv_bytes(s_q, topk, "bf16")
     out = torch.full((s_q, H, naive.D_NOPE), float("nan"), device="cuda", dtype=torch.bfloat16)
     rel = None
     if check:
@@ -254,7 +271,7 @@ def bench_prefill_case(H, ceil, s_q=4096, s_kv=32768, topk=TOPK, flashmla=True, 
             fm_rel = float((res[0][:256, :H].float() - ro).norm() / ro.norm()) if check else None
             ms_f = _median_ms(lambda: flashmla_prefill(qp, kv.unsqueeze(1), idx.unsqueeze(1)))
             rows.append(_row("prefill", f"flashmla(h_pad={h_pad})", s_q, H, topk, "bf16", ms_f, flops, kv_bytes, ceil,
-                             {"rel_err": fm_rel, "padded_TFLOPs": 2.0 * s_q * h_pad * topk * 1088 / ms_f / 1e9}))
+                             {"rel_err": fm_rel, "padded_TFLOPs": sparse_mla_flops(s_q, h_pad, topk) / ms_f / 1e9}))
         except Exception as exc:
             rows.append({"kind": "prefill", "impl": "flashmla", "H": H, "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
     del kv, q, idx, out
@@ -289,17 +306,17 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
         rel = float((o[:2] - r).norm() / r.norm())
         row_b = naive.INDEXER_FP8_ROW_BYTES if fmt == "fp8" else 2 * naive.INDEXER_DIM
         byts = B * ctx * row_b + B * ctx * 4  # keys read + fp32 scores written
+        flops = indexer_flops(B, ctx, HI)
         ms = _median_ms(lambda: indexer_logits(q, cache, w, out=o, **kw))
-        rows.append(_row("indexer-decode", "triton", B, HI, ctx, fmt, ms, 2.0 * B * ctx * HI * 128, byts, ceil, {"rel_err": rel, "ctx": ctx}))
+        rows.append(_row("indexer-decode", "triton", B, HI, ctx, fmt, ms, flops, byts, ceil, {"rel_err": rel, "ctx": ctx}))
         if fmt == "fp8":
             # fp8 q (per-(token, head) scale folded into the weights): fp8 x fp8 tensor-core dot, no conversion
-            amax = q.float().abs().amax(-1).clamp_min(1e-8) / naive.E4M3_MAX
-            q8 = (q.float() / amax[..., None]).to(torch.float8_e4m3fn)
-            w8 = w * amax
+            q8, q_scale = naive.quantize_indexer_q(q)
+            w8 = w * q_scale
             o8 = indexer_logits(q8, cache, w8, **kw)
             rel8 = float((o8[:2] - r).norm() / r.norm())
             ms8 = _median_ms(lambda: indexer_logits(q8, cache, w8, out=o8, **kw))
-            rows.append(_row("indexer-decode", "triton-q8", B, HI, ctx, fmt, ms8, 2.0 * B * ctx * HI * 128, byts, ceil,
+            rows.append(_row("indexer-decode", "triton-q8", B, HI, ctx, fmt, ms8, flops, byts, ceil,
                              {"rel_err_vs_bf16_q": rel8, "ctx": ctx}))
         if sweep:
             keep = ix.INDEXER_CONFIGS["paged"]
@@ -309,7 +326,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
                     ok = bool(torch.allclose(indexer_logits(q, cache, w, **kw)[:2], r, rtol=1e-3, atol=1e-3))
                     ms_c = _median_ms(lambda: indexer_logits(q, cache, w, out=o, **kw))
                     rows.append(_row("indexer-decode-sweep", f"triton:N{cfg[1]}-w{cfg[2]}-s{cfg[3]}", B, HI, ctx, fmt, ms_c,
-                                     2.0 * B * ctx * HI * 128, byts, ceil, {"ok": ok}))
+                                     flops, byts, ceil, {"ok": ok}))
                 except Exception as exc:
                     rows.append({"kind": "indexer-decode-sweep", "impl": str(cfg), "error": str(exc)[:200]})
             ix.INDEXER_CONFIGS["paged"] = keep
@@ -329,14 +346,13 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
         r = naive.indexer_logits_ref(q[-4:], cache, w[-4:], scale=scale, k_format=fmt, ks=ks[-4:], ke=ke[-4:])
         fin = torch.isfinite(r)
         rel = float((o[-4:][fin] - r[fin]).norm() / r[fin].norm())
-        visible = float(ke.sum() - ks.sum())
-        flops = 2.0 * visible * HI * 128
+        visible = float(ke.sum() - ks.sum())  # keys seen, summed over the queries
+        flops = indexer_flops(s_q, visible / s_q, HI)
         ms = _median_ms(lambda: indexer_logits(q, cache, w, scale=scale, k_format=fmt, ks=ks, ke=ke, out=o))
         rows.append(_row("indexer-prefill", "triton", s_q, HI, N, fmt, ms, flops, s_q * N * 4, ceil, {"rel_err": rel, "ctx": N}))
         if fmt == "fp8":
-            amax = q.float().abs().amax(-1).clamp_min(1e-8) / naive.E4M3_MAX
-            q8 = (q.float() / amax[..., None]).to(torch.float8_e4m3fn)
-            w8 = w * amax
+            q8, q_scale = naive.quantize_indexer_q(q)
+            w8 = w * q_scale
             o8 = indexer_logits(q8, cache, w8, scale=scale, k_format=fmt, ks=ks, ke=ke)
             rel8 = float((o8[-4:][fin] - r[fin]).norm() / r[fin].norm())
             ms8 = _median_ms(lambda: indexer_logits(q8, cache, w8, scale=scale, k_format=fmt, ks=ks, ke=ke, out=o8))
@@ -362,20 +378,38 @@ SWEEP_PREFILL = [C(64, 64, 8, 2), C(64, 64, 8, 3), C(64, 64, 8, 2, True), C(64, 
                  C(32, 32, 4, 2), C(16, 32, 4, 2), C(16, 64, 4, 2, True)]
 
 
-def run(what: str = "all", out_dir: str = "outputs/bench", vendor: str = ".vendor", quick: bool = False,
-        sweep: bool = False, scaling: bool = True, name: str = "bench_h200", sweep_indexer: bool = False) -> dict:
-    if not torch.cuda.is_available():
-        from glm5lib.errors import UserError
+def default_name(gpu: str) -> str:
+    """File stem for a GPU's results: "NVIDIA H200" -> "bench_h200", "NVIDIA GeForce RTX 5090" -> "bench_geforce_rtx_5090"."""
+    words = [w for w in re.split(r"[^0-9a-z]+", gpu.lower()) if w and w != "nvidia"]
+    return "bench_" + ("_".join(words) or "gpu")
 
+
+def run(what: str = "all", out_dir: str = "outputs/bench", vendor: str = ".vendor", quick: bool = False,
+        sweep: bool = False, scaling: bool = True, name: str | None = None, sweep_indexer: bool = False,
+        force: bool = False) -> dict:
+    """Run the benchmarks and write `out_dir/name.json` (name defaults to `default_name(gpu)`; `res["meta"]["name"]`).
+
+    An existing `name.json` / `name.png` is not overwritten unless `force` (the committed H200 results live there).
+    """
+    from glm5lib.errors import UserError
+
+    if not torch.cuda.is_available():
         raise UserError("glm5lib bench needs a CUDA GPU (none visible); the CPU checks are `pytest tests/test_kernels_*.py`", exit_code=3)
     import triton
 
+    gpu = torch.cuda.get_device_name()
+    name = name or default_name(gpu)
+    out = Path(out_dir)
+    taken = [p for p in (out / f"{name}.json", out / f"{name}.png") if p.exists()]
+    if taken and not force:
+        raise UserError(f"{taken[0]} exists; pass --name NEW (or --force to overwrite it)")
     torch.manual_seed(0)
     res: dict = {"meta": {
+        "name": name,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
         "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
-        "shapes": {"d_qk": 576, "d_v": 512, "topk": TOPK, "sm_scale": SM_SCALE},
+        "shapes": {"d_qk": GLM5.mla_qk_dim, "d_v": D_V, "topk": TOPK, "sm_scale": SM_SCALE},
         "configs": {"/".join(k): v.name for k, v in CONFIGS.items()},
     }}
     fm_err = load_flashmla(vendor)
@@ -414,7 +448,6 @@ def run(what: str = "all", out_dir: str = "outputs/bench", vendor: str = ".vendo
         _print_rows(rows[-8:])
     res["rows"] = rows
     res["targets"] = evaluate_targets(res)
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f"{name}.json.tmp"
     tmp.write_text(json.dumps(res, indent=1))
@@ -568,6 +601,28 @@ def key_table(res: dict) -> str:
             lines.append(f"| {r['kind']} ({r['impl']}) | {r['T']} | {r['H']} | {r['kv_format']} | {r['us']:.1f} | - | - | "
                          f"{r['TFLOPs']:.0f} | {r['GBps']:.0f} | {100 * r['GBps'] / ceil['copy_GBps']:.0f} |")
     return "\n".join(lines)
+
+
+def headline(res: dict) -> dict:
+    """The few numbers the notebook's prose cites, computed from a benchmark JSON ([min, max] over the cases)."""
+    rows = [r for r in res["rows"] if "error" not in r]
+
+    def span(vals):
+        vals = [float(v) for v in vals if v is not None]
+        return [min(vals), max(vals)] if vals else None
+
+    dec = [r for r in rows if r["kind"] == "decode" and r["impl"] == "triton" and r["T"] == 128 and r["H"] <= 16]
+    pre = [r for r in rows if r["kind"] == "prefill"]
+    ours8 = _find(pre, impl="triton", H=8)
+    fm8 = next((r for r in pre if r["impl"].startswith("flashmla") and r["H"] == 8), None)
+    return {
+        "decode_bf16_h8_16_b128_pct_copy": span(r.get("pct_bw") for r in dec if r["kv_format"] == "bf16"),
+        "decode_fp8_h8_16_b128_pct_copy": span(r.get("pct_bw") for r in dec if r["kv_format"] == "fp8_ds_mla"),
+        "prefill_h64_128_TFLOPs": span(r["TFLOPs"] for r in pre if r["impl"] == "triton" and r["H"] >= 64),
+        "prefill_h64_128_flashmla_TFLOPs": span(r["TFLOPs"] for r in pre if r["impl"].startswith("flashmla")
+                                                and r["H"] >= 64),
+        "prefill_h8_speedup_vs_flashmla": fm8["ms"] / ours8["ms"] if ours8 and fm8 else None,
+    }
 
 
 def targets_table(res: dict) -> str:

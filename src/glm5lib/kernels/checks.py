@@ -29,10 +29,12 @@ import torch
 
 from glm5lib.kernels import naive
 from glm5lib.kernels.indexer import indexer_logits
+from glm5lib.kernels.naive import cos_diff  # lives in naive (cheap to import); checks.cos_diff stays valid
 from glm5lib.kernels.sparse_mla import sparse_mla
 from glm5lib.kernels.topk import topk_indices
+from glm5lib.model.spec import GLM5Config
 
-SM_SCALE = 1.0 / 16  # GLM-5: (192 + 64) ** -0.5
+SM_SCALE = GLM5Config.glm5().softmax_scale  # 1/16 = (192 + 64) ** -0.5
 
 
 @dataclass
@@ -63,14 +65,6 @@ class Result:
     cos_diff: float
     lse_abs: float
     notes: list[str] = field(default_factory=list)
-
-
-def cos_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double().flatten(), b.double().flatten()
-    den = (a * a).sum() + (b * b).sum()
-    if den == 0:
-        return 0.0
-    return float(1 - 2 * (a * b).sum() / den)
 
 
 def make_indices(T: int, topk: int, n_kv: int, invalid: str, gen: torch.Generator, device) -> torch.Tensor:

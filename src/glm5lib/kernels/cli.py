@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -14,13 +13,14 @@ def _bench(args) -> int:
     from glm5lib.kernels import bench
 
     res = bench.run(args.what, out_dir=args.out, vendor=args.vendor, quick=args.quick, sweep=args.sweep,
-                    scaling=not args.no_scaling, name=args.name, sweep_indexer=args.sweep_indexer)
-    png = bench.plot(Path(args.out) / f"{args.name}.json", Path(args.out) / f"{args.name}.png")
+                    scaling=not args.no_scaling, name=args.name, sweep_indexer=args.sweep_indexer, force=args.force)
+    name = res["meta"]["name"]
+    png = bench.plot(Path(args.out) / f"{name}.json", Path(args.out) / f"{name}.png")
     for t in res["targets"]:
         v = t["value"]
         print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else 'n/a '} {t['target']}: "
               f"{'-' if v is None else f'{v:.2f}'} (goal {t['goal']})")
-    print(f"wrote {Path(args.out) / (args.name + '.json')} and {png}")
+    print(f"wrote {Path(args.out) / (name + '.json')} and {png}")
     return 0
 
 
@@ -57,7 +57,8 @@ def register_cli(subparsers) -> None:
     for what in ("sparse-mla", "indexer", "all"):
         b = sub.add_parser(what, help=f"benchmark {what} on the GPU (JSON + PNG under --out)")
         b.add_argument("--out", default="outputs/bench")
-        b.add_argument("--name", default="bench_h200", help="file stem of the JSON/PNG")
+        b.add_argument("--name", help="file stem of the JSON/PNG (default: bench_<gpu>, e.g. bench_h200)")
+        b.add_argument("--force", action="store_true", help="overwrite an existing JSON/PNG of that name")
         b.add_argument("--vendor", default=".vendor", help="folder holding FlashMLA's _flashmla_C.abi3.so")
         b.add_argument("--quick", action="store_true", help="fewer batch sizes")
         b.add_argument("--sweep", action="store_true", help="also time alternative kernel configurations")

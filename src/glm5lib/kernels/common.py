@@ -1,12 +1,17 @@
-"""Small Triton helpers shared by the kernels, and the CPU fallback switch.
+"""Small Triton helpers shared by the kernels, the CPU fallback switch, and cached device facts.
 
 Without a CUDA GPU the kernels run in Triton's interpreter (numpy; slow, for tests and tiny CPU serving).
-Triton picks the interpreter when a function is decorated, so the switch must be set before any kernel
-module is imported: `glm5lib.kernels` imports this module first.
+Triton picks the interpreter when a function is decorated, so the switch must be set before Triton is
+imported: every kernel module (`sparse_mla`, `indexer`) imports this module before `triton`. The pure-torch
+`glm5lib.kernels.naive` does not, so importing it leaves Triton and the environment alone.
+
+Device facts (SM count, compute capability) are cached per device index: the vLLM plugin launches the kernels
+eagerly for every layer of every step, and `torch.cuda.get_device_properties` is not free.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -33,10 +38,41 @@ def e4m3_bits_to(x, DOT_DTYPE: tl.constexpr, FP8_HW: tl.constexpr):
     return h.to(tl.float16, bitcast=True).to(DOT_DTYPE), 256.0
 
 
+# Read once (launches are hot); tests flip the module attribute instead of the environment.
+FP8_SOFTWARE = os.environ.get("GLM5LIB_FP8_SOFTWARE") == "1"  # exercise the sm_80 e4m3 path anywhere
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) of a CUDA device, cached."""
+    return _capability(_index(device))
+
+
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (cached); 132 elsewhere, so that the interpreter behaves as on
+    an H200 and CPU tests exercise the split path."""
+    if device.type != "cuda":
+        return 132
+    return _sm_count(_index(device))
+
+
 def fp8_hw(device: torch.device) -> bool:
     """Whether the device converts e4m3 in hardware (sm_89 and newer; the interpreter emulates both paths)."""
-    if os.environ.get("GLM5LIB_FP8_SOFTWARE") == "1":  # tests: exercise the sm_80 path anywhere
+    if FP8_SOFTWARE:
         return False
     if device.type != "cuda":
         return True
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    return capability(device) >= (8, 9)

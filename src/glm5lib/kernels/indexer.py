@@ -19,10 +19,11 @@ head sum instead of per head.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from glm5lib.kernels.common import e4m3_bits_to, fp8_hw
+from glm5lib.kernels.common import e4m3_bits_to, fp8_hw  # before triton: interpreter switch
+import triton  # noqa: E402  (after common, which sets the interpreter switch)
+import triton.language as tl  # noqa: E402
+
 from glm5lib.kernels.naive import INDEXER_DIM, INDEXER_FP8_ROW_BYTES
 
 INDEXER_CONFIGS = {
@@ -218,7 +219,8 @@ def indexer_logits(
 
 
 def indexer_flops(T: int, n_keys: float, HI: int) -> float:
+    """Useful FLOPs of the scores: `T` queries, each seeing `n_keys` keys (a mean for causal prefill), `HI` heads."""
     return 2.0 * T * n_keys * HI * INDEXER_DIM
 
 
-__all__ = ["indexer_logits", "INDEXER_CONFIGS"]
+__all__ = ["indexer_logits", "indexer_flops", "INDEXER_CONFIGS"]

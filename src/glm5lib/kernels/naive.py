@@ -120,6 +120,18 @@ def quantize_indexer_k(k: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def quantize_indexer_q(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indexer queries `[T, H, 128]` -> (float8_e4m3fn `[T, H, 128]`, fp32 scale `[T, H]`), one scale per
+    (token, head) = amax / 448.
+
+    The scale is positive, so it folds into the head weights: `indexer_logits(q8, k, w * scale)` scores like
+    `indexer_logits(q, k, w)` up to e4m3 rounding of q (relu(s x) = s relu(x) for s > 0), and the kernel's dot is
+    fp8 x fp8 on fp8 keys.
+    """
+    scale = q.float().abs().amax(-1).clamp_min(1e-8) / E4M3_MAX
+    return (q.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
+
+
 def dequantize_indexer_k(rows: torch.Tensor) -> torch.Tensor:
     """uint8 rows `[N, 132]` -> fp32 keys `[N, 128]`."""
     r = rows.reshape(-1, INDEXER_FP8_ROW_BYTES).contiguous()
@@ -148,6 +160,15 @@ def unpack_indexer_cache_paged(cache: torch.Tensor) -> torch.Tensor:
     vals = flat[:, : bs * INDEXER_DIM].contiguous().view(torch.float8_e4m3fn).float().view(nb * bs, INDEXER_DIM)
     scale = flat[:, bs * INDEXER_DIM :].contiguous().view(torch.float32).reshape(nb * bs)
     return vals * scale[:, None]
+
+
+def cos_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """FlashMLA's test metric `1 - 2 <a, b> / (|a|^2 + |b|^2)` in fp64 (0 for equal tensors, also when both are 0)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    den = (a * a).sum() + (b * b).sum()
+    if den == 0:
+        return 0.0
+    return float(1 - 2 * (a * b).sum() / den)
 
 
 # --------------------------------------------------------------------------------------------------------------

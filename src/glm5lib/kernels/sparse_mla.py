@@ -22,10 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
-from glm5lib.kernels.common import e4m3_bits_to, fp8_hw
+from glm5lib.kernels.common import capability, e4m3_bits_to, fp8_hw, num_sms  # before triton: interpreter switch
+import triton  # noqa: E402  (after common, which sets the interpreter switch)
+import triton.language as tl  # noqa: E402
+
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES, kv_row_view
 
 LOG2E = 1.4426950408889634
@@ -343,17 +344,14 @@ def merge_tile(num_splits: int, H: int) -> tuple[int, int, int]:
     return sp, bh, bd
 
 
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132  # interpreter: behave as on an H200 so CPU tests exercise the split path
+_num_sms = num_sms  # older name, kept for callers
 
 
 def smem_class(device: torch.device) -> str:
     """'big' on sm_90/sm_100 (>= 200 KB of shared memory per block), else 'small' (sm_80 is served by 'small' too)."""
     if device.type != "cuda":
         return "big"
-    return "big" if torch.cuda.get_device_capability(device)[0] in (9, 10) else "small"
+    return "big" if capability(device)[0] in (9, 10) else "small"
 
 
 def pick_config(T: int, H: int, topk: int, kv_format: str, smem: str = "big", n_sms: int = 132) -> MLAConfig:
@@ -362,10 +360,15 @@ def pick_config(T: int, H: int, topk: int, kv_format: str, smem: str = "big", n_
     Small-H prefill (enough tokens to fill the GPU without splitting) takes wider key tiles (H200 sweep:
     1.96 ms with N=64 against 2.62 ms with N=32 at H=8, s_q 4096).
     """
+    return CONFIGS[config_key(T, H, kv_format, smem, n_sms)]
+
+
+def config_key(T: int, H: int, kv_format: str, smem: str = "big", n_sms: int = 132) -> tuple[str, str, str]:
+    """The `CONFIGS` key `pick_config` uses: (head class, cache format, shared-memory class)."""
     fmt = "fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16"
     if H > 16:
-        return CONFIGS[("large", fmt, smem)]
-    return CONFIGS[("prefill-small" if T >= 4 * n_sms else "small", fmt, smem)]
+        return ("large", fmt, smem)
+    return ("prefill-small" if T >= 4 * n_sms else "small", fmt, smem)
 
 
 def pick_num_splits(T: int, n_hblk: int, topk: int, block_n: int, n_sms: int, waves: int = 2, fit: bool = False) -> int:
@@ -380,6 +383,11 @@ def pick_num_splits(T: int, n_hblk: int, topk: int, block_n: int, n_sms: int, wa
     max_splits = max(1, min(MAX_SPLITS, triton.cdiv(topk, block_n)))
     want = (waves * n_sms) // base if fit else triton.cdiv(waves * n_sms, base)
     return int(min(max_splits, max(1, want)))
+
+
+def config_num_splits(T: int, H: int, topk: int, cfg: MLAConfig, device: torch.device) -> int:
+    """The split count `sparse_mla` uses for `cfg` on `device` (cfg's waves and fit rule, the device's SM count)."""
+    return pick_num_splits(T, triton.cdiv(H, cfg.block_h), topk, cfg.block_n, num_sms(device), cfg.waves, cfg.fit)
 
 
 def _check_inputs(q, kv_cache, indices, d_v, kv_format):
@@ -420,11 +428,12 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse
-    cfg = config or pick_config(T, H, topk, kv_format, smem_class(q.device), _num_sms(q.device))
+    dev = q.device
+    cfg = config or pick_config(T, H, topk, kv_format, smem_class(dev), num_sms(dev))
     block_h = cfg.block_h
     n_hblk = triton.cdiv(H, block_h)
     if num_splits is None:
-        num_splits = pick_num_splits(T, n_hblk, topk, cfg.block_n, _num_sms(q.device), cfg.waves, cfg.fit)
+        num_splits = config_num_splits(T, H, topk, cfg, dev)
     keys_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_splits), cfg.block_n) * cfg.block_n
     num_splits = max(1, triton.cdiv(topk, keys_per_split))
 
@@ -442,6 +451,7 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
         aligned = False
     grid = (T, n_hblk, num_splits)
     nope_f16 = fp8 and cfg.nope_f16 and q.dtype != torch.float32  # fp32 q: the interpreter's exact path
+    hw = fp8_hw(dev)
     qk_scale = float(sm_scale) * LOG2E
     if num_splits == 1:
         _sparse_mla_fwd_kernel[grid](
@@ -449,7 +459,7 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
             q.stride(0), q.stride(1), flat.stride(0), indices.stride(0),
             0, out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1),
             H, topk, n_rows, keys_per_split, qk_scale,
-            KV_FP8=fp8, FP8_HW=fp8_hw(q.device), SPLIT=False, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_ROPE=D_ROPE,
+            KV_FP8=fp8, FP8_HW=hw, SPLIT=False, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_ROPE=D_ROPE,
             PREFETCH=cfg.prefetch, ALIGNED=aligned, NOPE_F16=nope_f16, DEQUANT=fp8 and cfg.dequant, IDX_AHEAD=cfg.idx_ahead,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
@@ -461,7 +471,7 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
         q.stride(0), q.stride(1), flat.stride(0), indices.stride(0),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1), l_part.stride(2),
         H, topk, n_rows, keys_per_split, qk_scale,
-        KV_FP8=fp8, FP8_HW=fp8_hw(q.device), SPLIT=True, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_ROPE=D_ROPE,
+        KV_FP8=fp8, FP8_HW=hw, SPLIT=True, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_ROPE=D_ROPE,
         PREFETCH=cfg.prefetch, ALIGNED=aligned, NOPE_F16=nope_f16, DEQUANT=fp8 and cfg.dequant, IDX_AHEAD=cfg.idx_ahead,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
@@ -513,4 +523,5 @@ def sparse_mla_kv_bytes(T: int, topk: int, kv_format: str) -> float:
     return float(T) * topk * row
 
 
-__all__ = ["sparse_mla", "sparse_mla_launch", "CONFIGS", "MLAConfig", "pick_config", "pick_num_splits"]
+__all__ = ["sparse_mla", "sparse_mla_launch", "CONFIGS", "MLAConfig", "pick_config", "pick_num_splits",
+           "config_num_splits", "sparse_mla_flops", "sparse_mla_kv_bytes"]

@@ -1,12 +1,13 @@
 """Decode tuning on the GPU in one run: candidate configs of the small-head (H <= 16) decode kernel, side by side.
 
-For each cache format: every candidate runs the decode part of the full case matrix (`checks.mla_cases("full")`
-with H <= 16 and fewer tokens than the prefill switch), then every (candidate, waves) pair is timed on the same
-inputs as `bench` (GLM-5 shapes, B 1/32/128, H 8/16, graph replay over rotated index sets) with the shipped
-config timed first and last (the spread of those two is the noise). The winner is the fastest total time among
-candidates that pass every check; with `--bench` and a winner at least `--min-gain` faster than the shipped
-config, the winners replace the shipped ("small", fmt, "big") configs in this process and the full
-`glm5lib bench all --sweep-indexer` runs, so its JSON records exactly the configs that were measured.
+For each cache format: every candidate and the shipped config run the decode part of the full case matrix
+(`checks.mla_cases("full")` with H <= 16 and fewer tokens than the prefill switch), then every (candidate, waves)
+pair is timed on the same inputs as `bench` (GLM-5 shapes, B 1/32/128, H 8/16, graph replay over rotated index
+sets, `bench.time_config`) with the shipped config timed first and last (the spread of those two is the noise).
+Variants are kept in a dict by config name (waves included), so the winner is exactly the config that was timed:
+the fastest total time among variants that pass every check. With `--bench` and a winner at least `--min-gain`
+faster than the shipped config, the winners replace the shipped ("small", fmt, "big") configs in this process and
+`glm5lib bench all --sweep-indexer --name bench_tuned` runs, so its JSON records exactly the configs measured.
 
 `python -m glm5lib.kernels.tune_decode --out DIR [--bench] [--deadline S]`
 """
@@ -24,11 +25,11 @@ from pathlib import Path
 import torch
 
 from glm5lib.kernels import bench, checks, naive
+from glm5lib.kernels import sparse_mla as sm  # the module: the package exports no function of that name
 from glm5lib.kernels.sparse_mla import MLAConfig as C
 
-sm = sys.modules["glm5lib.kernels.sparse_mla"]  # the package's `sparse_mla` attribute is the function, not the module
-
 DEVICE = "cuda"  # a CPU dry run of the plumbing swaps this (and bench's input makers) out
+CTX = 32768
 WAVES = (1, 2, 4)
 CASES = [(B, H) for H in (8, 16) for B in (1, 32, 128)]
 CANDIDATES = {
@@ -48,8 +49,9 @@ CANDIDATES = {
 
 
 def check_cases(fmt: str) -> list[checks.MLACase]:
-    """The full matrix's cases that the small-head decode config serves."""
-    return [c for c in checks.mla_cases("full") if c.kv_format == fmt and c.H <= 16 and c.T < 4 * 132]
+    """The full matrix's cases that the small-head decode config serves (below `pick_config`'s prefill switch)."""
+    prefill_from = 4 * sm.num_sms(torch.device(DEVICE))
+    return [c for c in checks.mla_cases("full") if c.kv_format == fmt and c.H <= 16 and c.T < prefill_from]
 
 
 def run_checks(fmt: str, cfg: C) -> tuple[int, int, list[str]]:
@@ -67,43 +69,31 @@ def run_checks(fmt: str, cfg: C) -> tuple[int, int, list[str]]:
     return len(cases) - len(bad), len(cases), bad
 
 
-def time_case(fmt: str, B: int, H: int, cfgs: list[C]) -> list[dict]:
-    """us per call for the shipped config (first and last) and every (candidate, waves), same inputs."""
-    import triton
-
-    q, cache, base = bench._make_decode(B, H, 32768, bench.TOPK, fmt)
-    row = naive.FP8_DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else 2 * naive.D_QK
-    kv_bytes = B * bench.TOPK * row
-    idx_sets = [bench._rand_indices(B, 32768, bench.TOPK, base) for _ in range(bench._rotations(kv_bytes))]
+def time_case(fmt: str, B: int, H: int, variants: dict[str, C]) -> list[dict]:
+    """us per call for the shipped config (first and last) and every variant (tag -> config), same inputs."""
+    topk = bench.TOPK
+    dev = torch.device(DEVICE)
+    q, cache, base = bench._make_decode(B, H, CTX, topk, fmt)
+    kv_bytes = sm.sparse_mla_kv_bytes(B, topk, fmt)
+    idx_sets = [bench._rand_indices(B, CTX, topk, base) for _ in range(bench._rotations(kv_bytes))]
     out = torch.full((B, H, naive.D_NOPE), float("nan"), device=DEVICE, dtype=q.dtype)
     ro, _ = naive.sparse_mla_ref_chunked(q, cache, idx_sets[0], bench.SM_SCALE, kv_format=fmt, chunk=16)
     rows = []
 
-    def one(tag, cfg, ns):
+    def one(tag: str, cfg: C):
+        ns = sm.config_num_splits(B, H, topk, cfg, dev)
+        row = {"fmt": fmt, "B": B, "H": H, "tag": tag, "config": cfg.name, "splits": ns}
         try:
-            out.fill_(float("nan"))
-            o, _ = sm.sparse_mla_launch(q, cache, idx_sets[0], bench.SM_SCALE, kv_format=fmt, out=out, config=cfg, num_splits=ns)
-            rel = float((o.float() - ro).norm() / ro.norm())
-            ok = bool(not torch.isnan(o).any() and rel < 1e-2)
-            ms = bench._graph_ms([lambda i=i: sm.sparse_mla_launch(q, cache, i, bench.SM_SCALE, kv_format=fmt, out=out,
-                                                                   config=cfg, num_splits=ns) for i in idx_sets])
-            rows.append({"fmt": fmt, "B": B, "H": H, "tag": tag, "config": cfg.name, "splits": ns, "us": ms * 1e3,
-                         "rel": rel, "ok": ok, "GBps": kv_bytes / ms / 1e6})
+            ms, rel = bench.time_config(q, cache, idx_sets, fmt, out, cfg, ns, ro)
+            rows.append({**row, "us": ms * 1e3, "rel": rel, "ok": bool(rel < 1e-2), "GBps": kv_bytes / ms / 1e6})
         except Exception as exc:
-            rows.append({"fmt": fmt, "B": B, "H": H, "tag": tag, "config": cfg.name, "splits": ns,
-                         "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            rows.append({**row, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
 
     shipped = sm.CONFIGS[("small", fmt, "big")]
-    n_hblk = triton.cdiv(H, shipped.block_h)
-    ns0 = sm.pick_num_splits(B, n_hblk, bench.TOPK, shipped.block_n, 132, shipped.waves, shipped.fit)
-    one("shipped-a", shipped, ns0)
-    for cfg in cfgs:
-        for w in WAVES:
-            c = dataclasses.replace(cfg, waves=w)
-            one(c.name, c, sm.pick_num_splits(B, triton.cdiv(H, c.block_h), bench.TOPK, c.block_n, 132, w, c.fit))
-    one("shipped-b", shipped, ns0)
-    del q, cache, idx_sets, out
-    torch.cuda.empty_cache()
+    one("shipped-a", shipped)
+    for tag, cfg in variants.items():
+        one(tag, cfg)
+    one("shipped-b", shipped)
     return rows
 
 
@@ -129,53 +119,55 @@ def main(argv=None) -> int:
             print(f"verify {fmt:10s} {cfg.name:34s} {n_ok}/{n} {'; '.join(bad[:3])}  [{time.time() - t0:.0f}s]", flush=True)
         return 1 if bad_total else 0
     res: dict = {"checks": {}, "rows": [], "winners": {}}
-    cands: dict[str, list[C]] = {}
+    variants: dict[str, dict[str, C]] = {}  # fmt -> tag (config name, waves included) -> config
+    checked_as: dict[str, str] = {}  # tag -> its key in res["checks"] (waves change the split count, not the math)
     for fmt in a.formats:
-        shipped = sm.CONFIGS[("small", fmt, "big")]
-        # the shipped config passed the whole full matrix already (checks_h200_full.json); it is timed at other
-        # waves too, so a split-count change alone can win
-        res["checks"][f"{fmt}/{shipped.name}"] = {"ok": 1, "n": 1, "bad": [], "note": "checks_h200_full.json"}
-        cands[fmt] = [shipped] + CANDIDATES[fmt]
-        for cfg in CANDIDATES[fmt]:
+        variants[fmt] = {}
+        # the shipped config is checked like the candidates and timed at other waves too, so a split-count
+        # change alone can win
+        for cfg in [sm.CONFIGS[("small", fmt, "big")]] + CANDIDATES[fmt]:
+            key = f"{fmt}/{cfg.name}"
             try:
                 n_ok, n, bad = run_checks(fmt, cfg)
             except Exception as exc:
                 n_ok, n, bad = 0, 1, [f"{type(exc).__name__}: {str(exc)[:200]}"]
-            res["checks"][f"{fmt}/{cfg.name}"] = {"ok": n_ok, "n": n, "bad": bad[:5]}
+            res["checks"][key] = {"ok": n_ok, "n": n, "bad": bad[:5]}
             print(f"checks {fmt:10s} {cfg.name:34s} {n_ok}/{n} {'; '.join(bad[:2])}  [{time.time() - t0:.0f}s]", flush=True)
+            for w in WAVES:
+                v = dataclasses.replace(cfg, waves=w)
+                variants[fmt][v.name] = v
+                checked_as[v.name] = key
     for fmt in a.formats:
         for B, H in CASES:
-            rows = time_case(fmt, B, H, cands[fmt])
+            rows = time_case(fmt, B, H, variants[fmt])
+            torch.cuda.empty_cache()  # the case's inputs are gone with time_case's frame
             res["rows"] += rows
             sh = [r["us"] for r in rows if r["tag"].startswith("shipped") and "us" in r]
             best = min((r for r in rows if "us" in r and r["ok"]), key=lambda r: r["us"])
             print(f"time {fmt:10s} B{B:<4d} H{H:<3d} shipped {sh[0]:7.1f}/{sh[-1]:7.1f} us  best {best['us']:7.1f} us "
                   f"{best['tag']} splits{best['splits']}  [{time.time() - t0:.0f}s]", flush=True)
-    # winner per format: fastest total over the cases among candidates that pass every check and every timed run
+    # winner per format: fastest total over the cases among variants that pass every check and every timed run
+    adopt: dict[str, C] = {}
     for fmt in a.formats:
         rows = [r for r in res["rows"] if r["fmt"] == fmt]
         ship_total = sum(min(r["us"] for r in rows if r["B"] == B and r["H"] == H and r["tag"].startswith("shipped"))
                          for B, H in CASES)
         totals = {}
-        for tag in {r["tag"] for r in rows if not r["tag"].startswith("shipped")}:
+        for tag in variants[fmt]:
             rs = [r for r in rows if r["tag"] == tag]
-            base_name = tag.rsplit("-v", 1)[0]
-            chk = next((v for k, v in res["checks"].items() if k.startswith(f"{fmt}/") and k.split("/", 1)[1].rsplit("-v", 1)[0] == base_name), None)
-            if len(rs) == len(CASES) and all("us" in r and r["ok"] for r in rs) and chk and chk["ok"] == chk["n"]:
+            chk = res["checks"][checked_as[tag]]
+            if len(rs) == len(CASES) and all("us" in r and r["ok"] for r in rs) and chk["ok"] == chk["n"]:
                 totals[tag] = sum(r["us"] for r in rs)
         win = min(totals, key=totals.get) if totals else None
         res["winners"][fmt] = {"shipped_total_us": ship_total, "winner": win, "winner_total_us": totals.get(win),
                                "totals": dict(sorted(totals.items(), key=lambda kv: kv[1]))}
         print(f"winner {fmt}: {win} {totals.get(win, 0):.1f} us vs shipped {ship_total:.1f} us (sum over {len(CASES)} cases)")
+        if win and totals[win] < (1 - a.min_gain) * ship_total:
+            print(f"{fmt}: adopting {win}: {totals[win]:.1f} us vs {ship_total:.1f} us")
+            adopt[fmt] = variants[fmt][win]
     tmp = out / "tune_decode.json.tmp"
     tmp.write_text(json.dumps(res, indent=1))
     os.replace(tmp, out / "tune_decode.json")
-    adopt = {}
-    for fmt, w in res["winners"].items():
-        if w["winner"] and w["winner_total_us"] < (1 - a.min_gain) * w["shipped_total_us"]:
-            cand = next(c for c in cands[fmt] if c.name.rsplit("-v", 1)[0] == w["winner"].rsplit("-v", 1)[0])
-            print(f"{fmt}: adopting {w['winner']}: {w['winner_total_us']:.1f} us vs {w['shipped_total_us']:.1f} us")
-            adopt[fmt] = dataclasses.replace(cand, waves=int(w["winner"].rsplit("-v", 1)[1]))
     print("adopt:", {k: v.name for k, v in adopt.items()} or "nothing", flush=True)
     if a.bench and adopt:
         if time.time() - t0 + a.bench_seconds > a.deadline:
@@ -185,7 +177,7 @@ def main(argv=None) -> int:
             sm.CONFIGS[("small", fmt, "big")] = cfg
         from glm5lib.kernels.cli import main as bench_main
 
-        return bench_main(["bench", "all", "--sweep-indexer", "--out", str(out)])
+        return bench_main(["bench", "all", "--sweep-indexer", "--out", str(out), "--name", "bench_tuned"])
     return 0
 
 

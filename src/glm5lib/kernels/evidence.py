@@ -1,0 +1,117 @@
+"""Which sparse-MLA configs each committed piece of H200 evidence exercised, against the configs shipped now.
+
+The H200 files name cases, not configs, and they were produced at different commits: the full case matrix and
+the compute-sanitizer run at f0ddd05 (the v4 configs, below), the v5 decode verification and the benchmark at
+febd9ab. The configs of a commit are its `sparse_mla.CONFIGS` (`git show f0ddd05:src/glm5lib/kernels/sparse_mla.py`);
+a case's config follows from its shape by `sparse_mla.config_key` on the H200 (132 SMs, sm_90: the "big"
+shared-memory class). A config whose name equals the shipped one runs the same code: the kernel's later changes
+(IDX_AHEAD) sit behind constexpr branches that only `-ia` configs take.
+
+`coverage(root)` reads the files and reports, per piece: cases, passes, and the config names it ran; and per
+shipped "big" config: which pieces ran that exact config. The notebook prints it instead of prose.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from glm5lib.kernels.sparse_mla import CONFIGS, MLAConfig, config_key
+
+H200_SMS = 132
+SMEM = "big"  # sm_90
+
+# sparse_mla.CONFIGS at f0ddd05 (v4), the "big" class the H200 runs
+V4_CONFIGS = {
+    ("small", "bf16", SMEM): MLAConfig(16, 32, 4, 2),
+    ("small", "fp8_ds_mla", SMEM): MLAConfig(16, 32, 4, 2, prefetch=True, nope_f16=True, waves=4),
+    ("prefill-small", "bf16", SMEM): MLAConfig(16, 64, 4, 2),
+    ("prefill-small", "fp8_ds_mla", SMEM): MLAConfig(16, 32, 4, 2, prefetch=True, nope_f16=True),
+    ("large", "bf16", SMEM): MLAConfig(64, 64, 8, 2),
+    ("large", "fp8_ds_mla", SMEM): MLAConfig(64, 64, 8, 2, dequant=True),
+}
+
+FULL_MATRIX = "outputs/bench/checks_h200_full.json"
+SANITIZER = "outputs/bench/sanitizer_h200.log"
+VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
+BENCH = "outputs/bench/bench_h200.json"
+
+_CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
+
+
+def _key(name: str) -> tuple[str, str, str] | None:
+    """The config key a sparse-MLA case name ran under on the H200 (None for indexer cases)."""
+    m = _CASE.match(name)
+    if m is None:
+        return None
+    return config_key(int(m["T"]), int(m["H"]), m["fmt"], SMEM, H200_SMS)
+
+
+def _names(keys, table: dict) -> dict[str, str]:
+    return {"/".join(k): table[k].name for k in sorted(set(keys))}
+
+
+def _matrix(path: Path) -> dict:
+    rows = json.loads(path.read_text())
+    keys = [k for k in (_key(r["name"]) for r in rows) if k]
+    return {"file": str(path), "commit": "f0ddd05", "what": "full case matrix (sparse MLA + indexer)",
+            "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, V4_CONFIGS)}
+
+
+def _sanitizer(path: Path) -> dict:
+    text = path.read_text()
+    cases = re.findall(r"^(sanitize:\S+)\s+(ok|BAD)\b", text, re.M)
+    errors = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    return {"file": str(path), "commit": "f0ddd05", "what": "compute-sanitizer memcheck, invalid-index cases",
+            "cases": len(cases), "passed": sum(s == "ok" for _, s in cases),
+            "sanitizer_errors": int(errors[1]) if errors else None,
+            "configs": _names([_key(n) for n, _ in cases], V4_CONFIGS)}
+
+
+def _verify(path: Path) -> dict:
+    lines = re.findall(r"^verify (\S+)\s+(\S+)\s+(\d+)/(\d+)", path.read_text(), re.M)
+    return {"file": str(path), "commit": "febd9ab", "what": "decode cases of the full matrix (H <= 16, T < 528)",
+            "cases": sum(int(n) for *_, n in lines), "passed": sum(int(ok) for *_, ok, _ in lines),
+            "configs": {f"small/{fmt}/{SMEM}": name for fmt, name, _, _ in lines}}
+
+
+def _bench(path: Path) -> dict:
+    meta = json.loads(path.read_text())["meta"]
+    return {"file": str(path), "commit": "febd9ab", "what": "benchmark (rows with rel_err checked against fp32)",
+            "date": meta["date"], "configs": {k: v for k, v in meta["configs"].items() if k.endswith("/" + SMEM)}}
+
+
+def coverage(root: str | Path = ".") -> dict:
+    """{"pieces": {name: summary}, "shipped": {key: {"config", "covered_by": [piece names that ran it]}}}.
+
+    Pieces whose file is missing are left out.
+    """
+    root = Path(root)
+    readers = {"h200_full_matrix": (FULL_MATRIX, _matrix), "h200_sanitizer": (SANITIZER, _sanitizer),
+               "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench)}
+    pieces = {name: read(root / rel) for name, (rel, read) in readers.items() if (root / rel).is_file()}
+    shipped = {}
+    for k, cfg in CONFIGS.items():
+        if k[2] != SMEM:
+            continue
+        key = "/".join(k)
+        shipped[key] = {"config": cfg.name,
+                        "covered_by": [n for n, p in pieces.items() if p["configs"].get(key) == cfg.name]}
+    return {"pieces": pieces, "shipped": shipped}
+
+
+def format_coverage(cov: dict) -> str:
+    lines = ["| evidence | commit | cases passed | configs it ran |", "|---|---|---|---|"]
+    for name, p in cov["pieces"].items():
+        passed = f"{p['passed']}/{p['cases']}" if "cases" in p else "-"
+        if p.get("sanitizer_errors") is not None:
+            passed += f", {p['sanitizer_errors']} sanitizer errors"
+        lines.append(f"| {name} | {p['commit']} | {passed} | {', '.join(f'{k}={v}' for k, v in p['configs'].items())} |")
+    lines += ["", "| shipped config (H200) | name | run by |", "|---|---|---|"]
+    for key, s in cov["shipped"].items():
+        lines.append(f"| {key} | {s['config']} | {', '.join(s['covered_by']) or 'none'} |")
+    return "\n".join(lines)
+
+
+__all__ = ["coverage", "format_coverage", "V4_CONFIGS"]
