@@ -46,7 +46,7 @@ import torch
 from glm5lib.kernels import bench as kbench
 from glm5lib.kernels import checks, evidence, indexer_logits, naive, topk_indices
 from glm5lib.kernels.compile_report import compile_report, format_report
-from glm5lib.kernels.sparse_mla import sparse_mla
+from glm5lib.kernels.mla import sparse_mla
 from glm5lib.workbook import record
 
 SM_SCALE = checks.SM_SCALE  # GLM-5: 1/16 (GLM5Config.glm5().softmax_scale)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from glm5lib.kernels import checks, common, naive  # checks imports the kernels (common first: interpreter on CPU)
-from glm5lib.kernels.sparse_mla import MLAConfig, sparse_mla, sparse_mla_launch
+from glm5lib.kernels.mla import MLAConfig, sparse_mla, sparse_mla_launch
 
 torch.set_num_threads(1)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,8 +1,8 @@
 """Triton kernels for GLM-5 sparse attention: sparse MLA forward, DSA indexer scores, top-k selection.
 
-fp32 references with the same signatures live in `glm5lib.kernels.naive`. Modules: `sparse_mla` (the function
-is `glm5lib.kernels.sparse_mla.sparse_mla`: the submodule owns the package attribute of that name), `indexer`,
-`topk`, `naive`, `common`, `checks` (case matrix), `bench` (GPU benchmarks), `compile_report`.
+fp32 references with the same signatures live in `glm5lib.kernels.naive`. Modules: `mla` (sparse MLA; the module
+is not named after its function, so `glm5lib.kernels.sparse_mla` stays the function), `indexer`, `topk`, `naive`,
+`common`, `checks` (case matrix), `bench` (GPU benchmarks), `compile_report`, `evidence`.
 
 The names below are imported on first use, so `import glm5lib.kernels.naive` (the vLLM plugin's CPU path, the
 DSA analysis) loads neither Triton nor the kernels and leaves TRITON_INTERPRET alone. The kernel modules import
@@ -12,6 +12,7 @@ DSA analysis) loads neither Triton nor the kernels and leaves TRITON_INTERPRET a
 from importlib import import_module
 
 _EXPORTS = {
+    "sparse_mla": "glm5lib.kernels.mla",
     "indexer_logits": "glm5lib.kernels.indexer",
     "topk_indices": "glm5lib.kernels.topk",
     "quantize_fp8_ds_mla": "glm5lib.kernels.naive",

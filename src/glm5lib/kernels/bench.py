@@ -23,7 +23,7 @@ import torch
 
 from glm5lib.kernels import naive
 from glm5lib.kernels.indexer import indexer_flops, indexer_logits
-from glm5lib.kernels.sparse_mla import (CONFIGS, MLAConfig, config_num_splits, sparse_mla, sparse_mla_flops,
+from glm5lib.kernels.mla import (CONFIGS, MLAConfig, config_num_splits, sparse_mla, sparse_mla_flops,
                                         sparse_mla_kv_bytes, sparse_mla_launch)
 from glm5lib.kernels.topk import topk_indices
 from glm5lib.model.spec import GLM5Config

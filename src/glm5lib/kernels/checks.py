@@ -30,7 +30,7 @@ import torch
 from glm5lib.kernels import naive
 from glm5lib.kernels.indexer import indexer_logits
 from glm5lib.kernels.naive import cos_diff  # lives in naive (cheap to import); checks.cos_diff stays valid
-from glm5lib.kernels.sparse_mla import sparse_mla
+from glm5lib.kernels.mla import sparse_mla
 from glm5lib.kernels.topk import topk_indices
 from glm5lib.model.spec import GLM5Config
 

@@ -62,7 +62,7 @@ def _sig(fn, types: dict, consts: dict) -> dict:
 def shipped_kernels(arch: int) -> list[KernelSpec]:
     """Every (kernel, config) the dispatchers can launch on `arch` (fp8 conversion is software before sm_89)."""
     from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, _indexer_ragged_kernel
-    from glm5lib.kernels.sparse_mla import CONFIGS, _merge_splits_kernel, _sparse_mla_fwd_kernel, merge_tile
+    from glm5lib.kernels.mla import CONFIGS, _merge_splits_kernel, _sparse_mla_fwd_kernel, merge_tile
 
     fp8_hw = arch >= 89
     smem = "big" if arch in (90, 100) else "small"
@@ -144,7 +144,7 @@ def compile_one(spec: KernelSpec, arch: int) -> CompileRow:
 def _interpreted() -> bool:
     from triton.runtime.jit import JITFunction
 
-    from glm5lib.kernels.sparse_mla import _sparse_mla_fwd_kernel
+    from glm5lib.kernels.mla import _sparse_mla_fwd_kernel
 
     return not isinstance(_sparse_mla_fwd_kernel, JITFunction)
 

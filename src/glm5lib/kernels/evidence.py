@@ -2,7 +2,7 @@
 
 The H200 files name cases, not configs, and they were produced at different commits: the full case matrix and
 the compute-sanitizer run at f0ddd05 (the v4 configs, below), the v5 decode verification and the benchmark at
-febd9ab. The configs of a commit are its `sparse_mla.CONFIGS` (`git show f0ddd05:src/glm5lib/kernels/sparse_mla.py`);
+febd9ab. The configs of a commit are its `CONFIGS` (`git show f0ddd05:src/glm5lib/kernels/sparse_mla.py`, now `mla.py`);
 a case's config follows from its shape by `sparse_mla.config_key` on the H200 (132 SMs, sm_90: the "big"
 shared-memory class). A config whose name equals the shipped one runs the same code: the kernel's later changes
 (IDX_AHEAD) sit behind constexpr branches that only `-ia` configs take.
@@ -17,7 +17,7 @@ import json
 import re
 from pathlib import Path
 
-from glm5lib.kernels.sparse_mla import CONFIGS, MLAConfig, config_key
+from glm5lib.kernels.mla import CONFIGS, MLAConfig, config_key
 
 H200_SMS = 132
 SMEM = "big"  # sm_90

@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from glm5lib.kernels import bench, checks, naive
-from glm5lib.kernels import sparse_mla as sm  # the module: the package exports no function of that name
-from glm5lib.kernels.sparse_mla import MLAConfig as C
+from glm5lib.kernels import mla as sm
+from glm5lib.kernels.mla import MLAConfig as C
 
 DEVICE = "cuda"  # a CPU dry run of the plumbing swaps this (and bench's input makers) out
 CTX = 32768

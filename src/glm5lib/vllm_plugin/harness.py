@@ -131,7 +131,7 @@ def reference(q, ref_rows, topk, req_of_token, kv_format, scale):
 
 
 def run_case(case: Case, device: torch.device, kernel: str, repeats: int) -> dict:
-    from glm5lib.kernels.sparse_mla import sparse_mla_flops
+    from glm5lib.kernels.mla import sparse_mla_flops
     from glm5lib.vllm_plugin.paged import sparse_mla_forward
 
     scale = GLM5.softmax_scale  # (192 + 64) ** -0.5 = 1/16

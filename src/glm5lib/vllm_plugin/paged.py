@@ -109,7 +109,7 @@ def run_sparse_mla(q: torch.Tensor, kv_rows: torch.Tensor, rows: torch.Tensor, s
                    kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, H, 576], flat cache rows, physical row ids [T, topk] -> (latent out [T, H, 512] in q's dtype, lse)."""
     if kernel == "triton":
-        from glm5lib.kernels.sparse_mla import sparse_mla
+        from glm5lib.kernels.mla import sparse_mla
 
         if kv_format != "fp8_ds_mla":  # the kernel names the cache by its element type (fp32: interpreter runs)
             kv_format = {torch.float32: "fp32", torch.float16: "fp16"}.get(kv_rows.dtype, "bf16")
