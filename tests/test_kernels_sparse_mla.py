@@ -147,3 +147,11 @@ def test_fp16_inputs():
         ro, _ = naive.sparse_mla_ref(q, cache, idx, 1 / 16, kv_format=fmt)
         assert o.dtype == torch.float16
         assert float((o.float() - ro).norm() / ro.norm()) < 5e-3, fmt
+
+
+def test_package_exports_the_functions_the_issue_specifies():
+    import glm5lib.kernels as kernels
+    import glm5lib.kernels.mla  # noqa: F401  (a loaded submodule must not shadow the function)
+
+    assert callable(kernels.sparse_mla) and kernels.sparse_mla.__name__ == "sparse_mla"
+    assert callable(kernels.indexer_logits) and callable(kernels.topk_indices)
