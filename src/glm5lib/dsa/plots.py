@@ -3,32 +3,21 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
 from glm5lib.dsa import cost
+from glm5lib.workbook.figures import pyplot, save_figure
 
 
 def _plt():
-    import matplotlib
-
-    if not os.environ.get("DISPLAY") and "inline" not in matplotlib.get_backend():
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return pyplot()
 
 
 def save(fig, name: str, out_dir: str | Path = "outputs/figures") -> Path:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.png"
-    tmp = out / f".{name}.tmp.png"
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    """Kept open: notebook 03 shows the figure after saving it."""
+    return save_figure(fig, Path(out_dir) / f"{name}.png", bbox_inches="tight", close=False)
 
 
 def recall_curves(by_x: dict[int, dict[int, float]], xlabel: str, title: str, oracle=None):

@@ -8,11 +8,9 @@ from typing import Any
 
 def plot_bytes_per_block(summary: dict[str, Any], path: str | Path, title: str | None = None) -> Path:
     """Stacked bars: tensor bytes per block, one colour per tensor type. `summary` is `inspect.summarize`'s."""
-    import matplotlib
+    from glm5lib.workbook.figures import pyplot, save_figure
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     blocks = list(summary["blocks"])
     types = sorted({t for b in summary["blocks"].values() for t in b["types"]})
     fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * len(blocks) + 2), 3.5))
@@ -28,8 +26,4 @@ def plot_bytes_per_block(summary: dict[str, Any], path: str | Path, title: str |
     ax.set_title(title or f"{summary['arch']}: tensor bytes per block")
     ax.legend(title="type")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

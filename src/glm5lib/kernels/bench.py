@@ -516,11 +516,9 @@ def evaluate_targets(res: dict) -> list[dict]:
 
 def plot(json_path: str | Path, png_path: str | Path) -> Path:
     """Two panels: time per case (ours vs FlashMLA) and a roofline (achieved TFLOP/s against FLOP/byte)."""
-    import matplotlib
+    from glm5lib.workbook.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     res = json.loads(Path(json_path).read_text())
     rows = [r for r in res["rows"] if "error" not in r and r["kind"] in ("decode", "prefill")]
     ceil = res["ceilings"]
@@ -572,13 +570,7 @@ def plot(json_path: str | Path, png_path: str | Path) -> Path:
     a3.set_title("time grows with top-k, flat in context")
     a3.legend(fontsize=8)
     fig.tight_layout()
-    png_path = Path(png_path)
-    png_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = png_path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, png_path)
-    return png_path
+    return save_figure(fig, png_path)
 
 
 def key_table(res: dict) -> str:

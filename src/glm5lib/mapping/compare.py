@@ -102,10 +102,9 @@ def tokenizer_agreement(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike,
 
 
 def plot_bytes_by_kind(report: Any, path: str | os.PathLike, *, top: int = 12) -> Path:
-    import matplotlib
+    from glm5lib.workbook.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     items = sorted(report.bytes_by_kind.items(), key=lambda kv: -kv[1])[:top]
     fig, ax = plt.subplots(figsize=(7, 0.35 * len(items) + 1))
@@ -113,18 +112,13 @@ def plot_bytes_by_kind(report: Any, path: str | os.PathLike, *, top: int = 12) -
     ax.set_xlabel("MB")
     ax.set_title(f"bytes by tensor kind ({Path(report.path).name})")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def plot_layer_check(results: dict[str, dict[str, float]], path: str | os.PathLike, title: str = "") -> Path:
-    import matplotlib
+    from glm5lib.workbook.figures import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     names = list(results)
     vals = [max(results[n]["cos_diff"], 1e-16) for n in names]
@@ -135,8 +129,4 @@ def plot_layer_check(results: dict[str, dict[str, float]], path: str | os.PathLi
     ax.set_title(title)
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)

@@ -113,25 +113,15 @@ def prompt_set(vocab_size: int, lengths: Sequence[int], seed: int = 0) -> list[l
 
 def plot_burst(burst_result: dict[str, Any], path: str, title: str = "") -> str:
     """Latency histogram of a burst (client side), saved to `path` (temp file + rename)."""
-    import os
+    from glm5lib.workbook.figures import pyplot, save_figure
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.2))
+    fig, ax = pyplot().subplots(figsize=(6, 3.2))
     ax.hist(burst_result["latency_s"], bins=16, color="#4c72b0")
     ax.set_xlabel("request latency (s)")
     ax.set_ylabel("requests")
     ax.set_title(title or f"{burst_result['n_ok']} concurrent requests, {burst_result['tokens_per_s']:.1f} tok/s")
     fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    return str(save_figure(fig, path))
 
 
 def metric_total(metrics: dict[str, float], name: str) -> float:
