@@ -73,7 +73,7 @@ print("input:", GGUF_PATH)
 
 # %%
 first_shard, original = ensure_shards(GGUF_PATH, OUT / "shards", mode=SPLIT_MODE, max_tensors=SPLIT_MAX_TENSORS,
-                                      max_size=SPLIT_MAX_SIZE, progress=not INTERACTIVE)
+                                      max_size=SPLIT_MAX_SIZE, progress=True)
 shards = open_gguf(first_shard)
 print(shards)
 for p, h in zip(shards.shards, shards.headers):
@@ -109,7 +109,7 @@ record("validate_problems", [str(p) for p in problems])
 # %%
 merged_path = OUT / "merged.gguf"
 t0 = time.perf_counter()
-plan = merge(shards.shards[0], merged_path, force=True, progress=not INTERACTIVE)
+plan = merge(shards.shards[0], merged_path, force=True, progress=True)
 seconds = time.perf_counter() - t0
 merged = open_gguf(merged_path)
 print(f"{merged_path}: {merged_path.stat().st_size:,} bytes in {seconds:.2f} s "
@@ -144,10 +144,10 @@ record("figure", str(figure))
 # keys into it and trims trailing 1s from tensor shapes; the tensors are identical.)
 
 # %%
-merged_digests = tensor_digests(merged, progress=not INTERACTIVE)  # hashed once, used by both comparisons
-differences = diff_tensors(shards, merged, progress=not INTERACTIVE, digests_b=merged_digests)
+merged_digests = tensor_digests(merged, progress=True)  # hashed once, used by both comparisons
+differences = diff_tensors(shards, merged, progress=True, digests_b=merged_digests)
 if original is not None:
-    differences += diff_tensors(open_gguf(original), merged, progress=not INTERACTIVE, digests_b=merged_digests)
+    differences += diff_tensors(open_gguf(original), merged, progress=True, digests_b=merged_digests)
 for d in differences[:20]:
     print("difference:", d)
 lossless = not differences

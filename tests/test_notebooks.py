@@ -43,3 +43,13 @@ def test_notebook_runs_and_records_checked_values(nb):
     check = importlib.import_module(f"nbchecks.nb{nb.stem[:2]}").check
     check(report)
     json.dumps(report)  # the report stays machine readable
+
+
+INTERACTIVE_NOTEBOOKS = [nb for nb in NOTEBOOKS if "if INTERACTIVE:" in nb.with_suffix(".py").read_text()]
+
+
+@pytest.mark.parametrize("nb", INTERACTIVE_NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_widget_path_runs(nb, tmp_path):
+    """The JupyterLab path (ipywidgets behind INTERACTIVE=True) builds its widgets without error."""
+    result = execute_notebook(nb, "ci", out_dir=tmp_path, extra_params={"INTERACTIVE": True})
+    assert result.error is None, f"{nb.name} with INTERACTIVE=True failed: {result.error}"
