@@ -187,10 +187,19 @@ after = C.complete_greedy(client, srv.model_name, prompts[0], 4)
 record("malformed_codes", codes)
 record("healthy_after_malformed", srv.healthy() and len(after.token_ids) == 4)
 
+# %% [markdown]
+# With `INTERACTIVE = True` the server stays up for a chat explorer (reply and per-token logprobs) until its
+# "Stop server" button or the kernel's end (the server gets a parent-death signal); otherwise it stops here.
+
 # %%
-stopped = srv.stop()  # SIGTERM to the server's process group, SIGKILL after a grace period
-print("server process group gone:", stopped)
-record("server_stopped", stopped)
+if INTERACTIVE:
+    from IPython.display import display
+
+    display(C.chat_widget(client, srv.model_name, srv))
+else:
+    stopped = srv.stop()  # SIGTERM to the server's process group, SIGKILL after a grace period
+    print("server process group gone:", stopped)
+    record("server_stopped", stopped)
 
 # %% [markdown]
 # ## GGUF at scale, and the CUDA side

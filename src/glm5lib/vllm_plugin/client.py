@@ -127,3 +127,36 @@ def plot_burst(burst_result: dict[str, Any], path: str, title: str = "") -> str:
 def metric_total(metrics: dict[str, float], name: str) -> float:
     """Sum of a Prometheus counter over its label sets (e.g. 'vllm:generation_tokens_total')."""
     return sum(v for k, v in metrics.items() if k == name or k.startswith(name + "{"))
+
+
+def chat_widget(client: Any, model: str, server: Any = None, *, max_tokens: int = 32):
+    """JupyterLab explorer: send a chat message to the running server, see the reply and each token's logprob.
+    With `server`, a button stops it (it also dies with the kernel)."""
+    import ipywidgets as W
+
+    text = W.Textarea(value="What does the DSA indexer select?", layout=W.Layout(width="100%"))
+    n = W.IntSlider(value=max_tokens, min=1, max=256, description="max tokens")
+    send = W.Button(description="Send", button_style="primary")
+    stop = W.Button(description="Stop server", button_style="danger", disabled=server is None)
+    out = W.Output()
+
+    def on_send(_):
+        with out:
+            out.clear_output()
+            try:
+                r = chat_greedy(client, model, [{"role": "user", "content": text.value}], n.value)
+            except Exception as exc:  # shown to the user, not raised into the widget machinery
+                print(f"error: {exc}")
+                return
+            print(repr(r["text"]))
+            print(f"{r['prompt_tokens']} prompt + {r['completion_tokens']} completion tokens, finish: {r['finish_reason']}")
+            print("token logprobs:", [round(x, 3) for x in r["logprobs"]])
+
+    def on_stop(_):
+        with out:
+            print("server stopped:", server.stop())
+        send.disabled = stop.disabled = True
+
+    send.on_click(on_send)
+    stop.on_click(on_stop)
+    return W.VBox([text, W.HBox([n, send, stop]), out])
