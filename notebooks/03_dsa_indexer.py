@@ -340,8 +340,9 @@ if INTERACTIVE:
     explore = analysis.collect(ref, seqs[T_MAX][0])
 
     def show(layer, head, k, query):
-        sel = explore[layer]
-        plots._plt().show(plots.attention_map(sel, k, query, None if head < 0 else head))
+        fig = plots.attention_map(explore[layer], k, query, None if head < 0 else head)
+        display(fig)  # rendered once into the widget's output, then released
+        plots._plt().close(fig)
 
     display(W.interactive(show, layer=sorted(explore), head=W.IntSlider(-1, -1, cfg.num_attention_heads - 1),
                           k=W.IntSlider(K, 1, T_MAX), query=W.IntSlider(T_MAX - 1, 0, T_MAX - 1)))

@@ -16,6 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = notebooks(ROOT)
 
 
+def run(nb, **kw):
+    """Execute once more only when a cell hung past the runner's timeout (a lost kernel message, seen once in
+    CI); any error or failed assertion counts at the first run."""
+    result = execute_notebook(nb, "ci", **kw)
+    if result.timed_out:
+        print(f"{nb.name}: {result.error}; running it again")
+        result = execute_notebook(nb, "ci", **kw)
+    return result
+
+
 def test_every_notebook_has_a_check_and_a_pair():
     assert [nb.stem[:2] for nb in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
     for nb in NOTEBOOKS:
@@ -36,7 +46,7 @@ def test_notebook_is_stripped_paired_and_parameterised(nb):
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_records_checked_values(nb):
-    result = execute_notebook(nb, "ci", out_dir=ROOT / "outputs")
+    result = run(nb, out_dir=ROOT / "outputs")
     assert result.output.exists(), "the executed notebook must be kept, also on failure"
     assert result.error is None, f"{nb.name} failed: {result.error} (see {result.output})"
     report = read_report(result.report)
@@ -51,5 +61,5 @@ INTERACTIVE_NOTEBOOKS = [nb for nb in NOTEBOOKS if "if INTERACTIVE:" in nb.with_
 @pytest.mark.parametrize("nb", INTERACTIVE_NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_widget_path_runs(nb, tmp_path):
     """The JupyterLab path (ipywidgets behind INTERACTIVE=True) builds its widgets without error."""
-    result = execute_notebook(nb, "ci", out_dir=tmp_path, extra_params={"INTERACTIVE": True})
+    result = run(nb, out_dir=tmp_path, extra_params={"INTERACTIVE": True})
     assert result.error is None, f"{nb.name} with INTERACTIVE=True failed: {result.error}"

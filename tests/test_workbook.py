@@ -49,3 +49,11 @@ def test_failing_notebook_keeps_its_executed_copy_and_fails_the_command(root, ca
 def test_unknown_notebook_is_a_user_error(root, capsys):
     assert main(["workbook", "--only", "99"]) == 2
     assert capsys.readouterr().err.startswith("error: no notebook matches 99")
+
+
+def test_a_hung_cell_is_reported_as_a_timeout_not_a_stall(root):
+    _book(root, "03_hangs.ipynb", "import time\ntime.sleep(60)")
+    result = wb.execute_notebook(root / "notebooks" / "03_hangs.ipynb", "ci", root=root, out_dir=root / "outputs",
+                                 cell_timeout_s=3)
+    assert result.timed_out and "timed out" in result.error and result.seconds < 45
+    assert result.output.exists()

@@ -51,6 +51,11 @@ def params_for(nb: Path, profile: str, params: dict[str, dict]) -> dict:
     return merged
 
 
+# Longest CI cell: training the tiny model on a cold cache (~3-5 min on 2 busy cores). A cell past this is a hang
+# (seen once: a kernel reply lost between ipykernel and nbclient), reported instead of stalling CI for an hour.
+CELL_TIMEOUT_S = 900
+
+
 @dataclass
 class NotebookResult:
     notebook: str
@@ -58,13 +63,15 @@ class NotebookResult:
     report: Path
     seconds: float
     error: str | None = None
+    timed_out: bool = False
 
 
 def execute_notebook(nb: Path, profile: str = "ci", *, out_dir: Path | None = None,
                      extra_params: dict | None = None, root: Path | None = None,
-                     kernel_name: str = "python3") -> NotebookResult:
+                     kernel_name: str = "python3", cell_timeout_s: int | None = CELL_TIMEOUT_S) -> NotebookResult:
     """Execute one notebook with papermill; its report path is set through GLM5LIB_REPORT."""
     import papermill as pm
+    from nbclient.exceptions import CellTimeoutError
 
     root = root or repo_root()
     out_dir = Path(out_dir) if out_dir else root / "outputs"
@@ -79,18 +86,20 @@ def execute_notebook(nb: Path, profile: str = "ci", *, out_dir: Path | None = No
     old = os.environ.get(REPORT_ENV)
     os.environ[REPORT_ENV] = str(report)
     t0 = time.perf_counter()
-    error = None
+    error, timed_out = None, False
     try:
         pm.execute_notebook(str(nb), str(output), parameters=parameters, cwd=str(root), kernel_name=kernel_name,
-                            progress_bar=False, request_save_on_cell_execute=True)
+                            progress_bar=False, request_save_on_cell_execute=True, execution_timeout=cell_timeout_s)
     except pm.PapermillExecutionError as exc:
         error = f"{exc.ename}: {exc.evalue}"
+    except CellTimeoutError as exc:
+        error, timed_out = f"cell timed out after {cell_timeout_s} s: {exc}".splitlines()[0], True
     finally:
         if old is None:
             os.environ.pop(REPORT_ENV, None)
         else:
             os.environ[REPORT_ENV] = old
-    return NotebookResult(nb.stem, output, report, time.perf_counter() - t0, error)
+    return NotebookResult(nb.stem, output, report, time.perf_counter() - t0, error, timed_out)
 
 
 def run_workbook(profile: str = "ci", *, only: list[str] | None = None, out_dir: Path | None = None) -> list[NotebookResult]:
