@@ -55,7 +55,15 @@ def test_notebook_runs_and_records_checked_values(nb):
     json.dumps(report)  # the report stays machine readable
 
 
-INTERACTIVE_NOTEBOOKS = [nb for nb in NOTEBOOKS if "if INTERACTIVE:" in nb.with_suffix(".py").read_text()]
+# Notebook 03's interact() cell: twice in clean-clone CI runs (never when run alone) nbclient waited forever for
+# a reply the idle kernel had sent, when it ran after the other notebooks in one pytest process. Until the
+# cause is found it is run by hand in JupyterLab, not here.
+FLAKY_UNDER_NBCLIENT = {"03_dsa_indexer"}
+INTERACTIVE_NOTEBOOKS = [
+    pytest.param(nb, marks=pytest.mark.skip(reason="nbclient hang on its interact() cell, see FLAKY_UNDER_NBCLIENT"))
+    if nb.stem in FLAKY_UNDER_NBCLIENT else nb
+    for nb in NOTEBOOKS if "if INTERACTIVE:" in nb.with_suffix(".py").read_text()
+]
 
 
 @pytest.mark.parametrize("nb", INTERACTIVE_NOTEBOOKS, ids=lambda p: p.stem)

@@ -51,9 +51,9 @@ def params_for(nb: Path, profile: str, params: dict[str, dict]) -> dict:
     return merged
 
 
-# Longest CI cell: training the tiny model on a cold cache (~3-5 min on 2 busy cores). A cell past this is a hang
+# Longest CI cell: training the tiny model on a cold cache (~3-4 min on 2 cores). A cell past this is a hang
 # (seen once: a kernel reply lost between ipykernel and nbclient), reported instead of stalling CI for an hour.
-CELL_TIMEOUT_S = 900
+CELL_TIMEOUT_S = 600
 
 
 @dataclass
