@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from glm5lib.kernels import bench as kbench
-from glm5lib.kernels import checks, evidence, indexer_logits, naive, topk_indices
+from glm5lib.kernels import checks, evidence, indexer_logits, naive, topk_indices, topk_select
 from glm5lib.kernels.compile_report import compile_report, format_report
 from glm5lib.kernels.mla import sparse_mla
 from glm5lib.workbook import record
@@ -128,6 +128,26 @@ print("top-32 of the first query (it sees", int(ke[0]), "keys):", sorted(sel[0].
 record("indexer_demo_rel_err", idx_rel)
 
 # %% [markdown]
+# Exact index-score ties are common in a real model (ReLU zeroes every head of a key whose `q . k < 0`, and a
+# negative head weight turns that zero into -0.0). `torch.topk` breaks ties in an order that depends on the row
+# length; the reference forward and vLLM's CPU path take the earlier key. `topk_select`, glm5lib's Triton radix
+# select (four 8-bit histogram passes over order-preserving integer keys, then one writing pass), picks exactly
+# what a stable descending sort picks, lists them by position, and reads per-row lengths on the device. Here on
+# scores rounded to a few values, so the cut falls inside a run of ties:
+
+# %%
+from glm5lib.vllm_plugin.paged import stable_topk
+
+tied = torch.round(scores * 4) / 4  # few distinct values; -inf stays -inf
+tied[tied == 0] = -0.0  # w * relu(.) with negative w gives -0.0: it must tie with +0.0
+sel_t = topk_select(tied, 32)
+ref_t = stable_topk(tied, 32)
+same = torch.equal(sel_t.sort(1).values, ref_t.sort(1).values)
+print(f"top-32 by radix select == stable sort's picks: {same}; ascending positions: "
+      f"{bool(((sel_t[:, 1:] > sel_t[:, :-1]) | (sel_t[:, 1:] < 0)).all())}")
+record("topk_select_equals_stable_sort", same)
+
+# %% [markdown]
 # ## 3. The case matrix
 #
 # FlashMLA-style groups: regular shapes (H in 1, 8, 16, 64, 128), irregular shapes and top-k values, invalid
@@ -137,11 +157,11 @@ record("indexer_demo_rel_err", idx_rel)
 # bf16 on the GPU rel <= 1e-2, cos diff <= 1e-4, lse <= 1e-3 (P and the output are the only bf16 roundings);
 # fp32 in the interpreter rel <= 1e-5.
 #
-# The committed H200 evidence comes from two commits, so not every piece ran the configs shipped now: the full
-# matrix (`outputs/bench/checks_h200_full.json`) and `compute-sanitizer --tool memcheck` on the invalid-index
-# cases (`outputs/bench/sanitizer_h200.log`) ran the v4 configs; the two v5 small-head decode configs were
-# verified on the decode cases of the same matrix (`outputs/bench/sweeps/verify_v5_decode.log`) and by the
-# benchmark's checked rows. The table below is read from those files (`glm5lib.kernels.evidence`): which config
+# The committed H200 evidence: the full matrix (`outputs/bench/checks_h200_full.json`), `compute-sanitizer --tool
+# memcheck` on the invalid-index cases (`outputs/bench/sanitizer_h200.log`) and the vLLM backend's call path
+# (`outputs/bench/vllm_harness_h200.json`, notebook 05) ran the kernels shipped now; the v5 decode verification
+# (`outputs/bench/sweeps/verify_v5_decode.log`) and the benchmark come from the commit that introduced those
+# configs. The table below is read from those files (`glm5lib.kernels.evidence`): which config
 # each piece ran, and for each config the H200 runs now, which pieces ran exactly that config.
 
 # %%

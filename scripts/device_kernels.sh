@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
-# usage: scripts/device_kernels.sh [checks] [sanitize] [bench] [bench-sweep] [tune] [verify] [compile]
+# usage: scripts/device_kernels.sh [checks] [sanitize] [harness] [bench] [bench-sweep] [bench-indexer] [topk-sweep] [tune] [verify] [compile]
+# harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # tune: decode candidates side by side (checks + timings), then `bench all` with the winners (tune_decode.py)
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -14,6 +15,8 @@ for step in "$@"; do
             echo "checks rc=$?"; grep -v " ok " "$OUT/checks_full.log" | tail -20 ;;
     sanitize) timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize > "$OUT/sanitizer.log" 2>&1
             echo "sanitizer rc=$?"; tail -6 "$OUT/sanitizer.log" ;;
+    harness) timeout 300 python3 -m glm5lib.vllm_plugin.harness --json "$OUT/vllm_harness_h200.json" > "$OUT/vllm_harness_h200.log" 2>&1
+            echo "harness rc=$?"; grep -v Warn "$OUT/vllm_harness_h200.log" | tail -16 ;;
     bench) timeout 420 python3 -m glm5lib.kernels.cli bench all --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  " ;;
     bench-sweep) timeout 300 python3 -m glm5lib.kernels.cli bench sparse-mla --sweep --quick --no-scaling --name sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
             echo "sweep rc=$?"; tail -30 "$OUT/sweep.log" ;;
@@ -21,6 +24,8 @@ for step in "$@"; do
             echo "indexer rc=$?"; grep -v Warn "$OUT/indexer.log" | tail -12 ;;
     bench-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 200 python3 -m glm5lib.kernels.cli bench sparse-mla --quick --no-scaling --name swfp8 --out "$OUT" > "$OUT/swfp8.log" 2>&1
             echo "swfp8 rc=$?"; grep -v Warn "$OUT/swfp8.log" | grep "fp8_ds_mla" | sort -u | head -20 ;;
+    topk-sweep) timeout 300 python3 scripts/sweep_topk_select.py "$OUT/topk_select_sweep.json" 2>&1 | grep -v Warn
+            echo "topk-sweep rc=${PIPESTATUS[0]}" ;;
     tune) timeout 340 python3 -m glm5lib.kernels.tune_decode --out "$OUT" --bench --deadline 200 --bench-seconds 0 2>&1 | tee "$OUT/tune.log" | grep -v "^  "
             echo "tune rc=${PIPESTATUS[0]}" ;;
     verify) timeout 120 python3 -m glm5lib.kernels.tune_decode --verify --out "$OUT" 2>&1 | tee "$OUT/verify.log"

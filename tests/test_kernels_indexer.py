@@ -8,7 +8,7 @@ import torch
 
 from glm5lib.kernels import checks, naive
 from glm5lib.kernels.indexer import indexer_logits
-from glm5lib.kernels.topk import topk_indices
+from glm5lib.kernels.topk import topk_indices, topk_select
 
 torch.set_num_threads(1)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,6 +80,54 @@ def test_topk_convention():
     assert set(got[2].tolist()) == {-2, -1, 0, 1}  # positions relative to ks = 2 (here: -2, -1 are rows 0, 1)
     wide = topk_indices(logits[:, :3], 8)
     assert wide.shape == (3, 8) and torch.all(wide[:, 3:] == -1)
+
+
+def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[int]]:
+    """Independent: per row, sort (score desc, position asc) over the finite scores before its length; the first k."""
+    out = []
+    for t in range(x.shape[0]):
+        n = x.shape[1] if lengths is None else min(int(lengths[t]), x.shape[1])
+        cand = [s for s in range(n) if x[t, s] != float("-inf")]
+        cand.sort(key=lambda s: (-float(x[t, s]), s))
+        base = 0 if ks is None else int(ks[t])
+        out.append(sorted(s - base for s in cand[:k]))
+    return out
+
+
+@pytest.mark.parametrize("case", ["ties", "signed-zeros", "lengths-ks", "short-rows", "one-block"])
+def test_topk_select_picks_like_a_stable_sort(case):
+    """The Triton radix select: exactly the stable descending sort's picks (ties to the earlier position, -0.0
+    tying with +0.0), listed in ascending position, -1 padded; row lengths and ks honoured."""
+    g = torch.Generator().manual_seed(7)
+    lengths = ks = None
+    if case == "ties":  # few distinct values: the cut falls inside a run of equal scores
+        x = torch.randint(-4, 5, (5, 2600), generator=g).float()
+        x[x < -2] = float("-inf")
+        k = 700
+    elif case == "signed-zeros":  # w * relu(.) gives -0.0 for negative head weights
+        x = torch.zeros(3, 3000)
+        x[:, ::3] = -0.0
+        x[:, 2000:] = torch.rand(3, 1000, generator=g) + 0.1
+        k = 1500
+    elif case == "lengths-ks":
+        x = torch.randn(6, 1500, generator=g)
+        lengths = torch.tensor([1500, 10, 0, 777, 1499, 64], dtype=torch.int32)
+        ks = torch.tensor([0, 3, 0, 100, 7, 1], dtype=torch.int32)
+        k = 64
+    elif case == "short-rows":  # fewer finite scores than k: all of them, then -1
+        x = torch.full((3, 900), float("-inf"))
+        x[0, :50] = torch.randn(50, generator=g)
+        x[2] = torch.randn(900, generator=g)
+        k = 2048
+    else:
+        x = torch.randn(40, 100, generator=g)
+        k = 16
+    got = topk_select(x, k, lengths=lengths, ks=ks)
+    assert got.shape == (x.shape[0], k) and got.dtype == torch.int32
+    for t, want in enumerate(_stable_picks(x, k, lengths, ks)):
+        row = got[t].tolist()
+        assert row[: len(want)] == want, (case, t)  # same picks, ascending
+        assert all(v == -1 for v in row[len(want):])
 
 
 def test_validation():

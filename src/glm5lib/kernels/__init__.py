@@ -2,7 +2,8 @@
 
 fp32 references with the same signatures live in `glm5lib.kernels.naive`. Modules: `mla` (sparse MLA; the module
 is not named after its function, so `glm5lib.kernels.sparse_mla` stays the function), `indexer`, `topk`, `naive`,
-`common`, `checks` (case matrix), `bench` (GPU benchmarks), `compile_report`, `evidence`.
+`common`, `rows` (paged-row conversion), `checks` (case matrix), `bench` (GPU benchmarks), `compile_report`,
+`evidence`.
 
 The names below are imported on first use, so `import glm5lib.kernels.naive` (the vLLM plugin's CPU path, the
 DSA analysis) loads neither Triton nor the kernels and leaves TRITON_INTERPRET alone. The kernel modules import
@@ -15,6 +16,7 @@ _EXPORTS = {
     "sparse_mla": "glm5lib.kernels.mla",
     "indexer_logits": "glm5lib.kernels.indexer",
     "topk_indices": "glm5lib.kernels.topk",
+    "topk_select": "glm5lib.kernels.topk",
     "quantize_fp8_ds_mla": "glm5lib.kernels.naive",
     "dequantize_fp8_ds_mla": "glm5lib.kernels.naive",
 }

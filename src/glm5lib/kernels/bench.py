@@ -25,7 +25,7 @@ from glm5lib.kernels import naive
 from glm5lib.kernels.indexer import indexer_flops, indexer_logits
 from glm5lib.kernels.mla import (CONFIGS, MLAConfig, config_num_splits, sparse_mla, sparse_mla_flops,
                                         sparse_mla_kv_bytes, sparse_mla_launch)
-from glm5lib.kernels.topk import topk_indices
+from glm5lib.kernels.topk import topk_indices, topk_select
 from glm5lib.model.spec import GLM5Config
 
 GLM5 = GLM5Config.glm5()
@@ -284,6 +284,17 @@ def bench_prefill_case(H, ceil, s_q=4096, s_kv=32768, topk=TOPK, flashmla=True, 
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _topk_select_row(kind, logits, topk, kw, T, HI, fmt, ceil, ctx):
+    """glm5lib's Triton radix select beside torch.topk on the same scores: time, and the same picked sets
+    (random scores have no ties, so the sets must match exactly)."""
+    sel = topk_select(logits, topk, **kw)
+    ref = topk_indices(logits, topk, ks=kw.get("ks"))
+    same = bool(torch.equal(torch.sort(sel, 1).values, torch.sort(ref, 1).values))
+    ms = _median_ms(lambda: topk_select(logits, topk, out=sel, **kw))
+    return _row(kind, "triton-select", T, HI, topk, fmt, ms, 0.0, T * ctx * 4, ceil,
+                {"ctx": ctx, "same_set_as_torch_topk": same})
+
+
 def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size=64, sweep=False):
     from glm5lib.kernels import indexer as ix
 
@@ -332,6 +343,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
             ix.INDEXER_CONFIGS["paged"] = keep
         ms_t = _median_ms(lambda: topk_indices(o, topk))
         rows.append(_row("topk-decode", "torch.topk", B, HI, topk, fmt, ms_t, 0.0, B * ctx * 4, ceil, {"ctx": ctx}))
+        rows.append(_topk_select_row("topk-decode", o, topk, dict(lengths=ctxs), B, HI, fmt, ceil, ctx))
         del keys, cache, q, w, o
     # prefill: the last s_q tokens of one request of ctx tokens, causal
     N = ctx
@@ -360,6 +372,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
                              {"rel_err_vs_bf16_q": rel8, "ctx": N}))
         ms_t = _median_ms(lambda: topk_indices(o, topk, ks=ks))
         rows.append(_row("topk-prefill", "torch.topk", s_q, HI, topk, fmt, ms_t, 0.0, s_q * N * 4, ceil, {"ctx": N}))
+        rows.append(_topk_select_row("topk-prefill", o, topk, dict(lengths=ke, ks=ks), s_q, HI, fmt, ceil, N))
         del keys, cache, q, w, o
     torch.cuda.empty_cache()
     return rows

@@ -112,6 +112,23 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
                                 _sig(fn, types, consts), consts, nw, ns,
                                 ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val")))
+    from glm5lib.kernels.rows import _physical_rows_kernel
+    from glm5lib.kernels.topk import SELECT_CONFIG, _topk_select_kernel
+
+    fn = _topk_select_kernel
+    block, warps, digit = SELECT_CONFIG
+    for has_len, has_ks in ((True, False), (True, True)):  # decode (row lengths), prefill (lengths and ks)
+        consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "BLOCK": block, "OUT_BLOCK": 1024, "DIGIT": digit}
+        specs.append(KernelSpec(f"topk_select[B{block}-w{warps}-d{digit}:{'len' if has_len else ''}{'+ks' if has_ks else ''}]",
+                                fn, _sig(fn, {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32"}, consts),
+                                consts, warps, 3, ("X", "LEN", "KS", "OUT", "stride_x", "stride_o")))
+
+    fn = _physical_rows_kernel
+    for block_k in (64, 1024):  # block_k = next_pow2(topk) up to 1024: tiny model, GLM-5's 2048
+        consts = {"BLOCK_K": block_k}
+        specs.append(KernelSpec(f"physical_rows[K{block_k}]", fn,
+                                _sig(fn, {"REQ": "*i32", "BT": "*i32", "LOCAL": "*i32", "OUT": "*i32"}, consts),
+                                consts, 4, 3, ("REQ", "BT", "LOCAL", "OUT", "stride_bt", "stride_lt", "stride_ot")))
     return specs
 
 

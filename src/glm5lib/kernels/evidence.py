@@ -1,11 +1,10 @@
 """Which sparse-MLA configs each committed piece of H200 evidence exercised, against the configs shipped now.
 
-The H200 files name cases, not configs, and they were produced at different commits: the full case matrix and
-the compute-sanitizer run at f0ddd05 (the v4 configs, below), the v5 decode verification and the benchmark at
-febd9ab. The configs of a commit are its `CONFIGS` (`git show f0ddd05:src/glm5lib/kernels/sparse_mla.py`, now `mla.py`);
-a case's config follows from its shape by `sparse_mla.config_key` on the H200 (132 SMs, sm_90: the "big"
-shared-memory class). A config whose name equals the shipped one runs the same code: the kernel's later changes
-(IDX_AHEAD) sit behind constexpr branches that only `-ia` configs take.
+The H200 files name cases, not configs, and they were produced at different commits: the v5 decode verification
+and the benchmark at febd9ab; the full case matrix, the compute-sanitizer run and the vLLM call-path harness at
+a4e371b (the kernel code of febd9ab; an earlier matrix and sanitizer run, at f0ddd05, had the v4 configs). The
+configs of a commit are its `CONFIGS` (`git show febd9ab:src/glm5lib/kernels/sparse_mla.py`, now `mla.py`); a
+case's config follows from its shape by `config_key` on the H200 (132 SMs, sm_90: the "big" shared-memory class).
 
 `coverage(root)` reads the files and reports, per piece: cases, passes, and the config names it ran; and per
 shipped "big" config: which pieces ran that exact config. The notebook prints it instead of prose.
@@ -17,25 +16,17 @@ import json
 import re
 from pathlib import Path
 
-from glm5lib.kernels.mla import CONFIGS, MLAConfig, config_key
+from glm5lib.kernels.mla import CONFIGS, config_key
 
 H200_SMS = 132
 SMEM = "big"  # sm_90
-
-# sparse_mla.CONFIGS at f0ddd05 (v4), the "big" class the H200 runs
-V4_CONFIGS = {
-    ("small", "bf16", SMEM): MLAConfig(16, 32, 4, 2),
-    ("small", "fp8_ds_mla", SMEM): MLAConfig(16, 32, 4, 2, prefetch=True, nope_f16=True, waves=4),
-    ("prefill-small", "bf16", SMEM): MLAConfig(16, 64, 4, 2),
-    ("prefill-small", "fp8_ds_mla", SMEM): MLAConfig(16, 32, 4, 2, prefetch=True, nope_f16=True),
-    ("large", "bf16", SMEM): MLAConfig(64, 64, 8, 2),
-    ("large", "fp8_ds_mla", SMEM): MLAConfig(64, 64, 8, 2, dequant=True),
-}
 
 FULL_MATRIX = "outputs/bench/checks_h200_full.json"
 SANITIZER = "outputs/bench/sanitizer_h200.log"
 VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
+HARNESS = "outputs/bench/vllm_harness_h200.json"
+RUN_COMMIT = "a4e371b"  # matrix, sanitizer and harness: the kernels shipped now
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
 
@@ -55,18 +46,18 @@ def _names(keys, table: dict) -> dict[str, str]:
 def _matrix(path: Path) -> dict:
     rows = json.loads(path.read_text())
     keys = [k for k in (_key(r["name"]) for r in rows) if k]
-    return {"file": str(path), "commit": "f0ddd05", "what": "full case matrix (sparse MLA + indexer)",
-            "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, V4_CONFIGS)}
+    return {"file": str(path), "commit": RUN_COMMIT, "what": "full case matrix (sparse MLA + indexer)",
+            "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, CONFIGS)}
 
 
 def _sanitizer(path: Path) -> dict:
     text = path.read_text()
     cases = re.findall(r"^(sanitize:\S+)\s+(ok|BAD)\b", text, re.M)
     errors = re.search(r"ERROR SUMMARY: (\d+) error", text)
-    return {"file": str(path), "commit": "f0ddd05", "what": "compute-sanitizer memcheck, invalid-index cases",
+    return {"file": str(path), "commit": RUN_COMMIT, "what": "compute-sanitizer memcheck, invalid-index cases",
             "cases": len(cases), "passed": sum(s == "ok" for _, s in cases),
             "sanitizer_errors": int(errors[1]) if errors else None,
-            "configs": _names([_key(n) for n, _ in cases], V4_CONFIGS)}
+            "configs": _names([_key(n) for n, _ in cases], CONFIGS)}
 
 
 def _verify(path: Path) -> dict:
@@ -82,6 +73,13 @@ def _bench(path: Path) -> dict:
             "date": meta["date"], "configs": {k: v for k, v in meta["configs"].items() if k.endswith("/" + SMEM)}}
 
 
+def _harness(path: Path) -> dict:
+    rows = [r for r in json.loads(path.read_text())["results"] if "kv_format" in r]  # sparse-MLA cases
+    keys = [config_key(sum(r["query_lens"]), r["heads"], r["kv_format"], SMEM, H200_SMS) for r in rows]
+    return {"file": str(path), "commit": RUN_COMMIT, "what": "vLLM backend call path (paged caches, top-k 2048)",
+            "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, CONFIGS)}
+
+
 def coverage(root: str | Path = ".") -> dict:
     """{"pieces": {name: summary}, "shipped": {key: {"config", "covered_by": [piece names that ran it]}}}.
 
@@ -89,7 +87,8 @@ def coverage(root: str | Path = ".") -> dict:
     """
     root = Path(root)
     readers = {"h200_full_matrix": (FULL_MATRIX, _matrix), "h200_sanitizer": (SANITIZER, _sanitizer),
-               "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench)}
+               "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench),
+               "h200_vllm_harness": (HARNESS, _harness)}
     pieces = {name: read(root / rel) for name, (rel, read) in readers.items() if (root / rel).is_file()}
     shipped = {}
     for k, cfg in CONFIGS.items():
@@ -114,4 +113,4 @@ def format_coverage(cov: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["coverage", "format_coverage", "V4_CONFIGS"]
+__all__ = ["coverage", "format_coverage"]

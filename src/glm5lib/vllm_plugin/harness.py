@@ -16,6 +16,15 @@ difference and max abs error; each case also prints microseconds and TFLOP/s.
 Indexer cases: the plugin indexer's fp8 path (`paged.request_topk`: keys written by `write_indexer_keys` into a
 block-strided paged fp8 cache, glm5lib's Triton paged indexer kernel) against the same keys scored in PyTorch;
 top-k overlap must be 1 (fp32 / interpreter) or >= 0.99 (bf16 q on the GPU: near-ties at the cut may swap).
+Indexer step cases run `paged.step_topk` (what `Glm5SparseAttnIndexer` calls each layer) on a whole step, a
+decode batch with or without a prefill chunk behind it: the batched decode launch must give exactly the
+per-request loop's top-k. Top-k select cases hold glm5lib's Triton radix select (`kernels.topk.topk_select`,
+what the step uses) to a stable descending sort on the same device, ties and signed zeros included.
+
+Timings on CUDA (CUDA events): `eager_us`, the call as the backend makes it (one eager call per layer: host
+launch overhead shows here), `graph_us`, the same call captured in a CUDA graph and replayed (GPU time alone;
+capture also proves the path never waits on the host), and `kernel_us`, the attention kernel alone (graph
+replay, physical rows precomputed) with the bandwidth it reaches.
 """
 
 from __future__ import annotations
@@ -25,7 +34,6 @@ import json
 import math
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass
 
 import torch
@@ -34,6 +42,44 @@ from glm5lib.kernels.naive import D_QK, FP8_DS_MLA_ROW_BYTES, INDEXER_DIM, INDEX
 from glm5lib.model.spec import GLM5Config
 
 GLM5 = GLM5Config.glm5()
+
+
+def _events_us(fn, repeats: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / repeats
+
+
+def cuda_timings(fn, repeats: int, graph: bool = True) -> dict:
+    """`eager_us`: back-to-back eager calls (the larger of host and GPU time per call); `graph_us`: the same call
+    replayed from a CUDA graph (GPU time alone). A path that syncs with the host cannot be captured:
+    `graph_error` says why."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    res = {"eager_us": _events_us(fn, repeats)}
+    if not graph:
+        return res
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        torch.cuda.synchronize()
+        res["graph_us"] = _events_us(g.replay, repeats)
+    except Exception as e:  # noqa: BLE001  (reported: the harness measures, it does not fix)
+        torch.cuda.synchronize()
+        res["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return res
 
 
 @dataclass
@@ -143,17 +189,23 @@ def run_case(case: Case, device: torch.device, kernel: str, repeats: int) -> dic
            "max_abs_err": float((o - ref_out).abs().max()), "cos_diff": cos_diff(o, ref_out),
            "lse_max_abs_err": float((lse.float().cpu() - ref_lse).abs().max())}
     res["ok"] = res["cos_diff"] < 1e-5 and res["max_abs_err"] < 2e-2 and res["lse_max_abs_err"] < 1e-2
-    if repeats > 0:
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            sparse_mla_forward(q, cache, batch, topk, scale, case.kv_format, kernel)
-        sync()
-        us = (time.perf_counter() - t0) / repeats * 1e6
+    if repeats > 0 and device.type == "cuda":
+        from glm5lib.kernels.mla import sparse_mla_kv_bytes
+        from glm5lib.vllm_plugin.paged import flat_kv_rows, local_to_physical_rows, physical_rows_for, run_sparse_mla
+
         T = q.shape[0]
-        res["us"] = us
-        res["tflops"] = sparse_mla_flops(T, case.heads, case.topk) / (us * 1e-6) / 1e12
+        res.update(cuda_timings(lambda: sparse_mla_forward(q, cache, batch, topk, scale, case.kv_format, kernel),
+                                repeats))
+        kv_rows, stride_rows = flat_kv_rows(cache, batch.block_size)
+        rows = physical_rows_for(kernel)(batch.req_id_per_token, batch.block_table, topk, batch.block_size,
+                                         stride_rows)
+        k = cuda_timings(lambda: run_sparse_mla(q, kv_rows, rows, scale, case.kv_format, kernel), repeats)
+        res["kernel_us"] = k.get("graph_us", k["eager_us"])
+        res["tflops"] = sparse_mla_flops(T, case.heads, case.topk) / (res["kernel_us"] * 1e-6) / 1e12
+        res["kernel_tb_s"] = sparse_mla_kv_bytes(T, case.topk, case.kv_format) / (res["kernel_us"] * 1e-6) / 1e12
+        res["convert_torch_eager_us"] = cuda_timings(
+            lambda: local_to_physical_rows(batch.req_id_per_token, batch.block_table, topk, batch.block_size,
+                                           stride_rows), repeats, graph=False)["eager_us"]
     return res
 
 
@@ -211,6 +263,218 @@ def run_indexer_case(case: IndexerCase, device: torch.device, kernel: str) -> di
     return res
 
 
+def same_picks(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Row-wise the same picked positions (-1 padding included), whatever their order."""
+    return bool(torch.equal(torch.sort(a, 1).values, torch.sort(b, 1).values))
+
+
+@dataclass
+class StepCase:
+    """One indexer step: each request's context length and query tokens this step (decodes first, as vLLM
+    orders them; prefill chunks after)."""
+
+    topk: int
+    seq_lens: tuple[int, ...]
+    query_lens: tuple[int, ...]
+    heads: int = GLM5.index_n_heads
+    block_size: int = 64
+
+    @property
+    def id(self) -> str:
+        return f"indexer-step-H{self.heads}-K{self.topk}-R{len(self.seq_lens)}-T{sum(self.query_lens)}"
+
+
+def step_cases(tiny: bool) -> list[StepCase]:
+    if tiny:
+        return [StepCase(16, (40, 9, 150, 70, 33), (1, 1, 1, 1, 20), heads=4),
+                StepCase(16, (41, 20, 90), (2, 2, 2), heads=4)]
+    k = GLM5.index_topk
+    return [StepCase(k, (4096, 9000, 2100, 777) * 16, (1,) * 64),  # decode batch 64
+            StepCase(k, (4096, 9000, 2100, 777) * 8 + (6000,), (1,) * 32 + (256,)),  # decodes + a prefill chunk
+            StepCase(k, (30000, 12000) * 32, (2,) * 64)]  # MTP: next_n = 2
+
+
+def run_step_case(case: StepCase, device: torch.device, kernel: str, repeats: int) -> dict:
+    """`paged.step_topk` on a whole step: batched decode launch vs the per-request loop vs the PyTorch twin."""
+    from glm5lib.vllm_plugin.paged import step_topk, write_indexer_keys
+
+    g = torch.Generator(device="cpu").manual_seed(2)
+    bs, R = case.block_size, len(case.seq_lens)
+    nblk = [math.ceil(L / bs) for L in case.seq_lens]
+    n_blocks = sum(nblk) + 2
+    perm = torch.randperm(n_blocks, generator=g)
+    table = torch.zeros(R, max(nblk), dtype=torch.int32)
+    cache = torch.zeros(n_blocks, bs, INDEXER_FP8_ROW_BYTES, dtype=torch.uint8)
+    k0 = 0
+    for r, (L, nb) in enumerate(zip(case.seq_lens, nblk)):
+        table[r, :nb] = perm[k0 : k0 + nb].to(torch.int32)
+        k0 += nb
+        pos = torch.arange(L)
+        write_indexer_keys(cache, torch.randn(L, INDEXER_DIM, generator=g), table[r, pos // bs].long() * bs + pos % bs)
+    T = sum(case.query_lens)
+    qsl = [0, *torch.tensor(case.query_lens).cumsum(0).tolist()]
+    act = torch.bfloat16 if device.type == "cuda" else torch.float32
+    q = torch.randn(T, case.heads, INDEXER_DIM, generator=g).to(act)
+    w = torch.randn(T, case.heads, generator=g) * case.heads**-0.5 * INDEXER_DIM**-0.5
+    qd, wd, cd, td = q.to(device), w.to(device), cache.to(device), table.to(device)
+    lens_d = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
+
+    def step(batch_decodes: bool, kern: str = kernel) -> torch.Tensor:
+        buf = torch.empty(T, case.topk, dtype=torch.int32, device=device)
+        return step_topk(qd, wd, cd, td, qsl, list(case.seq_lens), case.topk, buf, seq_lens_dev=lens_d,
+                         kernel=kern, batch_decodes=batch_decodes)
+
+    batched, loop = step(True).cpu(), step(False).cpu()
+    ref = step(False, "naive") if device.type == "cpu" else None
+    res = {"case": case.id, **asdict(case), "kernel": kernel, "device": str(device),
+           "batched_equals_loop": bool(torch.equal(batched, loop))}
+    if ref is not None:  # fp32 interpreter: the kernels must pick exactly what the PyTorch twin picks
+        res["equals_naive"] = same_picks(batched, ref.cpu())
+    res["ok"] = res["batched_equals_loop"] and res.get("equals_naive", True)
+    if repeats > 0 and device.type == "cuda":
+        res["batched_eager_us"] = cuda_timings(lambda: step(True), repeats, graph=False)["eager_us"]
+        res["loop_eager_us"] = cuda_timings(lambda: step(False), max(3, repeats // 4), graph=False)["eager_us"]
+    return res
+
+
+def format_results(report: dict) -> str:
+    """One line per case: check result and, where measured, the timings."""
+    lines = []
+    for r in report["results"]:
+        head = f"{r['case']:<32} {'ok  ' if r['ok'] else 'FAIL'}"
+        if "kv_format" in r:
+            line = f"{head} cos diff {r['cos_diff']:.1e}  max abs {r['max_abs_err']:.1e}"
+            if "eager_us" in r:
+                graph = f"{r['graph_us']:6.1f} us" if "graph_us" in r else "(" + r.get("graph_error", "?")[:40] + ")"
+                line += (f"  eager {r['eager_us']:6.1f} us  graph {graph}  kernel {r['kernel_us']:6.1f} us "
+                         f"({r['kernel_tb_s']:.2f} TB/s, {r['tflops']:.0f} TFLOP/s)")
+        elif "same_picks" in r:
+            line = f"{head} same picks as a stable sort: {r['same_picks']}, ascending: {r['ascending']}"
+            if "select_us" in r:
+                line += (f"  select {r['select_us']:7.1f} us  stable sort {r['stable_sort_us']:7.1f} us"
+                         f"  torch.topk {r['torch_topk_us']:7.1f} us")
+        elif "batched_equals_loop" in r:
+            line = f"{head} batched == one at a time: {r['batched_equals_loop']}"
+            if "batched_eager_us" in r:
+                line += f"  batched {r['batched_eager_us']:7.0f} us  one request at a time {r['loop_eager_us']:7.0f} us"
+        else:
+            line = f"{head} top-k overlap {r['topk_overlap_min']:.4f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def summarize(report: dict) -> dict:
+    """What a reader wants from a harness JSON: pass counts, and on CUDA the call path's cost against the kernel."""
+    res = report["results"]
+    mla = [r for r in res if "kv_format" in r]
+    steps = [r for r in res if r["case"].startswith("indexer-step")]
+    out = {"device": report["device"], "cases": len(res), "passed": sum(bool(r["ok"]) for r in res),
+           "mla_cases": len(mla), "max_cos_diff": max(r["cos_diff"] for r in mla),
+           "indexer_step_batched_equals_loop": all(r["batched_equals_loop"] for r in steps)}
+    timed = [r for r in mla if "eager_us" in r]
+    if timed:
+        out["graph_captured"] = sum("graph_us" in r for r in timed)
+        out["mla_timed"] = len(timed)
+        # decode at 8-16 heads per GPU (GLM-5 at TP 8 / 4): where launch overhead can exceed the GPU time
+        small = [r for r in timed if max(r["query_lens"]) == 1 and r["heads"] <= 16 and "graph_us" in r]
+        if small:
+            out["small_heads_decode_eager_over_graph"] = [min(r["eager_us"] / r["graph_us"] for r in small),
+                                                          max(r["eager_us"] / r["graph_us"] for r in small)]
+            out["small_heads_decode_host_excess_us"] = [min(r["eager_us"] - r["graph_us"] for r in small),
+                                                        max(r["eager_us"] - r["graph_us"] for r in small)]
+        out["large_eager_over_graph_max"] = max(r["eager_us"] / r["graph_us"] for r in timed
+                                                if r["heads"] >= 64 and "graph_us" in r)
+        out["path_over_kernel_max"] = max(r["graph_us"] / r["kernel_us"] for r in timed if "graph_us" in r)
+    sel = [r for r in res if "select_us" in r]
+    if sel:
+        out["topk_select_vs_stable_sort"] = {r["case"]: r["stable_sort_us"] / r["select_us"] for r in sel}
+        out["topk_select_vs_torch_topk"] = {r["case"]: r["torch_topk_us"] / r["select_us"] for r in sel}
+    step_t = [r for r in steps if "batched_eager_us" in r]
+    if step_t:
+        out["indexer_step_speedup"] = {r["case"]: r["loop_eager_us"] / r["batched_eager_us"] for r in step_t}
+    return out
+
+
+def plot(report: dict):
+    """Bars per sparse-MLA case (eager call, graph replay, kernel alone) and per indexer step (batched vs the
+    per-request loop), in microseconds on a log scale. Needs CUDA timings."""
+    from glm5lib.workbook.figures import pyplot
+
+    plt = pyplot()
+    mla = [r for r in report["results"] if "eager_us" in r]
+    steps = [r for r in report["results"] if "batched_eager_us" in r]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [3, 1]})
+    x = range(len(mla))
+    for i, (key, label) in enumerate([("eager_us", "eager call (as vLLM runs it)"),
+                                      ("graph_us", "CUDA-graph replay"), ("kernel_us", "attention kernel alone")]):
+        a.bar([j + (i - 1) * 0.27 for j in x], [r.get(key, float("nan")) for r in mla], 0.27, label=label)
+    a.set_xticks(list(x), [r["case"].replace("-K2048", "").replace("fp8_ds_mla", "fp8") for r in mla],
+                 rotation=35, ha="right", fontsize=8)
+    a.set_yscale("log")
+    a.set_ylabel("us per call")
+    a.set_title(f"GLM5_SPARSE_MLA forward_mqa, {report['device']}")
+    a.legend(fontsize=8)
+    y = range(len(steps))
+    b.bar([j - 0.2 for j in y], [r["loop_eager_us"] for r in steps], 0.4, label="one request at a time")
+    b.bar([j + 0.2 for j in y], [r["batched_eager_us"] for r in steps], 0.4, label="batched decode launch")
+    b.set_xticks(list(y), [f"R{len(r['seq_lens'])} T{sum(r['query_lens'])}" for r in steps], fontsize=8)
+    b.set_yscale("log")
+    b.set_title("indexer step (top-k 2048)")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+@dataclass
+class SelectCase:
+    """Top-k over index-score rows: `rows` rows of `n` scores (`distinct` values: ties at the cut), per-row lengths."""
+
+    topk: int
+    rows: int
+    n: int
+    distinct: int = 0  # 0: continuous scores; else scores drawn from this many values, some of them +-0.0
+
+    @property
+    def id(self) -> str:
+        return f"topk-select-K{self.topk}-T{self.rows}-N{self.n}" + (f"-ties{self.distinct}" if self.distinct else "")
+
+
+def select_cases(tiny: bool) -> list[SelectCase]:
+    if tiny:
+        return [SelectCase(16, 5, 300, 6), SelectCase(64, 3, 200)]
+    k = GLM5.index_topk
+    return [SelectCase(k, 64, 9000), SelectCase(k, 64, 9000, 16), SelectCase(k, 128, 32768),
+            SelectCase(k, 64, 131072, 64), SelectCase(k, 2048, 8192)]
+
+
+def run_select_case(case: SelectCase, device: torch.device, repeats: int) -> dict:
+    """`kernels.topk.topk_select` (what the indexer step uses with the Triton kernel) against `paged.stable_topk`
+    (stable descending sort) on the same device: the same picks, row by row."""
+    from glm5lib.kernels.topk import topk_indices, topk_select
+    from glm5lib.vllm_plugin.paged import stable_topk
+
+    g = torch.Generator(device="cpu").manual_seed(4)
+    x = torch.randn(case.rows, case.n, generator=g)
+    if case.distinct:
+        x = torch.randint(-case.distinct // 2, case.distinct // 2, x.shape, generator=g).float()
+        x[x == 0] = torch.where(torch.rand((x == 0).sum(), generator=g) < 0.5, -0.0, 0.0)
+    lengths = torch.randint(case.n // 4, case.n + 1, (case.rows,), generator=g, dtype=torch.int32)
+    lengths[0] = min(case.n, case.topk // 2)  # a row with fewer keys than top-k
+    x[torch.arange(case.n)[None, :] >= lengths[:, None]] = float("-inf")
+    xd, ld = x.to(device), lengths.to(device)
+    got = topk_select(xd, case.topk, lengths=ld)
+    ref = stable_topk(xd, case.topk)
+    res = {"case": case.id, **asdict(case), "device": str(device), "same_picks": same_picks(got.cpu(), ref.cpu()),
+           "ascending": bool(((got[:, 1:] > got[:, :-1]) | (got[:, 1:] < 0)).all())}
+    res["ok"] = res["same_picks"] and res["ascending"]
+    if repeats > 0 and device.type == "cuda":
+        t = cuda_timings(lambda: topk_select(xd, case.topk, lengths=ld, out=got), repeats)
+        res["select_us"] = t.get("graph_us", t["eager_us"])
+        res["stable_sort_us"] = cuda_timings(lambda: stable_topk(xd, case.topk), repeats, graph=False)["eager_us"]
+        res["torch_topk_us"] = cuda_timings(lambda: topk_indices(xd, case.topk), repeats, graph=False)["eager_us"]
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m glm5lib.vllm_plugin.harness", description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -229,15 +493,18 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats if args.repeats is not None else (20 if device.type == "cuda" else 0)
     results = []
     for case in tiny_cases() if tiny else glm5_cases():
-        r = run_case(case, device, args.kernel, repeats)
-        results.append(r)
-        timing = f"  {r['us']:9.1f} us {r['tflops']:7.1f} TFLOP/s" if "us" in r else ""
-        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:<32} cos_diff {r['cos_diff']:.2e} "
-              f"max_abs {r['max_abs_err']:.2e}{timing}", flush=True)
+        results.append(run_case(case, device, args.kernel, repeats))
+        print(format_results({"results": results[-1:]}), flush=True)
     for case in indexer_cases(tiny):
-        r = run_indexer_case(case, device, args.kernel)
-        results.append(r)
-        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['case']:<32} top-k overlap {r['topk_overlap_min']:.4f}", flush=True)
+        results.append(run_indexer_case(case, device, args.kernel))
+        print(format_results({"results": results[-1:]}), flush=True)
+    for case in step_cases(tiny):
+        results.append(run_step_case(case, device, args.kernel, repeats))
+        print(format_results({"results": results[-1:]}), flush=True)
+    if args.kernel == "triton":
+        for case in select_cases(tiny):
+            results.append(run_select_case(case, device, repeats))
+            print(format_results({"results": results[-1:]}), flush=True)
     if args.json:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as f:

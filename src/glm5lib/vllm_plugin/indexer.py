@@ -40,7 +40,7 @@ from vllm.v1.attention.backend import (AttentionCGSupport, AttentionMetadata, At
 from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
 
 from glm5lib.kernels.naive import INDEXER_DIM, INDEXER_FP8_ROW_BYTES
-from glm5lib.vllm_plugin.paged import key_precision, request_topk, write_indexer_keys
+from glm5lib.vllm_plugin.paged import key_precision, step_topk, write_indexer_keys
 
 OOT_NAME = "SparseAttnIndexer"  # vLLM swaps classes by the replaced class's __name__
 
@@ -52,6 +52,7 @@ class Glm5IndexerMetadata(AttentionMetadata):
     num_actual_tokens: int
     query_start_loc_cpu: torch.Tensor  # [R + 1]
     seq_lens_cpu: torch.Tensor  # [R]
+    seq_lens: torch.Tensor  # [R] int32, on the device (the batched decode launch reads it there)
     slot_mapping: torch.Tensor  # [T]
     block_table: torch.Tensor  # [R, max_blocks]
 
@@ -73,6 +74,7 @@ class Glm5IndexerMetadataBuilder(AttentionMetadataBuilder[Glm5IndexerMetadata]):
             num_actual_tokens=m.num_actual_tokens,
             query_start_loc_cpu=m.query_start_loc_cpu[: m.num_reqs + 1],
             seq_lens_cpu=seq_lens_cpu[: m.num_reqs],
+            seq_lens=m.seq_lens[: m.num_reqs],
             slot_mapping=m.slot_mapping[: m.num_actual_tokens],
             block_table=m.block_table_tensor,
         )
@@ -143,21 +145,9 @@ class Glm5SparseAttnIndexer(SparseAttnIndexer):
             if exact:
                 keep = metadata.slot_mapping >= 0
                 self.keys_fp32[metadata.slot_mapping[keep].long()] = k[:T][keep].float()
-        out = self.topk_indices_buffer
-        out[:T] = -1
-        qsl = metadata.query_start_loc_cpu.tolist()
-        for r, L in enumerate(metadata.seq_lens_cpu.tolist()):
-            a, b = qsl[r], qsl[r + 1]
-            if b <= a or L <= 0:
-                continue
-            keys = None
-            if exact:
-                pos = torch.arange(L, device=kv_cache.device)
-                bs = kv_cache.shape[1]
-                keys = self.keys_fp32[metadata.block_table[r][pos // bs].long() * bs + pos % bs]
-            out[a:b, : self.topk_tokens] = request_topk(q_quant[a:b], weights[a:b], kv_cache, metadata.block_table[r],
-                                                        L, self.topk_tokens, keys_fp32=keys)
-        return out
+        return step_topk(q_quant, weights, kv_cache, metadata.block_table, metadata.query_start_loc_cpu.tolist(),
+                         metadata.seq_lens_cpu.tolist(), self.topk_tokens, self.topk_indices_buffer,
+                         keys_fp32=self.keys_fp32 if exact else None, seq_lens_dev=metadata.seq_lens)
 
     def forward_cpu(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self.delegate:

@@ -119,6 +119,16 @@ def run_sparse_mla(q: torch.Tensor, kv_rows: torch.Tensor, rows: torch.Tensor, s
     return out.to(q.dtype), lse
 
 
+def physical_rows_for(kernel: str):
+    """The local -> physical row conversion that goes with `kernel`: glm5lib's one-launch Triton kernel beside
+    the Triton attention kernel (it replaces ~18 small PyTorch launches per layer per step), else the PyTorch twin."""
+    if kernel == "triton":
+        from glm5lib.kernels.rows import physical_rows
+
+        return physical_rows
+    return local_to_physical_rows
+
+
 def sparse_mla_forward(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_cache: torch.Tensor,
                        batch: PagedBatch, topk_buffer: torch.Tensor, scale: float, kv_format: str,
                        kernel: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,9 +139,10 @@ def sparse_mla_forward(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_c
     T = q.shape[0]
     topk_local = topk_buffer[:T, : batch.topk_tokens]
     kv_rows, stride_rows = flat_kv_rows(kv_cache, batch.block_size)
-    rows = local_to_physical_rows(batch.req_id_per_token[:T], batch.block_table, topk_local, batch.block_size,
-                                  stride_rows)
-    return run_sparse_mla(q, kv_rows, rows, scale, kv_format, kernel or kernel_choice(q.device))
+    kernel = kernel or kernel_choice(q.device)
+    rows = physical_rows_for(kernel)(batch.req_id_per_token[:T], batch.block_table, topk_local, batch.block_size,
+                                     stride_rows)
+    return run_sparse_mla(q, kv_rows, rows, scale, kv_format, kernel)
 
 
 # ---- the DSA indexer's key cache (fp8 e4m3 + fp32 scale, DeepGEMM's block-split layout) -------------------------
@@ -202,8 +213,8 @@ def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
     """Top-k for one request's n query tokens (its last n positions of L): int32 [n, topk] local positions.
 
     keys_fp32 given: scores from those exact keys (reference math). Else from the fp8 cache: with glm5lib's
-    Triton paged indexer kernel on CUDA (`kernel="triton"`), or its PyTorch twin `naive.indexer_logits_ref`
-    (same paged arguments)."""
+    Triton paged indexer kernel and `kernels.topk.topk_fast` on CUDA (`kernel="triton"`), or their PyTorch twins
+    `naive.indexer_logits_ref` and `stable_topk` (same paged arguments; picks by descending score)."""
     n = q.shape[0]
     if keys_fp32 is not None:
         return indexer_topk(q.float(), weights, keys_fp32, torch.arange(L - n, L, device=q.device), topk)
@@ -216,6 +227,9 @@ def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
         logits = indexer_logits(qk, kv_cache, weights.float(), scale=1.0, k_format="fp8",
                                 block_table=block_row[None].to(torch.int32), context_lens=context_lens, next_n=n,
                                 max_len=L)
+        from glm5lib.kernels.topk import topk_fast
+
+        return topk_fast(logits, topk)
     else:
         # The reference dequantizes every block it is given: hand it this request's blocks only (vLLM's cache
         # holds thousands), renumbered 0..nblk-1 in the block table.
@@ -224,3 +238,62 @@ def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
         logits = indexer_logits_ref(q, blocks, weights.float(), scale=1.0, k_format="fp8", block_table=table,
                                     context_lens=context_lens, next_n=n, max_len=L)
     return stable_topk(logits, topk)
+
+
+MAX_BATCHED_NEXT_N = 8  # query lengths up to this (decode, MTP's next_n) are scored in one batched launch
+
+
+def step_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+              query_start_loc: list[int], seq_lens: list[int], topk: int, out: torch.Tensor, *,
+              keys_fp32: torch.Tensor | None = None, seq_lens_dev: torch.Tensor | None = None,
+              kernel: str | None = None, batch_decodes: bool = True) -> torch.Tensor:
+    """The indexer's top-k for one step of requests (tokens request-major): fills `out[:T, :topk]` (int32
+    request-local positions, -1 padded) and returns `out`.
+
+    keys_fp32: an fp32 side cache `[num_blocks * block_size, 128]` in slot order: each request is scored from its
+    exact keys (the reference path). Else from the fp8 cache. With the Triton kernel, the leading run of
+    requests that share one short query length (vLLM puts decodes first; MTP makes it next_n > 1) is scored in
+    a single paged-indexer launch over all of them (DeepGEMM's paged MQA-logits contract) and one top-k;
+    the rest, prefill chunks, one request at a time. The per-request loop costs launches per request
+    per layer: a decode batch of 64 is 64 indexer launches and 64 selections per layer without the batch.
+    With the Triton kernel the selection is `kernels.topk.topk_fast`: up to 32K keys a Triton radix select that
+    picks what `stable_topk` picks (listed in position order), beyond that torch.topk (faster there; its order
+    among exactly tied scores is its own, so at those lengths a request's tied picks can depend on the longest
+    request in its batch). Otherwise `stable_topk` (descending score).
+    """
+    T, R = query_start_loc[-1], len(seq_lens)
+    out[:T] = -1
+    kernel = kernel or kernel_choice(q.device)
+    start = 0
+    if keys_fp32 is None and kernel == "triton" and batch_decodes and R >= 2:
+        n = query_start_loc[1] - query_start_loc[0]
+        nd = 0
+        while nd < R and query_start_loc[nd + 1] - query_start_loc[nd] == n and seq_lens[nd] >= n:
+            nd += 1
+        if 1 <= n <= MAX_BATCHED_NEXT_N and nd >= 2:
+            from glm5lib.kernels.indexer import indexer_logits
+
+            ctx = (seq_lens_dev[:nd] if seq_lens_dev is not None
+                   else torch.tensor(seq_lens[:nd], dtype=torch.int32, device=q.device))
+            qd = q[: nd * n]
+            if q.device.type == "cuda" and qd.dtype == torch.float32:
+                qd = qd.to(torch.bfloat16)
+            logits = indexer_logits(qd, kv_cache, weights[: nd * n].float(), scale=1.0, k_format="fp8",
+                                    block_table=block_table[:nd], context_lens=ctx, next_n=n, max_len=max(seq_lens[:nd]))
+            from glm5lib.kernels.topk import topk_fast
+
+            # rows are read up to each request's own length (its query tokens see at most that many keys)
+            topk_fast(logits, topk, lengths=ctx if n == 1 else ctx.repeat_interleave(n), out=out[: nd * n])
+            start = nd
+    bs = kv_cache.shape[1]
+    for r in range(start, R):
+        a, b, L = query_start_loc[r], query_start_loc[r + 1], seq_lens[r]
+        if b <= a or L <= 0:
+            continue
+        keys = None
+        if keys_fp32 is not None:
+            pos = torch.arange(L, device=kv_cache.device)
+            keys = keys_fp32[block_table[r][pos // bs].long() * bs + pos % bs]
+        out[a:b, :topk] = request_topk(q[a:b], weights[a:b], kv_cache, block_table[r], L, topk, keys_fp32=keys,
+                                       kernel=kernel)
+    return out

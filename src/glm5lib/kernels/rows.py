@@ -1,0 +1,59 @@
+"""Request-local top-k positions -> physical rows of a paged cache, in one Triton launch.
+
+The sparse-MLA backend receives the indexer's request-local top-k (`[T, topk]`, -1 padded) and reads the cache
+by physical row: `block_table[req, pos // block_size] * block_stride_rows + pos % block_size` (vLLM's
+`triton_convert_req_index_to_global_index`). The plain-PyTorch twin, `glm5lib.vllm_plugin.paged.
+local_to_physical_rows`, takes about 18 small launches; the backend runs this for every layer of every step,
+so on CUDA the conversion is this one kernel. Invalid positions (-1, or past the block table) give -1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glm5lib.kernels import common  # noqa: F401  (before triton: interpreter switch)
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+@triton.jit
+def _physical_rows_kernel(REQ, BT, LOCAL, OUT, stride_bt, stride_lt, stride_ot, TOPK, MAX_BLOCKS, BLOCK_SIZE,
+                          STRIDE_ROWS, BLOCK_K: tl.constexpr):
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    inside = offs < TOPK
+    pos = tl.load(LOCAL + t.to(tl.int64) * stride_lt + offs, mask=inside, other=-1)
+    req = tl.load(REQ + t)
+    col = pos // BLOCK_SIZE
+    valid = (pos >= 0) & (col < MAX_BLOCKS)
+    blk = tl.load(BT + req.to(tl.int64) * stride_bt + col, mask=valid & inside, other=0)
+    row = blk.to(tl.int64) * STRIDE_ROWS + pos % BLOCK_SIZE
+    tl.store(OUT + t.to(tl.int64) * stride_ot + offs, tl.where(valid, row, -1).to(tl.int32), mask=inside)
+
+
+def physical_rows(req_id: torch.Tensor, block_table: torch.Tensor, topk_local: torch.Tensor, block_size: int,
+                  block_stride_rows: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 `[T, topk]` physical rows (see the module docstring); same contract as the PyTorch twin."""
+    T, topk = topk_local.shape
+    if req_id.shape[0] < T:
+        raise ValueError(f"req_id has {req_id.shape[0]} entries for {T} tokens")
+    if topk_local.dtype != torch.int32 or block_table.dtype != torch.int32:
+        raise ValueError(f"top-k and block table must be int32, got {topk_local.dtype} and {block_table.dtype}")
+    if out is None:
+        out = torch.empty(T, topk, dtype=torch.int32, device=topk_local.device)
+    if T == 0 or topk == 0:
+        return out
+    if topk_local.stride(-1) != 1:
+        topk_local = topk_local.contiguous()
+    if block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
+    req_id = req_id.to(torch.int32)
+    block_k = min(1024, triton.next_power_of_2(topk))
+    _physical_rows_kernel[(T, triton.cdiv(topk, block_k))](
+        req_id, block_table, topk_local, out, block_table.stride(0), topk_local.stride(0), out.stride(0),
+        topk, block_table.shape[1], block_size, block_stride_rows, BLOCK_K=block_k, num_warps=4,
+    )
+    return out
+
+
+__all__ = ["physical_rows"]

@@ -1,0 +1,76 @@
+"""The vLLM backend's per-step helpers that run glm5lib kernels (Triton interpreter here): the one-launch
+local -> physical row conversion and the batched decode indexer step, each held to its PyTorch twin. No vLLM
+import here: `glm5lib.vllm_plugin.paged` is plain PyTorch + glm5lib kernels."""
+
+import pytest
+import torch
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_local_to_physical_rows_against_a_loop(impl):
+    from glm5lib.vllm_plugin.paged import physical_rows_for
+
+    g = torch.Generator().manual_seed(0)
+    bs, stride = 64, 80
+    block_table = torch.randperm(40, generator=g)[:24].view(3, 8).to(torch.int32)
+    req = torch.tensor([0, 1, 1, 2], dtype=torch.int32)
+    topk = torch.randint(-1, 8 * bs, (4, 32), generator=g, dtype=torch.int32)
+    topk[0, :3] = torch.tensor([-1, 8 * bs, 8 * bs + 5])  # padding and out-of-table positions
+    convert = physical_rows_for("triton" if impl == "triton" else "naive")  # triton: the interpreter here
+    got = convert(req, block_table, topk, bs, stride)
+    assert got.dtype == torch.int32 and got.shape == topk.shape
+    for t in range(4):
+        for j in range(32):
+            p = int(topk[t, j])
+            want = -1 if p < 0 or p // bs >= 8 else int(block_table[req[t], p // bs]) * stride + p % bs
+            assert int(got[t, j]) == want
+
+
+def _step_inputs(seq_lens, query_lens, heads=4, topk=16, bs=16, seed=3):
+    from glm5lib.vllm_plugin.paged import write_indexer_keys
+
+    g = torch.Generator().manual_seed(seed)
+    nblk = [-(-L // bs) for L in seq_lens]
+    perm = torch.randperm(sum(nblk) + 2, generator=g)
+    table = torch.zeros(len(seq_lens), max(nblk), dtype=torch.int32)
+    cache = torch.zeros(sum(nblk) + 2, bs, 132, dtype=torch.uint8)
+    k0 = 0
+    for r, (L, nb) in enumerate(zip(seq_lens, nblk)):
+        table[r, :nb] = perm[k0 : k0 + nb].to(torch.int32)
+        k0 += nb
+        pos = torch.arange(L)
+        write_indexer_keys(cache, torch.randn(L, 128, generator=g), table[r, pos // bs].long() * bs + pos % bs)
+    T = sum(query_lens)
+    qsl = [0, *torch.tensor(query_lens).cumsum(0).tolist()]
+    return torch.randn(T, heads, 128, generator=g), torch.randn(T, heads, generator=g) * 0.1, cache, table, qsl
+
+
+@pytest.mark.parametrize("query_lens", [(1, 1, 1, 1, 20), (2, 2, 2, 2, 1), (1, 3, 1)], ids=["decode+prefill", "mtp", "mixed"])
+def test_step_topk_batches_the_leading_decodes(query_lens, monkeypatch):
+    """One paged-indexer launch for the leading run of equal short query lengths, the same top-k as one request
+    at a time, and the same as the PyTorch twin (fp32 under the interpreter: exact)."""
+    import glm5lib.kernels.indexer as kidx
+    from glm5lib.vllm_plugin.paged import step_topk
+
+    seq_lens = [40, 9, 70, 33, 150][: len(query_lens)]
+    q, w, cache, table, qsl = _step_inputs(seq_lens, query_lens)
+    launches = []
+    real = kidx.indexer_logits
+    monkeypatch.setattr(kidx, "indexer_logits", lambda *a, **k: launches.append(a[0].shape[0]) or real(*a, **k))
+
+    def run(kernel, batch):
+        return step_topk(q, w, cache, table, qsl, seq_lens, 16, torch.full((qsl[-1] + 3, 16), 7, dtype=torch.int32),
+                         kernel=kernel, batch_decodes=batch)
+
+    batched = run("triton", True)
+    n_batched = list(launches)
+    launches.clear()
+    loop = run("triton", False)
+    lead = next(i for i, n in enumerate(query_lens) if n != query_lens[0])  # leading equal query lengths
+    assert n_batched == [lead * query_lens[0]] + list(query_lens[lead:]) if lead >= 2 else n_batched == list(query_lens)
+    assert launches == list(query_lens)
+    assert torch.equal(batched, loop)
+    naive = run("naive", False)  # descending score; the Triton select lists the same picks by position
+    assert torch.equal(batched.sort(1).values, naive.sort(1).values)
+    assert (batched[qsl[-1]:] == 7).all()  # rows past this step's tokens are left alone
+    assert (batched[1, 9:] == -1).all() if query_lens[1] == 1 else True  # request of 9 keys: 9 picks, then -1
