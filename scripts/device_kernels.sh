@@ -2,6 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [sanitize] [harness] [bench] [bench-sweep] [bench-indexer] [topk-sweep] [tune] [verify] [compile]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
+# harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
 # tune: decode candidates side by side (checks + timings), then `bench all` with the winners (tune_decode.py)
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -16,7 +17,9 @@ for step in "$@"; do
     sanitize) timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize > "$OUT/sanitizer.log" 2>&1
             echo "sanitizer rc=$?"; tail -6 "$OUT/sanitizer.log" ;;
     harness) timeout 300 python3 -m glm5lib.vllm_plugin.harness --json "$OUT/vllm_harness_h200.json" > "$OUT/vllm_harness_h200.log" 2>&1
-            echo "harness rc=$?"; grep -v Warn "$OUT/vllm_harness_h200.log" | tail -16 ;;
+            echo "harness rc=$?"; grep -v Warn "$OUT/vllm_harness_h200.log" | tail -24 ;;
+    harness-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 300 python3 -m glm5lib.vllm_plugin.harness --json "$OUT/vllm_harness_h200_swfp8.json" > "$OUT/vllm_harness_h200_swfp8.log" 2>&1
+            echo "harness-swfp8 rc=$?"; grep -v Warn "$OUT/vllm_harness_h200_swfp8.log" | grep -v "^topk" | tail -20 ;;
     bench) timeout 420 python3 -m glm5lib.kernels.cli bench all --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  " ;;
     bench-sweep) timeout 300 python3 -m glm5lib.kernels.cli bench sparse-mla --sweep --quick --no-scaling --name sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
             echo "sweep rc=$?"; tail -30 "$OUT/sweep.log" ;;

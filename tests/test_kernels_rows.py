@@ -45,8 +45,9 @@ def _step_inputs(seq_lens, query_lens, heads=4, topk=16, bs=16, seed=3):
     return torch.randn(T, heads, 128, generator=g), torch.randn(T, heads, generator=g) * 0.1, cache, table, qsl
 
 
+@pytest.mark.parametrize("q_fp8", [False, True], ids=["q-fp32", "q-fp8"])
 @pytest.mark.parametrize("query_lens", [(1, 1, 1, 1, 20), (2, 2, 2, 2, 1), (1, 3, 1)], ids=["decode+prefill", "mtp", "mixed"])
-def test_step_topk_batches_the_leading_decodes(query_lens, monkeypatch):
+def test_step_topk_batches_the_leading_decodes(query_lens, q_fp8, monkeypatch):
     """One paged-indexer launch for the leading run of equal short query lengths, the same top-k as one request
     at a time, and the same as the PyTorch twin (fp32 under the interpreter: exact)."""
     import glm5lib.kernels.indexer as kidx
@@ -54,6 +55,11 @@ def test_step_topk_batches_the_leading_decodes(query_lens, monkeypatch):
 
     seq_lens = [40, 9, 70, 33, 150][: len(query_lens)]
     q, w, cache, table, qsl = _step_inputs(seq_lens, query_lens)
+    if q_fp8:  # as vLLM hands q to the indexer: e4m3, the per-(token, head) scale folded into the weights
+        from glm5lib.kernels.naive import quantize_indexer_q
+
+        q, q_scale = quantize_indexer_q(q)
+        w = w * q_scale
     launches = []
     real = kidx.indexer_logits
     monkeypatch.setattr(kidx, "indexer_logits", lambda *a, **k: launches.append(a[0].shape[0]) or real(*a, **k))

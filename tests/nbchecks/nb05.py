@@ -39,9 +39,15 @@ def check(report: dict) -> None:
         assert h["indexer_step_speedup"]["indexer-step-H32-K2048-R64-T64"] > 20  # "about 8 ms ... about 0.1 ms"
         assert h["path_over_kernel_max"] < 1.05  # "the kernel plus under 5 %"
         lo, hi = h["small_heads_decode_eager_over_graph"]
-        assert 1.5 < lo <= hi < 5  # "roughly 2-4x the GPU time" at 8-16 heads
-        assert h["large_eager_over_graph_max"] < 2  # "at 64-128 heads the kernel mostly hides it"
-        sel, vs_torch = h["topk_select_vs_stable_sort"], h["topk_select_vs_torch_topk"]
+        assert 1.5 < lo <= hi < 6  # "roughly 2-5x the GPU time" at 8-16 heads
+        assert h["large_eager_over_graph_max"] < 2.5  # "at 64-128 heads the kernel mostly hides it"
+        sel, gpu, eager = (h["topk_select_vs_stable_sort"], h["topk_select_vs_torch_topk"],
+                           h["topk_select_vs_torch_topk_eager"])
+        assert set(h["topk_timing"].values()) == {"graph"}  # GPU-time ratios compare graph replays
         assert min(sel.values()) > 1  # faster than the stable sort it reproduces, at every size
-        assert vs_torch["topk-select-K2048-T64-N9000"] > 2 and vs_torch["topk-select-K2048-T128-N32768"] > 1
-        assert vs_torch["topk-select-K2048-T64-N131072-ties64"] < 1  # "slower over 128K": torch.topk there
+        assert 0.75 < gpu["topk-select-K2048-T128-N32768"] < 1.5 < 1 / gpu["topk-select-K2048-T64-N131072-ties64"]
+        assert gpu["topk-select-K2048-T64-N9000"] > 1  # "close ... up to 32K keys (1.25x at 9K, 0.9x at 32K)"
+        assert min(eager["topk-select-K2048-T64-N9000"], eager["topk-select-K2048-T128-N32768"]) > 1.5  # "2-5x"
+    sw = report.get("h200_harness_swfp8")
+    if sw is not None:  # the sm_80 software-fp8 path through the same call path
+        assert sw["passed"] == sw["cases"] >= 16 and sw["max_cos_diff"] < 1e-4

@@ -1,8 +1,8 @@
 """Which sparse-MLA configs each committed piece of H200 evidence exercised, against the configs shipped now.
 
 The H200 files name cases, not configs, and they were produced at different commits: the v5 decode verification
-and the benchmark at febd9ab; the full case matrix, the compute-sanitizer run and the vLLM call-path harness at
-a4e371b (the kernel code of febd9ab; an earlier matrix and sanitizer run, at f0ddd05, had the v4 configs). The
+and the benchmark at febd9ab; the full case matrix and the compute-sanitizer run at a4e371b (the kernel code of
+febd9ab; an earlier run of both, at f0ddd05, had the v4 configs); the vLLM call-path harness at e53ffce. The
 configs of a commit are its `CONFIGS` (`git show febd9ab:src/glm5lib/kernels/sparse_mla.py`, now `mla.py`); a
 case's config follows from its shape by `config_key` on the H200 (132 SMs, sm_90: the "big" shared-memory class).
 
@@ -26,7 +26,8 @@ SANITIZER = "outputs/bench/sanitizer_h200.log"
 VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
 HARNESS = "outputs/bench/vllm_harness_h200.json"
-RUN_COMMIT = "a4e371b"  # matrix, sanitizer and harness: the kernels shipped now
+RUN_COMMIT = "a4e371b"  # matrix and sanitizer: the kernels shipped now
+HARNESS_COMMIT = "e53ffce"  # the harness, top-k select and batched indexer step it measures
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
 
@@ -76,7 +77,7 @@ def _bench(path: Path) -> dict:
 def _harness(path: Path) -> dict:
     rows = [r for r in json.loads(path.read_text())["results"] if "kv_format" in r]  # sparse-MLA cases
     keys = [config_key(sum(r["query_lens"]), r["heads"], r["kv_format"], SMEM, H200_SMS) for r in rows]
-    return {"file": str(path), "commit": RUN_COMMIT, "what": "vLLM backend call path (paged caches, top-k 2048)",
+    return {"file": str(path), "commit": HARNESS_COMMIT, "what": "vLLM backend call path (paged caches, top-k 2048)",
             "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, CONFIGS)}
 
 

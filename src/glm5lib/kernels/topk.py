@@ -92,9 +92,11 @@ def _topk_select_kernel(X, LEN, KS, OUT, stride_x, stride_o, N, K,
         tl.store(out + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=(o >= written) & (o < K))
 
 
-# (BLOCK, num_warps, DIGIT bits per radix pass). H200 sweep (top-k 2048, per call): 64 x 9000 rows 56 us against
-# torch.topk 232; 128 x 32K 124 against 158; 64 x 128K 488 against 186; 4096 x 32K 2.8 ms against 1.8 ms.
-# 11-bit digits ran 4-8x slower (a histogram's cost grows with its bins), 4-bit digits no faster.
+# (BLOCK, num_warps, DIGIT bits per radix pass). H200 sweep (top-k 2048, do_bench per call, host launch cost
+# included): 64 x 9000 rows 56 us against torch.topk 232; 128 x 32K 124 against 158; 64 x 128K 488 against 186;
+# 4096 x 32K 2.8 ms against 1.8 ms. 11-bit digits ran 4-8x slower (a histogram's cost grows with its bins), 4-bit
+# digits no faster. GPU time alone (CUDA graphs, vllm_harness_h200.json): 51 us against 64 at 9K keys, 119 against
+# 109 at 32K, 473 against 156 at 128K: most of torch.topk's cost at short rows is its launches.
 SELECT_CONFIG = (4096, 8, 8)
 SELECT_MAX_N = 32768  # past this row length torch.topk is faster (one program per row runs out of parallelism)
 

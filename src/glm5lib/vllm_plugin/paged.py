@@ -208,6 +208,21 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, q_p
     return stable_topk(indexer_logits_ref(q.float(), keys, weights, ke=q_pos + 1), topk)
 
 
+def indexer_q(q: torch.Tensor) -> torch.Tensor:
+    """q as the Triton indexer takes it. vLLM hands the indexer fp8 q (per-token-group quantized, the scale folded
+    into the weights): kept where the GPU converts fp8 in hardware (sm_89+: an fp8 x fp8 tensor-core dot),
+    widened to bf16 elsewhere (exact: every e4m3 value is a bf16 value). bf16/fp16 as they are; fp32 becomes
+    bf16 on CUDA. Off CUDA (Triton's interpreter) q is left alone."""
+    if q.device.type != "cuda" or q.dtype in (torch.bfloat16, torch.float16):
+        return q
+    if q.dtype == torch.float8_e4m3fn:
+        from glm5lib.kernels.common import fp8_hw
+
+        if fp8_hw(q.device):
+            return q
+    return q.to(torch.bfloat16)
+
+
 def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_row: torch.Tensor, L: int,
                  topk: int, *, keys_fp32: torch.Tensor | None = None, kernel: str | None = None) -> torch.Tensor:
     """Top-k for one request's n query tokens (its last n positions of L): int32 [n, topk] local positions.
@@ -223,8 +238,7 @@ def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
     if kernel == "triton":
         from glm5lib.kernels.indexer import indexer_logits
 
-        qk = q if q.dtype in (torch.bfloat16, torch.float16) or q.device.type != "cuda" else q.to(torch.bfloat16)
-        logits = indexer_logits(qk, kv_cache, weights.float(), scale=1.0, k_format="fp8",
+        logits = indexer_logits(indexer_q(q), kv_cache, weights.float(), scale=1.0, k_format="fp8",
                                 block_table=block_row[None].to(torch.int32), context_lens=context_lens, next_n=n,
                                 max_len=L)
         from glm5lib.kernels.topk import topk_fast
@@ -275,10 +289,7 @@ def step_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, bl
 
             ctx = (seq_lens_dev[:nd] if seq_lens_dev is not None
                    else torch.tensor(seq_lens[:nd], dtype=torch.int32, device=q.device))
-            qd = q[: nd * n]
-            if q.device.type == "cuda" and qd.dtype == torch.float32:
-                qd = qd.to(torch.bfloat16)
-            logits = indexer_logits(qd, kv_cache, weights[: nd * n].float(), scale=1.0, k_format="fp8",
+            logits = indexer_logits(indexer_q(q[: nd * n]), kv_cache, weights[: nd * n].float(), scale=1.0, k_format="fp8",
                                     block_table=block_table[:nd], context_lens=ctx, next_n=n, max_len=max(seq_lens[:nd]))
             from glm5lib.kernels.topk import topk_fast
 
