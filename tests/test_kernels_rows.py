@@ -80,3 +80,36 @@ def test_step_topk_batches_the_leading_decodes(query_lens, q_fp8, monkeypatch):
     assert torch.equal(batched.sort(1).values, naive.sort(1).values)
     assert (batched[qsl[-1]:] == 7).all()  # rows past this step's tokens are left alone
     assert (batched[1, 9:] == -1).all() if query_lens[1] == 1 else True  # request of 9 keys: 9 picks, then -1
+
+
+def test_req_id_per_token_on_the_device_matches_the_host_twin():
+    from glm5lib.vllm_plugin.paged import req_id_per_token, req_id_per_token_device
+
+    g = torch.Generator().manual_seed(5)
+    for _ in range(20):
+        lens = torch.randint(0, 6, (int(torch.randint(1, 8, (1,), generator=g)),), generator=g)
+        qsl = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
+        n_tokens = int(qsl[-1]) + int(torch.randint(0, 3, (1,), generator=g))  # padding tokens past the last
+        want = req_id_per_token(qsl.numpy(), n_tokens)
+        got = req_id_per_token_device(torch.cat([qsl, qsl[-1:].repeat(3)]), len(lens), n_tokens)  # padded qsl
+        assert got.dtype == torch.int32 and torch.equal(got, want), (qsl.tolist(), got.tolist(), want.tolist())
+
+
+def test_write_indexer_rows_matches_the_pytorch_writer():
+    """The Triton scatter (CUDA's path) writes exactly the bytes the PyTorch writer writes, skips -1 slots,
+    and leaves every other byte alone, with a block stride larger than the block (other layers' pages)."""
+    from glm5lib.kernels.naive import quantize_indexer_k
+    from glm5lib.kernels.rows import write_indexer_rows
+    from glm5lib.vllm_plugin.paged import write_indexer_keys
+
+    g = torch.Generator().manual_seed(6)
+    nb, bs, row, pad = 5, 16, 132, 40
+    storage_a = torch.randint(0, 255, (nb * (bs * row + pad),), generator=g, dtype=torch.uint8)
+    storage_b = storage_a.clone()
+    view = lambda st: st.as_strided((nb, bs, row), (bs * row + pad, row, 1))  # noqa: E731
+    k = torch.randn(30, 128, generator=g)
+    slots = torch.randperm(nb * bs, generator=g)[:30].to(torch.int32)
+    slots[[3, 17]] = -1
+    write_indexer_keys(view(storage_a), k, slots)  # PyTorch (this machine has no GPU)
+    write_indexer_rows(view(storage_b), quantize_indexer_k(k), slots)  # Triton, interpreter
+    assert torch.equal(storage_a, storage_b)

@@ -1,10 +1,14 @@
-"""Request-local top-k positions -> physical rows of a paged cache, in one Triton launch.
+"""Paged-cache row helpers the vLLM backend runs every layer, one Triton launch each, no host sync.
+
+`physical_rows`: request-local top-k positions -> physical rows of a paged cache.
 
 The sparse-MLA backend receives the indexer's request-local top-k (`[T, topk]`, -1 padded) and reads the cache
 by physical row: `block_table[req, pos // block_size] * block_stride_rows + pos % block_size` (vLLM's
 `triton_convert_req_index_to_global_index`). The plain-PyTorch twin, `glm5lib.vllm_plugin.paged.
 local_to_physical_rows`, takes about 18 small launches; the backend runs this for every layer of every step,
 so on CUDA the conversion is this one kernel. Invalid positions (-1, or past the block table) give -1.
+
+`write_indexer_rows`: quantized indexer keys into the block-split fp8 cache, skipping padding slots.
 """
 
 from __future__ import annotations
@@ -56,4 +60,35 @@ def physical_rows(req_id: torch.Tensor, block_table: torch.Tensor, topk_local: t
     return out
 
 
-__all__ = ["physical_rows"]
+@triton.jit
+def _write_indexer_rows_kernel(SRC, SLOT, CACHE, stride_src, stride_blk, BLOCK_SIZE,
+                               D: tl.constexpr, SB: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(SLOT + t).to(tl.int64)
+    if slot >= 0:  # -1: a padding token, nothing to store
+        base = CACHE + (slot // BLOCK_SIZE) * stride_blk
+        off = slot % BLOCK_SIZE
+        d = tl.arange(0, D)
+        tl.store(base + off * D + d, tl.load(SRC + t.to(tl.int64) * stride_src + d))
+        s = tl.arange(0, SB)
+        tl.store(base + BLOCK_SIZE * D + off * SB + s, tl.load(SRC + t.to(tl.int64) * stride_src + D + s))
+
+
+def write_indexer_rows(kv_cache: torch.Tensor, rows: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store quantized indexer rows `[T, 132]` (128 e4m3 bytes, 4 scale bytes) at `slot_mapping` (block * bs +
+    offset; -1 skipped) of a paged cache in DeepGEMM's block-split layout (a block: bs * 128 value bytes, then
+    bs * 4 scale bytes). One launch and no host sync: the PyTorch twin (`paged.write_indexer_keys` off CUDA) drops
+    the -1 slots with a boolean mask, which waits for the GPU on every layer."""
+    nb, bs, row = kv_cache.shape
+    T = rows.shape[0]
+    if rows.shape[-1] != row or rows.dtype != torch.uint8 or kv_cache.dtype != torch.uint8:
+        raise ValueError(f"rows must be uint8 [T, {row}] like the cache, got {rows.dtype} {tuple(rows.shape)}")
+    if T == 0:
+        return
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    _write_indexer_rows_kernel[(T,)](rows, slot_mapping[:T].contiguous(), kv_cache, rows.stride(0),
+                                     kv_cache.stride(0), bs, D=128, SB=row - 128, num_warps=1)
+
+
+__all__ = ["physical_rows", "write_indexer_rows"]

@@ -39,7 +39,8 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.mla.sparse_utils import align_blocks_to_rows
 
 from glm5lib.vllm_plugin.compat import is_quantized_kv_cache
-from glm5lib.vllm_plugin.paged import HEAD_SIZE, kernel_choice, req_id_per_token, sparse_mla_forward, write_kv_rows
+from glm5lib.vllm_plugin.paged import (HEAD_SIZE, kernel_choice, req_id_per_token_device, sparse_mla_forward,
+                                      write_kv_rows)
 
 BACKEND_NAME = "GLM5_SPARSE_MLA"
 KERNEL_BLOCK = 64
@@ -138,7 +139,7 @@ class Glm5SparseMLAMetadataBuilder(AttentionMetadataBuilder[Glm5SparseMLAMetadat
             seq_lens=m.seq_lens,
             slot_mapping=m.slot_mapping,
             block_table=m.block_table_tensor,
-            req_id_per_token=req_id_per_token(m.query_start_loc_cpu, m.num_actual_tokens).to(self.device),
+            req_id_per_token=req_id_per_token_device(m.query_start_loc, m.num_reqs, m.num_actual_tokens),
             block_size=self.kv_cache_spec.block_size,
             topk_tokens=self.topk_tokens,
             num_decodes=m.num_reqs,

@@ -342,6 +342,26 @@ def run_step_case(case: StepCase, device: torch.device, kernel: str, repeats: in
     if repeats > 0 and device.type == "cuda":
         res["batched_eager_us"] = cuda_timings(lambda: step(True), repeats, graph=False)["eager_us"]
         res["loop_eager_us"] = cuda_timings(lambda: step(False), max(3, repeats // 4), graph=False)["eager_us"]
+        # this step's keys into the cache (the op's first half): the Triton scatter against the PyTorch writer,
+        # whose boolean mask over -1 slots makes the host wait for the GPU
+        from glm5lib.vllm_plugin.paged import write_indexer_keys_torch
+
+        last = torch.tensor([L - n + i for L, n in zip(case.seq_lens, case.query_lens) for i in range(n)])
+        req = torch.tensor([r for r, n in enumerate(case.query_lens) for _ in range(n)])
+        slots = (table[req, last // bs].long() * bs + last % bs).to(torch.int32)
+        slots[::7] = -1  # padding tokens
+        k_new, slots_d = torch.randn(T, INDEXER_DIM, generator=g).to(device), slots.to(device)
+        before = cd.clone()
+        write_indexer_keys(cd, k_new, slots_d)
+        triton_cache = cd.clone()
+        cd.copy_(before)
+        write_indexer_keys_torch(cd, k_new, slots_d)
+        res["key_write_same_bytes"] = bool(torch.equal(cd, triton_cache))
+        res["ok"] = res["ok"] and res["key_write_same_bytes"]
+        t = cuda_timings(lambda: write_indexer_keys(cd, k_new, slots_d), repeats)
+        res["key_write_eager_us"], res["key_write_graph_us"] = t["eager_us"], t.get("graph_us")
+        t = cuda_timings(lambda: write_indexer_keys_torch(cd, k_new, slots_d), repeats)
+        res["key_write_torch_eager_us"], res["key_write_torch_graph_error"] = t["eager_us"], t.get("graph_error")
     return res
 
 
@@ -367,6 +387,11 @@ def format_results(report: dict) -> str:
             line = f"{head} batched == one at a time: {r['batched_equals_loop']}"
             if "batched_eager_us" in r:
                 line += f"  batched {r['batched_eager_us']:7.0f} us  one request at a time {r['loop_eager_us']:7.0f} us"
+            if "key_write_eager_us" in r:
+                line += (f"  key write: same bytes {r['key_write_same_bytes']}, Triton {r['key_write_eager_us']:.0f} us"
+                         f" (graph {'ok' if r['key_write_graph_us'] else 'FAILED'}), PyTorch"
+                         f" {r['key_write_torch_eager_us']:.0f} us"
+                         f" (graph {'fails: syncs' if r['key_write_torch_graph_error'] else 'ok'})")
         else:
             line = f"{head} top-k overlap {r['topk_overlap_min']:.4f}"
         lines.append(line)
@@ -406,6 +431,13 @@ def summarize(report: dict) -> dict:
     step_t = [r for r in steps if "batched_eager_us" in r]
     if step_t:
         out["indexer_step_speedup"] = {r["case"]: r["loop_eager_us"] / r["batched_eager_us"] for r in step_t}
+    writes = [r for r in steps if "key_write_eager_us" in r]
+    if writes:
+        out["key_write_same_bytes"] = all(r["key_write_same_bytes"] for r in writes)
+        out["key_write_triton_captures"] = all(r["key_write_graph_us"] for r in writes)
+        out["key_write_torch_captures"] = any(not r["key_write_torch_graph_error"] for r in writes)
+        out["key_write_eager_speedup"] = [min(r["key_write_torch_eager_us"] / r["key_write_eager_us"] for r in writes),
+                                          max(r["key_write_torch_eager_us"] / r["key_write_eager_us"] for r in writes)]
     return out
 
 

@@ -50,6 +50,14 @@ def req_id_per_token(query_start_loc_cpu: torch.Tensor | np.ndarray, num_tokens:
     return out
 
 
+def req_id_per_token_device(query_start_loc: torch.Tensor, num_reqs: int, num_tokens: int) -> torch.Tensor:
+    """`req_id_per_token` computed where `query_start_loc` lives (vLLM's device copy): no host -> device copy,
+    so building the step's metadata never waits for the GPU. Padding tokens get request 0."""
+    t = torch.arange(num_tokens, dtype=query_start_loc.dtype, device=query_start_loc.device)
+    idx = torch.searchsorted(query_start_loc[1 : num_reqs + 1].contiguous(), t, right=True, out_int32=True)
+    return torch.where(idx < num_reqs, idx, torch.zeros_like(idx))
+
+
 def flat_kv_rows(kv_cache: torch.Tensor, block_size: int) -> tuple[torch.Tensor, int]:
     """(flat [rows, row_width] view, block stride in rows) of a paged `[num_blocks, block_size, row_width]` cache.
 
@@ -155,7 +163,20 @@ def _block_bytes(kv_cache: torch.Tensor) -> torch.Tensor:
 
 
 def write_indexer_keys(kv_cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Quantize keys `[T, 128]` to fp8 + scale and store them at `slot_mapping` (block * bs + offset; -1 = skip)."""
+    """Quantize keys `[T, 128]` to fp8 + scale and store them at `slot_mapping` (block * bs + offset; -1 = skip).
+
+    On CUDA one Triton scatter (`kernels.rows.write_indexer_rows`) skips the -1 slots in the kernel; the
+    PyTorch code below drops them with a boolean mask, which makes the host wait for the GPU (every layer)."""
+    if kv_cache.device.type == "cuda":
+        from glm5lib.kernels.rows import write_indexer_rows
+
+        write_indexer_rows(kv_cache, quantize_indexer_k(k), slot_mapping)
+        return
+    write_indexer_keys_torch(kv_cache, k, slot_mapping)
+
+
+def write_indexer_keys_torch(kv_cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """`write_indexer_keys` in plain PyTorch (CPU; the reference for the Triton scatter)."""
     bs = kv_cache.shape[1]
     flat = _block_bytes(kv_cache)
     keep = slot_mapping >= 0
@@ -224,7 +245,8 @@ def indexer_q(q: torch.Tensor) -> torch.Tensor:
 
 
 def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_row: torch.Tensor, L: int,
-                 topk: int, *, keys_fp32: torch.Tensor | None = None, kernel: str | None = None) -> torch.Tensor:
+                 topk: int, *, keys_fp32: torch.Tensor | None = None, kernel: str | None = None,
+                 context_len: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k for one request's n query tokens (its last n positions of L): int32 [n, topk] local positions.
 
     keys_fp32 given: scores from those exact keys (reference math). Else from the fp8 cache: with glm5lib's
@@ -234,7 +256,9 @@ def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
     if keys_fp32 is not None:
         return indexer_topk(q.float(), weights, keys_fp32, torch.arange(L - n, L, device=q.device), topk)
     kernel = kernel or kernel_choice(q.device)
-    context_lens = torch.tensor([L], dtype=torch.int32, device=q.device)
+    # L as an int32 [1] on q's device: from the caller's device copy where there is one (a fresh host -> GPU
+    # copy from pageable memory waits for the GPU)
+    context_lens = context_len if context_len is not None else torch.tensor([L], dtype=torch.int32, device=q.device)
     if kernel == "triton":
         from glm5lib.kernels.indexer import indexer_logits
 
@@ -306,5 +330,6 @@ def step_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, bl
             pos = torch.arange(L, device=kv_cache.device)
             keys = keys_fp32[block_table[r][pos // bs].long() * bs + pos % bs]
         out[a:b, :topk] = request_topk(q[a:b], weights[a:b], kv_cache, block_table[r], L, topk, keys_fp32=keys,
-                                       kernel=kernel)
+                                       kernel=kernel,
+                                       context_len=seq_lens_dev[r : r + 1] if seq_lens_dev is not None else None)
     return out
