@@ -244,7 +244,8 @@ if h200_path.is_file():
     if sw_path.is_file():  # the same run with the sm_80 software fp8 path
         sw = harness.summarize(json.loads(sw_path.read_text()))
         print(f"software fp8 (sm_80 path): {sw['passed']}/{sw['cases']} cases pass")
-        record("h200_harness_swfp8", {k: sw[k] for k in ("cases", "passed", "max_cos_diff")})
+        record("h200_harness_swfp8", {k: sw[k] for k in ("cases", "passed", "max_cos_diff", "key_write_same_bytes",
+                                                           "key_write_eager_speedup")})
     fig = harness.plot(h200)
     from IPython.display import Image, display
 
@@ -254,21 +255,21 @@ if h200_path.is_file():
 # What the numbers say. Correctness holds through the call path (bf16 and fp8_ds_mla caches, 8/16/64/128 heads,
 # decode batch of 64, a decode + prefill step, MTP's two tokens per request). The indexer step is where batching
 # pays: one paged-indexer launch and one top-k for all decode requests instead of a launch and a selection per
-# request (at batch 64 about 7-10 ms per layer one request at a time, about 0.1-0.15 ms batched). The step's keys go
-# into the cache with one Triton scatter that skips padding slots in the kernel: the same bytes as the PyTorch
-# writer, 2.6-3.2x faster called eagerly, and it captures in a CUDA graph, where the PyTorch writer's boolean mask
-# makes the host wait for the GPU. With `GLM5LIB_FP8_SOFTWARE=1` (the e4m3 conversion an A100 runs, fp8 q widened to
-# bf16) every case passes too (`vllm_harness_h200_swfp8.json`). The top-k is glm5lib's Triton radix select
-# (`kernels.topk.topk_select`): exactly the picks of a stable descending sort (ties to the earlier key, as in the
-# reference forward), in position order, with per-row lengths read on the GPU, in one launch. In GPU time it is
-# close to torch.topk up to 32K keys (1.25x at 9K, 0.9x at 32K) and 3x slower over 128K (one program per row runs
-# out of parallelism); called eagerly, as the indexer calls it, it is about 1.7-5x faster up to 32K keys, since
-# torch.topk's cost there is mostly its launches. Past 32K keys the plugin uses torch.topk. The MLA forward's GPU
-# work is the kernel plus under 5 % (the one-launch row conversion), but its eager call costs the host about 150-300
-# us (noisy from run to run): at 8-16 heads per GPU (GLM-5 at TP 8) that is roughly 2-5x the GPU time, so at decode
-# the call path, not the kernel, sets the pace until the backend runs inside vLLM's CUDA graphs (at 64-128 heads the
-# kernel mostly hides it: at most about 2x). Both metadata builders still declare `AttentionCGSupport.NEVER`, which
-# keeps attention outside the graphs: the MLA forward already captures, but its builder makes a new
-# `req_id_per_token` tensor each step (it needs a persistent buffer), and the indexer step sizes its launch and its
-# top-k by the step's longest request, a host value (graphs need the model's maximum length and per-row lengths
-# only, which `topk_select` already takes).
+# request (at batch 64 about 7-12 ms per layer one request at a time, about 0.1-0.2 ms batched). The step's keys go
+# into the cache with one Triton launch that quantizes them and skips padding slots in the kernel: the same bytes as
+# the PyTorch writer, about 17x faster called eagerly (about 3x on the sm_80 path, which quantizes in PyTorch
+# first), and it captures in a CUDA graph, where the PyTorch writer's boolean mask makes the host wait for the GPU.
+# With `GLM5LIB_FP8_SOFTWARE=1` (the e4m3 conversion an A100 runs, fp8 q widened to bf16) every case passes too
+# (`vllm_harness_h200_swfp8.json`). The top-k is glm5lib's Triton radix select (`kernels.topk.topk_select`): exactly
+# the picks of a stable descending sort (ties to the earlier key, as in the reference forward), in position order,
+# with per-row lengths read on the GPU, in one launch. In GPU time it is close to torch.topk up to 32K keys (1.25x
+# at 9K, 0.9x at 32K) and 3x slower over 128K (one program per row runs out of parallelism); called eagerly, as the
+# indexer calls it, it is about 1.7-5x faster up to 32K keys, since torch.topk's cost there is mostly its launches.
+# Past 32K keys the plugin uses torch.topk. The MLA forward's GPU work is the kernel plus under 5 % (the one-launch
+# row conversion), but its eager call costs the host about 150-300 us (noisy from run to run): at 8-16 heads per GPU
+# (GLM-5 at TP 8) that is roughly 2-5x the GPU time, so at decode the call path, not the kernel, sets the pace until
+# the backend runs inside vLLM's CUDA graphs (at 64-128 heads the kernel mostly hides it: at most about 2x). Both
+# metadata builders still declare `AttentionCGSupport.NEVER`, which keeps attention outside the graphs: the MLA
+# forward already captures, but its builder makes a new `req_id_per_token` tensor each step (it needs a persistent
+# buffer), and the indexer step sizes its launch and its top-k by the step's longest request, a host value (graphs
+# need the model's maximum length and per-row lengths only, which `topk_select` already takes).

@@ -49,7 +49,8 @@ def check(report: dict) -> None:
         assert gpu["topk-select-K2048-T64-N9000"] > 1  # "close ... up to 32K keys (1.25x at 9K, 0.9x at 32K)"
         assert min(eager["topk-select-K2048-T64-N9000"], eager["topk-select-K2048-T128-N32768"]) > 1.5  # "1.7-5x"
         assert h["key_write_same_bytes"] and h["key_write_triton_captures"] and not h["key_write_torch_captures"]
-        assert h["key_write_eager_speedup"][0] > 1.5  # "2.6-3.2x faster called eagerly"
+        assert h["key_write_eager_speedup"][0] > 8  # "about 17x faster called eagerly" (one launch on sm_89+)
     sw = report.get("h200_harness_swfp8")
     if sw is not None:  # the sm_80 software-fp8 path through the same call path
         assert sw["passed"] == sw["cases"] >= 16 and sw["max_cos_diff"] < 1e-4
+        assert sw["key_write_same_bytes"] and sw["key_write_eager_speedup"][0] > 1.5  # "about 3x on the sm_80 path"

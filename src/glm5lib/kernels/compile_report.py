@@ -112,7 +112,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
                                 _sig(fn, types, consts), consts, nw, ns,
                                 ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val")))
-    from glm5lib.kernels.rows import _physical_rows_kernel, _write_indexer_rows_kernel
+    from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
     from glm5lib.kernels.topk import SELECT_CONFIG, _topk_select_kernel
 
     fn = _topk_select_kernel
@@ -128,6 +128,12 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     specs.append(KernelSpec("write_indexer_rows[D128-SB4]", fn,
                             _sig(fn, {"SRC": "*u8", "SLOT": "*i32", "CACHE": "*u8"}, consts), consts, 1, 3,
                             ("SRC", "SLOT", "CACHE", "stride_src", "stride_blk")))
+    if fp8_hw:  # quantizes with the hardware e4m3 conversion; sm_80 takes write_indexer_rows
+        fn = _quantize_write_indexer_kernel
+        consts = {"D": 128}
+        specs.append(KernelSpec("quantize_write_indexer[D128]", fn,
+                                _sig(fn, {"K": "*fp32", "SLOT": "*i32", "CACHE": "*u8"}, consts), consts, 1, 3,
+                                ("K", "SLOT", "CACHE", "stride_k", "stride_blk")))
     fn = _physical_rows_kernel
     for block_k in (64, 1024):  # block_k = next_pow2(topk) up to 1024: tiny model, GLM-5's 2048
         consts = {"BLOCK_K": block_k}

@@ -8,7 +8,8 @@ by physical row: `block_table[req, pos // block_size] * block_stride_rows + pos 
 local_to_physical_rows`, takes about 18 small launches; the backend runs this for every layer of every step,
 so on CUDA the conversion is this one kernel. Invalid positions (-1, or past the block table) give -1.
 
-`write_indexer_rows`: quantized indexer keys into the block-split fp8 cache, skipping padding slots.
+`write_indexer_rows`: quantized indexer keys into the block-split fp8 cache, skipping padding slots;
+`quantize_write_indexer_keys` quantizes in the same launch (sm_89+).
 """
 
 from __future__ import annotations
@@ -91,4 +92,35 @@ def write_indexer_rows(kv_cache: torch.Tensor, rows: torch.Tensor, slot_mapping:
                                      kv_cache.stride(0), bs, D=128, SB=row - 128, num_warps=1)
 
 
-__all__ = ["physical_rows", "write_indexer_rows"]
+@triton.jit
+def _quantize_write_indexer_kernel(K, SLOT, CACHE, stride_k, stride_blk, BLOCK_SIZE, D: tl.constexpr):
+    t = tl.program_id(0)
+    slot = tl.load(SLOT + t).to(tl.int64)
+    if slot >= 0:
+        x = tl.load(K + t.to(tl.int64) * stride_k + tl.arange(0, D)).to(tl.float32)
+        scale = tl.maximum(tl.max(tl.abs(x), 0), 1e-8) / 448.0  # naive.quantize_indexer_k, same fp32 steps
+        base = CACHE + (slot // BLOCK_SIZE) * stride_blk
+        off = slot % BLOCK_SIZE
+        tl.store(base + off * D + tl.arange(0, D), (x / scale).to(tl.float8e4nv).to(tl.uint8, bitcast=True))
+        tl.store((base + BLOCK_SIZE * D + off * 4).to(tl.pointer_type(tl.float32)), scale)
+
+
+def quantize_write_indexer_keys(kv_cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """`naive.quantize_indexer_k` and `write_indexer_rows` in one launch: keys `[T, 128]` -> e4m3 + fp32 scale at
+    `slot_mapping` (-1 skipped). Needs the hardware e4m3 conversion (sm_89+): the same rounding as PyTorch's
+    cast, so the same bytes (checked on the H200 by the vLLM harness)."""
+    nb, bs, row = kv_cache.shape
+    T = k.shape[0]
+    if k.shape[-1] != 128 or row != 132 or kv_cache.dtype != torch.uint8:
+        raise ValueError(f"keys [T, 128] into a uint8 [.., {bs}, 132] cache, got {tuple(k.shape)} and {tuple(kv_cache.shape)}")
+    if kv_cache.stride(0) % 4:
+        raise ValueError("the cache's block stride must be a whole number of 4-byte words (fp32 scales)")
+    if T == 0:
+        return
+    if k.stride(-1) != 1:
+        k = k.contiguous()
+    _quantize_write_indexer_kernel[(T,)](k, slot_mapping[:T].contiguous(), kv_cache, k.stride(0), kv_cache.stride(0),
+                                         bs, D=128, num_warps=1)
+
+
+__all__ = ["physical_rows", "write_indexer_rows", "quantize_write_indexer_keys"]

@@ -165,12 +165,17 @@ def _block_bytes(kv_cache: torch.Tensor) -> torch.Tensor:
 def write_indexer_keys(kv_cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Quantize keys `[T, 128]` to fp8 + scale and store them at `slot_mapping` (block * bs + offset; -1 = skip).
 
-    On CUDA one Triton scatter (`kernels.rows.write_indexer_rows`) skips the -1 slots in the kernel; the
-    PyTorch code below drops them with a boolean mask, which makes the host wait for the GPU (every layer)."""
+    On CUDA a Triton scatter skips the -1 slots in the kernel (`kernels.rows.quantize_write_indexer_keys` on
+    sm_89+, which also quantizes; `write_indexer_rows` after PyTorch's quantization before that); the PyTorch
+    code below drops them with a boolean mask, which makes the host wait for the GPU (every layer)."""
     if kv_cache.device.type == "cuda":
-        from glm5lib.kernels.rows import write_indexer_rows
+        from glm5lib.kernels.common import fp8_hw
+        from glm5lib.kernels.rows import quantize_write_indexer_keys, write_indexer_rows
 
-        write_indexer_rows(kv_cache, quantize_indexer_k(k), slot_mapping)
+        if fp8_hw(kv_cache.device):  # one launch: quantize in the kernel (hardware e4m3, PyTorch's rounding)
+            quantize_write_indexer_keys(kv_cache, k, slot_mapping)
+        else:
+            write_indexer_rows(kv_cache, quantize_indexer_k(k), slot_mapping)
         return
     write_indexer_keys_torch(kv_cache, k, slot_mapping)
 
