@@ -2,7 +2,7 @@
 
 The H200 files name cases, not configs, and they were produced at different commits: the v5 decode verification
 and the benchmark at febd9ab; the full case matrix and the compute-sanitizer run at a4e371b (the kernel code of
-febd9ab; an earlier run of both, at f0ddd05, had the v4 configs); the vLLM call-path harness at 37dc290. The
+febd9ab; an earlier run of both, at f0ddd05, had the v4 configs); the vLLM call-path harness at 7ba5f5d. The
 configs of a commit are its `CONFIGS` (`git show febd9ab:src/glm5lib/kernels/sparse_mla.py`, now `mla.py`); a
 case's config follows from its shape by `config_key` on the H200 (132 SMs, sm_90: the "big" shared-memory class).
 
@@ -27,7 +27,7 @@ VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
 HARNESS = "outputs/bench/vllm_harness_h200.json"
 RUN_COMMIT = "a4e371b"  # matrix and sanitizer: the kernels shipped now
-HARNESS_COMMIT = "37dc290"  # the harness, top-k select and batched indexer step it measures
+HARNESS_COMMIT = "7ba5f5d"  # the harness, top-k select and batched indexer step it measures
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
 
