@@ -20,9 +20,13 @@ kernel (`glm5lib.kernels.indexer_logits`) on CUDA. Near-tied index scores are co
 everywhere): fp8 keys flip top-k picks past the top-k length and the greedy text diverges. The fp32 side cache
 (512 B a token a layer) is allocated outside vLLM's KV-cache budget: a CPU/reference-path feature.
 
-Exact score ties (ReLU zeroes whole rows) go to the earlier key, as in the reference forward. The per-step
-layout comes from `Glm5IndexerBackend`, a subclass of vLLM's indexer-cache backend (same cache spec) whose
-metadata builder is plain PyTorch: vLLM's builds prefill chunk metadata with Triton kernels.
+Per step (`paged.step_topk`): on CUDA the decode requests (vLLM puts them first) are scored in one paged-indexer
+launch with one Triton top-k select, prefill chunks one request at a time, and the keys go into the cache in one
+Triton launch; with fp8 keys (the CUDA default) nothing on that path waits for the GPU. Exact score ties (ReLU
+zeroes whole rows) go to the earlier key, as in the reference forward (on CUDA up to 32K keys, see
+`paged.step_topk`). The per-step layout comes from `Glm5IndexerBackend`, a subclass of vLLM's indexer-cache
+backend (same cache spec) whose metadata builder is plain PyTorch: vLLM's builds prefill chunk metadata with
+Triton kernels.
 """
 
 from __future__ import annotations
