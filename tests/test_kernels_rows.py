@@ -1,6 +1,7 @@
-"""The vLLM backend's per-step helpers that run glm5lib kernels (Triton interpreter here): the one-launch
-local -> physical row conversion and the batched decode indexer step, each held to its PyTorch twin. No vLLM
-import here: `glm5lib.vllm_plugin.paged` is plain PyTorch + glm5lib kernels."""
+"""The vLLM backend's per-step helpers that run glm5lib kernels (Triton interpreter here), each held to its
+PyTorch twin: the one-launch local -> physical row conversion, the batched decode indexer step, the indexer key
+writers, and `req_id_per_token` built on the device. No vLLM import here: `glm5lib.vllm_plugin.paged` is plain
+PyTorch + glm5lib kernels."""
 
 import pytest
 import torch
