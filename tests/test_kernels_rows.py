@@ -116,7 +116,8 @@ def test_write_indexer_rows_matches_the_pytorch_writer():
     assert torch.equal(storage_a, storage_b)
 
 
-def test_quantize_write_indexer_keys_stores_what_the_reference_quantizes():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_write_indexer_keys_stores_what_the_reference_quantizes(dtype):
     """The one-launch quantize + scatter (sm_89+ on CUDA) against PyTorch's quantization, byte for byte, with the
     fp32 -> e4m3 cast done by Triton on both sides: Triton's interpreter rounds ~2 % of those casts differently
     from PyTorch and the hardware (seen: -126.4 -> -64 instead of -128), so the cast itself is held to PyTorch's
@@ -137,13 +138,14 @@ def test_quantize_write_indexer_keys_stores_what_the_reference_quantizes():
     base = torch.randint(0, 255, (nb * (bs * row + pad),), generator=g, dtype=torch.uint8)
     a, b = base.clone(), base.clone()
     view = lambda st: st.as_strided((nb, bs, row), (bs * row + pad, row, 1))  # noqa: E731
-    k = torch.randn(16, 128, generator=g) * 3
+    k = (torch.randn(16, 128, generator=g) * 3).to(dtype)  # bf16: as the indexer op hands keys over on CUDA
     slots = torch.randperm(nb * bs, generator=g)[:16].to(torch.int32)
     slots[[2, 11]] = -1
     write_indexer_keys_torch(view(a), k, slots)  # PyTorch: scales and the cast's input
-    scale = torch.clamp_min(k.abs().amax(-1), 1e-8) / 448
+    kf = k.float()
+    scale = torch.clamp_min(kf.abs().amax(-1), 1e-8) / 448
     cast = torch.empty(16 * 128, dtype=torch.uint8)
-    cast_e4m3[(1,)]((k / scale[:, None]).contiguous().view(-1), cast, N=16 * 128)
+    cast_e4m3[(1,)]((kf / scale[:, None]).contiguous().view(-1), cast, N=16 * 128)
     want = a.clone()
     for t, s in enumerate(slots.tolist()):
         if s >= 0:

@@ -13,10 +13,19 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+import warnings
 
 import torch
 
 if not torch.cuda.is_available():
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        # Triton decided when it was imported (vLLM imports it) that its own language functions (tl.zeros, ...)
+        # are compiled, not interpreted: glm5lib's kernels would fail inside the interpreter with "Cannot call
+        # @triton.jit'd outside of the scope of a kernel"
+        warnings.warn("Triton was imported before TRITON_INTERPRET=1 was set, so glm5lib's Triton kernels cannot run "
+                      "on this CPU-only process; set TRITON_INTERPRET=1 in the environment", RuntimeWarning,
+                      stacklevel=2)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402

@@ -131,9 +131,10 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     if fp8_hw:  # quantizes with the hardware e4m3 conversion; sm_80 takes write_indexer_rows
         fn = _quantize_write_indexer_kernel
         consts = {"D": 128}
-        specs.append(KernelSpec("quantize_write_indexer[D128]", fn,
-                                _sig(fn, {"K": "*fp32", "SLOT": "*i32", "CACHE": "*u8"}, consts), consts, 1, 3,
-                                ("K", "SLOT", "CACHE", "stride_k", "stride_blk")))
+        for kty in ("bf16", "fp32"):  # vLLM's keys (bf16), the harness's (fp32)
+            specs.append(KernelSpec(f"quantize_write_indexer[D128:{kty}]", fn,
+                                    _sig(fn, {"K": f"*{kty}", "SLOT": "*i32", "CACHE": "*u8"}, consts), consts, 1, 3,
+                                    ("K", "SLOT", "CACHE", "stride_k", "stride_blk")))
     fn = _physical_rows_kernel
     for block_k in (64, 1024):  # block_k = next_pow2(topk) up to 1024: tiny model, GLM-5's 2048
         consts = {"BLOCK_K": block_k}

@@ -145,7 +145,7 @@ class Glm5SparseAttnIndexer(SparseAttnIndexer):
             self.keys_fp32 = torch.zeros(kv_cache.shape[0] * kv_cache.shape[1], INDEXER_DIM, dtype=torch.float32,
                                          device=kv_cache.device)
         if k is not None and not self.skip_k_cache_insert:
-            write_indexer_keys(kv_cache, k[:T].float(), metadata.slot_mapping)
+            write_indexer_keys(kv_cache, k[:T], metadata.slot_mapping)  # quantized from k's own dtype
             if exact:
                 keep = metadata.slot_mapping >= 0
                 self.keys_fp32[metadata.slot_mapping[keep].long()] = k[:T][keep].float()
