@@ -180,14 +180,24 @@ def test_write_kv_rows_lands_where_vllm_slots_say():
 def test_metadata_builder_from_common_metadata():
     from glm5lib.vllm_plugin.backend import Glm5SparseMLAMetadataBuilder
 
+    from glm5lib.vllm_plugin.paged import StepBuffers
+
     b = Glm5SparseMLAMetadataBuilder.__new__(Glm5SparseMLAMetadataBuilder)
     b.kv_cache_spec, b.device, b.topk_tokens = SimpleNamespace(block_size=64), torch.device("cpu"), 2048
+    b.buffers = StepBuffers(16, "cpu")
     qsl = torch.tensor([0, 1, 2, 7], dtype=torch.int32)
     m = SimpleNamespace(num_reqs=3, max_query_len=5, max_seq_len=100, num_actual_tokens=7, query_start_loc=qsl,
                         query_start_loc_cpu=qsl, seq_lens=torch.tensor([10, 100, 5]), slot_mapping=torch.arange(7),
                         block_table_tensor=torch.zeros(3, 2, dtype=torch.int32))
     md = b.build(0, m)
     assert md.req_id_per_token.tolist() == [0, 1, 2, 2, 2, 2, 2]
+    # refilled in place: the next step's metadata lives at the same address (CUDA graphs read it there)
+    qsl2 = torch.tensor([0, 1, 2, 2], dtype=torch.int32)  # a padded decode batch: request 2 has no tokens
+    md2 = b.build_for_cudagraph_capture(SimpleNamespace(**{**vars(m), "query_start_loc": qsl2,
+                                                           "query_start_loc_cpu": qsl2, "num_actual_tokens": 3}))
+    assert md2.req_id_per_token.data_ptr() == md.req_id_per_token.data_ptr()
+    assert md2.req_id_per_token.tolist() == [0, 1, 0]
+    assert Glm5SparseMLAMetadataBuilder.get_cudagraph_support(None, None).name == "UNIFORM_BATCH"
     # every token is routed to the top-k (MQA) path: no dense-MHA prefill in this backend
     assert md.num_decode_tokens == 7 and md.num_prefills == 0 and md.topk_tokens == 2048
 

@@ -40,8 +40,10 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--attention-backend", default=None, help="e.g. GLM5_SPARSE_MLA (CUDA)")
     s.add_argument("--served-model-name", default=None)
-    s.add_argument("--compile", action="store_true",
-                   help="let vLLM compile / capture CUDA graphs (default --enforce-eager: the glm5lib indexer is eager)")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--compile", action="store_true",
+                      help="let vLLM compile / capture CUDA graphs also on CPU (default there: --enforce-eager)")
+    mode.add_argument("--eager", action="store_true", help="--enforce-eager also on CUDA (default there: CUDA graphs)")
     s.add_argument("--dry-run", action="store_true", help="prepare the model directory, print the command, exit")
     s.add_argument("--vllm-args", default="", help="more vLLM arguments, one quoted string (e.g. '--seed 3')")
     s.set_defaults(func=_serve)
@@ -67,7 +69,7 @@ def _serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(model=args.model, port=args.port, host=args.host, dtype=args.dtype,
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         served_model_name=args.served_model_name, attention_backend=args.attention_backend,
-                        enforce_eager=not args.compile, extra_args=extra)
+                        enforce_eager=True if args.eager else (False if args.compile else None), extra_args=extra)
     srv = VLLMServer(opts)  # the same command, environment and process handling as the notebooks and tests
     print(f"model directory: {srv.model_dir}\nserved model name: {srv.model_name}\n$ {' '.join(srv.cmd)}", flush=True)
     if args.dry_run:
