@@ -108,10 +108,12 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         fn = _indexer_paged_kernel
         types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
                  "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
-        consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_HI": 32, "BLOCK_N": bn, "D": 128}
-        specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
-                                _sig(fn, types, consts), consts, nw, ns,
-                                ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val")))
+        for loop in (False, True):  # one program per tile; a fixed grid looping over tiles (CUDA-graph decode)
+            consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_HI": 32, "BLOCK_N": bn, "D": 128, "TILE_LOOP": loop}
+            specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}"
+                                    f"{':loop' if loop else ''}]", fn, _sig(fn, types, consts), consts, nw, ns,
+                                    ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk",
+                                     "stride_val")))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
     from glm5lib.kernels.topk import SELECT_CONFIG, _topk_select_kernel
 

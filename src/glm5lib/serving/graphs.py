@@ -359,14 +359,19 @@ def run_graph_case(case: GraphCase, device: torch.device, repeats: int, st: Deco
 
     longest = max(st.host["seq_lens"])
     P = case.padded
-    gp = capture(lambda: [indexer_logits(indexer_q(st.q_idx[0]), st.idx_cache[0], st.w_idx[0], k_format="fp8",
-                                         block_table=st.block_table, context_lens=st.seq_lens, max_len=longest,
-                                         out=st.logits[:P]) for _ in range(10)])
-    res["indexer_scores_step_width_us"] = _events_us(gp.replay, max(3, repeats // 2)) / 10
-    gp = capture(lambda: [indexer_logits(indexer_q(st.q_idx[0]), st.idx_cache[0], st.w_idx[0], k_format="fp8",
-                                         block_table=st.block_table, context_lens=st.seq_lens,
-                                         max_len=case.max_model_len, out=st.logits[:P]) for _ in range(10)])
-    res["indexer_scores_static_width_us"] = _events_us(gp.replay, max(3, repeats // 2)) / 10
+
+    def scores(width, bound):
+        return lambda: [indexer_logits(indexer_q(st.q_idx[0]), st.idx_cache[0], st.w_idx[0], k_format="fp8",
+                                       block_table=st.block_table, context_lens=st.seq_lens, max_len=width,
+                                       out=st.logits[:P], row_bound_only=bound) for _ in range(10)]
+
+    # the scores alone: at this step's longest context (one program per tile, the eager per-step launch), at
+    # max_model_len with the fixed looping grid (the graph path) and with one program per tile
+    for key, width, bound in (("indexer_scores_step_width_us", longest, False),
+                              ("indexer_scores_static_width_us", case.max_model_len, True),
+                              ("indexer_scores_static_width_per_tile_us", case.max_model_len, False)):
+        gp = capture(scores(width, bound))
+        res[key] = _events_us(gp.replay, max(3, repeats // 2)) / 10
     del g, gp
     return res
 

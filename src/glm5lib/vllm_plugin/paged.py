@@ -383,7 +383,8 @@ def decode_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, 
     """The indexer's top-k for a uniform decode batch, with fixed shapes and no host sync (CUDA-graph safe):
     `R = seq_lens.shape[0]` requests of `next_n` tokens (T = R * next_n rows of q), scores from the fp8 paged
     cache into `logits[:T, :W]` (W = the workspace width, max_model_len: the launch never depends on this step's
-    longest request), then `kernels.topk.topk_select` reads each row up to `token_lens[t]` on the device and
+    longest request; a fixed grid whose programs loop over each row's tiles up to its context, so the work follows
+    the contexts and the rest of the workspace is never written), then `kernels.topk.topk_select` reads each row up to `token_lens[t]` on the device and
     writes `out[:T, :topk]` (request-local positions, ties to the earlier key, -1 padded). A padding request
     (context 0) scores nothing and picks nothing."""
     from glm5lib.kernels.indexer import indexer_logits
@@ -394,7 +395,7 @@ def decode_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, 
     W = logits.shape[1]
     scores = indexer_logits(indexer_q(q[:T]), kv_cache, weights[:T].float(), scale=1.0, k_format="fp8",
                             block_table=block_table[:R], context_lens=seq_lens, next_n=next_n, max_len=W,
-                            out=logits[:T])
+                            out=logits[:T], row_bound_only=True)
     return topk_select(scores, topk, lengths=token_lens[:T], out=out[:T])
 
 
