@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from glm5lib.kernels.common import e4m3_bits_to, fp8_hw, num_sms  # before triton: interpreter switch
+from glm5lib.kernels.common import Prebound, e4m3_bits_to, fp8_hw, num_sms  # before triton: interpreter
 import triton  # noqa: E402  (after common, which sets the interpreter switch)
 import triton.language as tl  # noqa: E402
 
@@ -142,6 +142,9 @@ def _indexer_paged_kernel(
                     KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D)
 
 
+_PAGED = Prebound(_indexer_paged_kernel)
+
+
 def _check_q(q, weights):
     if q.dim() != 3 or q.shape[-1] != INDEXER_DIM:
         raise ValueError(f"q must be [T, Hi, {INDEXER_DIM}], got {tuple(q.shape)}")
@@ -241,7 +244,7 @@ def indexer_logits(
     else:
         grid = (T, tiles)
     block_table = block_table.to(torch.int32)
-    _indexer_paged_kernel[grid](
+    _PAGED(grid,
         q, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
         q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0), out.stride(0),
         k_cache.stride(0), stride_val, scale_base, stride_sc,
