@@ -216,3 +216,27 @@ def test_graph_step_notices_a_stale_buffer():
     st.capture_metadata()
     res = check_steps(st, None)
     assert not res["ok"]
+
+
+def test_graph_report_summary_share_and_figure(tmp_path):
+    """What notebook 05 reads from an H200 `--graphs` JSON: the summary's ratios, the projected share of a GLM-5
+    decode step (78 layers next to the weight-streaming time) and the figure, on a report shaped like the GPU's."""
+    from glm5lib.plotting import save_figure
+    from glm5lib.serving import graphs as G
+
+    def case(h, b, graph, kernel, eager):
+        return {"case": f"graph-H{h}-bf16-B{b}", "heads": h, "kv_format": "bf16", "batch": b, "ok": True,
+                "step0_equal": True, "step1_equal": True, "graph_us": graph, "kernel_us": kernel,
+                "graph_over_kernel": graph / kernel, "eager_us": eager, "eager_host_us": eager * 0.9}
+
+    rep = {"device": "fake", "results": [case(8, 1, 50.0, 48.0, 200.0), case(16, 128, 120.0, 100.0, 300.0)]}
+    s = G.summarize(rep["results"])
+    assert s["replay_equals_eager"] and s["timed"] == 2 and s["graph_within_1p1_of_kernel"] == 1
+    assert s["graph_over_kernel_max"] == pytest.approx(1.2) and s["eager_over_graph"] == [2.5, 4.0]
+    share = G.projected_attention_share(rep)
+    assert [r["tp"] for r in share] == [8, 4]  # 64 heads over 8 / 16 heads per GPU
+    assert share[0]["eager_ms"] == pytest.approx(78 * 0.2) and share[0]["graph_ms"] == pytest.approx(78 * 0.05)
+    assert all(0 < r["graph_share"] < r["eager_share"] < 1 for r in share)
+    assert G.weight_stream_ms(128) > G.weight_stream_ms(1) > G.weight_stream_ms(1, tp=16)
+    assert "x1.04" in G.format_line(rep["results"][0])
+    assert save_figure(G.plot(rep), tmp_path / "g.png").stat().st_size > 1000

@@ -295,6 +295,29 @@ def capture(fn, warmup: int = 2) -> torch.cuda.CUDAGraph:
     return g
 
 
+def prebound_eager(st: DecodeStep, g: torch.cuda.CUDAGraph, repeats: int) -> dict:
+    """The eager layer with `kernels.common.Prebound` on (Triton's binder skipped after the first launch of a
+    signature): host time per layer, and the step's outputs against the graph replay of the same metadata."""
+    from glm5lib.kernels import common
+
+    res, was = {}, common.PREBOUND
+    try:
+        common.PREBOUND = True
+        st.new_step(st.case.batch)
+        g.replay()
+        want = st.snapshot()
+        st.step()  # registers each kernel's signature
+        st.step()  # launches through the pre-bound launchers
+        res["prebound_equal"] = all(torch.equal(a, b) for a, b in zip(st.snapshot(), want))
+        res["eager_host_prebound_us"] = host_us(lambda: st.layer(0), repeats)
+        res["eager_prebound_us"] = _events_us(st.step, repeats) / st.case.layers
+    except Exception as exc:  # noqa: BLE001  (reported; the plain path's numbers stand)
+        res["prebound_error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        common.PREBOUND = was
+    return res
+
+
 def check_steps(st: DecodeStep, replay) -> dict:
     """Two steps with different metadata: `replay` (the graph, or None: the step eagerly on the refilled
     buffers) against a plain eager run of the same step, and the eager top-k against the per-request path."""
@@ -352,6 +375,7 @@ def run_graph_case(case: GraphCase, device: torch.device, repeats: int, st: Deco
         del gp
     res["pieces_us"] = pieces
     res["kernel_us"] = sum(pieces.values())
+    res.update(prebound_eager(st, g, repeats))
     res["graph_over_kernel"] = res["graph_us"] / res["kernel_us"]
     # the same scores at this step's longest context instead of max_model_len (the static width's cost)
     from glm5lib.kernels.indexer import indexer_logits
@@ -444,6 +468,20 @@ def run_flash_case(case: FlashCase, repeats: int, flash_error: str | None) -> di
     res["glm5lib_host_us"] = host_us(call, repeats)
     gr = capture(call)
     res["glm5lib_graph_us"] = _events_us(gr.replay, repeats)
+    from glm5lib.kernels import common
+
+    was = common.PREBOUND
+    try:
+        common.PREBOUND = True
+        want = call()[0].clone()
+        call()
+        res["prebound_equal"] = bool(torch.equal(call()[0], want))
+        res["glm5lib_prebound_eager_us"] = _events_us(call, repeats)
+        res["glm5lib_prebound_host_us"] = host_us(call, repeats)
+    except Exception as exc:  # noqa: BLE001
+        res["prebound_error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        common.PREBOUND = was
     if flash_error:
         res["flashmla_error"] = flash_error
         return res
@@ -467,6 +505,8 @@ def run_flash_case(case: FlashCase, repeats: int, flash_error: str | None) -> di
         res["flashmla_eager_us"] = _events_us(flash, repeats)
         res["flashmla_host_us"] = host_us(flash, repeats)
         res["glm5lib_over_flashmla_eager"] = res["glm5lib_eager_us"] / res["flashmla_eager_us"]
+        if "glm5lib_prebound_eager_us" in res:
+            res["glm5lib_prebound_over_flashmla_eager"] = res["glm5lib_prebound_eager_us"] / res["flashmla_eager_us"]
     except Exception as exc:  # noqa: BLE001
         res["flashmla_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return res
@@ -526,9 +566,13 @@ def format_line(r: dict) -> str:
         if "graph_us" in r:
             s += (f"  per layer: graph {r['graph_us']:.1f} us, kernels {r['kernel_us']:.1f} us "
                   f"(x{r['graph_over_kernel']:.2f}), eager {r['eager_us']:.1f} us, eager host {r['eager_host_us']:.1f} us")
+            if "eager_host_prebound_us" in r:
+                s += f" (pre-bound {r['eager_host_prebound_us']:.1f} us, same outputs {r['prebound_equal']})"
         return s
     s = f"{head} sparse_mla eager {r['glm5lib_eager_us']:.1f} us (host {r['glm5lib_host_us']:.1f}, graph " \
         f"{r['glm5lib_graph_us']:.1f})"
+    if "glm5lib_prebound_host_us" in r:
+        s += f"  pre-bound: eager {r['glm5lib_prebound_eager_us']:.1f} us (host {r['glm5lib_prebound_host_us']:.1f})"
     if "flashmla_eager_us" in r:
         s += f"  FlashMLA eager {r['flashmla_eager_us']:.1f} us (host {r['flashmla_host_us']:.1f})"
     elif "flashmla_error" in r:
@@ -547,24 +591,53 @@ def summarize(results: list[dict]) -> dict:
         out["timed"] = len(timed)
         out["eager_over_graph"] = [min(r["eager_us"] / r["graph_us"] for r in timed),
                                    max(r["eager_us"] / r["graph_us"] for r in timed)]
+    pre = [r for r in timed if "eager_host_prebound_us" in r]
+    if pre:
+        out["prebound_same_outputs"] = all(r["prebound_equal"] for r in pre)
+        out["eager_host_us_plain_vs_prebound"] = {r["case"]: [r["eager_host_us"], r["eager_host_prebound_us"]]
+                                                  for r in pre}
     flash = [r for r in results if "glm5lib_over_flashmla_eager" in r]
     if flash:
         out["sparse_mla_over_flashmla_eager_b1"] = {r["case"]: r["glm5lib_over_flashmla_eager"] for r in flash}
+        out["sparse_mla_prebound_over_flashmla_eager_b1"] = {r["case"]: r.get("glm5lib_prebound_over_flashmla_eager")
+                                                             for r in flash}
     return out
 
 
-def projected_attention_share(report: dict, layers: int = 78, step_ms: float | None = None) -> list[dict]:
-    """Per (heads, format, batch): a GLM-5 decode step's attention time (78 layers x per-layer time) eager and
-    from the graph; with `step_ms` (the rest of the step), the share of the step attention takes."""
+def weight_stream_ms(batch: int, tp: int = 8, bytes_per_param: float = 1.0, hbm_tb_s: float = 4.2,
+                     c: GLM5Config = GLM5) -> float:
+    """The rest of a GLM-5 decode step as a memory roofline: the weights one GPU of `tp` reads once per step
+    (every layer's attention and indexer projections, dense FFNs, shared experts, the routed experts `batch`
+    tokens touch in expectation, the LM head) at `hbm_tb_s`; fp8 weights by default. A lower bound of the
+    non-attention time, so the attention share computed from it is an upper bound."""
+    h, E, k = c.hidden_size, c.n_routed_experts, c.num_experts_per_tok
+    attn = (h * c.q_lora_rank + c.q_lora_rank * c.num_attention_heads * c.qk_head_dim
+            + h * (c.kv_lora_rank + c.qk_rope_head_dim)
+            + c.kv_lora_rank * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim)
+            + c.num_attention_heads * c.v_head_dim * h
+            + c.q_lora_rank * c.index_n_heads * c.index_head_dim + h * (c.index_head_dim + c.index_n_heads))
+    expert = 3 * h * c.moe_intermediate_size
+    touched = E * (1 - (1 - k / E) ** batch)  # distinct routed experts a batch of tokens reads, in expectation
+    moe_layers = c.num_hidden_layers - c.first_k_dense_replace
+    params = (c.num_hidden_layers * attn + c.first_k_dense_replace * 3 * h * c.intermediate_size
+              + moe_layers * (c.n_shared_experts + touched) * expert + c.vocab_size * h)
+    return params * bytes_per_param / tp / (hbm_tb_s * 1e12) * 1e3
+
+
+def projected_attention_share(report: dict, layers: int = GLM5.num_hidden_layers, tp_of_heads: bool = True) -> list[dict]:
+    """Per (heads, format, batch): a GLM-5 decode step's attention time (`layers` x the per-layer time) eager and
+    from the graph, and the share of the step it takes next to `weight_stream_ms` (TP = 64 / heads per GPU)."""
     rows = []
     for r in report["results"]:
         if "graph_us" not in r:
             continue
-        row = {"heads": r["heads"], "kv_format": r["kv_format"], "batch": r["batch"],
-               "eager_ms": layers * r["eager_us"] / 1e3, "graph_ms": layers * r["graph_us"] / 1e3}
-        if step_ms is not None:
-            row["eager_share"] = row["eager_ms"] / (row["eager_ms"] + step_ms)
-            row["graph_share"] = row["graph_ms"] / (row["graph_ms"] + step_ms)
+        tp = max(1, GLM5.num_attention_heads // r["heads"]) if tp_of_heads else 8
+        rest = weight_stream_ms(r["batch"], tp=tp)
+        row = {"heads": r["heads"], "kv_format": r["kv_format"], "batch": r["batch"], "tp": tp,
+               "eager_ms": layers * r["eager_us"] / 1e3, "graph_ms": layers * r["graph_us"] / 1e3,
+               "rest_ms": rest}
+        row["eager_share"] = row["eager_ms"] / (row["eager_ms"] + rest)
+        row["graph_share"] = row["graph_ms"] / (row["graph_ms"] + rest)
         rows.append(row)
     return rows
 
