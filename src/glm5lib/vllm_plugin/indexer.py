@@ -20,13 +20,17 @@ kernel (`glm5lib.kernels.indexer_logits`) on CUDA. Near-tied index scores are co
 everywhere): fp8 keys flip top-k picks past the top-k length and the greedy text diverges. The fp32 side cache
 (512 B a token a layer) is allocated outside vLLM's KV-cache budget: a CPU/reference-path feature.
 
-Per step (`paged.step_topk`): on CUDA the decode requests (vLLM puts them first) are scored in one paged-indexer
-launch with one Triton top-k select, prefill chunks one request at a time, and the keys go into the cache in one
-Triton launch; with fp8 keys (the CUDA default) nothing on that path waits for the GPU. Exact score ties (ReLU
-zeroes whole rows) go to the earlier key, as in the reference forward (on CUDA up to 32K keys, see
-`paged.step_topk`). The per-step layout comes from `Glm5IndexerBackend`, a subclass of vLLM's indexer-cache
-backend (same cache spec) whose metadata builder is plain PyTorch: vLLM's builds prefill chunk metadata with
-Triton kernels.
+Per step: a uniform decode batch (every request the same 1..8 query tokens, vLLM's padding requests none,
+`paged.uniform_decode_len`) takes `paged.decode_topk` on CUDA: one paged-indexer launch over a fixed grid with
+scores as wide as `max_model_len` in a shared workspace and one Triton top-k select bounded by each row's length on
+the device; the builder refills each token's length in a persistent buffer (`paged.StepBuffers`), so vLLM's full
+CUDA graphs replay it (`UNIFORM_BATCH`). Other steps take `paged.step_topk` (the decode run batched, prefill chunks
+one request at a time on the host: not capturable). The keys go into the cache in one Triton launch; with fp8 keys
+(the CUDA default) nothing on either path waits for the GPU. Exact score ties (ReLU zeroes whole rows) go to the
+earlier key, as in the reference forward. The op body runs inside `torch.ops.glm5lib.sparse_attn_indexer`
+(opaque to torch.compile, a splitting op: see `patches.py`). The per-step layout comes from `Glm5IndexerBackend`,
+a subclass of vLLM's indexer-cache backend (same cache spec) whose metadata builder is plain PyTorch: vLLM's
+builds prefill chunk metadata with Triton kernels.
 """
 
 from __future__ import annotations
