@@ -115,6 +115,10 @@ class Glm5IndexerMetadataBuilder(AttentionMetadataBuilder[Glm5IndexerMetadata]):
         self.buffers = StepBuffers(max_tokens_of(vllm_config), device)
         self.max_model_len = max_model_len_of(vllm_config)
         self.max_decode_tokens = max_decode_tokens_of(vllm_config)
+        dev = torch.device(device)
+        if dev.type == "cuda" and key_precision(dev) == "fp8" and kernel_choice(dev) == "triton":
+            # before vLLM captures its graphs (the op's profile run reserves it already when it knows the config)
+            decode_logits_workspace(dev, self.max_decode_tokens, self.max_model_len)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> Glm5IndexerMetadata:
