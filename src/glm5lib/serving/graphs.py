@@ -22,7 +22,9 @@ Per case (heads 8/16/64/128, bf16 and fp8_ds_mla caches, batch 1/32/128) on CUDA
 GPU time of the work itself), `graph_over_kernel` (target <= 1.1), `eager_us` (back-to-back eager steps: host
 or GPU, whichever is slower), `eager_host_us` (host time to issue one eager layer). FlashMLA cases: at batch 1,
 `glm5lib.kernels.sparse_mla` and FlashMLA's `sparse_decode_fwd` (from the vLLM wheel's `_flashmla_C`, in
-`.vendor/`) called eagerly back to back in the same process, and their host time per call.
+`.vendor/`) called eagerly back to back in the same process, and their host time per call. Last, the eager layer
+with `kernels.common.Prebound` on and off (host time per layer; outputs equal to the graph's). The JSON is
+rewritten after every case, so a crash part-way keeps what was measured.
 On CPU (Triton's interpreter, tiny shapes) the same step runs eagerly twice on refilled buffers and must equal a
 fresh eager run and the per-request path; nothing is captured or timed.
 """
@@ -375,7 +377,6 @@ def run_graph_case(case: GraphCase, device: torch.device, repeats: int, st: Deco
         del gp
     res["pieces_us"] = pieces
     res["kernel_us"] = sum(pieces.values())
-    res.update(prebound_eager(st, g, repeats))
     res["graph_over_kernel"] = res["graph_us"] / res["kernel_us"]
     # the same scores at this step's longest context instead of max_model_len (the static width's cost)
     from glm5lib.kernels.indexer import indexer_logits
@@ -468,20 +469,6 @@ def run_flash_case(case: FlashCase, repeats: int, flash_error: str | None) -> di
     res["glm5lib_host_us"] = host_us(call, repeats)
     gr = capture(call)
     res["glm5lib_graph_us"] = _events_us(gr.replay, repeats)
-    from glm5lib.kernels import common
-
-    was = common.PREBOUND
-    try:
-        common.PREBOUND = True
-        want = call()[0].clone()
-        call()
-        res["prebound_equal"] = bool(torch.equal(call()[0], want))
-        res["glm5lib_prebound_eager_us"] = _events_us(call, repeats)
-        res["glm5lib_prebound_host_us"] = host_us(call, repeats)
-    except Exception as exc:  # noqa: BLE001
-        res["prebound_error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        common.PREBOUND = was
     if flash_error:
         res["flashmla_error"] = flash_error
         return res
@@ -505,8 +492,6 @@ def run_flash_case(case: FlashCase, repeats: int, flash_error: str | None) -> di
         res["flashmla_eager_us"] = _events_us(flash, repeats)
         res["flashmla_host_us"] = host_us(flash, repeats)
         res["glm5lib_over_flashmla_eager"] = res["glm5lib_eager_us"] / res["flashmla_eager_us"]
-        if "glm5lib_prebound_eager_us" in res:
-            res["glm5lib_prebound_over_flashmla_eager"] = res["glm5lib_prebound_eager_us"] / res["flashmla_eager_us"]
     except Exception as exc:  # noqa: BLE001
         res["flashmla_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
     return res
@@ -515,8 +500,40 @@ def run_flash_case(case: FlashCase, repeats: int, flash_error: str | None) -> di
 # ---- the run --------------------------------------------------------------------------------------------------
 
 
-def run(device: torch.device, repeats: int, tiny: bool, log=print) -> dict:
+def prebound_cases() -> list[GraphCase]:
+    return [GraphCase(16, fmt, 32, 32) for fmt in ("bf16", "fp8_ds_mla")]
+
+
+def run_prebound_case(case: GraphCase, device: torch.device, repeats: int) -> dict:
+    """The eager decode layer with and without `kernels.common.Prebound` (Triton's binder skipped after the first
+    launch of a signature): host time per layer, and the outputs against the graph replay of the same step. Run
+    last: the shortcut calls Triton's launcher directly."""
+    res = {"case": "prebound-" + case.id, **asdict(case), "device": str(device)}
+    st = DecodeStep(case, device)
+    st.capture_metadata()
+    g = capture(st.step)
+    st.new_step(case.batch)
+    st.step()
+    res["eager_host_us"] = host_us(lambda: st.layer(0), repeats)
+    res.update(prebound_eager(st, g, repeats))
+    res["ok"] = bool(res.get("prebound_equal"))
+    return res
+
+
+def run(device: torch.device, repeats: int, tiny: bool, log=print, checkpoint=None) -> dict:
+    """Every case (each in its own try/except); `checkpoint(report)` after each, so a crash keeps the rest."""
     results = []
+
+    def report() -> dict:
+        return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                "torch": torch.__version__, "mode": "graphs", "results": results, "summary": summarize(results)}
+
+    def done(r: dict) -> None:
+        results.append(r)
+        log(format_line(r))
+        if checkpoint is not None:
+            checkpoint(report())
+
     cases = graph_cases(tiny)
     shared: dict = {}
     for case in cases:
@@ -540,39 +557,45 @@ def run(device: torch.device, repeats: int, tiny: bool, log=print) -> dict:
         except Exception as exc:  # noqa: BLE001  (one failing case must not lose the others)
             r = {"case": case.id, **asdict(case), "ok": False,
                  "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
-        results.append(r)
-        log(format_line(r))
-    if device.type == "cuda":
-        err = load_flashmla()
-        for h in (8, 16, 64, 128):
-            fc = FlashCase(h)
-            try:
-                r = run_flash_case(fc, repeats, err)
-                r["ok"] = "glm5lib_eager_us" in r
-            except Exception as exc:  # noqa: BLE001
-                r = {"case": fc.id, **asdict(fc), "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-            results.append(r)
-            log(format_line(r))
-    return {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
-            "mode": "graphs", "results": results, "summary": summarize(results)}
+        done(r)
+    if device.type != "cuda":
+        return report()
+    shared.clear()
+    torch.cuda.empty_cache()
+    err = load_flashmla()
+    for h in (8, 16, 64, 128):
+        fc = FlashCase(h)
+        try:
+            r = run_flash_case(fc, repeats, err)
+            r["ok"] = "glm5lib_eager_us" in r
+        except Exception as exc:  # noqa: BLE001
+            r = {"case": fc.id, **asdict(fc), "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        done(r)
+    for case in prebound_cases():
+        try:
+            r = run_prebound_case(case, device, repeats)
+        except Exception as exc:  # noqa: BLE001
+            r = {"case": "prebound-" + case.id, **asdict(case), "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        done(r)
+    return report()
 
 
 def format_line(r: dict) -> str:
     head = f"{r['case']:<40} {'ok  ' if r.get('ok') else 'FAIL'}"
     if "error" in r:
         return f"{head} {r['error'][:160]}"
+    if r["case"].startswith("prebound-"):
+        return (f"{head} eager layer host time {r['eager_host_us']:.1f} us, pre-bound "
+                f"{r.get('eager_host_prebound_us', float('nan')):.1f} us, same outputs {r.get('prebound_equal')}"
+                + (f" ({r['prebound_error'][:80]})" if "prebound_error" in r else ""))
     if r["case"].startswith("graph-"):
         s = head + " " + " ".join(f"{k.replace('_equal', '')}={r[k]}" for k in r if k.endswith("_equal"))
         if "graph_us" in r:
             s += (f"  per layer: graph {r['graph_us']:.1f} us, kernels {r['kernel_us']:.1f} us "
                   f"(x{r['graph_over_kernel']:.2f}), eager {r['eager_us']:.1f} us, eager host {r['eager_host_us']:.1f} us")
-            if "eager_host_prebound_us" in r:
-                s += f" (pre-bound {r['eager_host_prebound_us']:.1f} us, same outputs {r['prebound_equal']})"
         return s
     s = f"{head} sparse_mla eager {r['glm5lib_eager_us']:.1f} us (host {r['glm5lib_host_us']:.1f}, graph " \
         f"{r['glm5lib_graph_us']:.1f})"
-    if "glm5lib_prebound_host_us" in r:
-        s += f"  pre-bound: eager {r['glm5lib_prebound_eager_us']:.1f} us (host {r['glm5lib_prebound_host_us']:.1f})"
     if "flashmla_eager_us" in r:
         s += f"  FlashMLA eager {r['flashmla_eager_us']:.1f} us (host {r['flashmla_host_us']:.1f})"
     elif "flashmla_error" in r:
@@ -591,7 +614,7 @@ def summarize(results: list[dict]) -> dict:
         out["timed"] = len(timed)
         out["eager_over_graph"] = [min(r["eager_us"] / r["graph_us"] for r in timed),
                                    max(r["eager_us"] / r["graph_us"] for r in timed)]
-    pre = [r for r in timed if "eager_host_prebound_us" in r]
+    pre = [r for r in results if "eager_host_prebound_us" in r]
     if pre:
         out["prebound_same_outputs"] = all(r["prebound_equal"] for r in pre)
         out["eager_host_us_plain_vs_prebound"] = {r["case"]: [r["eager_host_us"], r["eager_host_prebound_us"]]
@@ -599,8 +622,7 @@ def summarize(results: list[dict]) -> dict:
     flash = [r for r in results if "glm5lib_over_flashmla_eager" in r]
     if flash:
         out["sparse_mla_over_flashmla_eager_b1"] = {r["case"]: r["glm5lib_over_flashmla_eager"] for r in flash}
-        out["sparse_mla_prebound_over_flashmla_eager_b1"] = {r["case"]: r.get("glm5lib_prebound_over_flashmla_eager")
-                                                             for r in flash}
+
     return out
 
 

@@ -576,13 +576,17 @@ def main(argv: list[str] | None = None) -> int:
 def _graphs_main(device: torch.device, repeats: int, tiny: bool, json_path: str | None) -> int:
     from glm5lib.serving import graphs
 
-    report = graphs.run(device, repeats, tiny, log=lambda line: print(line, flush=True))
-    print(json.dumps(report["summary"], indent=1))
-    if json_path:
+    def write(report: dict) -> None:  # after every case: a crash part-way keeps what was measured
         tmp = json_path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(report, f, indent=1)
         os.replace(tmp, json_path)
+
+    report = graphs.run(device, repeats, tiny, log=lambda line: print(line, flush=True),
+                        checkpoint=write if json_path else None)
+    print(json.dumps(report["summary"], indent=1))
+    if json_path:
+        write(report)
         if any("graph_us" in r for r in report["results"]):
             from glm5lib.plotting import save_figure
 
