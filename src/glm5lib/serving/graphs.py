@@ -31,7 +31,6 @@ fresh eager run and the per-request path; nothing is captured or timed.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import time
 import traceback
@@ -411,27 +410,30 @@ def flashmla_path() -> Path | None:
     for base in (Path.cwd(), repo_root()):
         if base is None:
             continue
-        hits = sorted((base / ".vendor").glob("_flashmla_C*.so"))
+        hits = sorted((base / ".vendor").glob("_flashmla_C.abi3.so"))
         if hits:
             return hits[0]
     return None
 
 
 def load_flashmla() -> str | None:
-    """Load FlashMLA's ops by file location (sys.path untouched); None when `torch.ops._flashmla_C` works, else
-    why not."""
-    try:
-        torch.ops._flashmla_C.sparse_decode_fwd  # noqa: B018  (already loaded)
+    """Load FlashMLA's ops (`torch.ops._flashmla_C`) from the extension by file path (sys.path untouched; the
+    same way as `glm5lib.bench`, which this floor does not import); None when they load, else why not."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    if hasattr(torch.ops._flashmla_C, "sparse_decode_fwd"):
         return None
-    except (AttributeError, RuntimeError):
-        pass
     path = flashmla_path()
     if path is None:
-        return "no .vendor/_flashmla_C*.so"
+        return "no .vendor/_flashmla_C.abi3.so"
     try:
-        spec = importlib.util.spec_from_file_location("_flashmla_C", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        loader = importlib.machinery.ExtensionFileLoader("_flashmla_C", str(path))
+        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("_flashmla_C", path,
+                                                                                         loader=loader))
+        loader.exec_module(module)
+        sys.modules["_flashmla_C"] = module
         torch.ops._flashmla_C.sparse_decode_fwd  # noqa: B018
         return None
     except Exception as exc:  # noqa: BLE001  (reported in the JSON)
