@@ -155,8 +155,9 @@ class Glm5SparseMLAMetadataBuilder(AttentionMetadataBuilder[Glm5SparseMLAMetadat
         )
 
     def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> Glm5SparseMLAMetadata:
-        """The same `build`: on vLLM's dummy capture metadata the indexer picks nothing (-1), rows stay -1 and
-        the kernel reads no key (zero output), whatever the block table holds."""
+        """The same `build`. vLLM's dummy capture metadata (zeroed or stale lengths, null or stale blocks) is
+        harmless: picks come from lengths <= max_model_len through block-table entries that name cache blocks,
+        and the kernel masks any row id outside the cache."""
         return self.build(0, common_attn_metadata)
 
 

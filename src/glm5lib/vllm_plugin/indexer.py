@@ -184,6 +184,7 @@ class Glm5SparseAttnIndexer(SparseAttnIndexer):
         # The cache layer was built just before this op; its metadata comes from our builder from now on
         # (an instance attribute: other models' indexer caches keep vLLM's backend).
         k_cache.get_attn_backend = lambda: Glm5IndexerBackend
+        _INSTANCES[k_cache.prefix] = self  # the custom op finds its layer by the cache's name
 
     def forward_native(self, hidden_states: torch.Tensor, q_quant: Any, k: torch.Tensor | None,
                        weights: torch.Tensor) -> torch.Tensor:
@@ -191,7 +192,6 @@ class Glm5SparseAttnIndexer(SparseAttnIndexer):
             return SparseAttnIndexer.forward_native(self, hidden_states, q_quant, k, weights)
         if isinstance(q_quant, tuple):
             raise NotImplementedError("glm5lib indexer: fp4 q is not supported")
-        _INSTANCES[self.k_cache.prefix] = self
         # an opaque op for torch.compile, and a splitting op: piecewise graphs leave it eager (patches.py)
         return torch.ops.glm5lib.sparse_attn_indexer(hidden_states, self.k_cache.prefix, q_quant, k, weights,
                                                      self.topk_indices_buffer)
