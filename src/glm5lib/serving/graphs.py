@@ -524,6 +524,12 @@ def run_prebound_case(case: GraphCase, device: torch.device, repeats: int) -> di
     st.step()
     res["eager_host_us"] = host_us(lambda: st.layer(0), repeats)
     res.update(prebound_eager(st, g, repeats))
+    from glm5lib.kernels import indexer, mla, rows, topk
+
+    # a launcher that refused the direct call (another Triton calling convention) fell back to plain launches
+    res["prebound_fell_back"] = {name: pb.broken for name, pb in (("sparse_mla", mla._FWD), ("indexer", indexer._PAGED),
+                                                                   ("topk", topk._SELECT), ("rows", rows._ROWS),
+                                                                   ("key_write", rows._QWRITE)) if pb.broken}
     res["ok"] = bool(res.get("prebound_equal"))
     return res
 
