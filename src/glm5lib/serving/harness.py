@@ -3,6 +3,7 @@
     python -m glm5lib.serving.harness                      # CUDA if present: GLM-5 sizes, Triton kernel
     python -m glm5lib.serving.harness --device cpu --tiny  # CI: Triton interpreter, tiny sizes
     python -m glm5lib.serving.harness --json out.json
+    python -m glm5lib.serving.harness --graphs --json out.json   # decode step in a CUDA graph (glm5lib.serving.graphs)
 
 What vLLM hands the backend is rebuilt here: requests with different context and query lengths (decode tokens
 first, then a prefill chunk, as vLLM orders them), a paged cache `[num_blocks, block_size, row]` whose blocks sit
