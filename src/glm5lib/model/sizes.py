@@ -35,6 +35,7 @@ one indexer key (132 B: 128 e4m3 + one fp32 scale) per layer that runs the index
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass, field
@@ -63,6 +64,11 @@ EXPERT_KINDS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.wei
 _REPLICATED = ("attn_q_a.weight", "attn_kv_a_mqa.weight", "indexer.attn_q_b.weight", "indexer.attn_k.weight",
                "indexer.proj.weight", "ffn_gate_inp.weight", "nextn.eh_proj.weight")
 _VOCAB = ("token_embd.weight", "output.weight")
+
+
+@functools.lru_cache(maxsize=16)
+def _specs(cfg: GLM5Config, include_mtp: bool = True) -> tuple[TensorSpec, ...]:
+    return tuple(gguf_tensor_specs(cfg, include_mtp=include_mtp))
 
 
 def split_of(spec: TensorSpec) -> str:
@@ -109,13 +115,17 @@ def quant_recipe(cfg: GLM5Config, ftype: str) -> dict[str, str]:
     """GGUF type per tensor that llama.cpp's quantizer picks for `ftype` (a stand-in covering the _M/_S K-quant
     rules that move bytes: output -> Q6_K, ffn_down -> Q6_K on `use_more_bits` layers for _M; 1-D and router
     tensors F32; 192-wide attn_k_b rows fall back to block-32 types)."""
-    ftype = ftype.upper()
+    return dict(_recipe(cfg, ftype.upper()))
+
+
+@functools.lru_cache(maxsize=32)
+def _recipe(cfg: GLM5Config, ftype: str) -> tuple[tuple[str, str], ...]:
     if ftype not in RECIPES and ftype not in GGMLQuantizationType.__members__:
         raise UserError(f"--quant {ftype}: use one of {', '.join(RECIPES)} or a GGML type name")
     main = RECIPES.get(ftype, ftype)
-    n_down = sum(1 for s in gguf_tensor_specs(cfg) if "ffn_down" in s.kind)
-    out = {}
-    for s in gguf_tensor_specs(cfg):
+    n_down = sum(1 for s in _specs(cfg) if "ffn_down" in s.kind)
+    out = []
+    for s in _specs(cfg):
         t = main
         if s.storage == "f32":
             t = "F32"
@@ -123,8 +133,8 @@ def quant_recipe(cfg: GLM5Config, ftype: str) -> dict[str, str]:
             t = "Q6_K"
         elif ftype in ("Q4_K_M", "Q5_K_M") and "ffn_down" in s.kind and _use_more_bits(s.block or 0, n_down):
             t = "Q6_K"
-        out[s.gguf_name] = _fallback(t, s.ggml_shape[0])
-    return out
+        out.append((s.gguf_name, _fallback(t, s.ggml_shape[0])))
+    return tuple(out)
 
 
 def types_from_gguf(path: str | os.PathLike) -> tuple[GLM5Config, dict[str, str]]:
@@ -257,7 +267,7 @@ def size_model(cfg: GLM5Config, types: Mapping[str, str] | None = None, *, tp: i
         raise UserError(f"dtype {dtype!r}: use one of {', '.join(DTYPE_BYTES)}")
     if tp < 1 or cfg.num_attention_heads % tp:
         raise UserError(f"tensor parallel {tp} does not divide {cfg.num_attention_heads} attention heads")
-    specs = gguf_tensor_specs(cfg, include_mtp=include_mtp)
+    specs = _specs(cfg, include_mtp)
     if types is not None:
         missing = [s.gguf_name for s in specs if s.gguf_name not in types]
         if missing:
@@ -339,4 +349,4 @@ def expected_distinct_experts(batch: int, n_experts: int, k: int) -> float:
 
 
 def total_params(cfg: GLM5Config, include_mtp: bool = True) -> int:
-    return sum(s.numel for s in gguf_tensor_specs(cfg, include_mtp=include_mtp))
+    return sum(s.numel for s in _specs(cfg, include_mtp))

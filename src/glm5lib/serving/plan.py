@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -464,22 +465,25 @@ def decode_estimate(cfg: GLM5Config, m: S.SizeModel, o: PlanOptions, kv: dict[st
 def vllm_command(mi: ModelInput, o: PlanOptions, cc: str | None, dtype: str, max_len: int, eager: bool,
                  include_mtp: bool) -> str:
     backend = _backend_for(cc)
-    args = ["-tp", str(o.gpus), "--dtype", dtype, "--max-model-len", str(max_len), "--max-num-seqs",
-            str(o.max_num_seqs), "--max-num-batched-tokens", str(o.max_num_batched_tokens),
+    own = ["--dtype", dtype, "--max-model-len", str(max_len), "--max-num-seqs", str(o.max_num_seqs)]
+    rest = ["-tp", str(o.gpus), "--max-num-batched-tokens", str(o.max_num_batched_tokens),
             "--gpu-memory-utilization", str(o.gpu_memory_utilization)]
     if o.kv_cache_dtype != "auto":
-        args += ["--kv-cache-dtype", o.kv_cache_dtype]
-    if backend:
-        args += ["--attention-backend", backend]
-    if include_mtp:
-        args += ["--speculative-config", "'{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'"]
-    quantized_file = mi.quant not in ("BF16", "F16", "F32")
-    if mi.is_gguf or (mi.path is None and quantized_file):
-        # glm5lib serve rebuilds the config/tokenizer directory and passes --load-format glm5-gguf (eager)
+        rest += ["--kv-cache-dtype", o.kv_cache_dtype]
+    spec = ["--speculative-config.method=mtp", "--speculative-config.num_speculative_tokens=1"]
+    if mi.is_gguf or (mi.path is None and mi.quant not in ("BF16", "F16", "F32")):
+        # glm5lib serve rebuilds the config/tokenizer directory, adds --load-format glm5-gguf and runs eagerly
         path = mi.path or f"GLM-5-{mi.quant}-00001-of-000NN.gguf"
-        return f"glm5lib serve {path} --vllm-args \"{' '.join(a.replace(chr(34), chr(92) + chr(34)) for a in args)}\""
-    model = mi.path or "zai-org/GLM-5"
-    return " ".join(["vllm", "serve", model, *args] + (["--enforce-eager"] if eager else []))
+        cmd = ["glm5lib", "serve", path, *own] + (["--attention-backend", backend] if backend else [])
+        if include_mtp:
+            rest += spec
+        return shlex.join(cmd + ["--vllm-args", shlex.join(rest)])
+    cmd = ["vllm", "serve", mi.path or "zai-org/GLM-5", *own, *rest]
+    if backend:
+        cmd += ["--attention-backend", backend]
+    if include_mtp:
+        cmd += spec
+    return shlex.join(cmd + (["--enforce-eager"] if eager else []))
 
 
 def suggestions(mi: ModelInput, o: PlanOptions, plan: Plan, bench: BenchData) -> list[str]:
@@ -529,7 +533,7 @@ def suggestions(mi: ModelInput, o: PlanOptions, plan: Plan, bench: BenchData) ->
         while L >= S.KV_BLOCK_SIZE:
             p = ok(mi, replace(o, max_model_len=L))
             if p:
-                out.append(f"--max-model-len {L:,}")
+                out.append(f"--max-model-len {L}: {p.max_concurrent_seqs} sequence(s)")
                 break
             L = L * 9 // 10 // S.KV_BLOCK_SIZE * S.KV_BLOCK_SIZE
     return out or ["nothing tried fits (more GPUs, smaller quants, fp8 cache, a shorter context)"]
