@@ -27,7 +27,7 @@ def run(nb, **kw):
 
 
 def test_every_notebook_has_a_check_and_a_pair():
-    assert [nb.stem[:2] for nb in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
+    assert [nb.stem[:2] for nb in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"]
     for nb in NOTEBOOKS:
         assert nb.with_suffix(".py").exists(), f"{nb.name} has no paired py:percent file"
         assert (ROOT / "tests" / "nbchecks" / f"nb{nb.stem[:2]}.py").exists()

@@ -278,8 +278,8 @@ def test_doctor_reports_vllms_decisions():
     assert sm120.backends[0].reasons == ["sparse not supported"]
     assert sm120.vllm_error.startswith("No valid attention backend found")
     assert sm120.glm5lib_backend.accepted and sm120.heads_per_gpu == 8
-    # sizes from the same model `glm5lib plan` uses (hf config without MTP: 78 layers x (1152 + 132) B)
-    assert sm120.sizes["kv_bytes_per_token"] == 78 * (1152 + 132) and sm120.sizes["tp"] == 8
+    # sizes from the same model `glm5lib plan` uses (78 layers + MTP, each (1152 + 132) B per token)
+    assert sm120.sizes["kv_bytes_per_token"] == 79 * (1152 + 132) and sm120.sizes["tp"] == 8
     from glm5lib.serving.doctor import format_report
 
     assert "glm5lib plan MODEL --gpus N --gpu-mem SIZE --cc 12.0" in format_report(sm120)
