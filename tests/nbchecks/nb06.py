@@ -15,7 +15,7 @@ def check(report: dict) -> None:
     assert pro["kv_bytes_per_token"] == a100["kv_bytes_per_token"] == 62_252 and h200["kv_bytes_per_token"] == 101_436
     assert h200["max_kv_tokens"] > pro["max_kv_tokens"] > a100["max_kv_tokens"] > 0
     for p in s.values():
-        ms = list(p["decode_ms"].values())
+        ms = [p["decode_ms"][b] for b in sorted(p["decode_ms"], key=int)]
         assert ms == sorted(ms) and ms[0] > 0
         assert "-tp 8" in p["vllm_command"]
     assert h200["decode_ms"]["1"] < a100["decode_ms"]["1"]
