@@ -40,13 +40,12 @@ def test_parameters_and_tensors_match_a_hand_count():
     assert by["ffn_down_exps.weight"] == "experts" and by["output.weight"] == "vocab"
 
 
-def test_bf16_bytes_per_gpu_are_two_per_parameter_plus_the_fp32_ones_and_mla_copies():
-    m = S.size_model(G5, S.quant_recipe(G5, "BF16"), tp=8, residency="dequantized")
+def test_bf16_bytes_per_gpu_are_two_per_parameter_plus_the_fp32_ones_and_buffers():
+    m = S.size_model(G5, S.quant_recipe(G5, "BF16"), tp=8, residency="dequantized", max_num_batched_tokens=8192)
     fp32 = sum(t.params_per_gpu for t in m.tensors if t.kind in S.FP32_KINDS)
     assert sum(t.bytes_per_gpu for t in m.tensors) == 2 * PER_GPU_TP8 + 2 * fp32
-    kv_b = 79 * (H * KR * NOPE + H * VD * KR) // 8
-    assert m.derived_bytes_per_gpu == 2 * kv_b
-    assert m.weights_bytes_per_gpu > 190e9
+    assert m.buffer_bytes_per_gpu == 202752 * 64 * 2 + 8192 * 2048 * 4  # RoPE cache, top-k index buffer
+    assert m.weights_bytes_per_gpu == 2 * PER_GPU_TP8 + 2 * fp32 + m.buffer_bytes_per_gpu > 190e9
 
 
 def test_q4_k_m_residencies_order_and_loader_dequantized_tensors():

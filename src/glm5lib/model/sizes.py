@@ -25,7 +25,8 @@ Residency (what the GPU holds):
 - `dense-attn`: every non-expert weight in the serving dtype, routed experts quantized;
 - `dequantized`: every weight in the serving dtype.
 Norms are held in the serving dtype and `e_score_correction_bias` and the indexer's k_norm in fp32 in every
-mode. vLLM's MLA layer also keeps `W_UK_T`/`W_UV`, a serving-dtype copy of each rank's `kv_b_proj`.
+mode. vLLM's MLA layer derives `W_UK_T`/`W_UV` from `kv_b_proj`: views of the same storage when kv_b_proj is
+unquantized (always, with the glm5lib loader), so they cost nothing extra.
 
 KV cache per token per GPU (replicated on every rank: the latent cache has one "head"): per attention layer one
 MLA row (`fp8_ds_mla` 656 B: 512 e4m3 + 4 fp32 scales + 64 bf16; otherwise 576 values of the cache dtype), plus
@@ -178,14 +179,13 @@ class SizeModel:
     dtype: str
     include_mtp: bool
     tensors: list[TensorSize] = field(default_factory=list)
-    derived_bytes_per_gpu: int = 0  # MLA's W_UK_T / W_UV: a serving-dtype copy of kv_b_proj per rank
     buffer_bytes_per_gpu: int = 0  # RoPE cos/sin caches, the top-k index buffer
 
     # -- totals --
     @property
     def weights_bytes_per_gpu(self) -> int:
-        """Everything the model holds on one GPU before the KV cache: weights, derived copies, fixed buffers."""
-        return sum(t.bytes_per_gpu for t in self.tensors) + self.derived_bytes_per_gpu + self.buffer_bytes_per_gpu
+        """Everything the model holds on one GPU before the KV cache: weights and fixed buffers."""
+        return sum(t.bytes_per_gpu for t in self.tensors) + self.buffer_bytes_per_gpu
 
     @property
     def params_per_gpu(self) -> int:
@@ -284,9 +284,6 @@ def size_model(cfg: GLM5Config, types: Mapping[str, str] | None = None, *, tp: i
             nbytes = math.ceil(ggml_nbytes(s.numel, s.ggml_shape[0], resident) * frac)
         m.tensors.append(TensorSize(s.gguf_name, s.kind, s.block, s.numel, s.ggml_shape[0], stored, resident, split, n_rank, nbytes,
                                     s.kind in EXPERT_KINDS))
-    # W_UK_T and W_UV: MLA's serving-dtype copy of each rank's kv_b_proj (k_b + v_b).
-    kv_b = sum(t.params_per_gpu for t in m.tensors if t.kind in ("attn_k_b.weight", "attn_v_b.weight"))
-    m.derived_bytes_per_gpu = kv_b * DTYPE_BYTES[dtype]
     m.buffer_bytes_per_gpu = fixed_buffer_bytes(cfg, max_num_batched_tokens=max_num_batched_tokens, dtype=dtype)
     return m
 

@@ -383,7 +383,7 @@ def make_plan(mi: ModelInput, o: PlanOptions, bench: BenchData | None = None, *,
         gpu_memory_utilization=o.gpu_memory_utilization, params_total=m.params_total,
         params_per_gpu=m.params_per_gpu, file_bytes=m.file_bytes, weights_bytes_per_gpu=weights,
         weights_detail={"experts": m.expert_bytes_per_gpu, "non_experts": m.non_expert_bytes_per_gpu,
-                        "mla_w_uk_w_uv": m.derived_bytes_per_gpu, "buffers": m.buffer_bytes_per_gpu},
+                        "buffers": m.buffer_bytes_per_gpu},
         reserve=res, kv_bytes_per_token=kv["total"], kv_detail=kv, available_kv_bytes=int(available),
         max_kv_tokens=tokens, max_concurrent_seqs=seqs, fits=fits, verdict=verdict, shortfall_bytes=shortfall,
         suggestions=[], decode_context=ctx, decode_ms_estimate=dec["ms"], decode_tokens_per_s=dec["tok_s"],
@@ -555,7 +555,7 @@ def format_plan(p: Plan) -> str:
         f"{p.gpus}x {p.gpu} ({p.gpu_mem_bytes / 2**30:.1f} GiB, cc {p.cc or '?'}), tensor parallel {p.gpus}",
         "",
         f"per GPU  weights       {_gb(p.weights_bytes_per_gpu):>10}  (experts {_gb(w['experts'])}, other "
-        f"{_gb(w['non_experts'])}, MLA W_UK/W_UV {_gb(w['mla_w_uk_w_uv'])}, buffers {_gb(w['buffers'])}; "
+        f"{_gb(w['non_experts'])}, buffers {_gb(w['buffers'])}; "
         f"{p.params_per_gpu / 1e9:.1f}B params)",
         f"         vLLM reserve  {_gb(r['total']):>10}  (ESTIMATED: activations {_gb(r['activation_peak'])}, "
         f"non-torch {_gb(r['non_torch'])}, CUDA graphs {_gb(r['cuda_graphs'])})",
