@@ -477,7 +477,9 @@ def vllm_command(mi: ModelInput, o: PlanOptions, cc: str | None, dtype: str, max
         cmd = ["glm5lib", "serve", path, *own] + (["--attention-backend", backend] if backend else [])
         if include_mtp:
             rest += spec
-        return shlex.join(cmd + ["--vllm-args", shlex.join(rest)])
+        # the loader's residency policy is an environment variable (quantized is its default)
+        env = "GLM5LIB_GGUF_RESIDENCY=dense-attn " if o.residency == "dense-attn" else ""
+        return env + shlex.join(cmd + ["--vllm-args", shlex.join(rest)])
     cmd = ["vllm", "serve", mi.path or "zai-org/GLM-5", *own, *rest]
     if backend:
         cmd += ["--attention-backend", backend]
