@@ -223,7 +223,7 @@ def sweep_configs(m: int):
             GGUFConfig(64, 128, 8, 3, 1.0, True, True)]
 
 
-def bench_dense(plugin, qname, shape, batches, device, gen, copy_bw, sweep, deadline) -> list[dict]:
+def bench_dense(plugin, qname, shape, batches, device, gen, copy_bw, sweep, deadline, main_paths=True) -> list[dict]:
     from glm5lib.kernels.gguf import QTYPES, gguf_matmul, pick_config
     import gguf as ggufpy
 
@@ -241,13 +241,16 @@ def bench_dense(plugin, qname, shape, batches, device, gen, copy_bw, sweep, dead
         x = torch.randn(m, k, device=device, generator=gen).to(torch.bfloat16)
         ref = x.float() @ wf.T
         paths = {"bf16": (lambda i: x @ wb[i % bcopies].T, n * k * 2)}
-        if plugin.get("ext"):
+        if not main_paths:
+            paths = {}
+        elif plugin.get("ext"):
             paths["plugin_cuda"] = (lambda i: plugin_linear(plugin, ws[i], x, qtype, n), qbytes)
-        if plugin.get("ops") is not None:
+        if main_paths and plugin.get("ops") is not None:
             from vllm_gguf_plugin.triton.gemm.interface import ggml_mul_mat_a8_triton
 
             paths["plugin_triton"] = (lambda i: ggml_mul_mat_a8_triton(ws[i], x, qtype, n), qbytes)
-        paths["glm5lib"] = (lambda i: gguf_matmul(x, ws[i], qtype, n), qbytes)
+        if main_paths:
+            paths["glm5lib"] = (lambda i: gguf_matmul(x, ws[i], qtype, n), qbytes)
         for pname, (fn, nbytes) in paths.items():
             row = {"op": name, "N": n, "K": k, "type": qname, "batch": m, "path": pname, "weight_bytes": nbytes}
             try:
@@ -567,7 +570,7 @@ def main(argv=None) -> int:
         for s in shapes:
             t0 = time.time()
             try:
-                result["rows"] += bench_dense(plugin, t, s, a.batches, device, gen, ceil["copy_bytes_per_s"], a.sweep,
+                result["rows"] += bench_dense(plugin, t, s, a.batches, device, gen, ceil["copy_bytes_per_s"], False,
                                               deadline)
             except Exception:
                 result.setdefault("failures", []).append(f"{t} {s[0]}: {traceback.format_exc()[-800:]}")
@@ -586,6 +589,19 @@ def main(argv=None) -> int:
             result["rows"] += bench_moe(plugin, "Q4_K", "Q6_K", a.batches, device, gen, ceil["copy_bytes_per_s"])
         except Exception:
             result.setdefault("failures", []).append(f"Q4_K+Q6_K moe: {traceback.format_exc()[-800:]}")
+    if a.sweep:  # candidate configs after the main table, until the time budget is spent (small shapes first)
+        order = ["q_b", "o_proj", "q_a+kv_a", "shared_gate_up", "shared_down", "lm_head", "dense_gate_up", "dense_down"]
+        for s in sorted(shapes, key=lambda s: order.index(s[0])):
+            for t in ["Q4_K", "Q8_0", "Q6_K", "Q5_K"]:
+                if t not in a.types or time.time() > deadline:
+                    continue
+                try:
+                    result["rows"] += bench_dense(plugin, t, s, a.batches, device, gen, ceil["copy_bytes_per_s"], True,
+                                                  deadline, main_paths=False)
+                except Exception:
+                    result.setdefault("failures", []).append(f"sweep {t} {s[0]}: {traceback.format_exc()[-800:]}")
+                _log(f"sweep {t} {s[0]} (total {time.time() - t_start:.0f}s)")
+                _write_json(result, jpath)
     result["targets"] = targets(result["rows"])
     result["dense_attn"] = dense_attn(result["rows"])
     result["seconds"] = round(time.time() - t_start, 1)
