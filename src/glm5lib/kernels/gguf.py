@@ -9,18 +9,17 @@ llama.cpp blocks (Q4_K / Q5_K / Q6_K: 256 values in 144 / 176 / 210 bytes; Q8_0 
 Why by hand: vllm-gguf-plugin's CUDA kernels quantize the activations to int8 and use dp4a (no tensor cores),
 its Triton kernels dequantize element by element; neither reaches the memory rate at decode (NOTES.md).
 
-How a tile is computed (one program: `BLOCK_M` activation rows x `BLOCK_N` weight rows x a range of blocks):
-- the quantized bytes of one sub-block (32 values, 16 for Q6_K / Q4_0 / Q5_0 halves) load as a contiguous
-  `[BLOCK_N, 32]` byte tile; nibbles / high bits are unpacked with integer ops;
-- small M (`scale_in_w=False`): the unsigned integer codes become dot operands by OR-ing them into the mantissa
-  of a constant (bf16 0x4300 = 128 + q for codes < 128; fp16 0x6400 = 1024 + q for codes < 1024), exact and
-  without an int->float conversion instruction (a quarter-rate unit on sm_90); the per-sub-block scale,
-  zero point / minimum and the constant are applied once per [BLOCK_M, BLOCK_N] tile after the tensor-core dot:
-  `sum_j w_j x_j = scale * dot(x, h) - (scale * (offset + zp) + min) * sum_j x_j`;
-- large M (`scale_in_w=True`): the weight tile is scaled in fp32 and rounded to the dot dtype (one FMA per
-  weight, amortized over the activation rows), as a bf16 matmul of the dequantized weight would see it;
-- decode shapes with few weight-row tiles split the blocks across programs (`split`), writing fp32 partials
-  that a second launch sums.
+How a tile is computed (one program: `BLOCK_M` activation rows x `BLOCK_N` weight rows x a range of k):
+- one loop iteration covers 256 values per row: a K-quant super-block, or 8 blocks of 32 for Q8_0 / Q4_0 /
+  Q5_0 when K is a multiple of 256 (else one block);
+- the bytes load as `[BLOCK_N, groups, width]` tiles (groups = the sub-blocks that share a scale), codes are
+  unpacked with integer ops and turned into exact fp32 by OR-ing them into the mantissa of 2**23 (no int->float
+  conversion instruction: that unit runs at a quarter rate on sm_90), scaled per group in fp32, rounded to the
+  dot dtype and multiplied by the matching activation columns in one to four tensor-core dots of K = 64..256;
+  a large K per dot matters: each dot stages its operands through shared memory behind a barrier, and the
+  first version's dots per 32-value sub-block were bound by those barriers (NOTES.md);
+- decode shapes with few weight-row tiles split k across programs (`waves`), writing fp32 partials that a
+  second launch sums.
 """
 
 from __future__ import annotations
@@ -50,22 +49,19 @@ class GGUFConfig:
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    waves: float = 2.0  # split the blocks until about this many programs per SM (1 = no split)
-    scale_in_w: bool = False
-    f16_dot: bool = False  # bf16 activations: run the dot in fp16 (exact codes up to 10 bits, e.g. Q8_0)
+    waves: float = 2.0  # split k until about this many programs per SM (<= 1: never split)
 
     @property
     def name(self) -> str:
-        return (f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}-v{self.waves:g}"
-                f"{'-siw' if self.scale_in_w else ''}{'-f16' if self.f16_dot else ''}")
+        return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}-v{self.waves:g}"
 
 
 # Shipped configs by activation-row class. Chosen from the H200 sweep (NOTES.md "GGUF kernels").
 CONFIGS = {
     "decode": GGUFConfig(16, 64, 4, 3, 2.0),
-    "small": GGUFConfig(32, 64, 4, 3, 2.0, scale_in_w=True),
-    "large": GGUFConfig(64, 128, 8, 3, 1.0, scale_in_w=True),
-    "moe13": GGUFConfig(16, 16, 4, 3, 1.0),
+    "small": GGUFConfig(32, 64, 4, 3, 2.0),
+    "large": GGUFConfig(64, 128, 8, 3, 1.0),
+    "moe13": GGUFConfig(16, 32, 4, 3, 1.0),
     "moe2": GGUFConfig(16, 64, 4, 3, 1.0),
 }
 
@@ -82,130 +78,129 @@ def pick_config(m: int) -> GGUFConfig:
 
 
 @triton.jit
-def _mac(acc, u, scale, shift, X, x_row, m_mask, k0, WIDTH: tl.constexpr, DOT: tl.constexpr, MAGIC: tl.constexpr,
-         SCALE_IN_W: tl.constexpr, IEEE: tl.constexpr):
-    """acc[m, n] += sum_j (scale[n] * u[n, j] - shift[n]) * x[m, k0 + j], j < WIDTH; u holds unsigned codes."""
-    offs_k = k0 + tl.arange(0, WIDTH)
-    xs = tl.load(X + x_row[:, None] + offs_k[None, :], mask=m_mask[:, None], other=0.0).to(DOT)
-    if SCALE_IN_W:
-        w = (u.to(tl.float32) * scale[:, None] - shift[:, None]).to(DOT)
-        if IEEE:
-            acc = tl.dot(xs, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(xs, tl.trans(w), acc)
-    else:
-        if MAGIC == 1:  # bf16 bits 0x4300 | q == 128 + q (q < 128)
-            h = (u.to(tl.int16) | 0x4300).to(tl.bfloat16, bitcast=True)
-            off = 128.0
-        elif MAGIC == 2:  # fp16 bits 0x6400 | q == 1024 + q (q < 1024)
-            h = (u.to(tl.int16) | 0x6400).to(tl.float16, bitcast=True)
-            off = 1024.0
-        else:
-            h = u.to(tl.float32).to(DOT)
-            off = 0.0
-        if IEEE:
-            part = tl.dot(xs, tl.trans(h), input_precision="ieee")
-        else:
-            part = tl.dot(xs, tl.trans(h))
-        sx = tl.sum(xs.to(tl.float32), 1)
-        acc += part * scale[None, :] - sx[:, None] * (scale * off + shift)[None, :]
-    return acc
+def _dot(acc, X, x_row, m_mask, koff, w3, KT: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr,
+         IEEE: tl.constexpr):
+    """acc += x[:, koff] @ reshape(w3, [BLOCK_N, KT])^T; koff [KT] are the activation columns of w3's values."""
+    xs = tl.load(X + x_row[:, None] + koff[None, :], mask=m_mask[:, None], other=0.0).to(DOT)
+    w = tl.reshape(w3, [BLOCK_N, KT]).to(DOT)
+    if IEEE:
+        return tl.dot(xs, tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(xs, tl.trans(w), acc)
+
+
+@triton.jit
+def _codes_f32(u, OFFSET: tl.constexpr):
+    """Unsigned integer codes (< 2**23) minus OFFSET as exact fp32, without the quarter-rate int->float
+    conversion: the code OR-ed into the mantissa of 2**23 is 2**23 + code."""
+    return (u.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + OFFSET)
 
 
 @triton.jit
 def _f16(WH, byte_off):
-    """fp16 at an even byte offset ([BLOCK_N] offsets), as fp32."""
+    """fp16 at even byte offsets, as fp32."""
     return tl.load(WH + byte_off // 2).to(tl.float32)
 
 
 @triton.jit
-def _k4_scale_min(W, base, j: tl.constexpr):
-    """Q4_K / Q5_K 6-bit (scale, min) of sub-block j from the 12 packed bytes at base + 4 (llama.cpp's
-    get_scale_min_k4)."""
-    if j < 4:
-        sc = tl.load(W + base + 4 + j) & 63
-        mn = tl.load(W + base + 8 + j) & 63
-    else:
-        hi = tl.load(W + base + 8 + j)
-        sc = (hi & 15) | ((tl.load(W + base + j) >> 6) << 4)
-        mn = (hi >> 4) | ((tl.load(W + base + 4 + j) >> 6) << 4)
+def _k4_scales(W, base3, t):
+    """Q4_K / Q5_K 6-bit (scale, min) of sub-blocks j (a [1, G, 1] tensor of j values) from the 12 packed bytes
+    at base + 4 (llama.cpp's get_scale_min_k4, vectorized over j)."""
+    a = tl.load(W + base3 + 4 + t % 4)
+    b = tl.load(W + base3 + 8 + t % 4)
+    first = t < 4
+    c = tl.load(W + base3 + 12 + t % 4)
+    sc = tl.where(first, a & 63, (c & 15) | ((a >> 6) << 4))
+    mn = tl.where(first, b & 63, (c >> 4) | ((b >> 6) << 4))
     return sc.to(tl.float32), mn.to(tl.float32)
 
 
 @triton.jit
 def _qrows(acc, W, WH, row_off, X, x_row, m_mask, kb0, kb1,
            QTYPE: tl.constexpr, BLOCK_BYTES: tl.constexpr, QK: tl.constexpr, BLOCK_N: tl.constexpr,
-           DOT: tl.constexpr, MAGIC: tl.constexpr, SCALE_IN_W: tl.constexpr, IEEE: tl.constexpr):
-    """acc += x[:, blocks kb0..kb1) @ w[rows, same blocks]^T for one weight-row tile (row_off: byte offsets)."""
-    a32 = tl.arange(0, 32)
-    a16 = tl.arange(0, 16)
+           DOT: tl.constexpr, IEEE: tl.constexpr, G: tl.constexpr):
+    """acc += x[:, k range] @ w[rows, k range]^T for one weight-row tile (row_off: byte offsets of the rows).
+
+    One iteration covers 256 values (a K-quant super-block, or G = 8 blocks of 32): the bytes load as
+    [BLOCK_N, groups, width] tiles, are scaled per group into fp32, rounded to the dot dtype and multiplied
+    by the matching activation columns in one or a few tensor-core dots of K = 64..256.
+    """
+    b3 = row_off[:, None, None]
     for kb in range(kb0, kb1):
-        base = row_off + kb * BLOCK_BYTES  # [BLOCK_N] int64
-        k0 = kb * QK
-        if QTYPE == 12:  # Q4_K: d, dmin, scales[12], qs[128]; chunk c: low nibbles = sub-block 2c, high = 2c+1
-            d = _f16(WH, base)
-            dmin = _f16(WH, base + 2)
-            for c in tl.static_range(4):
-                q = tl.load(W + base[:, None] + 16 + 32 * c + a32[None, :])
-                sc, mn = _k4_scale_min(W, base, 2 * c)
-                acc = _mac(acc, q & 15, d * sc, dmin * mn, X, x_row, m_mask, k0 + 64 * c, 32, DOT, MAGIC,
-                           SCALE_IN_W, IEEE)
-                sc, mn = _k4_scale_min(W, base, 2 * c + 1)
-                acc = _mac(acc, q >> 4, d * sc, dmin * mn, X, x_row, m_mask, k0 + 64 * c + 32, 32, DOT, MAGIC,
-                           SCALE_IN_W, IEEE)
-        elif QTYPE == 13:  # Q5_K: d, dmin, scales[12], qh[32], qs[128]; bit 2c / 2c+1 of qh[l] is the 5th bit
-            d = _f16(WH, base)
-            dmin = _f16(WH, base + 2)
-            qh = tl.load(W + base[:, None] + 16 + a32[None, :])
-            for c in tl.static_range(4):
-                q = tl.load(W + base[:, None] + 48 + 32 * c + a32[None, :])
-                sc, mn = _k4_scale_min(W, base, 2 * c)
-                u = (q & 15) | (((qh >> (2 * c)) & 1) << 4)
-                acc = _mac(acc, u, d * sc, dmin * mn, X, x_row, m_mask, k0 + 64 * c, 32, DOT, MAGIC,
-                           SCALE_IN_W, IEEE)
-                sc, mn = _k4_scale_min(W, base, 2 * c + 1)
-                u = (q >> 4) | (((qh >> (2 * c + 1)) & 1) << 4)
-                acc = _mac(acc, u, d * sc, dmin * mn, X, x_row, m_mask, k0 + 64 * c + 32, 32, DOT, MAGIC,
-                           SCALE_IN_W, IEEE)
+        base3 = b3 + kb * BLOCK_BYTES  # [BLOCK_N, 1, 1] int64
+        k0 = kb * QK * G
+        if QTYPE == 12 or QTYPE == 13:  # Q4_K / Q5_K: d, dmin, scales[12], (Q5_K: qh[32]), qs[128]
+            g = tl.arange(0, 4)[None, :, None]  # 32-byte chunk c of qs: low nibbles = sub-block 2c, high = 2c+1
+            l = tl.arange(0, 32)[None, None, :]
+            d = _f16(WH, base3)
+            dmin = _f16(WH, base3 + 2)
+            QS: tl.constexpr = 16 if QTYPE == 12 else 48
+            q = tl.load(W + base3 + QS + 32 * g + l)
+            u_lo = q & 15
+            u_hi = q >> 4
+            if QTYPE == 13:
+                qh = tl.load(W + base3 + 16 + l)
+                u_lo = u_lo | (((qh >> (2 * g).to(tl.uint8)) & 1) << 4)
+                u_hi = u_hi | (((qh >> (2 * g + 1).to(tl.uint8)) & 1) << 4)
+            sc, mn = _k4_scales(W, base3, 2 * g)
+            w = _codes_f32(u_lo, 0.0) * (d * sc) - dmin * mn
+            koff = tl.reshape(k0 + 64 * g + l, [128])
+            acc = _dot(acc, X, x_row, m_mask, koff, w, 128, BLOCK_N, DOT, IEEE)
+            sc, mn = _k4_scales(W, base3, 2 * g + 1)
+            w = _codes_f32(u_hi, 0.0) * (d * sc) - dmin * mn
+            acc = _dot(acc, X, x_row, m_mask, koff + 32, w, 128, BLOCK_N, DOT, IEEE)
         elif QTYPE == 14:  # Q6_K: ql[128], qh[64], int8 scales[16] (one per 16 values), d; codes - 32
-            d = _f16(WH, base + 208)
-            for n in tl.static_range(2):
-                for i in tl.static_range(4):
-                    for hh in tl.static_range(2):
-                        ql = tl.load(W + base[:, None] + 64 * n + 32 * (i % 2) + 16 * hh + a16[None, :])
-                        qh = tl.load(W + base[:, None] + 128 + 32 * n + 16 * hh + a16[None, :])
-                        u = ((ql >> (4 * (i // 2))) & 15) | (((qh >> (2 * i)) & 3) << 4)
-                        sc = tl.load(W + base + 192 + 8 * n + 2 * i + hh).to(tl.int8, bitcast=True).to(tl.float32)
-                        s = d * sc
-                        acc = _mac(acc, u, s, 32.0 * s, X, x_row, m_mask, k0 + 128 * n + 32 * i + 16 * hh, 16, DOT,
-                                   MAGIC, SCALE_IN_W, IEEE)
-        elif QTYPE == 8:  # Q8_0: d, int8 qs[32]; code u = q + 128
-            d = _f16(WH, base)
-            u = tl.load(W + base[:, None] + 2 + a32[None, :]) ^ 0x80
-            acc = _mac(acc, u, d, 128.0 * d, X, x_row, m_mask, k0, 32, DOT, MAGIC, SCALE_IN_W, IEEE)
-        elif QTYPE == 2:  # Q4_0: d, qs[16]; value j: low nibble of qs[j], value j + 16: high nibble; codes - 8
-            d = _f16(WH, base)
-            q = tl.load(W + base[:, None] + 2 + a16[None, :])
-            acc = _mac(acc, q & 15, d, 8.0 * d, X, x_row, m_mask, k0, 16, DOT, MAGIC, SCALE_IN_W, IEEE)
-            acc = _mac(acc, q >> 4, d, 8.0 * d, X, x_row, m_mask, k0 + 16, 16, DOT, MAGIC, SCALE_IN_W, IEEE)
-        else:  # Q5_0: d, qh (32 bits, little endian), qs[16]; bit j / j + 16 of qh is value j's / (j+16)'s 5th bit
-            d = _f16(WH, base)
-            q = tl.load(W + base[:, None] + 6 + a16[None, :])
-            h_lo = tl.load(W + base[:, None] + 2 + (a16 // 8)[None, :])
-            h_hi = tl.load(W + base[:, None] + 4 + (a16 // 8)[None, :])
-            bit = (a16 % 8)[None, :].to(tl.uint8)
+            g = tl.arange(0, 4)[None, :, None]  # (n, h) = (g // 2, g % 2): 128-value half n, 16-value half h
+            l = tl.arange(0, 16)[None, None, :]
+            n = g // 2
+            hh = g % 2
+            d = _f16(WH, base3 + 208)
+            qh = tl.load(W + base3 + 128 + 32 * n + 16 * hh + l)
+            for p in tl.static_range(2):
+                ql = tl.load(W + base3 + 64 * n + 32 * p + 16 * hh + l)
+                for nib in tl.static_range(2):
+                    i: tl.constexpr = p + 2 * nib  # 32-value quarter of the half
+                    u = ((ql >> (4 * nib)) & 15) | (((qh >> (2 * i)) & 3) << 4)
+                    sc = tl.load(W + base3 + 192 + 8 * n + 2 * i + hh).to(tl.int8, bitcast=True).to(tl.float32)
+                    w = _codes_f32(u, 32.0) * (d * sc)
+                    koff = tl.reshape(k0 + 128 * n + 32 * i + 16 * hh + l, [64])
+                    acc = _dot(acc, X, x_row, m_mask, koff, w, 64, BLOCK_N, DOT, IEEE)
+        elif QTYPE == 8:  # Q8_0: G blocks of (d, int8 qs[32])
+            g = tl.arange(0, G)[None, :, None]
+            l = tl.arange(0, 32)[None, None, :]
+            d = _f16(WH, base3 + 34 * g)
+            u = tl.load(W + base3 + 34 * g + 2 + l) ^ 0x80  # code = q + 128
+            w = _codes_f32(u, 128.0) * d
+            koff = tl.reshape(k0 + 32 * g + l, [G * 32])
+            acc = _dot(acc, X, x_row, m_mask, koff, w, G * 32, BLOCK_N, DOT, IEEE)
+        elif QTYPE == 2:  # Q4_0: G blocks of (d, qs[16]); value j: low nibble of qs[j], j + 16: high nibble; - 8
+            g = tl.arange(0, G)[None, :, None]
+            l = tl.arange(0, 16)[None, None, :]
+            d = _f16(WH, base3 + 18 * g)
+            q = tl.load(W + base3 + 18 * g + 2 + l)
+            koff = tl.reshape(k0 + 32 * g + l, [G * 16])
+            acc = _dot(acc, X, x_row, m_mask, koff, _codes_f32(q & 15, 8.0) * d, G * 16, BLOCK_N, DOT, IEEE)
+            acc = _dot(acc, X, x_row, m_mask, koff + 16, _codes_f32(q >> 4, 8.0) * d, G * 16, BLOCK_N, DOT, IEEE)
+        else:  # Q5_0: G blocks of (d, qh 32 bits little endian, qs[16]); bit j / j + 16 of qh: 5th bit; - 16
+            g = tl.arange(0, G)[None, :, None]
+            l = tl.arange(0, 16)[None, None, :]
+            d = _f16(WH, base3 + 22 * g)
+            q = tl.load(W + base3 + 22 * g + 6 + l)
+            bit = (l % 8).to(tl.uint8)
+            h_lo = tl.load(W + base3 + 22 * g + 2 + l // 8)
+            h_hi = tl.load(W + base3 + 22 * g + 4 + l // 8)
+            koff = tl.reshape(k0 + 32 * g + l, [G * 16])
             u = (q & 15) | (((h_lo >> bit) & 1) << 4)
-            acc = _mac(acc, u, d, 16.0 * d, X, x_row, m_mask, k0, 16, DOT, MAGIC, SCALE_IN_W, IEEE)
+            acc = _dot(acc, X, x_row, m_mask, koff, _codes_f32(u, 16.0) * d, G * 16, BLOCK_N, DOT, IEEE)
             u = (q >> 4) | (((h_hi >> bit) & 1) << 4)
-            acc = _mac(acc, u, d, 16.0 * d, X, x_row, m_mask, k0 + 16, 16, DOT, MAGIC, SCALE_IN_W, IEEE)
+            acc = _dot(acc, X, x_row, m_mask, koff + 16, _codes_f32(u, 16.0) * d, G * 16, BLOCK_N, DOT, IEEE)
     return acc
 
 
 @triton.jit
 def _gguf_mm_kernel(X, W, WH, Y, M, N, stride_xm, stride_wn, stride_ys, stride_ym, KB, KB_PER_SPLIT,
                     QTYPE: tl.constexpr, BLOCK_BYTES: tl.constexpr, QK: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, MAGIC: tl.constexpr,
-                    SCALE_IN_W: tl.constexpr, IEEE: tl.constexpr, SPLIT: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+                    G: tl.constexpr, SPLIT: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -218,8 +213,7 @@ def _gguf_mm_kernel(X, W, WH, Y, M, N, stride_xm, stride_wn, stride_ys, stride_y
     kb0 = pid_s * KB_PER_SPLIT
     kb1 = tl.minimum(kb0 + KB_PER_SPLIT, KB)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    acc = _qrows(acc, W, WH, row_off, X, x_row, m_mask, kb0, kb1, QTYPE, BLOCK_BYTES, QK, BLOCK_N, DOT, MAGIC,
-                 SCALE_IN_W, IEEE)
+    acc = _qrows(acc, W, WH, row_off, X, x_row, m_mask, kb0, kb1, QTYPE, BLOCK_BYTES, QK, BLOCK_N, DOT, IEEE, G)
     mask = m_mask[:, None] & n_mask[None, :]
     ptrs = Y + pid_s * stride_ys + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
     if SPLIT:
@@ -241,8 +235,8 @@ def _sum_splits_kernel(P, Y, MN, S: tl.constexpr, BLOCK: tl.constexpr):
 @triton.jit
 def _moe_w13_kernel(X, W, WH, A, SORTED, BLOCK_E, stride_xm, stride_we, stride_wn, stride_am, I, KB, TOPK,
                     QTYPE: tl.constexpr, BLOCK_BYTES: tl.constexpr, QK: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, MAGIC: tl.constexpr,
-                    SCALE_IN_W: tl.constexpr, IEEE: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+                    G: tl.constexpr):
     """A[pair, n] = silu(x[tok] . w13[e, n]) * (x[tok] . w13[e, I + n]) for the pairs of one expert block."""
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -258,10 +252,10 @@ def _moe_w13_kernel(X, W, WH, A, SORTED, BLOCK_E, stride_xm, stride_we, stride_w
     ebase = e.to(tl.int64) * stride_we
     g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     g = _qrows(g, W, WH, ebase + rows * stride_wn, X, x_row, m_mask, 0, KB, QTYPE, BLOCK_BYTES, QK, BLOCK_N, DOT,
-               MAGIC, SCALE_IN_W, IEEE)
+               IEEE, G)
     u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     u = _qrows(u, W, WH, ebase + (rows + I) * stride_wn, X, x_row, m_mask, 0, KB, QTYPE, BLOCK_BYTES, QK, BLOCK_N,
-               DOT, MAGIC, SCALE_IN_W, IEEE)
+               DOT, IEEE, G)
     a = g / (1.0 + tl.exp(-g)) * u
     ptrs = A + tl.where(m_mask, pair, 0).to(tl.int64)[:, None] * stride_am + offs_n[None, :]
     tl.store(ptrs, a, mask=m_mask[:, None] & n_mask[None, :])
@@ -270,8 +264,8 @@ def _moe_w13_kernel(X, W, WH, A, SORTED, BLOCK_E, stride_xm, stride_we, stride_w
 @triton.jit
 def _moe_w2_kernel(A, W, WH, Y, TW, SORTED, BLOCK_E, stride_am, stride_we, stride_wn, stride_ym, N, KB,
                    QTYPE: tl.constexpr, BLOCK_BYTES: tl.constexpr, QK: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, MAGIC: tl.constexpr,
-                   SCALE_IN_W: tl.constexpr, IEEE: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+                   G: tl.constexpr):
     """Y[pair, n] = topk_weight[pair] * (A[pair] . w2[e, n]) for the pairs of one expert block."""
     pid_n = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -286,7 +280,7 @@ def _moe_w2_kernel(A, W, WH, Y, TW, SORTED, BLOCK_E, stride_am, stride_we, strid
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc = _qrows(acc, W, WH, e.to(tl.int64) * stride_we + rows * stride_wn, A, p * stride_am, m_mask, 0, KB, QTYPE,
-                 BLOCK_BYTES, QK, BLOCK_N, DOT, MAGIC, SCALE_IN_W, IEEE)
+                 BLOCK_BYTES, QK, BLOCK_N, DOT, IEEE, G)
     tw = tl.load(TW + p, mask=m_mask, other=0.0).to(tl.float32)
     tl.store(Y + p[:, None] * stride_ym + offs_n[None, :], acc * tw[:, None], mask=m_mask[:, None] & n_mask[None, :])
 
@@ -309,13 +303,18 @@ def row_bytes(qtype: int, k: int) -> int:
     return k // qk * bb
 
 
-def _dot_mode(x_dtype: torch.dtype, bits: int, cfg: GGUFConfig) -> tuple[object, int, bool]:
-    """(Triton dot dtype, magic kind, ieee) for activations of x_dtype and codes of `bits` bits."""
+def _dot_mode(x_dtype: torch.dtype) -> tuple[object, bool]:
+    """(Triton dot dtype, ieee fp32) for activations of x_dtype."""
     if x_dtype == torch.float32:
-        return tl.float32, 0, True
-    if x_dtype == torch.float16 or cfg.f16_dot:
-        return tl.float16, (2 if bits <= 10 else 0), False
-    return tl.bfloat16, (1 if bits <= 7 else 0), False
+        return tl.float32, True
+    return (tl.float16 if x_dtype == torch.float16 else tl.bfloat16), False
+
+
+def _group(qtype: int, k: int) -> tuple[int, int, int]:
+    """(G, bytes per iteration, iterations per row): 8 blocks of 32 per iteration where K allows it."""
+    qk, bb, _ = QTYPES[int(qtype)]
+    g = 8 if qk == 32 and k % 256 == 0 else 1
+    return g, bb * g, k // (qk * g)
 
 
 def _num_splits(tiles: int, kb: int, device: torch.device, waves: float) -> int:
@@ -327,7 +326,7 @@ def _num_splits(tiles: int, kb: int, device: torch.device, waves: float) -> int:
 def gguf_matmul(x: torch.Tensor, w: torch.Tensor, qtype: int, n: int, *, config: GGUFConfig | None = None,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """y = x @ dequantize(w)^T. x: [M, K] fp32/fp16/bf16; w: uint8 [n, row_bytes] GGUF rows of type qtype."""
-    qk, bb, bits = _check_qtype(qtype)
+    qk = _check_qtype(qtype)[0]
     if x.dim() != 2 or w.dim() != 2 or w.dtype != torch.uint8:
         raise UserError(f"gguf_matmul: x must be [M, K] and w uint8 [N, row_bytes], got {tuple(x.shape)} "
                         f"and {tuple(w.shape)} {w.dtype}")
@@ -339,8 +338,8 @@ def gguf_matmul(x: torch.Tensor, w: torch.Tensor, qtype: int, n: int, *, config:
         raise UserError("gguf_matmul: w rows must be contiguous with an even row stride")
     cfg = config or pick_config(m)
     x = x.contiguous()
-    kb = k // qk
-    dot, magic, ieee = _dot_mode(x.dtype, bits, cfg)
+    g, it_bytes, kb = _group(qtype, k)
+    dot, ieee = _dot_mode(x.dtype)
     tiles = triton.cdiv(n, cfg.block_n) * triton.cdiv(m, cfg.block_m)
     split = _num_splits(tiles, kb, x.device, cfg.waves)
     kb_per = triton.cdiv(kb, split)
@@ -350,8 +349,8 @@ def gguf_matmul(x: torch.Tensor, w: torch.Tensor, qtype: int, n: int, *, config:
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, cfg.block_m), split)
     _gguf_mm_kernel[grid](x, w, w.view(torch.float16), target, m, n, x.stride(0), w.stride(0),
                           m * n if split > 1 else 0, n, kb, kb_per,
-                          QTYPE=int(qtype), BLOCK_BYTES=bb, QK=qk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                          DOT=dot, MAGIC=magic, SCALE_IN_W=cfg.scale_in_w, IEEE=ieee, SPLIT=split > 1,
+                          QTYPE=int(qtype), BLOCK_BYTES=it_bytes, QK=qk, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                          DOT=dot, IEEE=ieee, G=g, SPLIT=split > 1,
                           num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
@@ -392,8 +391,8 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     """
     if activation != "silu":
         raise UserError(f"gguf_moe: activation {activation!r} is not supported (silu only)")
-    qk1, bb1, bits1 = _check_qtype(type13)
-    qk2, bb2, bits2 = _check_qtype(type2)
+    qk1 = _check_qtype(type13)[0]
+    qk2 = _check_qtype(type2)[0]
     m, k = x.shape
     e, two_i, rb1 = w13.shape
     inter = two_i // 2
@@ -409,19 +408,20 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     sorted_pairs, block_expert = moe_align(topk_ids, e, c13.block_m)
     nblocks = block_expert.numel()
     a = torch.empty(m * top_k, inter, dtype=torch.float32, device=x.device)
-    dot, magic, ieee = _dot_mode(x.dtype, bits1, c13)
+    dot, ieee = _dot_mode(x.dtype)
+    g1, it1, kb1 = _group(type13, k)
     _moe_w13_kernel[(triton.cdiv(inter, c13.block_n), nblocks)](
         x, w13, w13.view(torch.float16), a, sorted_pairs, block_expert, x.stride(0), w13.stride(0), w13.stride(1),
-        a.stride(0), inter, k // qk1, top_k, QTYPE=int(type13), BLOCK_BYTES=bb1, QK=qk1, BLOCK_M=c13.block_m,
-        BLOCK_N=c13.block_n, DOT=dot, MAGIC=magic, SCALE_IN_W=c13.scale_in_w, IEEE=ieee,
+        a.stride(0), inter, kb1, top_k, QTYPE=int(type13), BLOCK_BYTES=it1, QK=qk1, BLOCK_M=c13.block_m,
+        BLOCK_N=c13.block_n, DOT=dot, IEEE=ieee, G=g1,
         num_warps=c13.num_warps, num_stages=c13.num_stages)
     yp = torch.empty(m * top_k, k, dtype=torch.float32, device=x.device)
-    dot, magic, ieee = _dot_mode(x.dtype, bits2, c2)
+    g2, it2, kb2 = _group(type2, inter)
     tw = topk_weights.reshape(-1).contiguous()
     _moe_w2_kernel[(triton.cdiv(k, c2.block_n), nblocks)](
         a, w2, w2.view(torch.float16), yp, tw, sorted_pairs, block_expert, a.stride(0), w2.stride(0), w2.stride(1),
-        yp.stride(0), k, inter // qk2, QTYPE=int(type2), BLOCK_BYTES=bb2, QK=qk2, BLOCK_M=c2.block_m,
-        BLOCK_N=c2.block_n, DOT=dot, MAGIC=magic, SCALE_IN_W=c2.scale_in_w, IEEE=ieee,
+        yp.stride(0), k, kb2, QTYPE=int(type2), BLOCK_BYTES=it2, QK=qk2, BLOCK_M=c2.block_m,
+        BLOCK_N=c2.block_n, DOT=dot, IEEE=ieee, G=g2,
         num_warps=c2.num_warps, num_stages=c2.num_stages)
     return yp.view(m, top_k, k).sum(1).to(x.dtype)
 
@@ -437,22 +437,21 @@ def aot_specs(arch: int) -> list:
         cfg = CONFIGS[cls]
         for qt, (qk, bb, bits) in QTYPES.items():
             for split in ((False, True) if cls == "decode" else (False,)):
-                dot, magic, _ = _dot_mode(torch.bfloat16, bits, cfg)
-                consts = {"QTYPE": qt, "BLOCK_BYTES": bb, "QK": qk, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                          "DOT": dot, "MAGIC": magic, "SCALE_IN_W": cfg.scale_in_w, "IEEE": False, "SPLIT": split}
+                g, it, _ = _group(qt, 6144)
+                consts = {"QTYPE": qt, "BLOCK_BYTES": it, "QK": qk, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                          "DOT": tl.bfloat16, "IEEE": False, "G": g, "SPLIT": split}
                 types = {"X": "*bf16", "W": "*u8", "WH": "*fp16", "Y": "*fp32" if split else "*bf16"}
                 specs.append(KernelSpec(f"gguf_mm[{cls}:{cfg.name}:{QTYPE_NAMES[qt]}{':split' if split else ''}]",
                                         _gguf_mm_kernel, _sig(_gguf_mm_kernel, types, consts), consts,
                                         cfg.num_warps, cfg.num_stages, div))
     for kname, fn, cfg in (("moe_w13", _moe_w13_kernel, CONFIGS["moe13"]), ("moe_w2", _moe_w2_kernel, CONFIGS["moe2"])):
         for qt, (qk, bb, bits) in QTYPES.items():
-            if qk != 256:
-                continue
-            dot, magic, _ = _dot_mode(torch.bfloat16, bits, cfg)
-            consts = {"QTYPE": qt, "BLOCK_BYTES": bb, "QK": qk, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                      "DOT": dot, "MAGIC": magic, "SCALE_IN_W": cfg.scale_in_w, "IEEE": False}
+            g, it, _ = _group(qt, 6144 if kname == "moe_w13" else 256)
+            consts = {"QTYPE": qt, "BLOCK_BYTES": it, "QK": qk, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                      "DOT": tl.bfloat16, "IEEE": False, "G": g}
             types = {"X": "*bf16", "A": "*fp32", "W": "*u8", "WH": "*fp16", "Y": "*fp32", "TW": "*fp32",
                      "SORTED": "*i32", "BLOCK_E": "*i32"}
             specs.append(KernelSpec(f"gguf_{kname}[{cfg.name}:{QTYPE_NAMES[qt]}]", fn, _sig(fn, types, consts), consts,
-                                    cfg.num_warps, cfg.num_stages, ("X", "A", "W", "WH", "Y")))
+                                    cfg.num_warps, cfg.num_stages,
+                                    tuple(a for a in ("X", "A", "W", "WH", "Y") if a in fn.arg_names)))
     return specs
