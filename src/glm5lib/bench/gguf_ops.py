@@ -268,7 +268,7 @@ def bench_dense(plugin, qname, shape, batches, device, gen, copy_bw, sweep, dead
                     if key in row:
                         row[key.replace("us", "copy_frac")] = nbytes / (row[key] * 1e-6) / copy_bw
                 if pname == "glm5lib":
-                    row["config"] = pick_config(m).name
+                    row["config"] = pick_config(m, device).name
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             rows.append(row)

@@ -56,22 +56,32 @@ class GGUFConfig:
         return f"M{self.block_m}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}-v{self.waves:g}"
 
 
-# Shipped configs by activation-row class. Chosen from the H200 sweep (NOTES.md "GGUF kernels").
+# Shipped configs by (activation-row class, shared-memory class): "big" is sm_90 / sm_100 (227 KB per block),
+# "small" the 99 KB of sm_89 / sm_120 (and sm_80). Decode and large picked from the H200 sweep (NOTES.md
+# "GGUF kernels"); "small" (17-32 rows) and the "small" shared-memory class are unmeasured.
 CONFIGS = {
-    "decode": GGUFConfig(16, 64, 4, 3, 2.0),
-    "small": GGUFConfig(32, 64, 4, 3, 2.0),
-    "large": GGUFConfig(64, 128, 8, 3, 1.0),
-    "moe13": GGUFConfig(16, 32, 4, 3, 1.0),
-    "moe2": GGUFConfig(16, 64, 4, 3, 1.0),
+    ("decode", "big"): GGUFConfig(16, 64, 4, 4, 4.0),
+    ("small", "big"): GGUFConfig(32, 64, 4, 3, 2.0),
+    ("large", "big"): GGUFConfig(64, 128, 8, 3, 2.0),
+    ("decode", "small"): GGUFConfig(16, 64, 4, 4, 4.0),
+    ("small", "small"): GGUFConfig(32, 64, 4, 3, 2.0),
+    ("large", "small"): GGUFConfig(64, 64, 4, 2, 1.0),
+    ("moe13", "big"): GGUFConfig(16, 32, 4, 3, 1.0),
+    ("moe2", "big"): GGUFConfig(16, 64, 4, 3, 1.0),
+    ("moe13", "small"): GGUFConfig(16, 32, 4, 3, 1.0),
+    ("moe2", "small"): GGUFConfig(16, 64, 4, 3, 1.0),
 }
 
 
-def pick_config(m: int) -> GGUFConfig:
-    if m <= 16:
-        return CONFIGS["decode"]
-    if m <= 32:
-        return CONFIGS["small"]
-    return CONFIGS["large"]
+def smem_class(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "big"
+    return "big" if capability(device) in ((9, 0), (10, 0)) else "small"
+
+
+def pick_config(m: int, device: torch.device = torch.device("cpu")) -> GGUFConfig:
+    rows = "decode" if m <= 16 else ("small" if m <= 32 else "large")
+    return CONFIGS[(rows, smem_class(device))]
 
 
 # ---------------------------------------------------------------------------------------------------- device code
@@ -158,11 +168,11 @@ def _qrows(acc, W, WH, row_off, X, x_row, m_mask, kb0, kb1,
             for p in tl.static_range(2):
                 ql = tl.load(W + base3 + 64 * n + 32 * p + 16 * hh + l)
                 for nib in tl.static_range(2):
-                    i: tl.constexpr = p + 2 * nib  # 32-value quarter of the half
-                    u = ((ql >> (4 * nib)) & 15) | (((qh >> (2 * i)) & 3) << 4)
-                    sc = tl.load(W + base3 + 192 + 8 * n + 2 * i + hh).to(tl.int8, bitcast=True).to(tl.float32)
-                    w = _codes_f32(u, 32.0) * (d * sc)
-                    koff = tl.reshape(k0 + 128 * n + 32 * i + 16 * hh + l, [64])
+                    # 32-value quarter p + 2 * nib of each 128-value half
+                    u = ((ql >> (4 * nib)) & 15) | (((qh >> (2 * (p + 2 * nib))) & 3) << 4)
+                    sc = tl.load(W + base3 + 192 + 8 * n + 2 * (p + 2 * nib) + hh).to(tl.int8, bitcast=True)
+                    w = _codes_f32(u, 32.0) * (d * sc.to(tl.float32))
+                    koff = tl.reshape(k0 + 128 * n + 32 * (p + 2 * nib) + 16 * hh + l, [64])
                     acc = _dot(acc, X, x_row, m_mask, koff, w, 64, BLOCK_N, DOT, IEEE)
         elif QTYPE == 8:  # Q8_0: G blocks of (d, int8 qs[32])
             g = tl.arange(0, G)[None, :, None]
@@ -336,7 +346,7 @@ def gguf_matmul(x: torch.Tensor, w: torch.Tensor, qtype: int, n: int, *, config:
                         f"{QTYPE_NAMES[int(qtype)]} rows of {k} values")
     if w.stride(1) != 1 or w.stride(0) % 2:
         raise UserError("gguf_matmul: w rows must be contiguous with an even row stride")
-    cfg = config or pick_config(m)
+    cfg = config or pick_config(m, x.device)
     x = x.contiguous()
     g, it_bytes, kb = _group(qtype, k)
     dot, ieee = _dot_mode(x.dtype)
@@ -400,8 +410,8 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
         raise UserError(f"gguf_moe: w13 {tuple(w13.shape)} / w2 {tuple(w2.shape)} do not match x [{m}, {k}] with "
                         f"{QTYPE_NAMES[int(type13)]} / {QTYPE_NAMES[int(type2)]} rows")
     top_k = topk_ids.shape[1]
-    c13 = config13 or CONFIGS["moe13"]
-    c2 = config2 or CONFIGS["moe2"]
+    c13 = config13 or CONFIGS[("moe13", smem_class(x.device))]
+    c2 = config2 or CONFIGS[("moe2", smem_class(x.device))]
     if c13.block_m != c2.block_m:
         raise ValueError("gguf_moe: both configs must group pairs in blocks of the same size")
     x = x.contiguous()
@@ -426,29 +436,33 @@ def gguf_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights:
     return yp.view(m, top_k, k).sum(1).to(x.dtype)
 
 
-def aot_specs(arch: int) -> list:
-    """`compile_report.KernelSpec`s of every shipped GGUF (kernel, config, type) for `arch` (bf16 activations;
-    Q8_0 also with the fp16 dot)."""
+def aot_specs(arch: int, qtypes=None) -> list:
+    """`compile_report.KernelSpec`s of every shipped GGUF (kernel, config, type) for `arch` (bf16 activations,
+    K = 6144 for the dense and w13 kernels, 256 for w2)."""
     from glm5lib.kernels.compile_report import KernelSpec, _sig
 
+    smem = "big" if arch in (90, 100) else "small"
+    qts = [q for q in QTYPES if qtypes is None or q in qtypes]
     specs = []
-    div = ("X", "W", "WH", "Y", "stride_xm", "stride_ym")
-    for cls in ("decode", "small", "large"):
-        cfg = CONFIGS[cls]
-        for qt, (qk, bb, bits) in QTYPES.items():
-            for split in ((False, True) if cls == "decode" else (False,)):
+    div = ("X", "W", "WH", "Y", "stride_xm", "stride_wn", "stride_ym")
+    for rows in ("decode", "small", "large"):
+        cfg = CONFIGS[(rows, smem)]
+        for qt in qts:
+            qk = QTYPES[qt][0]
+            for split in ((False, True) if rows == "decode" else (False,)):
                 g, it, _ = _group(qt, 6144)
                 consts = {"QTYPE": qt, "BLOCK_BYTES": it, "QK": qk, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
                           "DOT": tl.bfloat16, "IEEE": False, "G": g, "SPLIT": split}
                 types = {"X": "*bf16", "W": "*u8", "WH": "*fp16", "Y": "*fp32" if split else "*bf16"}
-                specs.append(KernelSpec(f"gguf_mm[{cls}:{cfg.name}:{QTYPE_NAMES[qt]}{':split' if split else ''}]",
+                specs.append(KernelSpec(f"gguf_mm[{rows}:{cfg.name}:{QTYPE_NAMES[qt]}{':split' if split else ''}]",
                                         _gguf_mm_kernel, _sig(_gguf_mm_kernel, types, consts), consts,
                                         cfg.num_warps, cfg.num_stages, div))
-    for kname, fn, cfg in (("moe_w13", _moe_w13_kernel, CONFIGS["moe13"]), ("moe_w2", _moe_w2_kernel, CONFIGS["moe2"])):
-        for qt, (qk, bb, bits) in QTYPES.items():
-            g, it, _ = _group(qt, 6144 if kname == "moe_w13" else 256)
-            consts = {"QTYPE": qt, "BLOCK_BYTES": it, "QK": qk, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                      "DOT": tl.bfloat16, "IEEE": False, "G": g}
+    for kname, fn, k in (("moe13", _moe_w13_kernel, 6144), ("moe2", _moe_w2_kernel, 256)):
+        cfg = CONFIGS[(kname, smem)]
+        for qt in qts:
+            g, it, _ = _group(qt, k)
+            consts = {"QTYPE": qt, "BLOCK_BYTES": it, "QK": QTYPES[qt][0], "BLOCK_M": cfg.block_m,
+                      "BLOCK_N": cfg.block_n, "DOT": tl.bfloat16, "IEEE": False, "G": g}
             types = {"X": "*bf16", "A": "*fp32", "W": "*u8", "WH": "*fp16", "Y": "*fp32", "TW": "*fp32",
                      "SORTED": "*i32", "BLOCK_E": "*i32"}
             specs.append(KernelSpec(f"gguf_{kname}[{cfg.name}:{QTYPE_NAMES[qt]}]", fn, _sig(fn, types, consts), consts,
