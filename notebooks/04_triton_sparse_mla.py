@@ -6,6 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -17,7 +18,7 @@
 #
 # GLM-5 attends sparsely: each query token reads only the `index_topk` = 2048 cache rows its lightning
 # indexer picked. In the absorbed (MQA) form every head of a token uses the same gathered rows
-# (`[c_kv 512 | k_rope 64]`, value = the first 512), so (GLM5_FACTS sections 2 and 7):
+# (`[c_kv 512 | k_rope 64]`, value = the first 512), so (docs/glm5.md sections 2 and 7):
 #
 # - **decode at 8-16 heads per GPU is a gather-bandwidth problem**: 2048 x 1152 B (bf16) or 656 B (fp8_ds_mla)
 #   per token, used by every head;
@@ -43,8 +44,9 @@ from pathlib import Path
 
 import torch
 
-from glm5lib.kernels import bench as kbench
-from glm5lib.kernels import checks, evidence, indexer_logits, naive, topk_indices, topk_select
+from glm5lib.bench import kernels as bench as kbench
+from glm5lib.bench import evidence
+from glm5lib.kernels import checks, indexer_logits, naive, topk_indices, topk_select
 from glm5lib.kernels.compile_report import compile_report, format_report
 from glm5lib.kernels.mla import sparse_mla
 from glm5lib.workbook import record
@@ -161,7 +163,7 @@ record("topk_select_equals_stable_sort", same)
 # memcheck` on the invalid-index cases (`outputs/bench/sanitizer_h200.log`) and the vLLM backend's call path
 # (`outputs/bench/vllm_harness_h200.json`, notebook 05) ran the kernels shipped now; the v5 decode verification
 # (`outputs/bench/sweeps/verify_v5_decode.log`) and the benchmark come from the commit that introduced those
-# configs. The table below is read from those files (`glm5lib.kernels.evidence`): which config
+# configs. The table below is read from those files (`glm5lib.bench.evidence`): which config
 # each piece ran, and for each config the H200 runs now, which pieces ran exactly that config.
 
 # %%
@@ -232,7 +234,7 @@ if INTERACTIVE:
 # %% [markdown]
 # ## 6. Targets
 #
-# The targets, recomputed from the rows. Where they are missed, `src/glm5lib/kernels/NOTES.md` says by
+# The speed targets, recomputed from the rows. Where they are missed, `docs/kernels.md` says by
 # how much and why. In short (the numbers are printed below from the JSON): small-head decode with bf16 rows
 # reaches about two thirds of the copy bandwidth, short of the 85 % target; the fp8 path is bound by converting
 # e4m3 before the tensor cores, not by bytes; the 64-128-head tiles reach less than half of FlashMLA's TFLOP/s;

@@ -465,7 +465,7 @@ def dense_attn(rows: list[dict]) -> list[dict]:
 
 
 def figure(result: dict, path: Path) -> None:
-    from glm5lib.workbook.figures import pyplot, save_figure
+    from glm5lib.plotting import pyplot, save_figure
 
     plt = pyplot()
     rows = [r for r in result["rows"] if "error" not in r and r["path"] in ("bf16", "plugin_cuda", "plugin_triton", "glm5lib")]

@@ -6,8 +6,10 @@ The fp32 twins are in `glm5lib.kernels.gguf_naive`. Weights stay as GGUF stores 
 llama.cpp blocks (Q4_K / Q5_K / Q6_K: 256 values in 144 / 176 / 210 bytes; Q8_0 / Q4_0 / Q5_0: 32 values in
 34 / 18 / 22 bytes), the layout gguf-py's `gguf.quants` reads.
 
-Why by hand: vllm-gguf-plugin's CUDA kernels quantize the activations to int8 and use dp4a (no tensor cores),
-its Triton kernels dequantize element by element; neither reaches the memory rate at decode (NOTES.md).
+Why by hand: vllm-gguf-plugin's CUDA kernels quantize the activations to int8 and use dp4a (no tensor cores)
+and its Triton kernels dequantize element by element; this is the tensor-core formulation. Measured on the H200
+it is correct but slower than a bf16 matmul of the dequantized weight at every batch and than the plugin's MMVQ
+at batch 1 (docs/kernels.md, "GGUF kernels": the numbers and what bounds them).
 
 How a tile is computed (one program: `BLOCK_M` activation rows x `BLOCK_N` weight rows x a range of k):
 - one loop iteration covers 256 values per row: a K-quant super-block, or 8 blocks of 32 for Q8_0 / Q4_0 /
@@ -17,7 +19,7 @@ How a tile is computed (one program: `BLOCK_M` activation rows x `BLOCK_N` weigh
   conversion instruction: that unit runs at a quarter rate on sm_90), scaled per group in fp32, rounded to the
   dot dtype and multiplied by the matching activation columns in one to four tensor-core dots of K = 64..256;
   a large K per dot matters: each dot stages its operands through shared memory behind a barrier, and the
-  first version's dots per 32-value sub-block were bound by those barriers (NOTES.md);
+  first version's dots per 32-value sub-block were bound by those barriers (docs/kernels.md);
 - decode shapes with few weight-row tiles split k across programs (`waves`), writing fp32 partials that a
   second launch sums.
 """
@@ -57,7 +59,7 @@ class GGUFConfig:
 
 
 # Shipped configs by (activation-row class, shared-memory class): "big" is sm_90 / sm_100 (227 KB per block),
-# "small" the 99 KB of sm_89 / sm_120 (and sm_80). Decode and large picked from the H200 sweep (NOTES.md
+# "small" the 99 KB of sm_89 / sm_120 (and sm_80). Decode and large picked from the H200 sweep (docs/kernels.md
 # "GGUF kernels"); "small" (17-32 rows) and the "small" shared-memory class are unmeasured.
 CONFIGS = {
     ("decode", "big"): GGUFConfig(16, 64, 4, 4, 4.0),
