@@ -5,5 +5,6 @@ Modules: `server` (start/probe/stop a vLLM OpenAI server), `client` (OpenAI requ
 reference forward), `doctor` (which backend and indexer vLLM picks, and why), `harness` (the backend's forward and
 the indexer op on vLLM-shaped inputs, on a GPU without vLLM), `cli` (`glm5lib doctor | serve`).
 
-Nothing here is imported by the plugin that vLLM loads in every process (`glm5lib.vllm_plugin`).
+Nothing here is imported by the plugin that vLLM loads in every process (`glm5lib.vllm_plugin`): a change
+that vLLM must see inside its processes goes there, one that drives vLLM from outside goes here (floor 6).
 """

@@ -1,4 +1,8 @@
-"""glm5lib's vLLM plugin (entry point group `vllm.general_plugins`, name `glm5lib`).
+"""glm5lib's vLLM plugin (entry point group `vllm.general_plugins`, name `glm5lib`; floor 5).
+
+Only what vLLM imports in every process belongs here; server management, clients, the doctor and the GPU
+harness are `glm5lib.serving`. A change to vLLM's behaviour that no public hook allows is an entry in
+`patches.py` with its pinning test (tests/test_vllm_patches.py).
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), possibly more than
 once: it only registers, and registering twice is a no-op.
