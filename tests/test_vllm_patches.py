@@ -202,6 +202,42 @@ def test_indexer_q_quantization_has_no_cpu_path():
         per_token_group_quant_fp8(torch.randn(4, 128), 128, use_ue8m0=True)
 
 
+E4M3_STORE_PROBE = r"""
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+@triton.jit
+def store_e4m3(X, Y):  # what vLLM's fused_indexer_q_rope_quant kernel does with q: convert to e4m3 and store
+    offs = tl.arange(0, 32)
+    tl.store(Y + offs, tl.load(X + offs).to(Y.dtype.element_ty))
+
+for arch in (80, 89):
+    try:
+        triton.compile(ASTSource(store_e4m3, {"X": "*fp32", "Y": "*fp8e4nv"}, constexprs={}),
+                       target=GPUTarget("cuda", arch, 32))
+        print(arch, "compiles")
+    except Exception as exc:
+        print(arch, "fails", str(exc).strip().splitlines()[-1][:200])
+"""
+
+
+def test_indexer_q_fused_quantization_cannot_compile_for_sm80(tmp_path):
+    """The reason for patches.INDEXER_FORWARD on CUDA without DeepGEMM: Triton stores no e4m3 below sm_89."""
+    import os
+    import subprocess
+    import sys
+
+    probe = tmp_path / "probe.py"  # a file: triton.jit reads the kernel's source
+    probe.write_text(E4M3_STORE_PROBE)
+    env = dict(os.environ, TRITON_INTERPRET="0")  # an ahead-of-time compile, no GPU needed
+    r = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if ln[:2] in ("80", "89"))
+    assert lines["89"] == "compiles"
+    assert lines["80"].startswith("fails") and "fp8e4nv not supported" in lines["80"], lines["80"]
+
+
 def test_indexer_forward_copy_equals_vllms_unfused_branch_without_the_fp8_step(monkeypatch):
     """model.indexer_forward_fp32 against vLLM's own Indexer.forward on the same module state, with vLLM's fp8
     quantization made the identity (scale 1): the op must receive the same q, k and weights."""
