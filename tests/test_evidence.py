@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from glm5lib.kernels import bench
+from glm5lib.bench import kernels as bench
 
 BENCH = Path(__file__).resolve().parents[1] / "outputs" / "bench"
 
