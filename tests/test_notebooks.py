@@ -44,6 +44,7 @@ def test_notebook_is_stripped_paired_and_parameterised(nb):
     assert [c.source for c in text.cells] == [c.source for c in book.cells], "ipynb and py:percent differ: jupytext --sync"
 
 
+@pytest.mark.slow  # 03 trains the tiny model, 05 starts a vLLM server
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_records_checked_values(nb):
     result = run(nb, out_dir=ROOT / "outputs")
@@ -66,6 +67,7 @@ INTERACTIVE_NOTEBOOKS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nb", INTERACTIVE_NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_widget_path_runs(nb, tmp_path):
     """The JupyterLab path (ipywidgets behind INTERACTIVE=True) builds its widgets without error."""

@@ -6,5 +6,6 @@ reference forward), `doctor` (which backend and indexer vLLM picks, and why), `p
 decode estimate and the vLLM command, from headers), `harness` (the backend's forward and the indexer op on
 vLLM-shaped inputs, on a GPU without vLLM), `cli` (`glm5lib doctor | plan | serve`).
 
-Nothing here is imported by the plugin that vLLM loads in every process (`glm5lib.vllm_plugin`).
+Nothing here is imported by the plugin that vLLM loads in every process (`glm5lib.vllm_plugin`): a change
+that vLLM must see inside its processes goes there, one that drives vLLM from outside goes here (floor 6).
 """

@@ -271,7 +271,9 @@ def size_summary(hf: dict[str, Any], kv_cache_dtype: str, dtype: str, tp: int) -
 def _diagnose_cpu(rep: DoctorReport, sel: Any) -> None:
     from vllm.platforms.cpu import CpuPlatform
 
-    select = getattr(CpuPlatform, "_glm5lib_original_get_attn_backend_cls", None)
+    from glm5lib.vllm_plugin import patches
+
+    select = patches.original(patches.CPU_SELECT)  # vLLM's own selector, where the plugin wrapped it
     try:
         if select is not None:
             path = select(CpuPlatform, None, sel, rep.heads_per_gpu)
