@@ -151,8 +151,8 @@ out = {
     "set_splitting_ops_for_v1": params(CompilationConfig.set_splitting_ops_for_v1),
     "direct_register_custom_op": params(direct_register_custom_op),
     "common_fields": sorted(CommonAttentionMetadata.__dataclass_fields__),
-    "patch_targets": {p.symbol: type(patches.resolve(p.symbol)).__name__ for p in patches.PATCHES},
-    "reapply": patches.apply(),
+    "splitting_entry": patches.find(patches.SPLITTING_OPS).apply,
+    "reapply": patches.apply_all(),
 }
 print("PROBE " + json.dumps(out))
 """
@@ -162,8 +162,7 @@ print("PROBE " + json.dumps(out))
 def test_cuda_graph_contract_against_vllm_version(src):
     """What the CUDA-graph support relies on, read from each version's own code: the support levels and their
     order, the builder hooks' signatures, the CommonAttentionMetadata fields the builders read, vLLM's indexer
-    among the default splitting ops, and glm5lib's indexer op joining them through the patch registry (each
-    patched symbol still the type the patch expects)."""
+    among the default splitting ops, and glm5lib's indexer op joining them through the patch registry."""
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = os.pathsep.join([src, str(ROOT / "src"), env.get("PYTHONPATH", "")])
@@ -184,5 +183,5 @@ def test_cuda_graph_contract_against_vllm_version(src):
     for field in ("query_start_loc", "query_start_loc_cpu", "seq_lens", "num_reqs", "num_actual_tokens",
                   "block_table_tensor", "slot_mapping", "seq_lens_cpu_upper_bound"):
         assert field in out["common_fields"], field
-    assert out["patch_targets"] == {"vllm.config.compilation:CompilationConfig._attention_ops": "list"}
+    assert out["splitting_entry"] == "glm5lib.vllm_plugin.indexer:add_splitting_op"
     assert out["reapply"] == []

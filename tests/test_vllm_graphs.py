@@ -176,15 +176,15 @@ def test_indexer_op_is_a_splitting_op():
     assert SPLITTING_OP in cc.splitting_ops and "vllm::sparse_attn_indexer" in cc.splitting_ops
 
 
-def test_patch_registry_entries_are_complete_and_idempotent():
-    from glm5lib.vllm_plugin import patches
+def test_splitting_op_is_a_registry_entry():
+    """The splitting-op change is in the patch registry (its target pinned by tests/test_vllm_patches.py) and
+    applied by register(): applying again changes nothing."""
+    from glm5lib.vllm_plugin import indexer, patches
 
-    assert patches.PATCHES
-    for p in patches.PATCHES:
-        assert p.why and p.versions_checked and p.remove_when
-        target = patches.resolve(p.symbol)
-        assert isinstance(target, list) and all(isinstance(x, str) for x in target)  # the splitting-op list
-    assert patches.apply() == []  # register() applied them already
+    entry = patches.find(patches.SPLITTING_OPS)
+    assert entry.apply == "glm5lib.vllm_plugin.indexer:add_splitting_op" and entry.when == "indexer"
+    assert indexer.add_splitting_op() is False
+    assert patches.apply_all() == []
 
 
 def test_graph_harness_cpu_mode(tmp_path):
