@@ -22,7 +22,8 @@ What it registers
   registered as a subclass whose indexers skip vLLM's fp8 q quantization (see `model.py`).
 
 Everything here that changes vLLM's behaviour beyond its public hooks (the CPU platform wrappers, the indexer's
-q path, the indexer cache's backend) is an entry of the registry in `patches.py`, applied by `register()`.
+q path, the indexer cache's backend, the indexer op among vLLM's splitting ops) is an entry of the registry in
+`patches.py`, applied by `register()`.
 - Load format `glm5-gguf`: GLM-5 weights streamed from a glm-dsa GGUF (see `gguf_loader.py`).
 
 Use
