@@ -58,10 +58,11 @@ from glm5lib.mapping.inventory import check, expected_inventory
 from glm5lib.mapping.layer_check import layer_check
 from glm5lib.model.spec import GLM5Config
 from glm5lib.mapping.tiny import ensure_tiny
+from glm5lib.paths import outputs_dir
 from glm5lib.workbook import record
 
 torch.set_num_threads(2)
-FIGURES = Path("outputs/figures")
+FIGURES = outputs_dir() / "figures"
 tiny = None
 if GGUF_PATH is None:
     tiny = ensure_tiny(progress=False)

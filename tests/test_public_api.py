@@ -33,3 +33,26 @@ def test_every_public_name_resolves_and_is_documented():
         assert "no_such_name" in str(exc)
     else:
         raise AssertionError("unknown names must raise AttributeError")
+
+
+def test_prepared_model_directories_go_to_the_user_cache(monkeypatch, tmp_path):
+    from glm5lib import paths
+    from glm5lib.vllm_plugin.gguf_loader import default_model_dir
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.delenv("GLM5LIB_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_model_dir(gguf).parent == tmp_path / "xdg" / "glm5lib" / "vllm-gguf"
+    assert paths.cache_dir() == paths.repo_root() / ".cache"  # the tiny model stays beside the checkout
+    monkeypatch.setenv("GLM5LIB_CACHE", str(tmp_path / "c"))
+    assert default_model_dir(gguf).parent == tmp_path / "c" / "vllm-gguf"
+
+
+def test_relative_paths_resolve_from_the_checkout_not_the_working_directory(monkeypatch, tmp_path):
+    from glm5lib import paths
+
+    monkeypatch.chdir(tmp_path)
+    assert paths.resolve("outputs/bench/bench_h200.json") == paths.bench_dir() / "bench_h200.json"
+    assert (paths.bench_dir() / "bench_h200.json").is_file()
+    assert paths.resolve(tmp_path / "x") == tmp_path / "x"
