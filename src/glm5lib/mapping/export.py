@@ -28,6 +28,7 @@ from glm5lib.mapping.source import open_model
 from glm5lib.mapping.tokenizer import gguf_to_hf_tokenizer
 from glm5lib.mapping.weights import iter_hf_weights
 from glm5lib.model.spec import hf_tensor_shapes
+from glm5lib.progress import show_progress
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -82,17 +83,16 @@ def _write_shards(gs: Any, work: Path, dtype: torch.dtype, include_mtp: bool, ma
         files.append((p, list(batch)))
         batch, size = {}, 0
 
-    bar = tqdm(total=n_total, desc="export", unit="tensor", disable=not progress)
-    for name, t in iter_hf_weights(gs, dtype=dtype, include_mtp=include_mtp):
-        n = t.numel() * t.element_size()
-        if batch and size + n > max_shard_bytes:
-            flush()
-        batch[name] = t.contiguous()
-        size += n
-        total += n
-        bar.update(1)
-    flush()
-    bar.close()
+    with tqdm(total=n_total, desc="export", unit="tensor", disable=not show_progress(progress)) as bar:
+        for name, t in iter_hf_weights(gs, dtype=dtype, include_mtp=include_mtp):
+            n = t.numel() * t.element_size()
+            if batch and size + n > max_shard_bytes:
+                flush()
+            batch[name] = t.contiguous()
+            size += n
+            total += n
+            bar.update(1)
+        flush()
     weight_map = {}
     for i, (p, names) in enumerate(files):
         final = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
