@@ -49,6 +49,8 @@ PROFILE = "ci"
 import time
 from pathlib import Path
 
+from IPython.display import Image, display
+
 from glm5lib.gguf import open_gguf, scan
 from glm5lib.gguf.inspect import diff_tensors, format_summary, summarize, tensor_digests
 from glm5lib.gguf.plot import plot_bytes_per_block
@@ -129,7 +131,7 @@ record("merge_seconds", seconds)
 summary = summarize(merged)
 print(format_summary(summary))
 figure = plot_bytes_per_block(summary, FIGURES / "01_bytes_per_block.png")
-print("figure:", figure)
+display(Image(str(figure)))
 record("tensor_count", summary["tensor_count"])
 record("tensor_bytes", summary["tensor_bytes"])
 record("block_bytes", {k: v["bytes"] for k, v in summary["blocks"].items()})

@@ -68,3 +68,31 @@ def test_show_progress_follows_stderr(monkeypatch):
     assert show_progress() and not show_progress(False)
     monkeypatch.setattr(sys, "stderr", open(os.devnull, "w"))
     assert not show_progress()
+
+
+def test_status_line_is_erased_and_only_on_a_terminal(monkeypatch):
+    from glm5lib.serving.cli import status_line
+
+    class Term:
+        def __init__(self, tty):
+            self.tty, self.text = tty, ""
+
+        def isatty(self):
+            return self.tty
+
+        def write(self, s):
+            self.text += s
+
+        def flush(self):
+            pass
+
+    for tty in (True, False):
+        term = Term(tty)
+        monkeypatch.setattr(sys, "stderr", term)
+        try:
+            with status_line("importing vLLM ..."):
+                raise KeyError("boom")
+        except KeyError:
+            pass
+        # on a terminal: the line, then carriage return + erase, so an error starts on a clean line
+        assert term.text == ("importing vLLM ...\r\033[K" if tty else "")
