@@ -38,7 +38,7 @@ The embedded tiny GLM-5::
 Paths (`glm5lib.paths`): `cache_dir()`, `bench_dir()`, `repo_root()`.
 """
 
-from importlib import import_module
+from importlib import import_module as _import_module
 
 __version__ = "0.1.0"
 
@@ -66,7 +66,7 @@ def __getattr__(name: str):
     if name not in _EXPORTS:
         raise AttributeError(f"module 'glm5lib' has no attribute {name!r}")
     module, attr = _EXPORTS[name]
-    value = import_module(module) if attr is None else getattr(import_module(module), attr)
+    value = _import_module(module) if attr is None else getattr(_import_module(module), attr)
     globals()[name] = value  # later look-ups skip __getattr__
     return value
 
