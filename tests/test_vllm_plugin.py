@@ -4,6 +4,7 @@ GGUF model directory, and the backend's call path through the harness (Triton in
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -311,7 +312,7 @@ def test_doctor_text_is_quiet_and_fits_a_screen():
     r = subprocess.run([sys.executable, "-m", "glm5lib.cli", "doctor", "glm5", "--cc", "9.0", "--cc", "cpu"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
-    reports = r.stdout.rstrip("\n").split("\n\n\nmodel ")
+    reports = re.split(r"\n\n(?=model )", r.stdout.rstrip("\n"))
     assert len(reports) == 2
     for text in reports:
         lines = text.splitlines()
