@@ -20,6 +20,7 @@ from typing import Any
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from glm5lib.errors import GGUFFormatError
+from glm5lib.model.quant import is_quantized_by_llama
 from glm5lib.model.spec import GGUF_ARCH, GLM5Config, TensorSpec, gguf_tensor_specs, split_block_name
 from glm5lib.mapping.config import compare_hf_configs, config_from_kv
 
@@ -44,8 +45,10 @@ class ExpectedTensor:
 
 
 def allowed_types(spec: TensorSpec) -> tuple[GGMLQuantizationType, ...]:
-    if spec.storage == "f32":
-        return F32_ONLY  # llama.cpp's converter keeps norms, biases, the router and indexer proj in F32
+    if not is_quantized_by_llama(spec):
+        return F32_ONLY  # norms, biases, the router: neither llama.cpp's converter nor llama-quantize quantizes them
+    # Any type whose blocks divide the rows. indexer.proj is written F32 by the converter, but it is a 2-D weight,
+    # so llama-quantize quantizes it with the rest.
     row = spec.ggml_shape[0]
     return tuple(t for t in WEIGHT_TYPES if row % GGML_QUANT_SIZES[t][0] == 0)
 
@@ -241,7 +244,7 @@ def _type_findings(present: dict[str, Any], expected: dict[str, ExpectedTensor],
             continue
         t = info.ggml_type
         if t not in exp.allowed_types:
-            why = "must stay F32" if exp.spec.storage == "f32" else \
+            why = "must stay F32" if exp.allowed_types == F32_ONLY else \
                 f"rows of {exp.ggml_shape[0]} are not a whole number of {t.name} blocks"
             out.append(Finding("type", f"{name} is {t.name}: {why}", name))
         elif exp.spec.storage == "main" and main is not None and t != main:

@@ -9,8 +9,10 @@ import shutil
 from pathlib import Path
 
 from glm5lib.errors import UserError
-from glm5lib.model.spec import GGUF_FILE_TYPES as FILE_TYPES
+from glm5lib.model.spec import GGUF_FILE_TYPES, LLAMA_QUANTIZE_TYPES
 from glm5lib.model.spec import TINY_DEFAULT_TYPES as DEFAULT_TYPES
+
+FILE_TYPES = GGUF_FILE_TYPES + LLAMA_QUANTIZE_TYPES  # the K-quant mixes need llama-quantize
 
 
 def _paths_dict(paths) -> dict:

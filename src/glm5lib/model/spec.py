@@ -20,6 +20,10 @@ from typing import Any, Iterator, Literal
 # GGUF file types the tiny builder writes (the ones gguf-py can quantize to) and its default set.
 GGUF_FILE_TYPES = ("F32", "BF16", "Q8_0", "Q5_0", "Q4_0")
 TINY_DEFAULT_TYPES = ("F32", "BF16", "Q8_0", "Q4_0")
+# llama.cpp's K-quant mixes, which the tiny builder makes with a `llama-quantize` binary (per-tensor types as
+# llama.cpp chooses them: glm5lib.model.quant), and the tiny type set that includes them.
+LLAMA_QUANTIZE_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
+TINY_KQUANT_TYPES = TINY_DEFAULT_TYPES + LLAMA_QUANTIZE_TYPES
 
 HF_ARCHITECTURE = "GlmMoeDsaForCausalLM"
 HF_MODEL_TYPE = "glm_moe_dsa"
