@@ -73,8 +73,9 @@ def test_llama_quantize_types_match_the_recipe(kq, ftype):
 
 
 # Relative RMS error bound of each tensor type against the F32 weights (bf16 rounding of the source included);
-# Gaussian weights measure ~0.01 (Q8_0), ~0.03 (Q6_K), ~0.06 (Q5_*), ~0.12 (Q4_K).
-_REL_ERR = {"F32": 0.0, "Q8_0": 0.02, "Q6_K": 0.05, "Q5_K": 0.09, "Q5_0": 0.09, "Q5_1": 0.09, "Q4_K": 0.16}
+# the tiny model's Gaussian weights measure at most 0.006 (Q8_0), 0.018 (Q6_K), 0.037-0.043 (Q5_K, Q5_1, Q5_0),
+# 0.075 (Q4_K).
+_REL_ERR = {"F32": 0.0, "Q8_0": 0.012, "Q6_K": 0.03, "Q5_K": 0.06, "Q5_0": 0.07, "Q5_1": 0.06, "Q4_K": 0.11}
 
 
 @needs_binary
@@ -113,7 +114,8 @@ def test_llama_quantize_log_names_the_shape_fallbacks(kq):
     """llama.cpp's own account of its choices (kept beside the file): every tensor whose rows a K-quant cannot
     hold is named with the type it fell back to, and those are exactly where the recipe falls back."""
     log = (kq.root / "llama-quantize-Q4_K_M.log").read_text()
-    fell = dict(re.findall(r"warning: (\S+)\s+- ncols\s+\d+ not divisible by \d+ .*?-> falling back to\s+(\S+)", log))
+    fell = {name: t.upper() for name, t in  # ggml_type_name spells types in lower case
+            re.findall(r"warning: (\S+)\s+- ncols\s+\d+ not divisible by \d+ .*?-> falling back to\s+(\S+)", log)}
     assert fell, log[-2000:]
     recipe = quant_recipe(kq.config, "Q4_K_M")
     assert {n: recipe[n] for n in fell} == fell
