@@ -188,7 +188,8 @@ def test_header_only_glm5_q4_k_m_set_is_release_sized_and_checks(tmp_path):
     types = {t.name: t.ggml_type.name for t in gs.tensors}
     assert types == quant_recipe(cfg, "Q4_K_M")
     total = sum(t.nbytes for t in gs.tensors)
-    plain = sum(tensor_nbytes(s.ggml_shape, int(gguf.GGMLQuantizationType[header_only_types(cfg)[s.gguf_name]]))
+    q4_k = header_only_types(cfg, main_type="Q4_K")
+    plain = sum(tensor_nbytes(s.ggml_shape, int(gguf.GGMLQuantizationType[q4_k[s.gguf_name]]))
                 for s in gguf_tensor_specs(cfg))
     print(f"GLM-5 Q4_K_M header-only: {len(shards)} shards, {total / 1e9:.1f} GB declared "
           f"({total / 2**30:.1f} GiB); plain Q4_K {plain / 1e9:.1f} GB")
