@@ -22,7 +22,7 @@ from glm5lib.gguf.format import tensor_nbytes
 from glm5lib.mapping.corpus import header_only_types, write_header_only_set
 from glm5lib.mapping.inventory import check
 from glm5lib.mapping.source import open_model
-from glm5lib.mapping.tiny import build_tiny, ensure_tiny, llama_quantize_binary
+from glm5lib.mapping.tiny import build_tiny, ensure_tiny, llama_quantize, llama_quantize_binary
 from glm5lib.model.quant import quant_recipe, use_more_bits
 from glm5lib.model.spec import LLAMA_QUANTIZE_TYPES, TINY_KQUANT_TYPES, GLM5Config, gguf_tensor_specs, split_block_name
 
@@ -76,6 +76,16 @@ def test_llama_quantize_types_match_the_recipe(kq, ftype):
 # the tiny model's Gaussian weights measure at most 0.006 (Q8_0), 0.018 (Q6_K), 0.037-0.043 (Q5_K, Q5_1, Q5_0),
 # 0.075 (Q4_K).
 _REL_ERR = {"F32": 0.0, "Q8_0": 0.012, "Q6_K": 0.03, "Q5_K": 0.06, "Q5_0": 0.07, "Q5_1": 0.06, "Q4_K": 0.11}
+
+
+@needs_binary
+@pytest.mark.parametrize("ftype", ["Q4_K_S", "Q5_K_S", "Q8_0"])
+def test_other_llama_quantize_types_match_the_recipe(kq, ftype, tmp_path):
+    out = tmp_path / f"{ftype}.gguf"
+    llama_quantize(BINARY, kq.gguf["BF16"], out, ftype)
+    got = {name: t.tensor_type.name for name, t in _tensors(out).items()}
+    want = quant_recipe(kq.config, ftype)
+    assert {n: (got[n], want[n]) for n in want if got[n] != want[n]} == {} and set(got) == set(want)
 
 
 @needs_binary

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from gguf.constants import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
@@ -165,10 +165,13 @@ def write_defect(src: str | os.PathLike, out: str | os.PathLike, defect: str) ->
 # ---- header-only real-size shard sets ------------------------------------------------------------------------------
 
 
-def header_only_types(cfg: GLM5Config, *, main_type: str = "Q4_K", types: str | None = None) -> dict[str, str]:
-    """{gguf name: ggml type name}: llama-quantize's mix for file type `types` (e.g. "Q4_K_M"; see
-    glm5lib.model.quant), or else `main_type` everywhere the converter does not write F32, with llama.cpp's
-    fallback for rows the type's blocks do not divide."""
+def header_only_types(cfg: GLM5Config, *, main_type: str = "Q4_K",
+                      types: str | Mapping[str, str] | None = None) -> dict[str, str]:
+    """{gguf name: ggml type name}: `types` itself when it is such a map; llama-quantize's mix for file type
+    `types` (e.g. "Q4_K_M"; see glm5lib.model.quant); or else `main_type` everywhere the converter does not write
+    F32, with llama.cpp's fallback for rows the type's blocks do not divide."""
+    if isinstance(types, Mapping):
+        return dict(types)
     if types is not None:
         if types not in RECIPE_TYPES:
             raise ValueError(f"no llama-quantize recipe for {types!r}; choose from {', '.join(RECIPE_TYPES)}")
@@ -178,18 +181,19 @@ def header_only_types(cfg: GLM5Config, *, main_type: str = "Q4_K", types: str | 
 
 
 def write_header_only_set(cfg: GLM5Config, prefix: str | os.PathLike, *, main_type: str = "Q4_K",
-                          types: str | None = None, max_shard_bytes: int = 50 * 10**9,
+                          types: str | Mapping[str, str] | None = None, max_shard_bytes: int = 50 * 10**9,
                           tokens: list[str] | None = None) -> list[Path]:
     """Shards `PREFIX-0000i-of-0000N.gguf` holding every tensor info of `cfg`, split by size like
-    `gguf-split --split-max-size`, with sparse data. Tensor types: `header_only_types(cfg, main_type=, types=)`
-    (`types="Q4_K_M"`: llama-quantize's mix, with `general.file_type` set to match).
+    `gguf-split --split-max-size`, with sparse data. Tensor types: `header_only_types(cfg, main_type=, types=)`:
+    `types="Q4_K_M"` (a llama-quantize file type: its mix, with `general.file_type` set to match), a GGUF type
+    name per tensor (e.g. `glm5lib.model.sizes.quant_recipe(cfg, ...)`), or `main_type` everywhere.
 
     `tokens` defaults to `vocab_size` placeholder strings, so shard 0's header is as long to parse as a real one's
     (merges are left out)."""
     chosen = header_only_types(cfg, main_type=main_type, types=types)
     md = dict(gguf_metadata(cfg))
     base: list[KV] = [kv_from_python("general.architecture", GGUF_ARCH), kv_from_python("general.name", "synthetic")]
-    if types is not None:
+    if isinstance(types, str):
         base.append(kv_from_python("general.file_type", int(LlamaFileType[f"MOSTLY_{types}"])))
     base += [kv_from_python(k, v) for k, v in md.items()]
     base += [kv_from_python("tokenizer.ggml.model", "gpt2"),

@@ -13,9 +13,9 @@ decides it without an importance matrix or overrides. Only what reaches glm-dsa 
   `ffn_gate`/`ffn_up`; glm-dsa has no `attn_v`/`attn_qkv`/`attn_kv_b` tensors, the counters of which depend
   on tensor order;
 - `ffn_down` gets Q6_K on layers where `use_more_bits(layer, block_count)` holds (block_count counts the MTP
-  layer), for Q4_K_M and Q5_K_M;
-- models with exactly 8 experts (the tiny GLM-5, not GLM-5's 256) get Q8_0 on `attn_k` and, for Q4_K_M, Q5_K
-  on `attn_output`: llama.cpp's Mixtral rules, keyed on the expert count alone;
+  layer), for Q4_K_M and Q5_K_M; Q5_K on the first eighth of the layers for Q4_K_S;
+- models with exactly 8 experts (the tiny GLM-5, not GLM-5's 256) get Q8_0 on `attn_k` and, for Q4_K_M/Q4_K_S,
+  Q5_K on `attn_output`: llama.cpp's Mixtral rules, keyed on the expert count alone;
 - rows not a whole number of blocks fall back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0 (F16 if that fails
   too). GLM-5's `attn_k_b` (rows of 192) is the one tensor kind this hits at full size.
 
@@ -30,7 +30,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from glm5lib.model.spec import GLM5Config, TensorSpec, gguf_tensor_specs
 
 # llama-quantize file types this module models -> their default tensor type (llama_ftype_get_default_type).
-RECIPE_TYPES: dict[str, str] = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K", "Q8_0": "Q8_0"}
+RECIPE_TYPES: dict[str, str] = {"Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q5_K_M": "Q5_K", "Q5_K_S": "Q5_K",
+                                "Q6_K": "Q6_K", "Q8_0": "Q8_0"}
 
 # tensor_type_fallback: the block-32 type a 256-block type falls back to when rows do not divide.
 _FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "TQ1_0": "Q4_0",
@@ -101,8 +102,10 @@ def tensor_quant_type(cfg: GLM5Config, spec: TensorSpec, file_type: str) -> str:
     elif cat == "ffn_down":
         if file_type in ("Q4_K_M", "Q5_K_M") and use_more_bits(spec.block, n_layer):
             new = "Q6_K"
+        elif file_type == "Q4_K_S" and spec.block < n_layer // 8:
+            new = "Q5_K"
     elif cat == "attn_output":
-        if eight_experts and file_type == "Q4_K_M":
+        if eight_experts and file_type in ("Q4_K_M", "Q4_K_S"):
             new = "Q5_K"
     return fallback_type(new, spec.ggml_shape[0])
 
