@@ -78,7 +78,10 @@ def config_from_gguf(path_or_set: Any) -> GLM5Config:
     from glm5lib.mapping.source import open_model
 
     gs = open_model(path_or_set) if isinstance(path_or_set, (str, os.PathLike)) else path_or_set
-    return config_from_kv(gs.kv, torch_dtype=file_torch_dtype(gs))
+    try:
+        return config_from_kv(gs.kv, torch_dtype=file_torch_dtype(gs))
+    except GGUFFormatError as exc:  # name the file: the message only knows the key
+        raise GGUFFormatError(f"{gs.shards[0]}: {exc}") from None
 
 
 def gguf_to_hf_config(path: str | os.PathLike, *, include_mtp: bool = True) -> dict[str, Any]:

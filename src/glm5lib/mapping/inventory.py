@@ -281,7 +281,10 @@ def _shape_hint(name: str, shape: tuple[int, ...], expected: dict[str, ExpectedT
 def check_set(gs: Any, *, config: dict[str, Any] | None = None, path: str | None = None) -> CheckReport:
     """Check an opened GGUF set (see module docstring). `config`: a config.json dict to compare with."""
     kv = gs.kv
-    cfg = config_from_kv(kv)
+    try:
+        cfg = config_from_kv(kv)
+    except GGUFFormatError as exc:  # name the file: the message only knows the key
+        raise GGUFFormatError(f"{path or gs.shards[0]}: {exc}") from None
     present = {t.name: t for t in gs.tensors}
     has_mtp = cfg.num_nextn_predict_layers > 0
     inventory = expected_inventory(cfg, include_mtp=has_mtp)
