@@ -175,7 +175,7 @@ def _replace_shard(base: Base, d: Path, make: Callable[[Path], None]) -> Input:
     victim = shards[1]
     victim.unlink()
     make(victim)
-    return Input(shards[0], (victim.name,))
+    return Input(shards[0], (victim.name, shards[0].name))
 
 
 def _mkfifo(p: Path) -> None:

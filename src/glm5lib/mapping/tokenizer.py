@@ -72,7 +72,10 @@ def gguf_to_hf_tokenizer(path: str | os.PathLike | Any, out_dir: str | os.PathLi
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (out / name).exists():
             raise UserError(f"{out / name} already exists; refusing to overwrite")
-    fast = build_fast_tokenizer(gs.kv)
+    try:
+        fast = build_fast_tokenizer(gs.kv)
+    except UserError as exc:  # name the file: the message only knows the metadata
+        raise UserError(f"{gs.shards[0]}: {exc}") from None
     # save_pretrained writes several files; write to a temp dir and move the two we promise.
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         fast.save_pretrained(tmp)
