@@ -255,7 +255,9 @@ def test_output_equal_to_input_is_refused_even_with_force(verb, src, tmp_path):
 def test_outputs_get_the_umask_and_force_replaces(src, tmp_path):
     old = os.umask(0o022)
     try:
-        out = tmp_path / "hf"
+        d = tmp_path / "x"
+        d.mkdir()
+        out = d / "hf"
         out.mkdir()
         (out / "stale.txt").write_text("old")
         assert run_cli(["map", "export", "-q", str(src.gguf), str(out)])[0] != 0  # exists, no --force
@@ -264,8 +266,8 @@ def test_outputs_get_the_umask_and_force_replaces(src, tmp_path):
         assert not (out / "stale.txt").exists() and (out / "config.json").exists()
         assert out.stat().st_mode & 0o777 == 0o755
         assert {p.stat().st_mode & 0o777 for p in out.iterdir()} == {0o644}
-        assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no temporary or backup directory left
-        m = tmp_path / "m.gguf"
+        assert [p.name for p in d.iterdir()] == ["hf"]  # no temporary or backup directory left
+        m = d / "m.gguf"
         assert run_cli(["gguf", "merge", "-q", str(src.shards[0]), str(m)])[0] == 0
         assert m.stat().st_mode & 0o777 == 0o644
     finally:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
@@ -82,6 +83,8 @@ def export_hf(path: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str
         work = None
     except OSError as exc:
         raise write_error(out, exc) from None
+    except SafetensorError as exc:  # safetensors reports a full disk or an I/O error as its own type
+        raise UserError(f"{out}: cannot write ({exc})") from None
     finally:
         if work is not None:
             shutil.rmtree(work, ignore_errors=True)

@@ -28,10 +28,14 @@ def _build(args: argparse.Namespace) -> int:
     bad = [t for t in types if t not in FILE_TYPES]
     if bad:
         raise UserError(f"unsupported GGUF type(s) {', '.join(bad)}; choose from {', '.join(FILE_TYPES)}")
+    from safetensors import SafetensorError
+
     try:
         paths = _build_paths(args, types)
     except OSError as exc:  # full disk, read-only file system, ...
         raise write_error(args.out or "the tiny-model cache", exc) from None
+    except SafetensorError as exc:  # safetensors' own type for the same I/O errors
+        raise UserError(f"{args.out or 'the tiny-model cache'}: cannot write ({exc})") from None
     print(json.dumps(_paths_dict(paths), indent=1))
     return 0
 
