@@ -358,3 +358,62 @@ def test_case_timeout_is_not_swallowed():
             run_cli(["gguf", "inspect", "x"], seconds=0.2)
         finally:
             cli.main = real
+
+
+# ---- property: any mutation of a real header gets a clean answer -----------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+EXTREMES = [0, 1, 2, 3, 31, 32, 33, 64, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**62,
+            2**63 - 1, 2**63, 2**64 - 1]
+
+
+@pytest.fixture(scope="module")
+def headers(base, tmp_path_factory):
+    """Two real headers to mutate: a complete small GGUF, and the tiny GLM-5's first shard cut after its header
+    (1,024 tokens, merges, every glm-dsa key, tensor infos)."""
+    d = tmp_path_factory.mktemp("headers")
+    from glm5lib.gguf.format import read_header
+
+    small = small_gguf(d / "small.gguf").read_bytes()
+    h = read_header(base.shards[0])
+    tiny = base.shards[0].read_bytes()[: h.data_offset + 4096]
+    return {"small": small, "tiny": tiny}
+
+
+@st.composite
+def mutations(draw, size: int):
+    edits = []
+    for _ in range(draw(st.integers(1, 4))):
+        pos = draw(st.integers(0, size - 1))
+        kind = draw(st.sampled_from(["byte", "u64", "u32", "truncate"]))
+        if kind == "byte":
+            edits.append((pos, bytes([draw(st.integers(0, 255))])))
+        elif kind == "truncate":
+            edits.append((pos, None))
+        else:
+            n = 8 if kind == "u64" else 4
+            edits.append((pos, (draw(st.sampled_from(EXTREMES)) % (1 << (8 * n))).to_bytes(n, "little")))
+    return edits
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(which=st.sampled_from(["small", "tiny"]), data=st.data())
+def test_mutated_header_gets_a_clean_answer(which, data, headers, tmp_path):
+    raw = bytearray(headers[which])
+    for pos, new in data.draw(mutations(len(raw))):
+        if new is None:
+            del raw[pos:]
+        else:
+            raw[pos:pos + len(new)] = new
+    p = tmp_path / "m.gguf"
+    p.write_bytes(bytes(raw))
+    for argv in (["gguf", "inspect", str(p)], ["gguf", "validate", str(p)], ["map", "check", str(p)]):
+        rc, out, err, seconds = run_cli(argv)
+        assert "Traceback" not in err, err
+        assert rc in (0, 1, 2) and seconds < 10, (argv, rc, err)
+        lines = err.strip().splitlines()
+        if rc == 2:
+            assert len(lines) == 1 and lines[0].startswith(f"error: {p}"), err
