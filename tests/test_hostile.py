@@ -74,7 +74,7 @@ def _pairs():
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
-    from glm5lib.model.tiny import ensure_tiny
+    from glm5lib.mapping.tiny import ensure_tiny
 
     tiny = ensure_tiny(progress=False)
     return Base(gguf=tiny.gguf["Q4_0"], shards=tiny.shards["Q4_0"], hf_dir=tiny.hf_dir)
@@ -332,7 +332,7 @@ def test_signal_during_merge_leaves_nothing(sig, tmp_path):
 
 
 def test_sigterm_during_export_leaves_nothing(base, tmp_path):
-    from glm5lib.model.tiny import ensure_tiny
+    from glm5lib.mapping.tiny import ensure_tiny
 
     gguf = ensure_tiny(progress=False).gguf["F32"]  # the largest tiny file: ~40 MB of tensors to write
     out_dir = tmp_path / "out"

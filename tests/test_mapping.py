@@ -19,7 +19,7 @@ from glm5lib.mapping.source import open_model
 from glm5lib.mapping.weights import iter_gguf_arrays
 from glm5lib.model.layout import split_kv_b
 from glm5lib.model.spec import GLM5Config, gguf_tensor_specs, hf_tensor_shapes
-from glm5lib.model.tiny import ensure_tiny
+from glm5lib.mapping.tiny import ensure_tiny
 
 torch.set_num_threads(1)
 
@@ -186,7 +186,7 @@ def test_export_round_trip_of_a_llama_cpp_layout_file_is_bit_exact(tiny, hf_weig
     """An HF checkpoint as GLM-5 ships it (BF16, e_score_correction_bias F32) -> BF16 GGUF in llama.cpp's layout
     (norms, router, biases F32) -> `map export --dtype auto`: every tensor comes back bit-exact in its original
     dtype; the F32 bias is not rounded through bf16."""
-    from glm5lib.model.tiny import write_gguf
+    from glm5lib.mapping.tiny import write_gguf
 
     f32_hf = {s.hf_names[0] for s in gguf_tensor_specs(tiny.config) if s.kind == "exp_probs_b.bias"}
     assert f32_hf
@@ -289,7 +289,7 @@ def test_layer_check_separates_correct_from_broken_mappings(tiny):
 
 @pytest.fixture(scope="module")
 def tiny_shared(tmp_path_factory):
-    from glm5lib.model.tiny import build_tiny
+    from glm5lib.mapping.tiny import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("shared") / "tiny52", cfg=GLM5Config.tiny(shared_indexer=True),
                       types=("F32",), progress=False)

@@ -4,7 +4,7 @@ In one run, side by side: our Triton kernels, FlashMLA's sparse kernels as shipp
 (`_flashmla_C`, loaded from `.vendor/` when present), a naive torch gather + einsum, and the machine's measured
 ceilings (1 GiB device copy, 8192^3 bf16 matmul). GLM-5 shapes: d_qk 576, d_v 512, top-k 2048, scale 1/16.
 
-Timing (METHOD.md): `triton.testing.do_bench` medians (it flushes L2 before every timed call); small decode
+Timing: `triton.testing.do_bench` medians (it flushes L2 before every timed call); small decode
 launches are timed as a CUDA graph of R calls over R different index sets (so each call gathers rows that are
 not in L2, and launch gaps do not count), divided by R. Inputs are fresh random data, outputs poisoned.
 """
@@ -87,13 +87,21 @@ def measure_ceilings() -> dict:
 
 
 def load_flashmla(vendor: str = ".vendor") -> str | None:
-    """Import FlashMLA's ops from the vllm wheel's `_flashmla_C.abi3.so`; returns None or why it failed."""
-    p = str(Path(vendor).resolve())
-    if p not in sys.path:
-        sys.path.insert(0, p)
-    try:
-        import _flashmla_C  # noqa: F401
+    """Load FlashMLA's ops from the vllm wheel's `_flashmla_C.abi3.so` in `vendor` (the extension registers
+    `torch.ops._flashmla_C.*` when loaded); returns None, or why it failed. Loaded by file path, so nothing is
+    added to sys.path."""
+    import importlib.machinery
+    import importlib.util
 
+    if hasattr(torch.ops._flashmla_C, "sparse_decode_fwd"):
+        return None
+    path = Path(vendor).resolve() / "_flashmla_C.abi3.so"
+    try:
+        loader = importlib.machinery.ExtensionFileLoader("_flashmla_C", str(path))
+        spec = importlib.util.spec_from_file_location("_flashmla_C", path, loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        sys.modules["_flashmla_C"] = module
         torch.ops._flashmla_C.sparse_decode_fwd  # noqa: B018
         return None
     except Exception as exc:
@@ -485,7 +493,7 @@ def _find(rows, **kw):
 
 
 def evaluate_targets(res: dict) -> list[dict]:
-    """The issue's targets, each with the measured value and whether it is met."""
+    """The speed targets, each with the measured value and whether it is met."""
     rows = res.get("rows", [])
     out = []
 
@@ -529,7 +537,7 @@ def evaluate_targets(res: dict) -> list[dict]:
 
 def plot(json_path: str | Path, png_path: str | Path) -> Path:
     """Two panels: time per case (ours vs FlashMLA) and a roofline (achieved TFLOP/s against FLOP/byte)."""
-    from glm5lib.workbook.figures import pyplot, save_figure
+    from glm5lib.plotting import pyplot, save_figure
 
     plt = pyplot()
     res = json.loads(Path(json_path).read_text())

@@ -30,7 +30,7 @@ POINTER_FILE = "glm5lib_gguf.json"
 
 
 def default_model_dir(gguf: Path) -> Path:
-    from glm5lib.model.tiny import default_cache_dir
+    from glm5lib.mapping.tiny import default_cache_dir
 
     st = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]

@@ -41,7 +41,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _build_paths(args: argparse.Namespace, types: tuple[str, ...]):
-    from glm5lib.model.tiny import build_tiny, ensure_tiny
+    from glm5lib.mapping.tiny import build_tiny, ensure_tiny
 
     if args.out:
         out = check_output(args.out, force=args.force, directory=True)
@@ -54,7 +54,7 @@ def _build_paths(args: argparse.Namespace, types: tuple[str, ...]):
             os.replace(out, old)
             os.replace(new, out)
             shutil.rmtree(old)
-            from glm5lib.model.tiny import load_tiny
+            from glm5lib.mapping.tiny import load_tiny
 
             paths = load_tiny(out)
         else:
