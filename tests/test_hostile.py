@@ -417,3 +417,14 @@ def test_mutated_header_gets_a_clean_answer(which, data, headers, tmp_path):
         lines = err.strip().splitlines()
         if rc == 2:
             assert len(lines) == 1 and lines[0].startswith(f"error: {p}"), err
+
+
+def test_config_check_accepts_real_configs_and_names_each_bad_field():
+    from glm5lib.model.spec import PRESET_NAMES, GLM5Config, config_problems
+
+    for name in PRESET_NAMES:
+        assert config_problems(GLM5Config.preset(name).to_hf_dict()) == [], name
+    hub = {**GLM5Config.glm5().to_hf_dict(), "eos_token_id": [154820, 154827, 154829]}  # as the hub's file has it
+    assert config_problems(hub) == []
+    bad = config_problems({"hidden_size": True, "rope_theta": "1e6", "num_hidden_layers": 0, "eos_token_id": "x"})
+    assert [b.split()[0] for b in bad] == ["hidden_size", "num_hidden_layers", "rope_theta", "eos_token_id"]

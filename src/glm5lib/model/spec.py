@@ -263,9 +263,11 @@ def config_problems(d: Any) -> list[str]:
             ok, want = isinstance(v, bool), "true or false"
         elif isinstance(default, float):
             ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
-        elif isinstance(default, int) or f.name.endswith("_token_id"):
-            ok = (isinstance(v, int) and not isinstance(v, bool)) or (v is None and f.name.endswith("_token_id"))
-            want = "an integer"
+        elif f.name.endswith("_token_id"):  # hub configs list several eos ids
+            ok = v is None or _is_int(v) or (isinstance(v, list) and all(_is_int(x) for x in v))
+            want = "an integer, a list of integers or null"
+        elif isinstance(default, int):
+            ok, want = _is_int(v), "an integer"
         else:
             ok, want = isinstance(v, str), "a string"
         if not ok:
@@ -279,6 +281,10 @@ def config_problems(d: Any) -> list[str]:
         if key in d and d[key] is not None and not isinstance(d[key], dict):
             out.append(f"{key} is {json_type(d[key])}, expected an object")
     return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def json_type(v: Any) -> str:
