@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,8 @@ def _plot(args) -> int:
     from glm5lib.files import check_output, read_json_object
 
     src = Path(args.json)
+    if not os.path.lexists(src):
+        raise UserError(f"no benchmark JSON at {src}")
     res = read_json_object(src, "benchmark JSON")
     if not isinstance(res.get("rows"), list):
         raise UserError(f"{src}: no \"rows\" list: not a `glm5lib bench` result")
