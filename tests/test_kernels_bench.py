@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from glm5lib.kernels import bench
-from glm5lib.kernels.cli import main as bench_main
+from glm5lib.bench import kernels as bench
+from glm5lib.bench.cli import main as bench_main
 
 COMMITTED = Path(__file__).resolve().parents[1] / "outputs" / "bench" / "bench_h200.json"
 

@@ -18,7 +18,7 @@ COMMANDS = {
     "gguf": "glm5lib.gguf.cli",
     "map": "glm5lib.mapping.cli",
     "dsa": "glm5lib.dsa.cli",
-    "bench": "glm5lib.kernels.cli",
+    "bench": "glm5lib.bench.cli",
     "doctor": "glm5lib.serving.cli",
     "serve": "glm5lib.serving.cli",
     "workbook": "glm5lib.workbook.cli",

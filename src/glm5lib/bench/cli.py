@@ -11,7 +11,7 @@ from glm5lib.errors import UserError
 
 
 def _bench(args) -> int:
-    from glm5lib.kernels import bench
+    from glm5lib.bench import kernels as bench
 
     res = bench.run(args.what, out_dir=args.out, vendor=args.vendor, quick=args.quick, sweep=args.sweep,
                     scaling=not args.no_scaling, name=args.name, sweep_indexer=args.sweep_indexer, force=args.force)
@@ -26,7 +26,7 @@ def _bench(args) -> int:
 
 
 def _plot(args) -> int:
-    from glm5lib.kernels import bench
+    from glm5lib.bench import kernels as bench
 
     from glm5lib.files import check_output, read_json_object
 
