@@ -238,11 +238,15 @@ def scan(path: str | os.PathLike) -> tuple[list[Path], list[GGUFHeader | None], 
     h_given = read_header(path)
     shards, index, problems = _discover(path, h_given)
     headers: list[GGUFHeader | None] = []
+    try:  # one directory listing instead of a stat per shard (a crafted split.count names up to 99,999)
+        present = set(os.listdir(path.parent)) if len(shards) > 1 else set()
+    except OSError:
+        present = {p.name for p in shards}
     for i, p in enumerate(shards):
         if i == index:
             headers.append(h_given)
             continue
-        if not p.exists():
+        if p.name not in present or not p.exists():
             problems.append(Problem(f"missing shard {p.name} ({i + 1} of {len(shards)})", True))
             headers.append(None)
             continue
