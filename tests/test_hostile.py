@@ -24,7 +24,6 @@ from hostile_corpus import (
     Base,
     CaseTimeout,
     config_cases,
-    copy_with,
     input_cases,
     run_cli,
     small_gguf,

@@ -6,7 +6,6 @@ import argparse
 import json
 import os
 import shutil
-from pathlib import Path
 
 from glm5lib.errors import UserError
 from glm5lib.files import check_output, write_error
