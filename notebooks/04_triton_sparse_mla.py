@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from glm5lib.bench import kernels as bench as kbench
+from glm5lib.bench import kernels as kbench
 from glm5lib.bench import evidence
 from glm5lib.kernels import checks, indexer_logits, naive, topk_indices, topk_select
 from glm5lib.kernels.compile_report import compile_report, format_report
@@ -218,6 +218,7 @@ if DEVICE == "cuda" and RUN_GPU_BENCH:
     bench_json = bench_json.parent / f"{res['meta']['name']}.json"
 else:
     res = json.loads(bench_json.read_text())
+record("h200_bench_json", str(bench_json))
 print(res["meta"]["gpu"], "| torch", res["meta"]["torch"], "| triton", res["meta"]["triton"], "| FlashMLA:",
       res["meta"]["flashmla"])
 print(f"ceilings: copy {res['ceilings']['copy_GBps']:.0f} GB/s, bf16 matmul {res['ceilings']['matmul_bf16_TFLOPs']:.0f} TFLOP/s")

@@ -20,6 +20,7 @@ COMMANDS = {
     "dsa": "glm5lib.dsa.cli",
     "bench": "glm5lib.bench.cli",
     "doctor": "glm5lib.serving.cli",
+    "plan": "glm5lib.serving.cli",
     "serve": "glm5lib.serving.cli",
     "workbook": "glm5lib.workbook.cli",
 }

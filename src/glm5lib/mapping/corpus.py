@@ -172,12 +172,14 @@ def _fallback(main: GGMLQuantizationType, row: int) -> GGMLQuantizationType:
 
 
 def write_header_only_set(cfg: GLM5Config, prefix: str | os.PathLike, *, main_type: str = "Q4_K",
-                          max_shard_bytes: int = 50 * 10**9, tokens: list[str] | None = None) -> list[Path]:
+                          max_shard_bytes: int = 50 * 10**9, tokens: list[str] | None = None,
+                          types: dict[str, str] | None = None) -> list[Path]:
     """Shards `PREFIX-0000i-of-0000N.gguf` holding every tensor info of `cfg` (types as a `main_type` quant with
     llama.cpp's fallbacks; F32 tensors F32), split by size like `gguf-split --split-max-size`, with sparse data.
 
     `tokens` defaults to `vocab_size` placeholder strings, so shard 0's header is as long to parse as a real one's
-    (merges are left out)."""
+    (merges are left out). `types` (GGUF type name per tensor, e.g. `glm5lib.model.sizes.quant_recipe(cfg,
+    "Q4_K_M")`) replaces the single main type: the types of a real mixed-type file."""
     main = GGMLQuantizationType[main_type]
     md = dict(gguf_metadata(cfg))
     base: list[KV] = [kv_from_python("general.architecture", GGUF_ARCH), kv_from_python("general.name", "synthetic")]
@@ -186,7 +188,10 @@ def write_header_only_set(cfg: GLM5Config, prefix: str | os.PathLike, *, main_ty
              kv_from_python("tokenizer.ggml.tokens", tokens or [f"<t{i}>" for i in range(cfg.vocab_size)])]
     tensors = []
     for s in gguf_tensor_specs(cfg):
-        t = GGMLQuantizationType.F32 if s.storage == "f32" else _fallback(main, s.ggml_shape[0])
+        if types is not None:
+            t = GGMLQuantizationType[types[s.gguf_name]]
+        else:
+            t = GGMLQuantizationType.F32 if s.storage == "f32" else _fallback(main, s.ggml_shape[0])
         tensors.append(OutTensor(s.gguf_name, s.ggml_shape, int(t), tensor_nbytes(s.ggml_shape, int(t)), Path(), 0))
     # split by size, as gguf-split: cut before a tensor when the shard would pass the limit
     shards: list[list[OutTensor]] = [[]]

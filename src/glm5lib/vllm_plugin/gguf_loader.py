@@ -113,11 +113,15 @@ def _loader_cls():
     return Glm5GGUFLoader
 
 
+_registered = {"done": False}
+
+
 def register_gguf_loader() -> bool:
+    """Register load format glm5-gguf once per process (a second registration would make vLLM warn)."""
     from vllm.model_executor import model_loader
 
-    registry = getattr(model_loader, "_LOAD_FORMAT_TO_MODEL_LOADER", {})
-    if LOAD_FORMAT in registry:
+    if _registered["done"]:
         return False
     model_loader.register_model_loader(LOAD_FORMAT)(_loader_cls())
+    _registered["done"] = True
     return True
