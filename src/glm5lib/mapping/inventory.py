@@ -65,7 +65,7 @@ def expected_inventory(cfg: GLM5Config, *, include_mtp: bool = True) -> list[Exp
 
 @dataclass
 class Finding:
-    category: str  # missing | unexpected | misshapen | type | metadata | config | fallback | note
+    category: str  # layout | missing | unexpected | misshapen | type | metadata | config | fallback | note
     message: str
     tensor: str | None = None
 
@@ -117,7 +117,7 @@ class CheckReport:
     def format_text(self, *, max_lines: int = 40) -> str:
         lines = [f"{self.path}: {self.n_tensors} tensors in {self.shards} file(s), expected {self.n_expected}; "
                  f"main type {self.main_type}"]
-        for cat in ("missing", "unexpected", "misshapen", "type", "metadata", "config", "fallback", "note"):
+        for cat in ("layout", "missing", "unexpected", "misshapen", "type", "metadata", "config", "fallback", "note"):
             items = [f for f in self.findings if f.category == cat]
             if not items:
                 continue
@@ -186,8 +186,18 @@ def _metadata_findings(kv: dict[str, Any], cfg: GLM5Config, shapes: dict[str, tu
     if types is not None and len(types) != cfg.num_hidden_layers:
         bad(f"attention.indexer.types has {len(types)} entries for {cfg.num_hidden_layers} layers")
     tokens = kv.get("tokenizer.ggml.tokens")
-    if tokens is not None and len(tokens) != cfg.vocab_size:
+    if tokens is None:
+        bad("no tokenizer.ggml.tokens: no tokenizer can be rebuilt for export or serving")
+    elif not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        bad("tokenizer.ggml.tokens is not an array of strings")
+        tokens = None
+    elif len(tokens) != cfg.vocab_size:
         bad(f"vocab_size {cfg.vocab_size} but tokenizer.ggml.tokens has {len(tokens)} tokens")
+    if tokens is not None:
+        for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+            tid = kv.get(f"tokenizer.ggml.{key}")
+            if tid is not None and not (isinstance(tid, int) and 0 <= tid < len(tokens)):
+                bad(f"tokenizer.ggml.{key} is {tid!r}, not a token id (0..{len(tokens) - 1})")
 
     # Metadata vs the tensors that carry each dimension (first block of each kind that is present).
     def dim(name: str, axis: int) -> int | None:
@@ -274,7 +284,10 @@ def _shape_hint(name: str, shape: tuple[int, ...], expected: dict[str, ExpectedT
 def check_set(gs: Any, *, config: dict[str, Any] | None = None, path: str | None = None) -> CheckReport:
     """Check an opened GGUF set (see module docstring). `config`: a config.json dict to compare with."""
     kv = gs.kv
-    cfg = config_from_kv(kv)
+    try:
+        cfg = config_from_kv(kv)
+    except GGUFFormatError as exc:  # name the file: the message only knows the key
+        raise GGUFFormatError(f"{path or gs.shards[0]}: {exc}") from None
     present = {t.name: t for t in gs.tensors}
     has_mtp = cfg.num_nextn_predict_layers > 0
     inventory = expected_inventory(cfg, include_mtp=has_mtp)
@@ -322,6 +335,8 @@ def check_set(gs: Any, *, config: dict[str, Any] | None = None, path: str | None
         if got != exp.ggml_shape:
             F.append(Finding("misshapen", f"{name}: ggml {list(t.ne)}, expected {list(exp.ggml_shape)}"
                              f"{_shape_hint(name, got, expected)}", name))
+    for p in gs.layout_problems:  # the same refusal every read of tensor data makes
+        F.append(Finding("layout", f"{p}: tensor data cannot be read (llama.cpp refuses such a file)"))
     F.extend(_type_findings(present, expected, main))
     F.extend(_metadata_findings(kv, cfg, shapes))
     if config is not None:

@@ -12,7 +12,6 @@ plugin adds (GLM5_SPARSE_MLA checked with the same `validate_configuration`, how
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,8 +71,16 @@ def load_model_config(model: str) -> tuple[dict[str, Any], str]:
         from glm5lib.mapping import gguf_to_hf_config
 
         return gguf_to_hf_config(path, include_mtp=False), path.name
-    if path.name.endswith(".json") and path.is_file():
-        return json.loads(path.read_text()), str(model)
+    if path.name.endswith(".json") and path.exists():
+        from glm5lib.files import read_json_object
+        from glm5lib.model.spec import config_problems
+
+        hf = read_json_object(path, "config file")
+        bad = config_problems(hf)
+        missing = [k for k in ("num_attention_heads", "kv_lora_rank", "qk_rope_head_dim") if k not in hf]
+        if bad or missing:
+            raise UserError(f"{path}: {bad[0] if bad else f'no {missing[0]} (not a GLM-5 config?)'}")
+        return hf, str(model)
     raise UserError(f"{model}: not a preset ({', '.join(PRESET_NAMES)}), an HF model directory, config.json or .gguf file")
 
 
@@ -218,12 +225,13 @@ def indexer_status(cap: tuple[int, int] | None, hf: dict[str, Any]) -> dict[str,
 
 def diagnose(model: str, target: str = "12.0", dtype: str = "bfloat16", kv_cache_dtype: str = "auto",
              tp: int = 1, block_size: int | None = None) -> DoctorReport:
+    hf, label = load_model_config(model)  # before vLLM's import: a bad model argument fails in a second
+    cap = parse_target(target)
+
     from vllm import __version__ as vllm_version
 
     from glm5lib.vllm_plugin import compat
 
-    hf, label = load_model_config(model)
-    cap = parse_target(target)
     sel = selector_config(hf, dtype, kv_cache_dtype, block_size)
     heads = int(hf["num_attention_heads"])
     if tp < 1 or heads % tp:
