@@ -13,7 +13,6 @@ plugin adds (GLM5_SPARSE_MLA checked with the same `validate_configuration`, how
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import logging
@@ -86,48 +85,17 @@ def load_model_config(model: str) -> tuple[dict[str, Any], str]:
         from glm5lib.mapping import gguf_to_hf_config
 
         return gguf_to_hf_config(path, include_mtp=False), path.name
-    if path.name.endswith(".json") and path.is_file():
-        return _checked_config(_read_json(path), str(path)), str(model)
+    if path.name.endswith(".json") and path.exists():
+        from glm5lib.files import read_json_object
+        from glm5lib.model.spec import config_problems
+
+        hf = read_json_object(path, "config file")
+        bad = config_problems(hf)
+        missing = [k for k in ("num_attention_heads", "kv_lora_rank", "qk_rope_head_dim") if k not in hf]
+        if bad or missing:
+            raise UserError(f"{path}: {bad[0] if bad else f'no {missing[0]} (not a GLM-5 config?)'}")
+        return hf, str(model)
     raise UserError(f"{model}: not a preset ({', '.join(PRESET_NAMES)}), an HF model directory, config.json or .gguf file")
-
-
-# The fields the doctor reads, with the JSON types they must have (bool is an int in Python: refused explicitly).
-_CONFIG_INTS = ("num_attention_heads", "kv_lora_rank", "qk_rope_head_dim")
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read ({exc.strerror or exc})") from None
-
-
-def _checked_config(hf: Any, label: str) -> dict[str, Any]:
-    """An HF config dict with the fields the doctor needs, as positive integers; UserError otherwise."""
-    if not isinstance(hf, dict):
-        raise UserError(f"{label}: not a JSON object (found {type(hf).__name__})")
-    for key in _CONFIG_INTS:
-        v = hf.get(key)
-        if v is None:
-            raise UserError(f"{label}: missing {key!r}")
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise UserError(f"{label}: {key!r} must be a positive integer, not {v!r}")
-    topk = hf.get("index_topk")
-    if topk is not None and (isinstance(topk, bool) or not isinstance(topk, int) or topk <= 0):
-        raise UserError(f"{label}: 'index_topk' must be a positive integer, not {topk!r}")
-    # The size summary reads the whole GLM-5 config: every field whose default is an integer must be one.
-    for f in dataclasses.fields(GLM5Config):
-        v = hf.get(f.name)
-        if v is not None and isinstance(f.default, int) and not isinstance(f.default, bool) and (
-                isinstance(v, bool) or not isinstance(v, int)):
-            raise UserError(f"{label}: {f.name!r} must be an integer, not {v!r}")
-    try:
-        GLM5Config.from_hf_dict(hf)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{label}: not a GLM-5 config ({type(exc).__name__}: {exc})") from None
-    return hf
 
 
 def parse_target(target: str) -> tuple[int, int] | None:

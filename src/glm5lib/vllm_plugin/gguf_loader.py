@@ -46,6 +46,9 @@ def prepare_model_dir(gguf: str | os.PathLike, out_dir: str | os.PathLike | None
     gguf = Path(gguf)
     if not gguf.is_file():
         raise UserError(f"{gguf}: no such GGUF file")
+    from glm5lib.gguf import open_gguf
+
+    open_gguf(gguf).check_readable()  # serving reads tensor data: refuse a file whose layout is unsafe, now
     out = Path(out_dir) if out_dir else default_model_dir(gguf)
     if (out / POINTER_FILE).exists():
         return out
