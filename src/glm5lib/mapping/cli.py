@@ -47,8 +47,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     from glm5lib.gguf.split import parse_size
     from glm5lib.mapping.export import export_hf
 
-    if not args.shard_gb > 0:
-        raise UserError(f"--shard-gb must be positive, got {args.shard_gb}")
     out = export_hf(args.path, args.outdir, dtype=args.dtype, include_mtp=args.mtp,
                     max_shard_bytes=parse_size(args.max_shard_size), progress=not args.quiet, force=args.force)
     print(f"wrote {out}")
