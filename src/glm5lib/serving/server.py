@@ -62,7 +62,13 @@ def resolve_model(model: str | os.PathLike) -> tuple[Path, list[str], str]:
 
         name = path.name.split("-00001-of-")[0].removesuffix(".gguf")
         return prepare_model_dir(path), ["--load-format", LOAD_FORMAT], name
-    if path.is_dir() and (path / "config.json").exists():
+    if path.is_dir() and os.path.lexists(path / "config.json"):
+        from glm5lib.files import read_json_object
+        from glm5lib.model.spec import config_problems
+
+        bad = config_problems(read_json_object(path / "config.json", "config file"))  # vLLM would fail later
+        if bad:
+            raise UserError(f"{path / 'config.json'}: {bad[0]}")
         return path, [], path.name
     raise UserError(f"{model}: not a GGUF file or a Hugging Face model directory (no config.json)")
 

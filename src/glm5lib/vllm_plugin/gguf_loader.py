@@ -30,11 +30,12 @@ POINTER_FILE = "glm5lib_gguf.json"
 
 
 def default_model_dir(gguf: Path) -> Path:
-    from glm5lib.mapping.tiny import default_cache_dir
+    """Under `glm5lib.paths.model_cache_dir()` (the user cache unless $GLM5LIB_CACHE), keyed by the file."""
+    from glm5lib.paths import model_cache_dir
 
     st = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return default_cache_dir() / "vllm-gguf" / f"{gguf.stem}-{key}"
+    return model_cache_dir() / "vllm-gguf" / f"{gguf.stem}-{key}"
 
 
 def prepare_model_dir(gguf: str | os.PathLike, out_dir: str | os.PathLike | None = None) -> Path:
@@ -45,6 +46,9 @@ def prepare_model_dir(gguf: str | os.PathLike, out_dir: str | os.PathLike | None
     gguf = Path(gguf)
     if not gguf.is_file():
         raise UserError(f"{gguf}: no such GGUF file")
+    from glm5lib.gguf import open_gguf
+
+    open_gguf(gguf).check_readable()  # serving reads tensor data: refuse a file whose layout is unsafe, now
     out = Path(out_dir) if out_dir else default_model_dir(gguf)
     if (out / POINTER_FILE).exists():
         return out
