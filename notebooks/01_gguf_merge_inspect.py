@@ -6,6 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -30,7 +31,7 @@
 # 4. **Inspect** the result: metadata, tensors and bytes per block and type.
 # 5. **Prove the merge lossless**: every tensor's bytes hashed (streamed) on both sides.
 #
-# By default it runs on the tiny GLM-5 model (`glm5lib.model.tiny`), split here with the parameters below.
+# By default it runs on the tiny GLM-5 model (`glm5lib.mapping.tiny`), split here with the parameters below.
 # Point `GGUF_PATH` at any shard of a real set to do the same there: steps 1, 2 and 4 read headers only;
 # steps 3 and 5 read every byte once (and the merge needs the set's size in free disk).
 
@@ -58,7 +59,7 @@ FIGURES = Path("outputs/figures")
 OUT = Path(OUT_DIR)
 OUT.mkdir(parents=True, exist_ok=True)
 if GGUF_PATH is None:
-    from glm5lib.model.tiny import ensure_tiny
+    from glm5lib.mapping.tiny import ensure_tiny
 
     GGUF_PATH = ensure_tiny(progress=False).gguf[TINY_TYPE]  # the unsplit tiny file
 print("input:", GGUF_PATH)

@@ -6,6 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -56,7 +57,7 @@ from glm5lib.mapping.corpus import defects, write_defect
 from glm5lib.mapping.inventory import check, expected_inventory
 from glm5lib.mapping.layer_check import layer_check
 from glm5lib.model.spec import GLM5Config
-from glm5lib.model.tiny import ensure_tiny
+from glm5lib.mapping.tiny import ensure_tiny
 from glm5lib.workbook import record
 
 torch.set_num_threads(2)

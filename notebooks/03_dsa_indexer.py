@@ -17,7 +17,7 @@
 # # 03 · The DSA indexer: what it keeps, when it matters, how ports break it
 #
 # GLM-5 attends sparsely: in every layer a small "lightning indexer" scores all previous tokens and the MLA
-# attention only looks at the best `index_topk` (2048) of them (DeepSeek Sparse Attention, GLM5_FACTS
+# attention only looks at the best `index_topk` (2048) of them (DeepSeek Sparse Attention, docs/glm5.md
 # section 3). Engineers bringing GLM-5 up keep asking:
 #
 # 1. **How much attention does the top-k keep?** (attention-mass recall per layer, vs context and top-k)
@@ -58,6 +58,7 @@ import torch
 from glm5lib.dsa import analysis, cost, plots
 from glm5lib.dsa.footprint import analyze_layers, dequant_throughput, peak_rss_gb, probe_layer
 from glm5lib.dsa.train import TrainRecipe, ensure_trained_tiny, task_accuracy, task_sequences, train_log
+from glm5lib.mapping.reference import reference_from_gguf
 from glm5lib.model.reference import DSAOptions, ReferenceModel
 from glm5lib.model.spec import GLM5Config
 from glm5lib.workbook import record
@@ -111,7 +112,7 @@ record("fig_training", str(plots.save(fig, "03_training")))
 # where the indexer really drops keys: logits and every layer's selected keys.
 
 # %%
-from glm5lib.dsa.indexer import causal_mask, selection_mask
+from glm5lib.model.indexer import causal_mask, selection_mask
 from glm5lib.model.reference import Trace
 from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
@@ -279,20 +280,20 @@ record("fig_cost_prefill", str(plots.save(plots.prefill_cost(shapes=s), "03_cost
 # %% [markdown]
 # ## 8. Straight from a GGUF, one layer at a time
 #
-# `ReferenceModel.from_gguf(path, stream=True)` opens any shard of a set and dequantizes each layer's tensors
+# `reference_from_gguf(path, stream=True)` opens any shard of a set and dequantizes each layer's tensors
 # when the layer runs (routed experts one at a time, only those the router picks); the embedding is read row by
 # row. On the tiny model the F32 GGUF must give exactly the HF-directory logits; the Q8_0 one is analysed
 # layer by layer as a real GLM-5 shard would be.
 
 # %%
 if GGUF_PATH is None:
-    exact = torch.equal(ReferenceModel.from_gguf(tiny.shards["F32"][0], stream=True).forward(seqs[T_MAX][0]),
+    exact = torch.equal(reference_from_gguf(tiny.shards["F32"][0], stream=True).forward(seqs[T_MAX][0]),
                         ref.forward(seqs[T_MAX][0]))
     record("gguf_f32_equals_hf", exact)
-    gguf_model = ReferenceModel.from_gguf(tiny.shards["Q8_0"][0], stream=True)
+    gguf_model = reference_from_gguf(tiny.shards["Q8_0"][0], stream=True)
     result = analyze_layers(gguf_model, input_ids=seqs[T_MAX][0], layers=range(min(GGUF_LAYERS, cfg.num_hidden_layers)))
 else:
-    gguf_model = ReferenceModel.from_gguf(GGUF_PATH, stream=True)
+    gguf_model = reference_from_gguf(GGUF_PATH, stream=True)
     result = analyze_layers(gguf_model, tokens=GGUF_TOKENS, layers=range(GGUF_LAYERS))
 for row in result["layers"]:
     print(f"layer {row['layer']}: {row['seconds']:.3f} s, RSS {row['rss_gb']:.2f} GB (peak {row['peak_rss_gb']:.2f}), "

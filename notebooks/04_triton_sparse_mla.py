@@ -6,6 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -17,7 +18,7 @@
 #
 # GLM-5 attends sparsely: each query token reads only the `index_topk` = 2048 cache rows its lightning
 # indexer picked. In the absorbed (MQA) form every head of a token uses the same gathered rows
-# (`[c_kv 512 | k_rope 64]`, value = the first 512), so (GLM5_FACTS sections 2 and 7):
+# (`[c_kv 512 | k_rope 64]`, value = the first 512), so (docs/glm5.md sections 2 and 7):
 #
 # - **decode at 8-16 heads per GPU is a gather-bandwidth problem**: 2048 x 1152 B (bf16) or 656 B (fp8_ds_mla)
 #   per token, used by every head;
@@ -232,7 +233,7 @@ if INTERACTIVE:
 # %% [markdown]
 # ## 6. Targets
 #
-# The targets, recomputed from the rows. Where they are missed, `src/glm5lib/kernels/NOTES.md` says by
+# The speed targets, recomputed from the rows. Where they are missed, `docs/kernels.md` says by
 # how much and why. In short (the numbers are printed below from the JSON): small-head decode with bf16 rows
 # reaches about two thirds of the copy bandwidth, short of the 85 % target; the fp8 path is bound by converting
 # e4m3 before the tensor cores, not by bytes; the 64-128-head tiles reach less than half of FlashMLA's TFLOP/s;

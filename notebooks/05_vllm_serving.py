@@ -6,6 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -53,10 +54,10 @@ from pathlib import Path
 
 import torch
 
-from glm5lib.model.tiny import ensure_tiny
-from glm5lib.vllm_plugin import client as C
-from glm5lib.vllm_plugin.doctor import diagnose, doctor_table, format_report
-from glm5lib.vllm_plugin.server import ServeOptions, VLLMServer
+from glm5lib.mapping.tiny import ensure_tiny
+from glm5lib.serving import client as C
+from glm5lib.serving.doctor import diagnose, doctor_table, format_report
+from glm5lib.serving.server import ServeOptions, VLLMServer
 from glm5lib.workbook import record
 
 torch.set_num_threads(2)
@@ -138,9 +139,10 @@ record("chat_logprobs_n", len(chat["logprobs"]))
 
 # %%
 if COMPARE_REFERENCE:
+    from glm5lib.mapping.reference import reference_from_gguf
     from glm5lib.model.reference import ReferenceModel
 
-    reference = ReferenceModel.from_gguf(model_path) if str(model_path).endswith(".gguf") else \
+    reference = reference_from_gguf(model_path) if str(model_path).endswith(".gguf") else \
         ReferenceModel.from_hf_dir(model_path)
     cmp = C.compare_with_reference(completions, reference)
     for row in cmp["per_prompt"]:
@@ -224,14 +226,14 @@ else:
 # (no vLLM import), so it runs on the H200 through a harness that builds vLLM's inputs (paged cache with block
 # stride > block size, random block tables, request-local top-k with -1 padding), and the indexer's per-step
 # function (`paged.step_topk`) the same way: `bash scripts/device_kernels.sh harness` on the H200 (no vLLM
-# there) runs `python -m glm5lib.vllm_plugin.harness --json ...` and the committed result is read below. Every
+# there) runs `python -m glm5lib.serving.harness --json ...` and the committed result is read below. Every
 # case is checked against the fp32 reference; on the GPU each is also timed three ways: the eager call as the
 # backend makes it, the same call replayed from a CUDA graph (it captures: no host sync on the path), and the
 # attention kernel alone.
 
 # %%
-from glm5lib.vllm_plugin import harness
-from glm5lib.workbook.figures import save_figure
+from glm5lib.serving import harness
+from glm5lib.plotting import save_figure
 
 h200_path = Path("outputs/bench/vllm_harness_h200.json")
 if h200_path.is_file():

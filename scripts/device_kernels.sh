@@ -16,9 +16,9 @@ for step in "$@"; do
             echo "checks rc=$?"; grep -v " ok " "$OUT/checks_full.log" | tail -20 ;;
     sanitize) timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize > "$OUT/sanitizer.log" 2>&1
             echo "sanitizer rc=$?"; tail -6 "$OUT/sanitizer.log" ;;
-    harness) timeout 300 python3 -m glm5lib.vllm_plugin.harness --json "$OUT/vllm_harness_h200.json" > "$OUT/vllm_harness_h200.log" 2>&1
+    harness) timeout 300 python3 -m glm5lib.serving.harness --json "$OUT/vllm_harness_h200.json" > "$OUT/vllm_harness_h200.log" 2>&1
             echo "harness rc=$?"; grep -v Warn "$OUT/vllm_harness_h200.log" | tail -24 ;;
-    harness-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 300 python3 -m glm5lib.vllm_plugin.harness --json "$OUT/vllm_harness_h200_swfp8.json" > "$OUT/vllm_harness_h200_swfp8.log" 2>&1
+    harness-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 300 python3 -m glm5lib.serving.harness --json "$OUT/vllm_harness_h200_swfp8.json" > "$OUT/vllm_harness_h200_swfp8.log" 2>&1
             echo "harness-swfp8 rc=$?"; grep -v Warn "$OUT/vllm_harness_h200_swfp8.log" | grep -v "^topk" | tail -20 ;;
     bench) timeout 420 python3 -m glm5lib.kernels.cli bench all --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  " ;;
     bench-sweep) timeout 300 python3 -m glm5lib.kernels.cli bench sparse-mla --sweep --quick --no-scaling --name sweep --out "$OUT" > "$OUT/sweep.log" 2>&1

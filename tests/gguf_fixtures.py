@@ -25,7 +25,7 @@ BLOCKS, DENSE = 3, 1
 
 
 def _tensors(vocab: int) -> list[tuple[str, tuple[int, ...], Q]]:
-    """(name, torch shape, type) in GLM-5's GGUF order and naming (GLM5_FACTS section 4)."""
+    """(name, torch shape, type) in GLM-5's GGUF order and naming (docs/glm5.md section 4)."""
     out = [("token_embd.weight", (vocab, HIDDEN), Q.BF16)]
     for i in range(BLOCKS):
         b = f"blk.{i}."

@@ -5,10 +5,11 @@ import torch
 
 from glm5lib.dsa import analysis
 from glm5lib.dsa.footprint import SyntheticWeights, analyze_layers, probe_layer
-from glm5lib.dsa.indexer import fake_quant_e4m3, hadamard, indexer_scores, quantize_indexer_qk
+from glm5lib.model.indexer import fake_quant_e4m3, hadamard, indexer_scores, quantize_indexer_qk
+from glm5lib.mapping.reference import reference_from_gguf
 from glm5lib.model.reference import DSAOptions, ReferenceModel
 from glm5lib.model.spec import GLM5Config, hf_tensor_shapes
-from glm5lib.model.tiny import ensure_tiny
+from glm5lib.mapping.tiny import ensure_tiny
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_rope_and_fp8_and_indexshare_run(ref):
 
 def test_analyze_layers_streams_gguf():
     tiny = ensure_tiny(progress=False)
-    model = ReferenceModel.from_gguf(tiny.shards["Q8_0"][0], stream=True)
+    model = reference_from_gguf(tiny.shards["Q8_0"][0], stream=True)
     res = analyze_layers(model, tokens=96, layers=[0, 1, 2])
     assert [r["layer"] for r in res["layers"]] == [0, 1, 2]
     assert all(0 < r["mass_recall"] <= 1 for r in res["layers"])

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from glm5lib.cli import main
-from glm5lib.model.tiny import ensure_tiny
+from glm5lib.mapping.tiny import ensure_tiny
 
 
 def test_cost_prints_glm5_numbers(capsys):

@@ -1,4 +1,4 @@
-"""The DSA cost model against GLM5_FACTS numbers (computed by hand there) and against brute-force sums."""
+"""The DSA cost model against docs/glm5.md numbers (computed by hand there) and against brute-force sums."""
 
 import numpy as np
 import pytest

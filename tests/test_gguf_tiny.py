@@ -1,4 +1,4 @@
-"""The GGUF tools on the tiny GLM-5 model (glm5lib.model.tiny): real glm-dsa names, shapes and metadata,
+"""The GGUF tools on the tiny GLM-5 model (glm5lib.mapping.tiny): real glm-dsa names, shapes and metadata,
 including a tokenizer. Byte identity with llama-gguf-split in every mode when the binary is present."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from gguf_fixtures import llama_gguf_split
 from glm5lib.gguf import open_gguf, scan
 from glm5lib.gguf.inspect import diff_tensors
 from glm5lib.gguf.split import merge, split
-from glm5lib.model import tiny as tiny_module
+from glm5lib.mapping import tiny as tiny_module
 LLAMA = llama_gguf_split()
 
 MODES = {  # name -> (llama-gguf-split flags, our keyword arguments)

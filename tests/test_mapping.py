@@ -19,7 +19,7 @@ from glm5lib.mapping.source import open_model
 from glm5lib.mapping.weights import iter_gguf_arrays
 from glm5lib.model.layout import split_kv_b
 from glm5lib.model.spec import GLM5Config, gguf_tensor_specs, hf_tensor_shapes
-from glm5lib.model.tiny import ensure_tiny
+from glm5lib.mapping.tiny import ensure_tiny
 
 torch.set_num_threads(1)
 
@@ -265,7 +265,7 @@ def test_layer_check_separates_correct_from_broken_mappings(tiny):
 
 @pytest.fixture(scope="module")
 def tiny_shared(tmp_path_factory):
-    from glm5lib.model.tiny import build_tiny
+    from glm5lib.mapping.tiny import build_tiny
 
     return build_tiny(tmp_path_factory.mktemp("shared") / "tiny52", cfg=GLM5Config.tiny(shared_indexer=True),
                       types=("F32",), progress=False)

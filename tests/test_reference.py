@@ -4,9 +4,10 @@ and streamed from the tiny model's GGUF shards."""
 import pytest
 import torch
 
-from glm5lib.dsa.indexer import causal_mask, selection_mask
+from glm5lib.model.indexer import causal_mask, selection_mask
+from glm5lib.mapping.reference import reference_from_gguf
 from glm5lib.model.reference import DSAOptions, ReferenceModel, Trace
-from glm5lib.model.tiny import ensure_tiny
+from glm5lib.mapping.tiny import ensure_tiny
 
 T_LONG = 200  # > index_topk (64): the indexer really drops keys
 
@@ -103,7 +104,7 @@ def test_gguf_streaming_equals_hf(tiny, ref):
     ids = _ids(T_LONG, seed=4)
     with torch.no_grad():
         want = ref.forward(ids)
-        streamed = ReferenceModel.from_gguf(tiny.shards["F32"][-1], stream=True)  # any shard opens the set
+        streamed = reference_from_gguf(tiny.shards["F32"][-1], stream=True)  # any shard opens the set
         got = streamed.forward(ids)
     assert streamed._resident == {}  # nothing kept between layers
     assert torch.equal(got, want)
@@ -113,7 +114,7 @@ def test_gguf_q8_close(tiny, ref):
     ids = _ids(48, seed=5)  # <= top-k: quantization error only, no selection flips
     with torch.no_grad():
         want = torch.log_softmax(ref.forward(ids), -1)
-        got = torch.log_softmax(ReferenceModel.from_gguf(tiny.gguf["Q8_0"], stream=True).forward(ids), -1)
+        got = torch.log_softmax(reference_from_gguf(tiny.gguf["Q8_0"], stream=True).forward(ids), -1)
     # Q8_0 keeps ~2-3 significant digits per weight; the argmax should mostly agree
     agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
     assert agree >= 0.8, agree
@@ -123,7 +124,7 @@ def test_indexshare_config_matches_transformers(tmp_path):
     """GLM-5.2-style tiny model: 'shared' layers have no indexer weights and reuse the previous full layer's top-k."""
     transformers = pytest.importorskip("transformers")
     from glm5lib.model.spec import GLM5Config
-    from glm5lib.model.tiny import init_weights, write_hf_dir
+    from glm5lib.mapping.tiny import init_weights, write_hf_dir
 
     cfg = GLM5Config.tiny(shared_indexer=True)
     assert not all(cfg.has_indexer(i) for i in range(cfg.num_hidden_layers))
@@ -167,7 +168,7 @@ def test_gguf_streaming_holds_one_layer(tiny):
     """Streaming keeps at most one layer's weights alive (plus what a single global tensor needs)."""
     import gc
 
-    from glm5lib.model.reference import GGUFWeights
+    from glm5lib.mapping.reference import GGUFWeights
     from glm5lib.model.spec import hf_tensor_shapes
 
     gc.disable()  # refcounting frees tensors; keep the cyclic collector from adding noise

@@ -1,5 +1,5 @@
 """The GLM-5 family description against independent references: gguf-py's tensor name map, transformers'
-GlmMoeDsa module tree, and the counts in GLM5_FACTS."""
+GlmMoeDsa module tree, and the counts in docs/glm5.md."""
 
 import collections
 
@@ -29,7 +29,7 @@ def test_glm5_tensor_count_matches_facts():
 
 def test_glm5_2_indexshare_drops_indexer_tensors():
     cfg = GLM5Config.glm5_2()
-    assert sum(t == "full" for t in cfg.indexer_types) == 21  # GLM5_FACTS: 21 of 78 layers run the indexer
+    assert sum(t == "full" for t in cfg.indexer_types) == 21  # docs/glm5.md: 21 of 78 layers run the indexer
     specs = gguf_tensor_specs(cfg)
     assert len(specs) == 1809 - 5 * (78 - 21)
     shared = [i for i, t in enumerate(cfg.indexer_types) if t == "shared"]
@@ -109,7 +109,7 @@ def test_kv_b_split_matches_facts_and_round_trips():
     H, r = cfg.num_attention_heads, cfg.kv_lora_rank
     kv_b = torch.randn(H * 448, r)
     k_b, v_b = split_kv_b(kv_b, cfg)
-    # GLM5_FACTS: k_b = kv_b.view(H, 448, 512)[:, :192, :].transpose(1, 2); v_b = [..., 192:, :]
+    # docs/glm5.md: k_b = kv_b.view(H, 448, 512)[:, :192, :].transpose(1, 2); v_b = [..., 192:, :]
     assert torch.equal(k_b, kv_b.view(H, 448, r)[:, :192, :].transpose(1, 2))
     assert torch.equal(v_b, kv_b.view(H, 448, r)[:, 192:, :])
     assert tuple(reversed(k_b.shape)) == (192, 512, H) and tuple(reversed(v_b.shape)) == (512, 256, H)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from glm5lib.model.spec import GGUF_ARCH, gguf_metadata, gguf_tensor_specs
-from glm5lib.model.tiny import build_tiny, ensure_tiny, hf_to_gguf_arrays, init_weights
+from glm5lib.mapping.tiny import build_tiny, ensure_tiny, hf_to_gguf_arrays, init_weights
 from glm5lib.model.tokenizer import SPECIAL_TOKENS
 
 

@@ -250,7 +250,7 @@ def test_indexer_topk_equals_reference_scores_and_stable_ties():
 def test_harness_runs_the_backend_forward_on_cpu(kernel, tmp_path):
     out = tmp_path / "h.json"
     env = dict(os.environ, TRITON_INTERPRET="1" if kernel == "triton" else "0")
-    r = subprocess.run([sys.executable, "-m", "glm5lib.vllm_plugin.harness", "--device", "cpu", "--tiny",
+    r = subprocess.run([sys.executable, "-m", "glm5lib.serving.harness", "--device", "cpu", "--tiny",
                         "--kernel", kernel, "--json", str(out)], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
@@ -271,7 +271,7 @@ def test_harness_runs_the_backend_forward_on_cpu(kernel, tmp_path):
 
 
 def test_doctor_reports_vllms_decisions():
-    from glm5lib.vllm_plugin.doctor import diagnose
+    from glm5lib.serving.doctor import diagnose
 
     sm120 = diagnose("glm5", "12.0", tp=8)
     assert [b.name for b in sm120.backends] == ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
@@ -291,7 +291,7 @@ def test_doctor_reports_vllms_decisions():
 
 def test_doctor_cli_json_and_user_errors(tmp_path):
     from glm5lib.cli import main
-    from glm5lib.model.tiny import ensure_tiny
+    from glm5lib.mapping.tiny import ensure_tiny
 
     gguf = ensure_tiny(progress=False).shards["F32"][0]
     r = subprocess.run([sys.executable, "-m", "glm5lib.cli", "doctor", str(gguf), "--cc", "9.0", "--cc", "cpu",
@@ -312,7 +312,7 @@ def test_gguf_model_dir_is_config_and_tokenizer_from_the_file(tmp_path):
     from transformers import AutoTokenizer
 
     from glm5lib.mapping import gguf_to_hf_config
-    from glm5lib.model.tiny import ensure_tiny
+    from glm5lib.mapping.tiny import ensure_tiny
     from glm5lib.vllm_plugin.gguf_loader import POINTER_FILE, gguf_path_for, prepare_model_dir
 
     tiny = ensure_tiny(progress=False)
@@ -335,7 +335,7 @@ def test_gguf_model_dir_is_config_and_tokenizer_from_the_file(tmp_path):
 
 
 def test_serve_dry_run_prints_the_command(tmp_path):
-    from glm5lib.model.tiny import ensure_tiny
+    from glm5lib.mapping.tiny import ensure_tiny
 
     tiny = ensure_tiny(progress=False)
     for model, fmt in ((tiny.shards["F32"][0], True), (tiny.hf_dir, False)):
@@ -350,8 +350,8 @@ def test_serve_dry_run_prints_the_command(tmp_path):
 def test_serve_cli_starts_like_vllmserver(monkeypatch):
     """`glm5lib serve` spawns through VLLMServer: server_env's variables, own process group, parent-death signal."""
     from glm5lib.cli import main
-    from glm5lib.model.tiny import ensure_tiny
-    from glm5lib.vllm_plugin import server
+    from glm5lib.mapping.tiny import ensure_tiny
+    from glm5lib.serving import server
 
     seen = {}
 

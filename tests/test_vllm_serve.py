@@ -18,9 +18,9 @@ import torch
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
 
-from glm5lib.model.tiny import ensure_tiny  # noqa: E402
-from glm5lib.vllm_plugin import client as C  # noqa: E402
-from glm5lib.vllm_plugin.server import ServeOptions, VLLMServer, group_alive  # noqa: E402
+from glm5lib.mapping.tiny import ensure_tiny  # noqa: E402
+from glm5lib.serving import client as C  # noqa: E402
+from glm5lib.serving.server import ServeOptions, VLLMServer, group_alive  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_MODEL_LEN = 192
@@ -52,9 +52,9 @@ def client(server):
 
 @pytest.fixture(scope="module")
 def reference(tiny):
-    from glm5lib.model.reference import ReferenceModel
+    from glm5lib.mapping.reference import reference_from_gguf
 
-    return ReferenceModel.from_gguf(tiny.shards["F32"][0])
+    return reference_from_gguf(tiny.shards["F32"][0])
 
 
 def prompts(tiny, n, length, seed=0):
@@ -109,14 +109,14 @@ def test_metrics_count_generated_tokens(server, client):
 
 def test_merged_q8_0_gguf_serves_the_same_as_its_reference(tiny):
     """A merged (not split) quantized file: weights are dequantized by gguf-py for both vLLM and the reference."""
-    from glm5lib.model.reference import ReferenceModel
+    from glm5lib.mapping.reference import reference_from_gguf
 
     path = tiny.gguf["Q8_0"]
     with VLLMServer(ServeOptions(model=path, dtype="float32", max_model_len=MAX_MODEL_LEN),
                     log_path=ROOT / "outputs" / "logs" / "test_vllm_serve_q8.log") as srv:
         cl = C.openai_client(srv.base_url)
         comps = [C.complete_greedy(cl, srv.model_name, p, 12) for p in prompts(tiny, 2, 70, seed=3)]
-    cmp = C.compare_with_reference(comps, ReferenceModel.from_gguf(path))
+    cmp = C.compare_with_reference(comps, reference_from_gguf(path))
     assert srv.model_name == "tiny-glm5-Q8_0"
     assert cmp["tokens_equal"] and cmp["max_abs_logprob_diff"] <= LOGPROB_TOL, cmp
 
@@ -124,7 +124,7 @@ def test_merged_q8_0_gguf_serves_the_same_as_its_reference(tiny):
 def test_server_dies_with_its_owner(tmp_path):
     """The owner is SIGKILLed (no cleanup runs): the parent-death signal still stops the child's group."""
     code = ("import subprocess, sys, time\n"
-            "from glm5lib.vllm_plugin.server import _die_with_parent\n"
+            "from glm5lib.serving.server import _die_with_parent\n"
             "p = subprocess.Popen(['sleep', '600'], preexec_fn=_die_with_parent)\n"
             "print(p.pid, flush=True)\n"
             "time.sleep(600)\n")

@@ -12,13 +12,13 @@ from glm5lib.errors import UserError
 # Sub-command -> module exposing `register_cli(subparsers)`. Order is the order of `glm5lib --help`.
 # Only the module of the command being run is imported, so `glm5lib gguf ...` does not pay for torch/vLLM.
 COMMANDS = {
-    "tiny": "glm5lib.model.cli",
+    "tiny": "glm5lib.mapping.tiny_cli",
     "gguf": "glm5lib.gguf.cli",
     "map": "glm5lib.mapping.cli",
     "dsa": "glm5lib.dsa.cli",
     "bench": "glm5lib.kernels.cli",
-    "doctor": "glm5lib.vllm_plugin.cli",
-    "serve": "glm5lib.vllm_plugin.cli",
+    "doctor": "glm5lib.serving.cli",
+    "serve": "glm5lib.serving.cli",
     "workbook": "glm5lib.workbook.cli",
 }
 

@@ -38,7 +38,7 @@ def check(report: dict) -> None:
         assert all(0.0 <= v < 0.5 for v in report["fp8"][mode]["flipped"].values())
     share = report["indexshare"]
     assert share["every_2"]["pattern"].startswith("FS")
-    # GLM5_FACTS cost numbers
+    # docs/glm5.md cost numbers
     assert round(report["cost_sparse_mflop_per_token"]) == 285
     assert round(report["cost_gathered_kv_mb_bf16"], 2) == 2.36
     assert round(report["cost_gathered_kv_mb_fp8"], 2) == 1.34

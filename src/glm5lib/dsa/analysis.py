@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from glm5lib.dsa.indexer import causal_mask, select_topk, selection_mask
+from glm5lib.model.indexer import causal_mask, select_topk, selection_mask
 from glm5lib.model.reference import DSAOptions, ReferenceModel, Trace
 from glm5lib.model.rope import ROPE_LAYOUTS
 

@@ -25,6 +25,7 @@ def _layers(text: str) -> list[int]:
 
 
 def _open_model(path: str, stream: bool = True):
+    from glm5lib.mapping.reference import reference_from_gguf
     from glm5lib.model.reference import ReferenceModel
 
     p = Path(path)
@@ -32,7 +33,7 @@ def _open_model(path: str, stream: bool = True):
         raise UserError(f"{path}: no such file or directory")
     if p.is_dir():
         return ReferenceModel.from_hf_dir(p, stream=stream)
-    return ReferenceModel.from_gguf(p, stream=stream)
+    return reference_from_gguf(p, stream=stream)
 
 
 def cmd_train_tiny(args) -> int:

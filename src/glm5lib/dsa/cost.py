@@ -1,4 +1,4 @@
-"""What DSA costs per token: indexer vs sparse attention, FLOPs and bytes, prefill and decode (GLM5_FACTS 2-3).
+"""What DSA costs per token: indexer vs sparse attention, FLOPs and bytes, prefill and decode (docs/glm5.md 2-3).
 
 Per query token per layer at context L (keys visible), with k = min(index_topk, L):
 

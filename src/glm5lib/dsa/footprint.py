@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from glm5lib.dsa.analysis import LayerSelection, mass_recall, oracle_mass, set_recall
-from glm5lib.dsa.indexer import causal_mask
+from glm5lib.model.indexer import causal_mask
 from glm5lib.model.reference import DSAOptions, ReferenceModel, Trace
 from glm5lib.model.spec import GLM5Config, hf_tensor_shapes
 

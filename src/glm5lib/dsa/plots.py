@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from glm5lib.dsa import cost
-from glm5lib.workbook.figures import pyplot, save_figure
+from glm5lib.plotting import pyplot, save_figure
 
 
 def _plt():

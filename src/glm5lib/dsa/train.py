@@ -37,7 +37,7 @@ from glm5lib.model.reference import LATENT_NORM_EPS, DSAOptions, ReferenceModel,
 from glm5lib.model.rope import rope_cos_sin
 from glm5lib.model.spec import GLM5Config
 from glm5lib.errors import UserError
-from glm5lib.model.tiny import TinyPaths, build_tiny, default_cache_dir, init_weights, load_tiny, write_hf_dir
+from glm5lib.mapping.tiny import TinyPaths, build_tiny, default_cache_dir, init_weights, load_tiny, write_hf_dir
 
 INDEXER_PREFIX = "self_attn.indexer."
 

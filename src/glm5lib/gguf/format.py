@@ -6,7 +6,7 @@ Why not `gguf.GGUFReader` / `gguf.GGUFWriter` (we use gguf-py's constants and de
   `inspect` must read a 400 GB shard set's metadata without touching tensor data. It is also slow on large
   string arrays: a GLM-5-sized tokenizer (154,880 tokens, 321k merges) takes it ~65 s, this parser ~2 s.
 - `GGUFWriter`'s split mode is not byte-compatible with llama.cpp's `llama-gguf-split` (key order, n_dims,
-  size accounting, file names), and the split/merge outputs here must be (GLM5_FACTS section 4).
+  size accounting, file names), and the split/merge outputs here must be (docs/glm5.md section 4).
 
 Layout (little-endian, version 3): magic "GGUF", u32 version, i64 n_tensors, i64 n_kv, KVs
 (string key, i32 type, value; arrays: i32 ARRAY, i32 item type, u64 count, items), tensor infos (string name,

@@ -8,7 +8,7 @@ from typing import Any
 
 def plot_bytes_per_block(summary: dict[str, Any], path: str | Path, title: str | None = None) -> Path:
     """Stacked bars: tensor bytes per block, one colour per tensor type. `summary` is `inspect.summarize`'s."""
-    from glm5lib.workbook.figures import pyplot, save_figure
+    from glm5lib.plotting import pyplot, save_figure
 
     plt = pyplot()
     blocks = list(summary["blocks"])

@@ -4,7 +4,7 @@ In one run, side by side: our Triton kernels, FlashMLA's sparse kernels as shipp
 (`_flashmla_C`, loaded from `.vendor/` when present), a naive torch gather + einsum, and the machine's measured
 ceilings (1 GiB device copy, 8192^3 bf16 matmul). GLM-5 shapes: d_qk 576, d_v 512, top-k 2048, scale 1/16.
 
-Timing (METHOD.md): `triton.testing.do_bench` medians (it flushes L2 before every timed call); small decode
+Timing: `triton.testing.do_bench` medians (it flushes L2 before every timed call); small decode
 launches are timed as a CUDA graph of R calls over R different index sets (so each call gathers rows that are
 not in L2, and launch gaps do not count), divided by R. Inputs are fresh random data, outputs poisoned.
 """
@@ -485,7 +485,7 @@ def _find(rows, **kw):
 
 
 def evaluate_targets(res: dict) -> list[dict]:
-    """The issue's targets, each with the measured value and whether it is met."""
+    """The speed targets, each with the measured value and whether it is met."""
     rows = res.get("rows", [])
     out = []
 
@@ -529,7 +529,7 @@ def evaluate_targets(res: dict) -> list[dict]:
 
 def plot(json_path: str | Path, png_path: str | Path) -> Path:
     """Two panels: time per case (ours vs FlashMLA) and a roofline (achieved TFLOP/s against FLOP/byte)."""
-    from glm5lib.workbook.figures import pyplot, save_figure
+    from glm5lib.plotting import pyplot, save_figure
 
     plt = pyplot()
     res = json.loads(Path(json_path).read_text())

@@ -1,4 +1,4 @@
-"""Triton DSA lightning-indexer scores (GLM5_FACTS section 3); fp32 twin: `naive.indexer_logits_ref`.
+"""Triton DSA lightning-indexer scores (docs/glm5.md section 3); fp32 twin: `naive.indexer_logits_ref`.
 
 `score[t, s] = sum_h w[t, h] * relu(scale * q[t, h] . k[s])` in fp32, -inf where key s is outside query t's
 bounds. Two kernels behind one function:

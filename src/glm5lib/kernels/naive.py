@@ -1,7 +1,7 @@
 """Plain-PyTorch fp32 references for the sparse-MLA and DSA-indexer kernels, and the cache codecs.
 
 Every Triton kernel in this package has its slow, obviously-correct twin here with the same signature
-(fla's `naive.py` convention). The math is GLM5_FACTS sections 2-3:
+(fla's `naive.py` convention). The math is docs/glm5.md sections 2-3:
 
 - sparse MLA (absorbed / MQA form): `out[t, h] = sum_s softmax_s(q[t, h] . kv[s] * sm_scale) kv[s, :d_v]`
   over the rows `s` named by `indices[t]`; `lse[t, h]` is the natural-log log-sum-exp of the logits.
@@ -30,13 +30,16 @@ import math
 
 import torch
 
+# The indexer key codec is model knowledge (the reference forward uses it too); re-exported here beside the
+# kernels' other codecs.
+from glm5lib.model.indexer import INDEXER_DIM, INDEXER_FP8_ROW_BYTES, dequantize_indexer_k, quantize_indexer_k
+from glm5lib.model.metrics import cos_diff
+
 D_NOPE = 512
 D_ROPE = 64
 D_QK = D_NOPE + D_ROPE  # 576
 FP8_DS_MLA_ROW_BYTES = 656
 FP8_DS_MLA_TILE = 128  # values per fp32 scale
-INDEXER_DIM = 128
-INDEXER_FP8_ROW_BYTES = 132
 E4M3_MAX = 448.0
 
 KV_FORMATS = ("bf16", "fp8_ds_mla")
@@ -108,18 +111,6 @@ def dequantize_fp8_ds_mla(rows: torch.Tensor) -> torch.Tensor:
     return out.view(*lead, D_QK)
 
 
-def quantize_indexer_k(k: torch.Tensor) -> torch.Tensor:
-    """Indexer keys `[N, 128]` -> uint8 rows `[N, 132]`: e4m3 values then one fp32 scale (amax/448)."""
-    if k.shape[-1] != INDEXER_DIM:
-        raise ValueError(f"expected indexer keys of {INDEXER_DIM}, got {k.shape[-1]}")
-    x = k.float().reshape(-1, INDEXER_DIM)
-    scale = torch.clamp_min(x.abs().amax(dim=-1), 1e-8) / E4M3_MAX
-    out = torch.empty(x.shape[0], INDEXER_FP8_ROW_BYTES, dtype=torch.uint8, device=k.device)
-    out[:, :INDEXER_DIM] = (x / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
-    out[:, INDEXER_DIM:] = scale.contiguous().view(torch.uint8).view(-1, 4)
-    return out
-
-
 def quantize_indexer_q(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Indexer queries `[T, H, 128]` -> (float8_e4m3fn `[T, H, 128]`, fp32 scale `[T, H]`), one scale per
     (token, head) = amax / 448.
@@ -130,14 +121,6 @@ def quantize_indexer_q(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     scale = q.float().abs().amax(-1).clamp_min(1e-8) / E4M3_MAX
     return (q.float() / scale[..., None]).to(torch.float8_e4m3fn), scale
-
-
-def dequantize_indexer_k(rows: torch.Tensor) -> torch.Tensor:
-    """uint8 rows `[N, 132]` -> fp32 keys `[N, 128]`."""
-    r = rows.reshape(-1, INDEXER_FP8_ROW_BYTES).contiguous()
-    vals = r[:, :INDEXER_DIM].view(torch.float8_e4m3fn).float()
-    scale = r[:, INDEXER_DIM:].contiguous().view(torch.float32)
-    return vals * scale
 
 
 def pack_indexer_cache_paged(rows: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -160,15 +143,6 @@ def unpack_indexer_cache_paged(cache: torch.Tensor) -> torch.Tensor:
     vals = flat[:, : bs * INDEXER_DIM].contiguous().view(torch.float8_e4m3fn).float().view(nb * bs, INDEXER_DIM)
     scale = flat[:, bs * INDEXER_DIM :].contiguous().view(torch.float32).reshape(nb * bs)
     return vals * scale[:, None]
-
-
-def cos_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """FlashMLA's test metric `1 - 2 <a, b> / (|a|^2 + |b|^2)` in fp64 (0 for equal tensors, also when both are 0)."""
-    a, b = a.double().flatten(), b.double().flatten()
-    den = (a * a).sum() + (b * b).sum()
-    if den == 0:
-        return 0.0
-    return float(1 - 2 * (a * b).sum() / den)
 
 
 # --------------------------------------------------------------------------------------------------------------

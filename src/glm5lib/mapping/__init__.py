@@ -8,6 +8,7 @@ Public entry points (the vLLM loader uses the first three):
     GGUFHFWeights(path, dtype)                      random access by HF name: w("model.layers.3....") -> tensor
     iter_gguf_arrays(cfg, weights)                  the reverse: HF tensors -> GGUF tensors (converter order)
     mapping_table(cfg)                              GGUF name/shape -> HF name/shape/transform
+    reference_from_gguf(path, stream=True)          the fp32 reference forward on a GGUF's weights
     compare_hf_configs(from_gguf, given)            differences between two config.json dicts
 
 `path` is a GGUF file or any shard of a llama.cpp shard set. Modules: `config`, `tokenizer`, `weights`,
@@ -26,6 +27,7 @@ _EXPORTS = {
     "iter_gguf_arrays": "glm5lib.mapping.weights",
     "GGUFHFWeights": "glm5lib.mapping.weights",
     "mapping_table": "glm5lib.mapping.weights",
+    "reference_from_gguf": "glm5lib.mapping.reference",
 }
 __all__ = list(_EXPORTS)
 

@@ -102,7 +102,7 @@ def tokenizer_agreement(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike,
 
 
 def plot_bytes_by_kind(report: Any, path: str | os.PathLike, *, top: int = 12) -> Path:
-    from glm5lib.workbook.figures import pyplot, save_figure
+    from glm5lib.plotting import pyplot, save_figure
 
     plt = pyplot()
 
@@ -116,7 +116,7 @@ def plot_bytes_by_kind(report: Any, path: str | os.PathLike, *, top: int = 12) -
 
 
 def plot_layer_check(results: dict[str, dict[str, float]], path: str | os.PathLike, title: str = "") -> Path:
-    from glm5lib.workbook.figures import pyplot, save_figure
+    from glm5lib.plotting import pyplot, save_figure
 
     plt = pyplot()
 

@@ -2,7 +2,7 @@
 
 GGUF carries the architecture (`glm-dsa.*`) but not every field transformers/vLLM read; the rest come from
 `GLM5Config` defaults (zai-org/GLM-5) and `GLM5Config.to_hf_dict()` adds the keys vLLM defaults wrongly
-(`indexer_rope_interleave`, `scoring_func`, `topk_method`; GLM5_FACTS sections 1 and 5).
+(`indexer_rope_interleave`, `scoring_func`, `topk_method`; docs/glm5.md sections 1 and 5).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def compare_hf_configs(from_gguf: dict[str, Any], given: dict[str, Any]) -> list
             continue  # the given config does not say; GGUF's value stands
         if not _same(va, vb):
             out.append(ConfigDiff(f.name, va, vb, "problem" if f.name in ARCH_FIELDS else "note"))
-    # Keys vLLM reads that a hub config may lack or spell differently (GLM5_FACTS section 1).
+    # Keys vLLM reads that a hub config may lack or spell differently (docs/glm5.md section 1).
     for key in ("indexer_rope_interleave", "rope_interleave", "scoring_func", "topk_method"):
         if key in given and not _same(given[key], from_gguf.get(key)):
             out.append(ConfigDiff(key, from_gguf.get(key), given[key], "problem"))

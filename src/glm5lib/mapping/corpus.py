@@ -164,7 +164,7 @@ def write_defect(src: str | os.PathLike, out: str | os.PathLike, defect: str) ->
 
 
 def _fallback(main: GGMLQuantizationType, row: int) -> GGMLQuantizationType:
-    """llama.cpp's fallback for rows a 256-block type cannot hold (GLM5_FACTS section 4)."""
+    """llama.cpp's fallback for rows a 256-block type cannot hold (docs/glm5.md section 4)."""
     if row % GGML_QUANT_SIZES[main][0] == 0:
         return main
     table = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}

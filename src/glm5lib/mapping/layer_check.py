@@ -6,7 +6,7 @@ so names and shapes are not enough. On the same input x (a normed hidden state) 
 - `reference`: transformers' `GlmMoeDsaAttention` (with its `GlmMoeDsaIndexer`) holding the original HF weights.
 - `hf_from_gguf`: the same module holding the weights `GGUFHFWeights` rebuilt from the GGUF (kv_b_proj merged
   from attn_k_b/attn_v_b). Exact (0) for an F32 file, quantization noise otherwise.
-- `absorbed_from_gguf`: the absorbed MLA form a sparse kernel runs (GLM5_FACTS section 2), fed *directly* with
+- `absorbed_from_gguf`: the absorbed MLA form a sparse kernel runs (docs/glm5.md section 2), fed *directly* with
   the stored `attn_k_b` [H, r, nope] and `attn_v_b` [H, v, r]: q_hat = q_nope @ k_b^T, o = v_b @ o_lat. This is
   the check that the GGUF tensors mean what the kernels assume.
 - `indexer`: GGUF-derived indexer scores and top-k vs the reference's.
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from glm5lib.kernels.naive import cos_diff  # FlashMLA's metric, one definition for all checks
+from glm5lib.model.metrics import cos_diff  # FlashMLA's metric, one definition for all checks
 from glm5lib.mapping.config import config_from_gguf
 from glm5lib.mapping.source import open_model, read_tensor
 from glm5lib.mapping.weights import GGUFHFWeights

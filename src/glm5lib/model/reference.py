@@ -3,7 +3,7 @@
     from glm5lib.model.reference import ReferenceModel, DSAOptions, Trace, KVCache
 
     ref = ReferenceModel.from_hf_dir("path/to/hf")        # safetensors, lazily read
-    ref = ReferenceModel.from_gguf("m-00001-of-00009.gguf", stream=True)   # any shard; one layer in RAM
+    ref = glm5lib.mapping.reference_from_gguf("m-00001-of-00009.gguf", stream=True)  # any shard; one layer in RAM
     logits = ref.forward(input_ids)                      # [T, V] float32 (input_ids: [T] or [1, T])
     logp = ref.logprobs(input_ids)                       # [T, V] log-softmax
     tokens, token_logprobs = ref.generate_greedy(prompt_ids, max_new_tokens=16)   # KV + indexer caches
@@ -24,17 +24,17 @@ and count differences at tied scores rather than expecting identity.
 
 Weights are taken by HF checkpoint name (per-expert `mlp.experts.{e}.*`, fused `kv_b_proj`) from a
 `Mapping[str, Tensor]` or a callable `get(name) -> Tensor`, so the same code runs from a dict, an HF directory
-or a GGUF shard set (`GGUFWeights`: lazy dequantization through `glm5lib.mapping.GGUFHFWeights`).
+or a GGUF shard set (`glm5lib.mapping.reference.GGUFWeights`: lazy dequantization, `rows()` for embeddings).
 With `stream=True` a layer's weights are fetched when the layer runs and dropped after it (routed experts one
 at a time, only those the router picked), so the first layers of the real 744B model run in a few GB.
 
-The math (GLM5_FACTS sections 2-3), per layer, for x = input_layernorm(h):
+The math (docs/glm5.md sections 2-3), per layer, for x = input_layernorm(h):
 - q_resid = RMSNorm(W_qa x) [eps 1e-6, as transformers]; q = W_qb q_resid -> [H, nope 192 | rope 64].
 - W_kva x -> [c_kv 512 | k_rot 64]; c_kv = RMSNorm(c_kv) [eps 1e-6]; q_rot, k_rot get interleaved RoPE.
 - absorbed MLA: q_hat = [q_nope @ W_UK (512) | q_rot (64)], kv_hat[s] = [c_kv | k_rot] (576, one shared
   "head", the cached row); p = softmax(q_hat . kv_hat * (nope+rope)^-0.5) over the causal, selected keys;
   o = W_UV (p @ c_kv); out = o_proj(o).
-- DSA indexer (glm5lib.dsa.indexer) picks min(index_topk, S) keys per query; "shared" layers (GLM-5.2
+- DSA indexer (glm5lib.model.indexer) picks min(index_topk, S) keys per query; "shared" layers (GLM-5.2
   IndexShare) reuse the previous full layer's picks.
 - MLP: SwiGLU on the first `first_k_dense_replace` layers, else sigmoid noaux_tc routing (bias for choice
   only, weights renormalised, x routed_scaling_factor) over routed experts plus the shared expert.
@@ -56,7 +56,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from glm5lib.dsa.indexer import (Fp8Mode, causal_mask, indexer_scores, quantize_indexer_qk, select_topk,
+from glm5lib.model.indexer import (Fp8Mode, causal_mask, indexer_scores, quantize_indexer_qk, select_topk,
                                  selection_mask)
 from glm5lib.errors import UserError
 from glm5lib.model.rope import RopeLayout, apply_rope, rope_cos_sin
@@ -161,33 +161,6 @@ class SafetensorsWeights:
             return h.get_tensor(name).float()
 
 
-class GGUFWeights:
-    """HF-named fp32 tensors from a glm-dsa GGUF file or shard set, dequantized on request.
-
-    The mapping is the mapping engineer's `glm5lib.mapping.GGUFHFWeights` (names and layouts from
-    `glm5lib.model.spec`): identity tensors as stored, `kv_b_proj` merged from attn_k_b/attn_v_b, routed expert e
-    sliced out of the stacked `ffn_*_exps` *before* dequantizing, so one expert costs one expert's memory. Added
-    here: `rows()`, which reads only the embedding rows a prompt needs."""
-
-    def __init__(self, path: str | Path):
-        from glm5lib.mapping import GGUFHFWeights
-
-        self._weights = GGUFHFWeights(path, torch.float32)
-        self.set, self.config = self._weights.set, self._weights.config
-        self._gguf_name = {s.hf_names[0]: s.gguf_name for s in gguf_tensor_specs(self.config)
-                           if s.transform == "identity"}
-
-    def __call__(self, name: str) -> torch.Tensor:
-        return self._weights(name)
-
-    def rows(self, name: str, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` of an identity-mapped 2-D tensor (the embedding); quantized blocks never span rows."""
-        from glm5lib.mapping.source import read_tensor
-
-        ids = np.asarray(ids, dtype=np.int64)
-        return read_tensor(self.set, self._gguf_name[name], torch.float32, index=ids).reshape(len(ids), -1)
-
-
 class _LayerWeights:
     """A layer's tensors by short name ('self_attn.q_a_proj.weight'); fetched on first use."""
 
@@ -239,11 +212,6 @@ class ReferenceModel:
         cfg = GLM5Config.from_hf_dict(json.loads((path / "config.json").read_text()))
         return cls(cfg, SafetensorsWeights(path), **kw)
 
-    @classmethod
-    def from_gguf(cls, path: str | Path, **kw) -> "ReferenceModel":
-        src = GGUFWeights(path)
-        return cls(src.config, src, **kw)
-
     # -- weights --
     def _global(self, name: str) -> torch.Tensor:
         if name not in self._resident:
@@ -287,7 +255,7 @@ class ReferenceModel:
         q = (q_resid @ w["self_attn.indexer.wq_b.weight"].T).view(T, Hi, Di)
         k = F.layer_norm(x @ w["self_attn.indexer.wk.weight"].T, (Di,), w["self_attn.indexer.k_norm.weight"],
                          w["self_attn.indexer.k_norm.bias"], INDEXER_K_NORM_EPS)
-        # rope part first (0:64), the rest passes (GLM5_FACTS section 3)
+        # rope part first (0:64), the rest passes (docs/glm5.md section 3)
         q = torch.cat([apply_rope(q[..., :R], cos, sin, options.indexer_rope), q[..., R:]], -1)
         k = torch.cat([apply_rope(k[..., :R], cos, sin, options.indexer_rope), k[..., R:]], -1)
         if cache is not None:

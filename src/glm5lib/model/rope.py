@@ -4,7 +4,7 @@ Two layouts of the same rotation, differing only in which dimensions form a pair
 - interleaved (GLM-5 attention and indexer, DeepSeek's MLA): pairs (x0, x1), (x2, x3), ...
 - neox (half-split, DeepSeek-V3.2's *indexer*): pairs (x0, x32), (x1, x33), ... for a 64-wide rope part.
 
-Applying the wrong one to weights trained with the other is the #1 GLM-5 port bug (GLM5_FACTS section 3).
+Applying the wrong one to weights trained with the other is the #1 GLM-5 port bug (docs/glm5.md section 3).
 
 `apply_rope(..., "interleaved")` writes its result de-interleaved (evens then odds), exactly as transformers'
 `apply_rotary_pos_emb_interleave` does, so the reference matches it bit for bit; dot products between q and k

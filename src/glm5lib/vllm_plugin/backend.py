@@ -1,6 +1,6 @@
 """`GLM5_SPARSE_MLA`: a vLLM sparse-MLA attention backend for GLM-5 on the glm5lib kernels.
 
-It meets vLLM's sparse-MLA contract (GLM5_FACTS section 5): `is_mla()`/`is_sparse()`, head size 576, kernel block
+It meets vLLM's sparse-MLA contract (docs/glm5.md section 5): `is_mla()`/`is_sparse()`, head size 576, kernel block
 sizes `MultipleOf(64)` (the indexer's cache shares the block table and needs 64), bf16/fp16 and `fp8_ds_mla`
 caches (fp32 too on CPU, for exact comparisons), any head count, compute capability 8.0 and newer (12.x
 included), and on the CPU platform.

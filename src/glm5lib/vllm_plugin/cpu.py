@@ -1,4 +1,4 @@
-"""What vLLM's CPU platform needs to serve `glm_moe_dsa` (GLM5_FACTS section 5), applied at registration.
+"""What vLLM's CPU platform needs to serve `glm_moe_dsa` (docs/glm5.md section 5), applied at registration.
 
 1. Selection: `CpuPlatform.get_attn_backend_cls` raises "Sparse Attention is not supported on CPU" before any
    backend is consulted. We wrap it: sparse MLA selects GLM5_SPARSE_MLA, everything else goes to vLLM.

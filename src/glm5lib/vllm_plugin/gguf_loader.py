@@ -34,17 +34,12 @@ POINTER_FILE = "glm5lib_gguf.json"
 DIR_FORMAT = 2  # bump when the directory's content changes, so cached directories are rebuilt
 
 
-def user_cache_dir() -> Path:
-    """$GLM5LIB_CACHE_DIR, else $XDG_CACHE_HOME/glm5lib, else ~/.cache/glm5lib."""
-    if os.environ.get("GLM5LIB_CACHE_DIR"):
-        return Path(os.environ["GLM5LIB_CACHE_DIR"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "glm5lib"
-
-
 def default_model_dir(gguf: Path) -> Path:
     st = gguf.stat()
     key = f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}:{DIR_FORMAT}"
-    return user_cache_dir() / "vllm-gguf" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    from glm5lib.paths import cache_dir
+
+    return cache_dir() / "vllm-gguf" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def served_name(gguf: str | os.PathLike) -> str:

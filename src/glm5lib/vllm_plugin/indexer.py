@@ -4,7 +4,7 @@ vLLM's `SparseAttnIndexer` (a CustomOp) writes each token's indexer key into the
 leaves top-k request-local positions in the shared buffer the sparse-MLA impl reads. On CPU its kernels only
 handle `index_topk == 512` and raise for DeepSeek-V3.2-style models (which insert keys inside the op); on
 CUDA its constructor refuses to run without DeepGEMM (SM80/SM89). `Glm5SparseAttnIndexer` replaces it by
-registration (`CustomOp.register_oot`), with the reference math of GLM5_FACTS section 3:
+registration (`CustomOp.register_oot`), with the reference math of docs/glm5.md section 3:
 
     score[t, s] = sum_h w[t, h] * relu(q[t, h] . k[s]),  s <= pos(t),   top-k per token, -1 padded.
 

@@ -23,7 +23,7 @@ MODEL_PATH = "glm5lib.vllm_plugin.model:Glm5MoeDsaForCausalLM"
 
 def indexer_forward_fp32(self: Indexer, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor,
                          rotary_emb: Any) -> torch.Tensor:
-    """vLLM's unfused Indexer path without the fp8 q quantization (GLM5_FACTS section 3)."""
+    """vLLM's unfused Indexer path without the fp8 q quantization (docs/glm5.md section 3)."""
     q, _ = self.wq_b(qr)
     q = q.view(-1, self.n_head, self.head_dim)
     q_pe, q_nope = torch.split(q, [self.rope_dim, self.head_dim - self.rope_dim], dim=-1)  # rope first

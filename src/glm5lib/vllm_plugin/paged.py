@@ -1,7 +1,7 @@
 """The GLM5_SPARSE_MLA forward on vLLM's paged layouts, in plain PyTorch + glm5lib kernels (no vLLM import).
 
 The backend's `forward_mqa` is `sparse_mla_forward` below; the GPU harness (`harness.py`) calls the same
-function where vLLM itself cannot be installed. vLLM conventions (GLM5_FACTS section 5):
+function where vLLM itself cannot be installed. vLLM conventions (docs/glm5.md section 5):
 
 - kv cache `[num_blocks, block_size, 576]` (or `[.., 656]` uint8 for fp8_ds_mla), a view whose block stride
   may exceed `block_size` rows (other layers' pages sit between this layer's blocks); flat row
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from glm5lib.dsa.indexer import select_topk
+from glm5lib.model.indexer import select_topk
 from glm5lib.kernels.naive import (INDEXER_DIM, INDEXER_FP8_ROW_BYTES, indexer_logits_ref, quantize_indexer_k,
                                    sparse_mla_ref, unpack_indexer_cache_paged)
 from glm5lib.model.spec import GLM5Config

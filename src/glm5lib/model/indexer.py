@@ -1,4 +1,4 @@
-"""The DSA lightning indexer in plain fp32 PyTorch (GLM5_FACTS section 3), plus the fp8 key codec it is run with.
+"""The DSA lightning indexer in plain fp32 PyTorch (docs/glm5.md section 3), plus the fp8 key codec it is run with.
 
     score[t, s] = sum_h w[t, h] * relu(qi[t, h] . ki[s] * D^-0.5),   w = weights_proj(x) * H^-0.5
     topk[t]     = the min(index_topk, S) best s <= pos[t]
@@ -16,6 +16,10 @@ from typing import Literal
 
 import torch
 
+INDEXER_DIM = 128  # index_head_dim of every GLM-5-family model
+INDEXER_FP8_ROW_BYTES = INDEXER_DIM + 4  # 128 e4m3 values, then one fp32 scale (vLLM's indexer cache row)
+_E4M3_MAX = 448.0
+
 Fp8Mode = Literal["e4m3", "e4m3_hadamard"]
 FP8_MODES: tuple[str, ...] = ("e4m3", "e4m3_hadamard")
 
@@ -30,11 +34,29 @@ def hadamard(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return (h / math.sqrt(n)).to(dtype)
 
 
+def quantize_indexer_k(k: torch.Tensor) -> torch.Tensor:
+    """Indexer keys `[N, 128]` -> uint8 rows `[N, 132]`: e4m3 values then one fp32 scale (amax/448)."""
+    if k.shape[-1] != INDEXER_DIM:
+        raise ValueError(f"expected indexer keys of {INDEXER_DIM}, got {k.shape[-1]}")
+    x = k.float().reshape(-1, INDEXER_DIM)
+    scale = torch.clamp_min(x.abs().amax(dim=-1), 1e-8) / _E4M3_MAX
+    out = torch.empty(x.shape[0], INDEXER_FP8_ROW_BYTES, dtype=torch.uint8, device=k.device)
+    out[:, :INDEXER_DIM] = (x / scale[:, None]).to(torch.float8_e4m3fn).view(torch.uint8)
+    out[:, INDEXER_DIM:] = scale.contiguous().view(torch.uint8).view(-1, 4)
+    return out
+
+
+def dequantize_indexer_k(rows: torch.Tensor) -> torch.Tensor:
+    """uint8 rows `[N, 132]` -> fp32 keys `[N, 128]`."""
+    r = rows.reshape(-1, INDEXER_FP8_ROW_BYTES).contiguous()
+    vals = r[:, :INDEXER_DIM].view(torch.float8_e4m3fn).float()
+    scale = r[:, INDEXER_DIM:].contiguous().view(torch.float32)
+    return vals * scale
+
+
 def fake_quant_e4m3(x: torch.Tensor) -> torch.Tensor:
     """Round x [..., 128] to e4m3 with one fp32 scale per row (amax / 448) through the same 132-byte row codec the
     kernels and vLLM's indexer cache use, returned dequantized in fp32."""
-    from glm5lib.kernels.naive import dequantize_indexer_k, quantize_indexer_k
-
     return dequantize_indexer_k(quantize_indexer_k(x)).view(x.shape)
 
 

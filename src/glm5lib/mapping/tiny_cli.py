@@ -23,7 +23,7 @@ def _paths_dict(paths) -> dict:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from glm5lib.model.tiny import build_tiny, ensure_tiny
+    from glm5lib.mapping.tiny import build_tiny, ensure_tiny
 
     types = tuple(args.types)
     bad = [t for t in types if t not in FILE_TYPES]
@@ -42,7 +42,7 @@ def _build(args: argparse.Namespace) -> int:
             os.replace(out, old)
             os.replace(new, out)
             shutil.rmtree(old)
-            from glm5lib.model.tiny import load_tiny
+            from glm5lib.mapping.tiny import load_tiny
 
             paths = load_tiny(out)
         else:

@@ -25,6 +25,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from glm5lib.errors import UserError
+from glm5lib.paths import cache_dir
 from glm5lib.model.spec import (
     GGUF_ARCH, GGUF_FILE_TYPES, TINY_DEFAULT_TYPES, GLM5Config, TensorSpec, gguf_metadata, hf_tensor_shapes,
 )
@@ -46,14 +47,8 @@ TINY_SPLIT_MAX_TENSORS = 32
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("GLM5LIB_CACHE")
-    if root:
-        return Path(root)
-    # The repo's .cache when run from a checkout, else the user's cache.
-    here = Path(__file__).resolve().parents[3]
-    if (here / "pyproject.toml").exists():
-        return here / ".cache"
-    return Path.home() / ".cache" / "glm5lib"
+    """Where rebuildable models live: `glm5lib.paths.cache_dir()` ($GLM5LIB_CACHE, the checkout's .cache, or XDG)."""
+    return cache_dir()
 
 
 # ---- weights ---------------------------------------------------------------------------------------------------

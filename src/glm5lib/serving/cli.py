@@ -48,7 +48,7 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from glm5lib.vllm_plugin.doctor import diagnose, format_report
+    from glm5lib.serving.doctor import diagnose, format_report
 
     reports = [diagnose(args.model, cc, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp,
                         block_size=args.block_size) for cc in (args.cc or ["12.0"])]
@@ -61,7 +61,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from glm5lib.vllm_plugin.server import ServeOptions, VLLMServer
+    from glm5lib.serving.server import ServeOptions, VLLMServer
 
     extra = shlex.split(args.vllm_args)
     opts = ServeOptions(model=args.model, port=args.port, host=args.host, dtype=args.dtype,

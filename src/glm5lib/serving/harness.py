@@ -1,8 +1,8 @@
 """Run GLM5_SPARSE_MLA's forward on vLLM-shaped inputs, against the fp32 reference (no vLLM needed).
 
-    python -m glm5lib.vllm_plugin.harness                      # CUDA if present: GLM-5 sizes, Triton kernel
-    python -m glm5lib.vllm_plugin.harness --device cpu --tiny  # CI: Triton interpreter, tiny sizes
-    python -m glm5lib.vllm_plugin.harness --json out.json
+    python -m glm5lib.serving.harness                      # CUDA if present: GLM-5 sizes, Triton kernel
+    python -m glm5lib.serving.harness --device cpu --tiny  # CI: Triton interpreter, tiny sizes
+    python -m glm5lib.serving.harness --json out.json
 
 What vLLM hands the backend is rebuilt here: requests with different context and query lengths (decode tokens
 first, then a prefill chunk, as vLLM orders them), a paged cache `[num_blocks, block_size, row]` whose blocks sit
@@ -444,7 +444,7 @@ def summarize(report: dict) -> dict:
 def plot(report: dict):
     """Bars per sparse-MLA case (eager call, graph replay, kernel alone) and per indexer step (batched vs the
     per-request loop), in microseconds on a log scale. Needs CUDA timings."""
-    from glm5lib.workbook.figures import pyplot
+    from glm5lib.plotting import pyplot
 
     plt = pyplot()
     mla = [r for r in report["results"] if "eager_us" in r]
@@ -529,7 +529,7 @@ def run_select_case(case: SelectCase, device: torch.device, repeats: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m glm5lib.vllm_plugin.harness", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m glm5lib.serving.harness", description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="small cases (default on CPU)")
     ap.add_argument("--kernel", default="triton", choices=("triton", "naive"))

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from glm5lib.vllm_plugin.server import post_json
+from glm5lib.serving.server import post_json
 
 
 @dataclass
@@ -113,7 +113,7 @@ def prompt_set(vocab_size: int, lengths: Sequence[int], seed: int = 0) -> list[l
 
 def plot_burst(burst_result: dict[str, Any], path: str, title: str = "") -> str:
     """Latency histogram of a burst (client side), saved to `path` (temp file + rename)."""
-    from glm5lib.workbook.figures import pyplot, save_figure
+    from glm5lib.plotting import pyplot, save_figure
 
     fig, ax = pyplot().subplots(figsize=(6, 3.2))
     ax.hist(burst_result["latency_s"], bins=16, color="#4c72b0")
