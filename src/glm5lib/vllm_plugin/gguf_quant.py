@@ -162,7 +162,9 @@ class Glm5GGUFConfig(GGUFConfig):
         return None  # chosen by name only (config.json `quantization_config.quant_method`)
 
     def add_plan(self, quantized: set[str], dense: set[str]) -> None:
-        self.quantized_modules |= quantized
+        # vLLM builds the MTP layer's head with prefix `layers.N.head`; the checkpoint calls it shared_head.head
+        alias = {m.replace(".shared_head.head", ".head") for m in quantized if m.endswith(".shared_head.head")}
+        self.quantized_modules |= quantized | alias
         self.unquantized_modules.extend(sorted(dense))
 
     def is_quantized(self, prefix: str) -> bool:
