@@ -10,8 +10,6 @@ GLM5LIB_REQUIRE_Q4KM=1).
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -168,45 +166,10 @@ def test_bad_inputs_fail_at_start_with_one_line(tiny, tmp_path):
 
 # ---- engine runs ---------------------------------------------------------------------------------------------
 
-RUN = r"""
-import json, os, sys
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # in-process engine: apply_model reads the live model
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-import torch
-from vllm import LLM, SamplingParams
-spec = json.loads(sys.argv[1])
-kw = dict(dtype="float32", max_model_len=192, enforce_eager=True, max_num_seqs=4, disable_log_stats=False)
-if spec.get("mtp"):
-    kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 1}
-llm = LLM(model=spec["model"], **kw)
+def run_llm(model, prompts, new, *, mtp=False, log=None):
+    from glm5lib.serving.offline import run_offline
 
-def weights(model):
-    params = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
-    return {"param_bytes": sum(params.values()), "qweight_bytes": sum(v for n, v in params.items() if "qweight" in n),
-            "n_quantized_layers": sum(type(m.quant_method).__name__.startswith("Glm5GGUF")
-                                      for m in model.modules() if hasattr(m, "quant_method"))}
-
-out = {"weights": llm.apply_model(weights)[0]}
-prompts = [{"prompt_token_ids": p} for p in spec["prompts"]]
-res = llm.generate(prompts, SamplingParams(max_tokens=spec["new"], temperature=0, logprobs=0, prompt_logprobs=0))
-out["runs"] = [{"prompt": list(r.prompt_token_ids), "tokens": list(r.outputs[0].token_ids),
-                "logprobs": [d[t].logprob for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)],
-                "prompt_logprobs": [d[t].logprob for d, t in zip(r.prompt_logprobs[1:], r.prompt_token_ids[1:])]}
-               for r in res]
-out["metrics"] = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_num")}
-print("RESULT " + json.dumps(out), flush=True)
-"""
-
-
-def run_llm(model, prompts, new, *, mtp=False, env=None, log=None):
-    spec = {"model": str(model), "prompts": prompts, "new": new, "mtp": mtp}
-    r = subprocess.run([sys.executable, "-c", RUN, json.dumps(spec)], capture_output=True, text=True, timeout=1800,
-                       env=dict(os.environ, **(env or {})), cwd=str(ROOT))
-    if log:
-        Path(log).parent.mkdir(parents=True, exist_ok=True)
-        Path(log).write_text(r.stdout + r.stderr)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    return run_offline(model, prompts, new, mtp=mtp, log_path=log)
 
 
 def prompt_set(tiny, seed):
@@ -238,13 +201,13 @@ def test_quantized_serving_matches_reference_and_stays_small(tiny, runs, qtype):
     want = planned_bytes(plan, path, 4)  # fp32 serving dtype
     w = out["weights"]
     ratio = w["param_bytes"] / want["total"]
-    dense_all = sum(t.n_elements for t in plan_tensors(path)) * 4
+    dense_all = sum(t.n_elements for t in plan_tensors(path)) * 4  # every GGUF tensor of the trunk as fp32
     print(f"\n{qtype}: resident weight bytes {w['param_bytes']:,} = {ratio:.3f} x plan "
           f"({want['quantized_bytes']:,} GGUF bytes kept quantized + {want['dense_bytes']:,} dense fp32); "
           f"all-dequantized fp32 would be {dense_all:,}")
     assert ratio <= BYTES_SLACK
     assert w["qweight_bytes"] >= want["quantized_bytes"]  # every planned block is resident as blocks
-    assert w["n_quantized_layers"] > 0
+    assert w["n_gguf_layers"] > 0
     ref = ReferenceModel.from_gguf(path)
     worst = 0.0
     for r in out["runs"]:
