@@ -47,7 +47,8 @@ def _main(spec: dict[str, Any]) -> dict[str, Any]:
                     "logprobs": [d[t].logprob for d, t in zip(r.outputs[0].logprobs, r.outputs[0].token_ids)],
                     "prompt_logprobs": [d[t].logprob for d, t in zip(r.prompt_logprobs[1:], r.prompt_token_ids[1:])]}
                    for r in res]
-    out["metrics"] = {m.name: m.value for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_num")}
+    out["metrics"] = {m.name: m.value for m in llm.get_metrics()  # counters (per-position vectors skipped)
+                      if m.name.startswith("vllm:spec_decode_num") and hasattr(m, "value")}
     return out
 
 
