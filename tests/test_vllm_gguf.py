@@ -173,8 +173,10 @@ def run_llm(model, prompts, new, *, mtp=False, log=None):
 
 
 def prompt_set(tiny, seed):
+    """Two prompts that, with their 10 new tokens, stay within index_topk (64): every key is selected, so the
+    comparison is about the GGUF blocks, not fp8 indexer-key ties (past top-k: tests/test_vllm_serve.py)."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(10, tiny.config.vocab_size, (n,), generator=g).tolist() for n in (12, 80)]
+    return [torch.randint(10, tiny.config.vocab_size, (n,), generator=g).tolist() for n in (12, 40)]
 
 
 @pytest.fixture(scope="module")
@@ -236,3 +238,69 @@ def test_mtp_speculation_from_gguf_keeps_greedy_output(tiny, runs):
     print(f"\nMTP: {accepted:.0f} of {drafted:.0f} draft tokens accepted "
           f"(acceptance rate {accepted / max(drafted, 1):.2f}; the tiny model's MTP layer is untrained)")
     assert drafted > 0 and 0 <= accepted <= drafted
+
+
+# ---- the CPU compute of the quantized methods (no engine) ------------------------------------------------------
+
+
+def _blocks(w, qtype):
+    from gguf.quants import quantize
+
+    return torch.from_numpy(quantize(w.numpy(), qtype))
+
+
+def _dequant(rows, qtype):
+    from gguf.quants import dequantize
+
+    return torch.from_numpy(dequantize(rows.numpy(), qtype))
+
+
+def test_fused_layer_with_parts_of_different_types_multiplies_each_with_its_own():
+    """q_a (Q8_0) and kv_a_mqa (Q4_0) fused in one layer, padded per part as vllm-gguf-plugin stores them."""
+    from types import SimpleNamespace
+
+    from gguf.constants import GGMLQuantizationType as T
+
+    from glm5lib.vllm_plugin.gguf_quant import Glm5GGUFLinearMethod
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(128, 256, generator=g), torch.randn(576, 256, generator=g)
+    qa, qb = _blocks(a, T.Q8_0), _blocks(b, T.Q4_0)
+    padded = torch.zeros(128 + 576, qa.shape[1], dtype=torch.uint8)
+    padded[:128], padded[128:, : qb.shape[1]] = qa, qb
+    padded.shard_id, padded.shard_offset_map = [0, 1], {0: (0, 128, qa.shape[1]), 1: (128, 704, qb.shape[1])}
+    layer = SimpleNamespace(qweight=padded, qweight_type=SimpleNamespace(
+        weight_type=int(T.Q8_0), shard_weight_type={0: int(T.Q8_0), 1: int(T.Q4_0)}))
+    x = torch.randn(5, 256, generator=g)
+    got = Glm5GGUFLinearMethod.apply(None, layer, x)
+    want = x @ torch.cat([_dequant(qa, T.Q8_0), _dequant(qb, T.Q4_0)]).T
+    assert got.shape == (5, 704) and torch.allclose(got, want, atol=1e-4)
+
+
+def test_cpu_moe_computes_only_the_picked_experts_like_a_dense_moe():
+    from types import SimpleNamespace
+
+    from gguf.constants import GGMLQuantizationType as T
+
+    from glm5lib.vllm_plugin.gguf_quant import Glm5GGUFMoEMethod
+
+    g = torch.Generator().manual_seed(1)
+    E, I2, D, N = 4, 128, 256, 6  # expert 1 is never picked
+    w13 = [torch.randn(2 * I2, D, generator=g) for _ in range(E)]
+    w2 = [torch.randn(D, I2, generator=g) for _ in range(E)]
+    layer = SimpleNamespace(
+        w13_qweight=torch.stack([_blocks(w, T.Q8_0) for w in w13]), w2_qweight=torch.stack([_blocks(w, T.Q4_0) for w in w2]),
+        w13_qweight_type=SimpleNamespace(weight_type=int(T.Q8_0)), w2_qweight_type=SimpleNamespace(weight_type=int(T.Q4_0)),
+        activation=SimpleNamespace(value="silu"))
+    x = torch.randn(N, D, generator=g)
+    ids = torch.tensor([[0, 2], [2, 3], [0, 3], [2, 0], [3, 2], [0, 2]])
+    wts = torch.rand(N, 2, generator=g)
+    got = Glm5GGUFMoEMethod.apply(None, layer, x, wts, ids, None, None)
+    want = torch.zeros_like(x)
+    for t in range(N):
+        for k in range(2):
+            e = int(ids[t, k])
+            h = x[t] @ _dequant(layer.w13_qweight[e], T.Q8_0).T
+            h = torch.nn.functional.silu(h[:I2]) * h[I2:]
+            want[t] += wts[t, k] * (h @ _dequant(layer.w2_qweight[e], T.Q4_0).T)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-3)
