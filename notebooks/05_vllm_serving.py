@@ -215,12 +215,14 @@ else:
 # parameter bytes) with `--speculative-config '{"method": "mtp", "num_speculative_tokens": 1}'`: the bytes vLLM
 # holds against what the residency plan says (GGUF bytes of the tensors kept quantized + the dequantized ones in
 # the serving dtype) and against dequantizing everything; the greedy tokens with MTP against the server's above;
-# vLLM's draft/accept counters. The tiny model's MTP layer is untrained, so its drafts are mostly rejected: the
+# vLLM's draft/accept counters. Both sizes count what vLLM's MLA adds: W_UK_T and W_UV beside `kv_b_proj`, which in
+# the tiny model (512-wide latent, 256-wide hidden) are most of the dense bytes; in GLM-5 they are ~1 % of the
+# weights, and the quantized share is what dominates. The tiny model's MTP layer is untrained, so its drafts are mostly rejected: the
 # point is that speculation from a GGUF runs and changes nothing in greedy output.
 
 # %%
 if OFFLINE_RUN and tiny is not None:
-    from glm5lib.mapping.quantized import planned_bytes, residency_plan
+    from glm5lib.mapping.quantized import dequantized_bytes, planned_bytes, residency_plan
     from glm5lib.mapping.source import open_model
     from glm5lib.plotting import pyplot, save_figure
     from glm5lib.serving.offline import run_offline
@@ -234,7 +236,7 @@ if OFFLINE_RUN and tiny is not None:
     sizes = {"GGUF file (trunk)": sum(t.nbytes for t in main_tensors),
              "resident in vLLM": off["weights"]["param_bytes"],
              "planned": want["total"],
-             "all dequantized (fp32)": sum(t.n_elements for t in main_tensors) * 4}
+             "all dequantized (fp32)": dequantized_bytes(plan, model_path, 4)}
     for k, v in sizes.items():
         print(f"{k:>24}: {v / 2**20:7.2f} MiB")
     plt = pyplot()

@@ -23,6 +23,7 @@ otherwise every part is dequantized (one layer has one weight format).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass
@@ -240,6 +241,12 @@ def planned_bytes(plan: ResidencyPlan, path: str | os.PathLike | Any, dense_byte
             else:
                 d += info.n_elements * dense_bytes_per_element
     return {"quantized_bytes": q, "dense_bytes": d, "total": q + d}
+
+
+def dequantized_bytes(plan: ResidencyPlan, path: str | os.PathLike | Any, dense_bytes_per_element: int) -> int:
+    """What vLLM would hold with every tensor of `plan`'s part dequantized (the comparison for `planned_bytes`)."""
+    dense = dataclasses.replace(plan, quantized=set(), dense=plan.dense | plan.quantized)
+    return planned_bytes(dense, path, dense_bytes_per_element)["total"]
 
 
 def block_bytes(qtype: GGMLQuantizationType) -> tuple[int, int]:
