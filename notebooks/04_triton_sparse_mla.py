@@ -44,8 +44,9 @@ from pathlib import Path
 
 import torch
 
-from glm5lib.kernels import bench as kbench
-from glm5lib.kernels import checks, evidence, indexer_logits, naive, topk_indices, topk_select
+from glm5lib.bench import kernels as kbench
+from glm5lib.bench import evidence
+from glm5lib.kernels import checks, indexer_logits, naive, topk_indices, topk_select
 from glm5lib.kernels.compile_report import compile_report, format_report
 from glm5lib.kernels.mla import sparse_mla
 from glm5lib.workbook import record
@@ -162,7 +163,7 @@ record("topk_select_equals_stable_sort", same)
 # memcheck` on the invalid-index cases (`outputs/bench/sanitizer_h200.log`) and the vLLM backend's call path
 # (`outputs/bench/vllm_harness_h200.json`, notebook 05) ran the kernels shipped now; the v5 decode verification
 # (`outputs/bench/sweeps/verify_v5_decode.log`) and the benchmark come from the commit that introduced those
-# configs. The table below is read from those files (`glm5lib.kernels.evidence`): which config
+# configs. The table below is read from those files (`glm5lib.bench.evidence`): which config
 # each piece ran, and for each config the H200 runs now, which pieces ran exactly that config.
 
 # %%
@@ -217,6 +218,7 @@ if DEVICE == "cuda" and RUN_GPU_BENCH:
     bench_json = bench_json.parent / f"{res['meta']['name']}.json"
 else:
     res = json.loads(bench_json.read_text())
+record("h200_bench_json", str(bench_json))
 print(res["meta"]["gpu"], "| torch", res["meta"]["torch"], "| triton", res["meta"]["triton"], "| FlashMLA:",
       res["meta"]["flashmla"])
 print(f"ceilings: copy {res['ceilings']['copy_GBps']:.0f} GB/s, bf16 matmul {res['ceilings']['matmul_bf16_TFLOPs']:.0f} TFLOP/s")

@@ -20,18 +20,18 @@ for step in "$@"; do
             echo "harness rc=$?"; grep -v Warn "$OUT/vllm_harness_h200.log" | tail -24 ;;
     harness-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 300 python3 -m glm5lib.serving.harness --json "$OUT/vllm_harness_h200_swfp8.json" > "$OUT/vllm_harness_h200_swfp8.log" 2>&1
             echo "harness-swfp8 rc=$?"; grep -v Warn "$OUT/vllm_harness_h200_swfp8.log" | grep -v "^topk" | tail -20 ;;
-    bench) timeout 420 python3 -m glm5lib.kernels.cli bench all --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  " ;;
-    bench-sweep) timeout 300 python3 -m glm5lib.kernels.cli bench sparse-mla --sweep --quick --no-scaling --name sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
+    bench) timeout 420 python3 -m glm5lib.bench.cli bench all --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  " ;;
+    bench-sweep) timeout 300 python3 -m glm5lib.bench.cli bench sparse-mla --sweep --quick --no-scaling --name sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
             echo "sweep rc=$?"; tail -30 "$OUT/sweep.log" ;;
-    bench-indexer) timeout 150 python3 -m glm5lib.kernels.cli bench indexer --name indexer --out "$OUT" > "$OUT/indexer.log" 2>&1
+    bench-indexer) timeout 150 python3 -m glm5lib.bench.cli bench indexer --name indexer --out "$OUT" > "$OUT/indexer.log" 2>&1
             echo "indexer rc=$?"; grep -v Warn "$OUT/indexer.log" | tail -12 ;;
-    bench-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 200 python3 -m glm5lib.kernels.cli bench sparse-mla --quick --no-scaling --name swfp8 --out "$OUT" > "$OUT/swfp8.log" 2>&1
+    bench-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 200 python3 -m glm5lib.bench.cli bench sparse-mla --quick --no-scaling --name swfp8 --out "$OUT" > "$OUT/swfp8.log" 2>&1
             echo "swfp8 rc=$?"; grep -v Warn "$OUT/swfp8.log" | grep "fp8_ds_mla" | sort -u | head -20 ;;
     topk-sweep) timeout 300 python3 scripts/sweep_topk_select.py "$OUT/topk_select_sweep.json" 2>&1 | grep -v Warn
             echo "topk-sweep rc=${PIPESTATUS[0]}" ;;
-    tune) timeout 340 python3 -m glm5lib.kernels.tune_decode --out "$OUT" --bench --deadline 200 --bench-seconds 0 2>&1 | tee "$OUT/tune.log" | grep -v "^  "
+    tune) timeout 340 python3 -m glm5lib.bench.tune_decode --out "$OUT" --bench --deadline 200 --bench-seconds 0 2>&1 | tee "$OUT/tune.log" | grep -v "^  "
             echo "tune rc=${PIPESTATUS[0]}" ;;
-    verify) timeout 120 python3 -m glm5lib.kernels.tune_decode --verify --out "$OUT" 2>&1 | tee "$OUT/verify.log"
+    verify) timeout 120 python3 -m glm5lib.bench.tune_decode --verify --out "$OUT" 2>&1 | tee "$OUT/verify.log"
             echo "verify rc=${PIPESTATUS[0]}" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac

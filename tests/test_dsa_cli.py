@@ -21,9 +21,18 @@ def test_analyze_tiny_gguf_shard(capsys):
     assert [r["layer"] for r in res["layers"]] == [0, 1, 2] and res["tokens"] == 96
 
 
-def test_rope_layout_runs(capsys):
-    assert main(["dsa", "rope-layout", str(ensure_tiny(progress=False).hf_dir), "--sequences", "1"]) == 0
-    assert "indexer RoPE layout:" in capsys.readouterr().out
+def test_rope_layout_prints_the_detectors_verdict(capsys):
+    from glm5lib.dsa.analysis import detect_indexer_rope_layout
+    from glm5lib.dsa.footprint import sample_ids
+    from glm5lib.model.reference import ReferenceModel
+
+    hf_dir = ensure_tiny(progress=False).hf_dir
+    assert main(["dsa", "rope-layout", str(hf_dir), "--sequences", "1"]) == 0
+    out = capsys.readouterr().out
+    model = ReferenceModel.from_hf_dir(hf_dir)
+    layout, recall = detect_indexer_rope_layout(model, [sample_ids(model, 2 * model.cfg.index_topk, seed=0)])
+    assert f"indexer RoPE layout: {layout} (attention mass kept: " in out
+    assert all(f"{k} {v:.3f}" in out for k, v in recall.items())
 
 
 @pytest.mark.parametrize("argv, msg", [

@@ -7,7 +7,7 @@ from glm5lib.dsa import cost
 from glm5lib.model.spec import GLM5Config
 
 
-def test_glm5_facts_numbers():
+def test_docs_glm5_numbers():
     s = cost.CostShapes.from_config(GLM5Config.glm5())
     assert s == cost.CostShapes()
     # 2 * 64 * 2048 * (576 + 512) = 285 MFLOP per token per layer

@@ -3,6 +3,7 @@
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 from glm5lib.dsa import train
@@ -44,6 +45,7 @@ def test_transformers_roundtrip_keeps_the_model():
         assert (model(ids[None]).logits[0] - ReferenceModel(cfg, back).forward(ids)).abs().max() <= 1e-4
 
 
+@pytest.mark.slow  # trains (a shortened recipe, twice)
 def test_training_is_deterministic():
     torch.set_num_threads(1)
     r = train.TrainRecipe(phases=((2, 48, 2), (1, 96, 1)), indexer_seqs=2, indexer_steps=2)

@@ -204,6 +204,11 @@ def test_problem_in_one_file(case, fixture, tmp_path, capsys):
         with pytest.raises(GGUFFormatError):
             open_gguf(path)
         assert main(["gguf", "inspect", str(path)]) == 2
+    elif any(p.layout for p in open_gguf(path).problems):  # inspect shows it; every data read refuses it
+        g = open_gguf(path)
+        assert main(["gguf", "inspect", str(path)]) == 0
+        with pytest.raises(GGUFFormatError, match="cannot be read"):
+            g.raw(g.tensors[0].name)
     else:  # readable, only not llama.cpp-compatible: open_gguf reads it and gguf-py agrees on the data
         g = open_gguf(path)
         assert g.problems

@@ -68,6 +68,30 @@ def test_fp8_query_path():
     assert float((got - want).norm() / want.norm()) < 1e-5
 
 
+def test_case_matrix_topk_check_rejects_wrong_picks():
+    """checks.topk_is_exact, the case matrix's top-k verdict, from the definition (not torch.topk)."""
+    g = torch.Generator().manual_seed(4)
+    scores = torch.randn(6, 40, generator=g)
+    scores[2, 5:] = float("-inf")  # 5 finite keys < k: all of them, then -1
+    ks = torch.tensor([0, 0, 0, 3, 3, 3], dtype=torch.int32)
+    scores[3:, :3] = float("-inf")  # ragged rows: keys before ks belong to another request
+    right = topk_indices(scores, 8, ks=ks)
+    assert checks.topk_is_exact(scores, right, 8, ks=ks)
+    shifted = topk_indices(scores, 8)  # positions not made relative to ks
+    assert not checks.topk_is_exact(scores, shifted, 8, ks=ks)
+    lower = right.clone()
+    worst = scores[0].argmin().item()
+    lower[0, 0] = worst  # a picked key swapped for the lowest-scoring one
+    assert not checks.topk_is_exact(scores, lower, 8, ks=ks)
+    twice = right.clone()
+    twice[1, 1] = twice[1, 0]
+    assert not checks.topk_is_exact(scores, twice, 8, ks=ks)
+    assert not checks.topk_is_exact(scores, torch.zeros_like(right), 8, ks=ks)  # a constant answer
+    padded = right.clone()
+    padded[2, 4] = -1  # one finite key left out
+    assert not checks.topk_is_exact(scores, padded, 8, ks=ks)
+
+
 def test_topk_convention():
     logits = torch.tensor([[0.5, float("-inf"), 2.0, 1.0, float("-inf")],
                            [float("-inf")] * 5,

@@ -4,6 +4,7 @@ fp8_ds_mla codec layout, paged views, input validation. Case ids read like Flash
 from __future__ import annotations
 
 import math
+import zlib
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32  # the interpreter
 
 @pytest.mark.parametrize("case", checks.mla_cases("ci"), ids=lambda c: c.name)
 def test_case_matrix(case):
-    res = checks.run_mla_case(case, DEVICE, DTYPE, seed=hash(case.name) % 1000)
+    res = checks.run_mla_case(case, DEVICE, DTYPE, seed=zlib.crc32(case.name.encode()) % 1000)  # stable across processes
     assert res.ok, f"{res.name}: {res.notes} rel={res.rel:.2e} cos={res.cos_diff:.2e} lse={res.lse_abs:.2e}"
 
 
@@ -149,7 +150,7 @@ def test_fp16_inputs():
         assert float((o.float() - ro).norm() / ro.norm()) < 5e-3, fmt
 
 
-def test_package_exports_the_functions_the_issue_specifies():
+def test_package_exports_the_kernel_functions():
     import glm5lib.kernels as kernels
     import glm5lib.kernels.mla  # noqa: F401  (a loaded submodule must not shadow the function)
 

@@ -182,6 +182,30 @@ def test_export_loads_in_transformers_with_equal_logits(tiny, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
+def test_export_round_trip_of_a_llama_cpp_layout_file_is_bit_exact(tiny, hf_weights, tmp_path):
+    """An HF checkpoint as GLM-5 ships it (BF16, e_score_correction_bias F32) -> BF16 GGUF in llama.cpp's layout
+    (norms, router, biases F32) -> `map export --dtype auto`: every tensor comes back bit-exact in its original
+    dtype; the F32 bias is not rounded through bf16."""
+    from glm5lib.mapping.tiny import write_gguf
+
+    f32_hf = {s.hf_names[0] for s in gguf_tensor_specs(tiny.config) if s.kind == "exp_probs_b.bias"}
+    assert f32_hf
+    shipped = {n: (t if n in f32_hf else t.to(torch.bfloat16)) for n, t in hf_weights.items()}
+    gguf = write_gguf(tiny.config, shipped, tiny.hf_dir, tmp_path / "m.gguf", "BF16", progress=False)
+    types = {t.name: t.type_name for t in open_model(gguf).tensors}
+    assert types["blk.1.exp_probs_b.bias"] == "F32" and types["blk.1.attn_norm.weight"] == "F32"
+    out = tmp_path / "hf"
+    assert cli_main(["map", "export", "-q", str(gguf), str(out), "--mtp"]) == 0
+    got = {}
+    for f in out.glob("*.safetensors"):
+        got.update(load_file(f))
+    assert set(got) == set(shipped)
+    for name, t in shipped.items():
+        assert got[name].dtype == t.dtype, name
+        assert torch.equal(got[name], t), name
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
 # ---- check ------------------------------------------------------------------------------------------------------
 
 

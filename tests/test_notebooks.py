@@ -27,7 +27,7 @@ def run(nb, **kw):
 
 
 def test_every_notebook_has_a_check_and_a_pair():
-    assert [nb.stem[:2] for nb in NOTEBOOKS] == ["01", "02", "03", "04", "05"]
+    assert [nb.stem[:2] for nb in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"]
     for nb in NOTEBOOKS:
         assert nb.with_suffix(".py").exists(), f"{nb.name} has no paired py:percent file"
         assert (ROOT / "tests" / "nbchecks" / f"nb{nb.stem[:2]}.py").exists()
@@ -44,6 +44,7 @@ def test_notebook_is_stripped_paired_and_parameterised(nb):
     assert [c.source for c in text.cells] == [c.source for c in book.cells], "ipynb and py:percent differ: jupytext --sync"
 
 
+@pytest.mark.slow  # 03 trains the tiny model, 05 starts a vLLM server
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_and_records_checked_values(nb):
     result = run(nb, out_dir=ROOT / "outputs")
@@ -66,6 +67,7 @@ INTERACTIVE_NOTEBOOKS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nb", INTERACTIVE_NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_widget_path_runs(nb, tmp_path):
     """The JupyterLab path (ipywidgets behind INTERACTIVE=True) builds its widgets without error."""

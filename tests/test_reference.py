@@ -3,6 +3,7 @@ and streamed from the tiny model's GGUF shards."""
 
 import pytest
 import torch
+import transformers
 
 from glm5lib.model.indexer import causal_mask, selection_mask
 from glm5lib.mapping.reference import reference_from_gguf
@@ -29,7 +30,6 @@ def _ids(n, seed=0, vocab=1024):
 
 @pytest.fixture(scope="module")
 def hf_run(tiny):
-    transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny.hf_dir, attn_implementation="eager",
                                                               dtype=torch.float32).eval()
     topk = {}
@@ -122,7 +122,6 @@ def test_gguf_q8_close(tiny, ref):
 
 def test_indexshare_config_matches_transformers(tmp_path):
     """GLM-5.2-style tiny model: 'shared' layers have no indexer weights and reuse the previous full layer's top-k."""
-    transformers = pytest.importorskip("transformers")
     from glm5lib.model.spec import GLM5Config
     from glm5lib.mapping.tiny import init_weights, write_hf_dir
 

@@ -101,7 +101,7 @@ def engine_args(model):
 
 def test_bare_path_points_vllm_at_the_prepared_directory(tiny):
     from glm5lib.vllm_plugin.gguf_loader import LOAD_FORMAT, POINTER_FILE
-    from glm5lib.vllm_plugin.patches import point_engine_args_at_gguf
+    from glm5lib.vllm_plugin.bare_gguf import point_engine_args_at_gguf
 
     args = engine_args(tiny.shards["Q8_0"][0])
     assert point_engine_args_at_gguf(args)
@@ -138,7 +138,7 @@ def test_bad_inputs_fail_at_start_with_one_line(tiny, tmp_path):
     from gguf.constants import GGMLQuantizationType
 
     from glm5lib.mapping.corpus import _retype, _set
-    from glm5lib.vllm_plugin.patches import point_engine_args_at_gguf
+    from glm5lib.vllm_plugin.bare_gguf import point_engine_args_at_gguf
 
     # a missing shard: the set's second file is absent
     shards = tmp_path / "set"

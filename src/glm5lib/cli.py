@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from glm5lib.errors import UserError
+from glm5lib.files import Terminated, handle_termination
 
 # Sub-command -> module exposing `register_cli(subparsers)`. Order is the order of `glm5lib --help`.
 # Only the module of the command being run is imported, so `glm5lib gguf ...` does not pay for torch/vLLM.
@@ -16,8 +18,9 @@ COMMANDS = {
     "gguf": "glm5lib.gguf.cli",
     "map": "glm5lib.mapping.cli",
     "dsa": "glm5lib.dsa.cli",
-    "bench": "glm5lib.kernels.cli",
+    "bench": "glm5lib.bench.cli",
     "doctor": "glm5lib.serving.cli",
+    "plan": "glm5lib.serving.cli",
     "serve": "glm5lib.serving.cli",
     "workbook": "glm5lib.workbook.cli",
 }
@@ -44,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    handle_termination()  # kill/timeout/hang-up clean up like Ctrl-C: no temporary output is left behind
     try:
         rc = args.func(args)
     except UserError as exc:
@@ -52,10 +57,23 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `glm5lib ... | head`: the reader left; not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Terminated as exc:
+        print(f"error: terminated by {signal.Signals(exc.signum).name}", file=sys.stderr)
+        return 128 + exc.signum
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    finally:
+        _restore(saved)
     return int(rc or 0)
+
+
+def _restore(saved: dict) -> None:
+    try:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    except ValueError:  # not the main thread: nothing was installed
+        pass
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ Writing: `glm5lib.gguf.split.split(IN, PREFIX, max_tensors=|max_size=, no_tensor
 `glm5lib.gguf.split.merge(FIRST_SHARD, OUT)` produce the same bytes and file names as llama.cpp's `llama-gguf-split`
 for 32-aligned inputs, streaming data in bounded chunks, all-or-nothing (temporary files, then rename).
 Command line: `glm5lib gguf split|merge|inspect|validate|bench`.
+
+A change goes here when it is about the container (floor 1: it knows nothing of GLM-5's tensors beyond the
+architecture name); what a glm-dsa tensor means belongs in `glm5lib.model.spec` and `glm5lib.mapping`.
 """
 
 from glm5lib.gguf.format import GGUFHeader, read_header

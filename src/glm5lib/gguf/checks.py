@@ -3,7 +3,8 @@
 A problem is `fatal` when tensor data cannot be located or read (unknown type, data past the end of the file,
 duplicate names). The others break llama.cpp compatibility (it refuses such files, and split/merge could not
 be byte-identical) but leave every tensor readable, so `open_gguf` accepts them while split, merge and
-validate do not.
+validate do not. A `layout` problem (data misaligned, or overlapping another tensor's) is not fatal to
+`open_gguf`, so `inspect` can show such a file, but every read of tensor data refuses it, as llama.cpp does.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from glm5lib.gguf.format import (
 class Problem:
     message: str
     fatal: bool
+    layout: bool = False  # tensor data cannot be trusted: reads refuse the file
 
     def __str__(self) -> str:
         return self.message
@@ -37,8 +39,8 @@ def file_problems(h: GGUFHeader) -> list[Problem]:
     out: list[Problem] = []
     name = h.path.name
 
-    def add(msg: str, fatal: bool) -> None:
-        out.append(Problem(f"{name}: {msg}", fatal))
+    def add(msg: str, fatal: bool, layout: bool = False) -> None:
+        out.append(Problem(f"{name}: {msg}", fatal, layout))
 
     for key in sorted(set(h.duplicate_keys)):
         add(f"duplicate metadata key '{key}'", True)
@@ -52,6 +54,7 @@ def file_problems(h: GGUFHeader) -> list[Problem]:
     seen: set[str] = set()
     expected: int | None = 0  # llama.cpp requires each offset to follow the previous tensor, padded
     out_of_place: list[str] = []  # reported once per file: one bad offset displaces every later expectation
+    spans: list[tuple[int, int, str]] = []  # data ranges of tensors whose size is known, for the overlap check
     for t in h.tensors:
         if t.name in seen:
             add(f"duplicate tensor name '{t.name}'", True)
@@ -75,7 +78,7 @@ def file_problems(h: GGUFHeader) -> list[Problem]:
             continue
         nbytes = t.nbytes or 0
         if t.offset % h.alignment:
-            add(f"tensor '{t.name}' offset {t.offset} is not aligned to {h.alignment}", False)
+            add(f"tensor '{t.name}' offset {t.offset} is not aligned to {h.alignment}", False, layout=True)
         elif expected is not None and t.offset != expected:
             out_of_place.append(f"tensor '{t.name}' offset {t.offset:,} is not {expected:,}")
         start = h.data_offset + t.offset
@@ -87,6 +90,15 @@ def file_problems(h: GGUFHeader) -> list[Problem]:
             )
         if expected is not None:
             expected = t.offset + pad(nbytes, h.alignment)
+        spans.append((t.offset, t.offset + nbytes, t.name))
+    reach = (0, 0, "")  # the span reaching furthest so far
+    for b0, b1, b in sorted(spans):
+        if b0 < reach[1] and b1 > b0:  # an empty tensor overlaps nothing
+            add(f"tensor '{b}' data [{b0:,}, {b1:,}) overlaps tensor '{reach[2]}' [{reach[0]:,}, {reach[1]:,})",
+                False, layout=True)
+            break  # one is enough to refuse the file; a shifted offset would otherwise report every neighbour
+        if b1 > reach[1]:
+            reach = (b0, b1, b)
     if out_of_place:
         more = f" (and {len(out_of_place) - 1} more)" if len(out_of_place) > 1 else ""
         add(f"{out_of_place[0]}{more}: llama.cpp needs tensors packed in order", False)

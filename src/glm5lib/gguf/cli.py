@@ -8,6 +8,8 @@ import sys
 
 from glm5lib.errors import GGUFFormatError, UserError
 
+MAX_PROBLEMS = 100  # validate lists at most this many problems, then a count
+
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
     gguf = subparsers.add_parser("gguf", help="GGUF container tools: split, merge, inspect, validate, bench")
@@ -111,12 +113,16 @@ def _validate(args: argparse.Namespace) -> int:
             return 2
         raise
     n_tensors = sum(len(h.tensors) for h in headers if h is not None)
+    shown = problems[:MAX_PROBLEMS]  # a crafted set can have ~100k (one per missing shard)
     if args.json:
-        print(json.dumps({"status": "problems" if problems else "ok", "shards": [str(p) for p in shards],
-                          "tensors": n_tensors, "problems": [str(p) for p in problems]}, indent=1))
+        print(json.dumps({"status": "problems" if problems else "ok", "shards": [str(p) for p in shards[:MAX_PROBLEMS]],
+                          "n_shards": len(shards), "tensors": n_tensors, "problems": [str(p) for p in shown],
+                          "n_problems": len(problems)}, indent=1))
     elif problems:
-        for p in problems:
+        for p in shown:
             print(p)
+        if len(problems) > len(shown):
+            print(f"... and {len(problems) - len(shown):,} more")
         print(f"{len(problems)} problem(s) in {len(shards)} file(s)", file=sys.stderr)
     else:
         print(f"ok: {len(shards)} file(s), {n_tensors:,} tensors")

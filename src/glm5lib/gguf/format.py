@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
 
-from glm5lib.errors import GGUFFormatError
+from glm5lib.errors import GGUFFormatError, UserError
+from glm5lib.files import open_input
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3  # what llama.cpp writes
@@ -170,14 +171,20 @@ class _Cursor:
     def __init__(self, buf: mmap.mmap | bytes, path: Path):
         self.buf, self.pos, self.path = buf, 0, path
 
-    def take(self, n: int) -> memoryview:
+    def take(self, n: int) -> bytes:
         if n < 0 or self.pos + n > len(self.buf):
             raise GGUFFormatError(
                 f"{self.path}: truncated header (needs byte {self.pos + n:,}, file has {len(self.buf):,})"
             )
-        view = memoryview(self.buf)[self.pos : self.pos + n]
+        # A copy, not a memoryview: a view still referenced by an exception's traceback would keep the mmap
+        # from closing (BufferError), masking the real error.
+        out = self.buf[self.pos : self.pos + n]
         self.pos += n
-        return view
+        return out
+
+    @property
+    def left(self) -> int:
+        return len(self.buf) - self.pos
 
     def unpack(self, fmt: str) -> Any:
         size = struct.calcsize(fmt)
@@ -185,11 +192,14 @@ class _Cursor:
 
     def string(self, what: str) -> str:
         n = self.unpack("<Q")
+        if n > self.left:
+            raise GGUFFormatError(f"{self.path}: {what} claims a string of {n:,} bytes at byte {self.pos - 8:,}, "
+                                  f"past the end of the file ({len(self.buf):,} bytes)")
         raw = self.take(n)
         try:
-            return str(raw, "utf-8")
-        except UnicodeDecodeError:
-            raise GGUFFormatError(f"{self.path}: {what} is not UTF-8 at byte {self.pos - n}") from None
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GGUFFormatError(f"{self.path}: {what} is not UTF-8 (byte {self.pos - n + exc.start:,})") from None
 
     def array(self, dtype: np.dtype, count: int) -> np.ndarray:
         return np.frombuffer(self.take(dtype.itemsize * count), dtype=dtype).copy()
@@ -208,10 +218,14 @@ def _read_kv(cur: _Cursor) -> KV:
     if vtype == GGUFValueType.ARRAY:
         itype = _value_type(cur.unpack("<i"), cur, key)
         count = cur.unpack("<Q")
-        if itype == GGUFValueType.STRING:
-            return KV(key, vtype, [cur.string(f"'{key}'") for _ in range(count)], itype)
         if itype == GGUFValueType.ARRAY:
             raise GGUFFormatError(f"{cur.path}: key '{key}' is an array of arrays (llama.cpp does not read these)")
+        least = 8 if itype == GGUFValueType.STRING else _SCALAR[itype].itemsize  # bytes per item, at least
+        if count * least > cur.left:  # checked before any item is read: a crafted count costs nothing
+            raise GGUFFormatError(f"{cur.path}: key '{key}' claims {count:,} array items, more than the "
+                                  f"{cur.left:,} bytes left in the file can hold")
+        if itype == GGUFValueType.STRING:
+            return KV(key, vtype, [cur.string(f"item {i} of '{key}'") for i in range(count)], itype)
         return KV(key, vtype, cur.array(_SCALAR[itype], count), itype)
     if vtype == GGUFValueType.STRING:
         return KV(key, vtype, cur.string(f"'{key}'"))
@@ -227,13 +241,9 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
     """
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        raise GGUFFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise GGUFFormatError(f"{path}: is a directory") from None
-    except OSError as exc:
-        raise GGUFFormatError(f"{path}: cannot open ({exc.strerror})") from None
+        fd = open_input(path)  # a FIFO, directory or device is refused here, before any read
+    except UserError as exc:
+        raise GGUFFormatError(str(exc)) from None
     try:
         size = os.fstat(fd).st_size
         if size < 24:
@@ -256,8 +266,12 @@ def _parse(buf: mmap.mmap, path: Path, size: int) -> GGUFHeader:
     if version not in (2, 3):
         raise GGUFFormatError(f"{path}: unsupported GGUF version {version} (2 and 3 are readable)")
     n_tensors, n_kv = cur.unpack("<q"), cur.unpack("<q")
-    if n_tensors < 0 or n_kv < 0 or n_tensors > size or n_kv > size:
+    if n_tensors < 0 or n_kv < 0:
         raise GGUFFormatError(f"{path}: corrupt header (n_tensors={n_tensors}, n_kv={n_kv})")
+    # Each tensor info takes at least 24 bytes (name length, n_dims, type, offset), each KV at least 13.
+    if n_tensors * 24 + n_kv * 13 > cur.left:
+        raise GGUFFormatError(f"{path}: truncated header: it claims {n_tensors:,} tensors and {n_kv:,} metadata keys, more than "
+                              f"a file of {size:,} bytes can hold")
 
     kvs: list[KV] = []
     seen: set[str] = set()

@@ -28,6 +28,7 @@ from glm5lib.gguf.format import (
 # llama.cpp's `llama_split_path`: "%s-%05d-of-%05d.gguf" with split.no + 1
 SHARD_NAME = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 CHUNK = 64 << 20  # bytes per read/copy: bounded memory whatever the tensor size
+MAX_SHARDS = 99999  # llama_split_path writes %05d
 
 # numpy dtypes for the types gguf-py's reader also exposes typed; BF16 (no numpy dtype) comes as uint16
 _TYPED = {
@@ -94,6 +95,14 @@ class GGUFSet:
                                h.data_offset + t.offset, int(t.nbytes or 0), i)
                 )
         self._by_name = {t.name: t for t in self.tensors}
+        self.layout_problems = [p for p in problems if p.layout]
+
+    def check_readable(self) -> None:
+        """Raise GGUFFormatError if tensor data is misaligned or overlaps: reading it would give wrong bytes."""
+        if self.layout_problems:
+            p = self.layout_problems[0]
+            raise GGUFFormatError(f"{p}: tensor data cannot be read from this file (llama.cpp refuses it too; "
+                                  f"see `glm5lib gguf validate`)")
 
     def __repr__(self) -> str:
         return f"GGUFSet({self.shards[0].name}, shards={len(self.shards)}, tensors={len(self.tensors)}, arch={self.arch})"
@@ -120,6 +129,7 @@ class GGUFSet:
         torch.bfloat16)`). Quantized types: uint8 [..., bytes per row], the layout gguf-py's dequantizers take.
         """
         t = self.tensor(name)
+        self.check_readable()
         if t.nbytes == 0:
             return np.zeros(0, np.uint8)
         data = np.memmap(t.path, dtype=np.uint8, mode="r", offset=t.offset, shape=(t.nbytes,))
@@ -151,6 +161,7 @@ class GGUFSet:
     def iter_bytes(self, name: str, chunk: int = CHUNK) -> Iterator[bytes]:
         """The tensor's bytes in bounded chunks, read with pread (no mmap, so they leave no resident pages)."""
         t = self.tensor(name)
+        self.check_readable()
         fd = os.open(t.path, os.O_RDONLY)
         try:
             pos, end = t.offset, t.offset + t.nbytes
@@ -182,6 +193,10 @@ def _discover(path: Path, h0: GGUFHeader) -> tuple[list[Path], int, list[Problem
             problems.append(Problem(f"{path.name}: named as shard {int(match['no'])} of {int(match['count'])} "
                                     f"but has {what}", False))
         return [path], 0, problems  # a single (or merged) file
+    if count > MAX_SHARDS:  # checked before any list of shard paths is built
+        problems.append(Problem(f"{path.name}: {KEY_SPLIT_COUNT} is {count:,}; a shard set has at most "
+                                f"{MAX_SHARDS:,} shards (5-digit names)", True))
+        return [path], 0, problems
     if match is None:
         if count == 1:
             return [path], 0, problems
@@ -223,11 +238,15 @@ def scan(path: str | os.PathLike) -> tuple[list[Path], list[GGUFHeader | None], 
     h_given = read_header(path)
     shards, index, problems = _discover(path, h_given)
     headers: list[GGUFHeader | None] = []
+    try:  # one directory listing instead of a stat per shard (a crafted split.count names up to 99,999)
+        present = set(os.listdir(path.parent)) if len(shards) > 1 else set()
+    except OSError:
+        present = {p.name for p in shards}
     for i, p in enumerate(shards):
         if i == index:
             headers.append(h_given)
             continue
-        if not p.exists():
+        if p.name not in present or not p.exists():
             problems.append(Problem(f"missing shard {p.name} ({i + 1} of {len(shards)})", True))
             headers.append(None)
             continue

@@ -23,6 +23,7 @@ from gguf.constants import GGUFValueType
 from tqdm.auto import tqdm
 
 from glm5lib.errors import UserError
+from glm5lib.files import check_output, output_mode
 from glm5lib.gguf.checks import Problem
 from glm5lib.gguf.format import (
     KEY_SPLIT_COUNT,
@@ -206,23 +207,13 @@ def _write(plan: ShardPlan, tmp: Path, bar: tqdm | None) -> None:
             os.close(fd)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_plans(plans: list[ShardPlan], *, force: bool = False, progress: bool = True) -> list[Path]:
     """Write every planned file, all or nothing: temporaries first, renamed once all are complete."""
-    if not force:
-        existing = [p.path for p in plans if p.path.exists()]
-        if existing:
-            raise SplitError(f"output file {existing[0]} already exists (use --force to overwrite)")
+    inputs = {t.src_path for p in plans for t in p.tensors}
     for p in plans:
-        if not p.path.parent.is_dir():
-            raise SplitError(f"output directory {p.path.parent} does not exist")
+        check_output(p.path, force=force, inputs=inputs)
     total = sum(t.nbytes for p in plans for t in p.tensors)
-    mode = 0o666 & ~_umask()  # mkstemp makes 0600 files; outputs get the usual permissions
+    mode = output_mode()  # mkstemp makes 0600 files; outputs get the usual permissions
     temps: list[Path] = []
     renamed: list[Path] = []
     bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="gguf", disable=not progress)
@@ -277,9 +268,7 @@ def split(
 def merge(first_shard: str | os.PathLike, out: str | os.PathLike, *, force: bool = False, dry_run: bool = False,
           progress: bool = True) -> ShardPlan:
     """Merge the shard set starting at `first_shard` into one file exactly as llama-gguf-split --merge does."""
-    out = Path(out)
-    if out.exists() and not force:  # checked first, as llama.cpp does
-        raise SplitError(f"output file {out} already exists (use --force to overwrite)")
+    out = check_output(out, force=force, inputs=[first_shard])  # checked first, as llama.cpp does
     plan = plan_merge(first_shard, out)
     if out.resolve() in {t.src_path.resolve() for t in plan.tensors} | {Path(first_shard).resolve()}:
         raise SplitError(f"the output {out} is one of the inputs")

@@ -2,8 +2,11 @@
 
 fp32 references with the same signatures live in `glm5lib.kernels.naive`. Modules: `mla` (sparse MLA; the module
 is not named after its function, so `glm5lib.kernels.sparse_mla` stays the function), `indexer`, `topk`, `naive`,
-`common`, `rows` (paged-row conversion), `checks` (case matrix), `bench` (GPU benchmarks), `compile_report`,
-`evidence`.
+`common`, `rows` (paged-row conversion), `checks` (the numeric case matrix), `compile_report` (AOT compiles for
+sm_80/89/90/120). Benchmarks, tuning sweeps and the readers of committed GPU results live in `glm5lib.bench`.
+
+A change goes here when it runs on a GPU inside the model's forward (floor 3: it may use `glm5lib.model`, never
+vLLM); how vLLM calls these kernels belongs in `glm5lib.vllm_plugin`.
 
 The names below are imported on first use, so `import glm5lib.kernels.naive` (the vLLM plugin's CPU path, the
 DSA analysis) loads neither Triton nor the kernels and leaves TRITON_INTERPRET alone. The kernel modules import

@@ -63,6 +63,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     """Every (kernel, config) the dispatchers can launch on `arch` (fp8 conversion is software before sm_89)."""
     from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, _indexer_ragged_kernel
     from glm5lib.kernels.mla import CONFIGS, _merge_splits_kernel, _sparse_mla_fwd_kernel, merge_tile
+    from glm5lib.kernels.naive import D_NOPE, D_ROPE, INDEXER_DIM, INDEXER_FP8_ROW_BYTES
 
     fp8_hw = arch >= 89
     smem = "big" if arch in (90, 100) else "small"
@@ -81,7 +82,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                          "KVH": "*bf16", "IDX": "*i32", "O": "*fp32" if split else "*bf16", "LSE": "*fp32",
                          "qk_scale": "fp32"}
                 consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "SPLIT": split, "BLOCK_H": cfg.block_h,
-                          "BLOCK_N": cfg.block_n, "D_NOPE": 512, "D_ROPE": 64, "PREFETCH": cfg.prefetch,
+                          "BLOCK_N": cfg.block_n, "D_NOPE": D_NOPE, "D_ROPE": D_ROPE, "PREFETCH": cfg.prefetch,
                           "ALIGNED": fp8, "NOPE_F16": fp8 and cfg.nope_f16,
                           "DEQUANT": fp8 and cfg.dequant, "IDX_AHEAD": cfg.idx_ahead}
                 specs.append(KernelSpec(f"sparse_mla[{cname}:{cfg.name}:{'split' if split else 'direct'}]",
@@ -100,7 +101,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         fn = _indexer_ragged_kernel
         types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
                  "KS": "*i32", "KE": "*i32", "OUT": "*fp32", "scale": "fp32"}
-        consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_M": bm, "BLOCK_N": bn, "D": 128}
+        consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_M": bm, "BLOCK_N": bn, "D": INDEXER_DIM}
         specs.append(KernelSpec(f"indexer_ragged[M{bm}-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
                                 _sig(fn, types, consts), consts, nw, ns,
                                 ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_k", "stride_ot")))
@@ -108,7 +109,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         fn = _indexer_paged_kernel
         types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
                  "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
-        consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_HI": 32, "BLOCK_N": bn, "D": 128}
+        consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM}
         specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
                                 _sig(fn, types, consts), consts, nw, ns,
                                 ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val")))
@@ -124,13 +125,13 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                                 consts, warps, 3, ("X", "LEN", "KS", "OUT", "stride_x", "stride_o")))
 
     fn = _write_indexer_rows_kernel
-    consts = {"D": 128, "SB": 4}
+    consts = {"D": INDEXER_DIM, "SB": INDEXER_FP8_ROW_BYTES - INDEXER_DIM}
     specs.append(KernelSpec("write_indexer_rows[D128-SB4]", fn,
                             _sig(fn, {"SRC": "*u8", "SLOT": "*i32", "CACHE": "*u8"}, consts), consts, 1, 3,
                             ("SRC", "SLOT", "CACHE", "stride_src", "stride_blk")))
     if fp8_hw:  # quantizes with the hardware e4m3 conversion; sm_80 takes write_indexer_rows
         fn = _quantize_write_indexer_kernel
-        consts = {"D": 128}
+        consts = {"D": INDEXER_DIM}
         for kty in ("bf16", "fp32"):  # vLLM's keys (bf16), the harness's (fp32)
             specs.append(KernelSpec(f"quantize_write_indexer[D128:{kty}]", fn,
                                     _sig(fn, {"K": f"*{kty}", "SLOT": "*i32", "CACHE": "*u8"}, consts), consts, 1, 3,

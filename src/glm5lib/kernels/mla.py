@@ -230,50 +230,36 @@ def _sparse_mla_fwd_kernel(
     k_start = sp * KEYS_PER_SPLIT
     k_end = tl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
     idx_row = IDX + t.to(tl.int64) * stride_it
-    if PREFETCH and IDX_AHEAD:
-        # register double-buffering with the index list read one tile further ahead: the next tile's gather
-        # addresses are already in registers when it is issued, so no index round trip waits in the loop
-        valid, row_b = _tile_rows(idx_row, k_start, k_end, N_ROWS, stride_kv, BLOCK_N)
-        n_valid, n_row_b = _tile_rows(idx_row, k_start + BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
-        x0, x1, x2, x3, kr, sc = _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
-        for start in range(k_start, k_end, BLOCK_N):
-            nn_valid, nn_row_b = _tile_rows(idx_row, start + 2 * BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
-            y0, y1, y2, y3, yr, ysc = _tile_load(KV8, KVF, KVH, n_row_b, n_valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
+    # One pipelined loop. Two switches move loads earlier than the tile that uses them:
+    # - PREFETCH: register double-buffering. The gathered tile x is loaded one iteration before it is attended
+    #   to, so the next tile's gathers are in flight while this one is computed (Triton's own pipeliner cannot
+    #   stage loads that are converted before the dot, as fp8 rows are).
+    # - IDX_AHEAD: the index tile is read one iteration before its gather (carried in `a_*`), so no gather waits
+    #   for its own index load; with num_stages=3 Triton's pipeliner then keeps two gathered bf16 tiles in shared
+    #   memory, one in flight while the other is computed.
+    # Iteration i attends tile i; it gathers tile i + LOAD_AHEAD and reads index tile i + LOAD_AHEAD + IDX_AHEAD.
+    LOAD_AHEAD: tl.constexpr = 1 if PREFETCH else 0
+    if IDX_AHEAD:
+        a_valid, a_row_b = _tile_rows(idx_row, k_start + LOAD_AHEAD * BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
+    if PREFETCH:
+        x_valid, x_row_b = _tile_rows(idx_row, k_start, k_end, N_ROWS, stride_kv, BLOCK_N)
+        x0, x1, x2, x3, kr, sc = _tile_load(KV8, KVF, KVH, x_row_b, x_valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
+    for start in range(k_start, k_end, BLOCK_N):
+        if IDX_AHEAD:
+            valid, row_b = a_valid, a_row_b
+            a_valid, a_row_b = _tile_rows(idx_row, start + (LOAD_AHEAD + 1) * BLOCK_N, k_end, N_ROWS, stride_kv,
+                                          BLOCK_N)
+        else:
+            valid, row_b = _tile_rows(idx_row, start + LOAD_AHEAD * BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
+        y0, y1, y2, y3, yr, ysc = _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
+        if PREFETCH:  # attend the tile gathered last iteration; keep this one for the next
             m_i, l_i, acc0, acc1, acc2, acc3 = _tile_attend(
-                q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
+                q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, x_valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
                 KV_FP8, FP8_HW, DOT_DTYPE, NOPE_F16, DEQUANT)
-            x0, x1, x2, x3, kr, sc, valid = y0, y1, y2, y3, yr, ysc, n_valid
-            n_valid, n_row_b = nn_valid, nn_row_b
-    elif PREFETCH:
-        # register double-buffering: the next tile's gathers are in flight while this tile is computed
-        # (Triton's own pipeliner cannot stage loads that are converted before the dot, as fp8 is)
-        valid, row_b = _tile_rows(idx_row, k_start, k_end, N_ROWS, stride_kv, BLOCK_N)
-        x0, x1, x2, x3, kr, sc = _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
-        for start in range(k_start, k_end, BLOCK_N):
-            n_valid, n_row_b = _tile_rows(idx_row, start + BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
-            y0, y1, y2, y3, yr, ysc = _tile_load(KV8, KVF, KVH, n_row_b, n_valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
+            x0, x1, x2, x3, kr, sc, x_valid = y0, y1, y2, y3, yr, ysc, valid
+        else:
             m_i, l_i, acc0, acc1, acc2, acc3 = _tile_attend(
-                q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
-                KV_FP8, FP8_HW, DOT_DTYPE, NOPE_F16, DEQUANT)
-            x0, x1, x2, x3, kr, sc, valid = y0, y1, y2, y3, yr, ysc, n_valid
-    elif IDX_AHEAD:
-        # the index tile is read one iteration ahead (carried in registers), so the gather of a tile does not
-        # wait for its own index load; with num_stages=3 Triton's pipeliner then keeps two gathered tiles in
-        # shared memory, one in flight while the other is computed (without the read-ahead it kept one)
-        valid, row_b = _tile_rows(idx_row, k_start, k_end, N_ROWS, stride_kv, BLOCK_N)
-        for start in range(k_start, k_end, BLOCK_N):
-            n_valid, n_row_b = _tile_rows(idx_row, start + BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
-            x0, x1, x2, x3, kr, sc = _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _tile_attend(
-                q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
-                KV_FP8, FP8_HW, DOT_DTYPE, NOPE_F16, DEQUANT)
-            valid, row_b = n_valid, n_row_b
-    else:
-        for start in range(k_start, k_end, BLOCK_N):
-            valid, row_b = _tile_rows(idx_row, start, k_end, N_ROWS, stride_kv, BLOCK_N)
-            x0, x1, x2, x3, kr, sc = _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _tile_attend(
-                q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
+                q0, q1, q2, q3, qr, y0, y1, y2, y3, yr, ysc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
                 KV_FP8, FP8_HW, DOT_DTYPE, NOPE_F16, DEQUANT)
 
     has_key = l_i > 0

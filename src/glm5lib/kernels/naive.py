@@ -34,12 +34,14 @@ import torch
 # kernels' other codecs.
 from glm5lib.model.indexer import INDEXER_DIM, INDEXER_FP8_ROW_BYTES, dequantize_indexer_k, quantize_indexer_k
 from glm5lib.model.metrics import cos_diff
+from glm5lib.model.spec import GLM5Config
 
-D_NOPE = 512
-D_ROPE = 64
-D_QK = D_NOPE + D_ROPE  # 576
-FP8_DS_MLA_ROW_BYTES = 656
+_GLM5 = GLM5Config.glm5()
+D_NOPE = _GLM5.kv_lora_rank  # 512: latent width, also d_v of the absorbed attention
+D_ROPE = _GLM5.qk_rope_head_dim  # 64
+D_QK = _GLM5.mla_qk_dim  # 576: the cached row / absorbed q
 FP8_DS_MLA_TILE = 128  # values per fp32 scale
+FP8_DS_MLA_ROW_BYTES = D_NOPE + 4 * (D_NOPE // FP8_DS_MLA_TILE) + 2 * D_ROPE  # 656: e4m3, fp32 scales, bf16 rope
 E4M3_MAX = 448.0
 
 KV_FORMATS = ("bf16", "fp8_ds_mla")

@@ -13,7 +13,11 @@ Public entry points (the vLLM loader uses the first three):
 
 `path` is a GGUF file or any shard of a llama.cpp shard set. Modules: `config`, `tokenizer`, `weights`,
 `inventory` (expected tensors, `map check`), `export` (`map export`), `layer_check` (numeric layout proof),
-`corpus` (broken and header-only test files), `compare` (whole-model comparisons for notebook 02).
+`corpus` (broken and header-only test files), `compare` (whole-model comparisons for notebook 02), `tiny`
+(the tiny GLM-5 builder, `ensure_tiny()`), `reference` (the reference forward on a GGUF).
+
+A change goes here when it connects GGUF files to GLM-5's HF/vLLM names and layouts (floor 3, above `gguf` and
+`model`); names and shapes themselves belong in `glm5lib.model.spec`.
 """
 
 from importlib import import_module

@@ -19,15 +19,17 @@ from glm5lib.model.spec import PRESET_NAMES, GLM5Config  # dependency-free modul
 def _load_config(path: str | None) -> dict | None:
     if path is None:
         return None
+    from glm5lib.files import read_json_object
+    from glm5lib.model.spec import config_problems
+
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        raise UserError(f"{p}: no such config file") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{p}: not valid JSON ({exc})") from None
+    config = read_json_object(p, "config file")
+    bad = config_problems(config)
+    if bad:
+        raise UserError(f"{p}: {bad[0]}")
+    return config
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -44,8 +46,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from glm5lib.mapping.export import export_hf
 
+    if not args.shard_gb > 0:
+        raise UserError(f"--shard-gb must be positive, got {args.shard_gb}")
     out = export_hf(args.path, args.outdir, dtype=args.dtype, include_mtp=args.mtp,
-                    max_shard_bytes=int(args.shard_gb * 1e9), progress=not args.quiet)
+                    max_shard_bytes=int(args.shard_gb * 1e9), progress=not args.quiet, force=args.force)
     print(f"wrote {out}")
     return 0
 
@@ -110,13 +114,14 @@ def register_cli(subparsers) -> None:
 
     e = sub.add_parser("export", help="write an HF checkpoint directory (config, tokenizer, safetensors)")
     e.add_argument("path")
-    e.add_argument("outdir", help="new directory (must not exist)")
+    e.add_argument("outdir", help="new directory (its parent must exist)")
+    e.add_argument("--force", action="store_true", help="replace an existing OUTDIR (only once the new one is complete)")
     e.add_argument("--dtype", default="auto", help="auto (float32 for an F32 file, else bfloat16), float32, "
                    "bfloat16, float16")
     e.add_argument("--mtp", action="store_true", help="keep the MTP layer (for vLLM; transformers reports it as "
                    "unexpected keys unless the model has 78 layers)")
     e.add_argument("--shard-gb", type=float, default=5.0, help="safetensors shard size limit in GB")
-    e.add_argument("--quiet", action="store_true", help="no progress bar")
+    e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_export)
 
     t = sub.add_parser("table", help="GGUF name/shape -> HF name/shape/transform for every tensor")

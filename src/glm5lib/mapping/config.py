@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from glm5lib.errors import GGUFFormatError
-from glm5lib.model.spec import GLM5Config, config_from_gguf_metadata
+from glm5lib.model.spec import GGUF_ARCH, GLM5Config, config_from_gguf_metadata, config_problems, json_type
 
 # Fields that change shapes or math. A difference in one of these is a problem; the others are notes:
 # llama.cpp's converter sets bos = eos, the dtype follows the file type, some quants drop the MTP layer, and a
@@ -31,11 +31,35 @@ def _f32_to_float(x: float) -> float:
     return float(np.format_float_positional(np.float32(x), unique=True, trim="-")) if x else 0.0
 
 
+def metadata_problems(kv: dict[str, Any]) -> list[str]:
+    """glm-dsa keys of the wrong GGUF type (a string where a number belongs, ...)."""
+    out = []
+    for key, value in kv.items():
+        if not key.startswith(GGUF_ARCH + "."):
+            continue
+        if key == f"{GGUF_ARCH}.attention.indexer.types":
+            if not (isinstance(value, list) and all(isinstance(v, (bool, int)) for v in value)):
+                out.append(f"{key} is {json_type(value)}, expected an array of bools")
+        elif not isinstance(value, (int, float)):
+            out.append(f"{key} is {json_type(value)} {value!r:.40}, expected a number")
+    return out
+
+
 def config_from_kv(kv: dict[str, Any], *, torch_dtype: str = "bfloat16") -> GLM5Config:
+    """The GLM5Config a glm-dsa file's metadata describes. GGUFFormatError (naming the key) when it describes none."""
+    bad = metadata_problems(kv)
+    if bad:
+        more = f" (+{len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise GGUFFormatError(f"GGUF metadata: {bad[0]}{more}")
     try:
         cfg = config_from_gguf_metadata(kv)
     except KeyError as exc:
         raise GGUFFormatError(f"GGUF metadata lacks {exc.args[0]} (not a complete glm-dsa file?)") from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise GGUFFormatError(f"GGUF metadata does not describe a glm-dsa model: {exc}") from None
+    bad = config_problems(cfg.to_hf_dict())
+    if bad:
+        raise GGUFFormatError(f"GGUF metadata describes no usable model: {bad[0]} (from {GGUF_ARCH}.* keys)")
     return cfg.replace(
         rope_theta=_f32_to_float(cfg.rope_theta),
         rms_norm_eps=_f32_to_float(cfg.rms_norm_eps),
@@ -54,7 +78,10 @@ def config_from_gguf(path_or_set: Any) -> GLM5Config:
     from glm5lib.mapping.source import open_model
 
     gs = open_model(path_or_set) if isinstance(path_or_set, (str, os.PathLike)) else path_or_set
-    return config_from_kv(gs.kv, torch_dtype=file_torch_dtype(gs))
+    try:
+        return config_from_kv(gs.kv, torch_dtype=file_torch_dtype(gs))
+    except GGUFFormatError as exc:  # name the file: the message only knows the key
+        raise GGUFFormatError(f"{gs.shards[0]}: {exc}") from None
 
 
 def gguf_to_hf_config(path: str | os.PathLike, *, include_mtp: bool = True) -> dict[str, Any]:

@@ -4,8 +4,9 @@
   shape, swapped k_b/v_b, legacy attn_kv_b, inconsistent metadata, quantized norm). Data bytes are copied, so
   the broken file is as readable as the source; only what the defect changes differs.
 - `write_header_only_set(cfg, prefix, ...)`: the tensor infos of a real-size model (1,809 tensors for GLM-5,
-  ~400 GB at Q4_K) split into shards whose data sections are sparse holes: it proves `check` reads headers
-  only and scales to a real release, not that real tensor bytes are right.
+  ~425 GB at plain Q4_K, ~455 GB with llama-quantize's Q4_K_M mix: `types="Q4_K_M"`) split into shards whose
+  data sections are sparse holes: it proves `check` reads headers only and scales to a real release, not that
+  real tensor bytes are right.
 
 Headers are encoded by `glm5lib.gguf.format` (llama.cpp's byte layout).
 """
@@ -15,11 +16,12 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+from gguf.constants import GGMLQuantizationType, GGUFValueType, LlamaFileType
 
 from glm5lib.gguf.format import KV, OutTensor, encode_header, layout, pad, set_kv, tensor_nbytes
+from glm5lib.model.quant import RECIPE_TYPES, fallback_type, quant_recipe
 from glm5lib.model.spec import GGUF_ARCH, GLM5Config, gguf_metadata, gguf_tensor_specs
 
 # ---- writing -----------------------------------------------------------------------------------------------------
@@ -163,31 +165,43 @@ def write_defect(src: str | os.PathLike, out: str | os.PathLike, defect: str) ->
 # ---- header-only real-size shard sets ------------------------------------------------------------------------------
 
 
-def _fallback(main: GGMLQuantizationType, row: int) -> GGMLQuantizationType:
-    """llama.cpp's fallback for rows a 256-block type cannot hold (docs/glm5.md section 4)."""
-    if row % GGML_QUANT_SIZES[main][0] == 0:
-        return main
-    table = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}
-    return GGMLQuantizationType[table.get(main.name, "IQ4_NL" if main.name.startswith("IQ") else "Q8_0")]
+def header_only_types(cfg: GLM5Config, *, main_type: str = "Q4_K",
+                      types: str | Mapping[str, str] | None = None) -> dict[str, str]:
+    """{gguf name: ggml type name}: `types` itself when it is such a map; llama-quantize's mix for file type
+    `types` (e.g. "Q4_K_M"; see glm5lib.model.quant); or else `main_type` everywhere the converter does not write
+    F32, with llama.cpp's fallback for rows the type's blocks do not divide."""
+    if isinstance(types, Mapping):
+        return dict(types)
+    if types is not None:
+        if types not in RECIPE_TYPES:
+            raise ValueError(f"no llama-quantize recipe for {types!r}; choose from {', '.join(RECIPE_TYPES)}")
+        return quant_recipe(cfg, types)
+    return {s.gguf_name: "F32" if s.storage == "f32" else fallback_type(main_type, s.ggml_shape[0])
+            for s in gguf_tensor_specs(cfg)}
 
 
 def write_header_only_set(cfg: GLM5Config, prefix: str | os.PathLike, *, main_type: str = "Q4_K",
-                          max_shard_bytes: int = 50 * 10**9, tokens: list[str] | None = None) -> list[Path]:
-    """Shards `PREFIX-0000i-of-0000N.gguf` holding every tensor info of `cfg` (types as a `main_type` quant with
-    llama.cpp's fallbacks; F32 tensors F32), split by size like `gguf-split --split-max-size`, with sparse data.
+                          types: str | Mapping[str, str] | None = None, max_shard_bytes: int = 50 * 10**9,
+                          tokens: list[str] | None = None) -> list[Path]:
+    """Shards `PREFIX-0000i-of-0000N.gguf` holding every tensor info of `cfg`, split by size like
+    `gguf-split --split-max-size`, with sparse data. Tensor types: `header_only_types(cfg, main_type=, types=)`:
+    `types="Q4_K_M"` (a llama-quantize file type: its mix, with `general.file_type` set to match), a GGUF type
+    name per tensor (e.g. `glm5lib.model.sizes.quant_recipe(cfg, ...)`), or `main_type` everywhere.
 
     `tokens` defaults to `vocab_size` placeholder strings, so shard 0's header is as long to parse as a real one's
     (merges are left out)."""
-    main = GGMLQuantizationType[main_type]
+    chosen = header_only_types(cfg, main_type=main_type, types=types)
     md = dict(gguf_metadata(cfg))
     base: list[KV] = [kv_from_python("general.architecture", GGUF_ARCH), kv_from_python("general.name", "synthetic")]
+    if isinstance(types, str):
+        base.append(kv_from_python("general.file_type", int(LlamaFileType[f"MOSTLY_{types}"])))
     base += [kv_from_python(k, v) for k, v in md.items()]
     base += [kv_from_python("tokenizer.ggml.model", "gpt2"),
              kv_from_python("tokenizer.ggml.tokens", tokens or [f"<t{i}>" for i in range(cfg.vocab_size)])]
     tensors = []
     for s in gguf_tensor_specs(cfg):
-        t = GGMLQuantizationType.F32 if s.storage == "f32" else _fallback(main, s.ggml_shape[0])
-        tensors.append(OutTensor(s.gguf_name, s.ggml_shape, int(t), tensor_nbytes(s.ggml_shape, int(t)), Path(), 0))
+        t = int(GGMLQuantizationType[chosen[s.gguf_name]])
+        tensors.append(OutTensor(s.gguf_name, s.ggml_shape, t, tensor_nbytes(s.ggml_shape, t), Path(), 0))
     # split by size, as gguf-split: cut before a tensor when the shard would pass the limit
     shards: list[list[OutTensor]] = [[]]
     size = 0

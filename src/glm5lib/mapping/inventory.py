@@ -20,6 +20,7 @@ from typing import Any
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from glm5lib.errors import GGUFFormatError
+from glm5lib.model.quant import is_quantized_by_llama
 from glm5lib.model.spec import GGUF_ARCH, GLM5Config, TensorSpec, gguf_tensor_specs, split_block_name
 from glm5lib.mapping.config import compare_hf_configs, config_from_kv
 
@@ -44,8 +45,10 @@ class ExpectedTensor:
 
 
 def allowed_types(spec: TensorSpec) -> tuple[GGMLQuantizationType, ...]:
-    if spec.storage == "f32":
-        return F32_ONLY  # llama.cpp's converter keeps norms, biases, the router and indexer proj in F32
+    if not is_quantized_by_llama(spec):
+        return F32_ONLY  # norms, biases, the router: neither llama.cpp's converter nor llama-quantize quantizes them
+    # Any type whose blocks divide the rows. indexer.proj is written F32 by the converter, but it is a 2-D weight,
+    # so llama-quantize quantizes it with the rest.
     row = spec.ggml_shape[0]
     return tuple(t for t in WEIGHT_TYPES if row % GGML_QUANT_SIZES[t][0] == 0)
 
@@ -62,7 +65,7 @@ def expected_inventory(cfg: GLM5Config, *, include_mtp: bool = True) -> list[Exp
 
 @dataclass
 class Finding:
-    category: str  # missing | unexpected | misshapen | type | metadata | config | fallback | note
+    category: str  # layout | missing | unexpected | misshapen | type | metadata | config | fallback | note
     message: str
     tensor: str | None = None
 
@@ -114,7 +117,7 @@ class CheckReport:
     def format_text(self, *, max_lines: int = 40) -> str:
         lines = [f"{self.path}: {self.n_tensors} tensors in {self.shards} file(s), expected {self.n_expected}; "
                  f"main type {self.main_type}"]
-        for cat in ("missing", "unexpected", "misshapen", "type", "metadata", "config", "fallback", "note"):
+        for cat in ("layout", "missing", "unexpected", "misshapen", "type", "metadata", "config", "fallback", "note"):
             items = [f for f in self.findings if f.category == cat]
             if not items:
                 continue
@@ -183,8 +186,18 @@ def _metadata_findings(kv: dict[str, Any], cfg: GLM5Config, shapes: dict[str, tu
     if types is not None and len(types) != cfg.num_hidden_layers:
         bad(f"attention.indexer.types has {len(types)} entries for {cfg.num_hidden_layers} layers")
     tokens = kv.get("tokenizer.ggml.tokens")
-    if tokens is not None and len(tokens) != cfg.vocab_size:
+    if tokens is None:
+        bad("no tokenizer.ggml.tokens: no tokenizer can be rebuilt for export or serving")
+    elif not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        bad("tokenizer.ggml.tokens is not an array of strings")
+        tokens = None
+    elif len(tokens) != cfg.vocab_size:
         bad(f"vocab_size {cfg.vocab_size} but tokenizer.ggml.tokens has {len(tokens)} tokens")
+    if tokens is not None:
+        for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):
+            tid = kv.get(f"tokenizer.ggml.{key}")
+            if tid is not None and not (isinstance(tid, int) and 0 <= tid < len(tokens)):
+                bad(f"tokenizer.ggml.{key} is {tid!r}, not a token id (0..{len(tokens) - 1})")
 
     # Metadata vs the tensors that carry each dimension (first block of each kind that is present).
     def dim(name: str, axis: int) -> int | None:
@@ -241,7 +254,7 @@ def _type_findings(present: dict[str, Any], expected: dict[str, ExpectedTensor],
             continue
         t = info.ggml_type
         if t not in exp.allowed_types:
-            why = "must stay F32" if exp.spec.storage == "f32" else \
+            why = "must stay F32" if exp.allowed_types == F32_ONLY else \
                 f"rows of {exp.ggml_shape[0]} are not a whole number of {t.name} blocks"
             out.append(Finding("type", f"{name} is {t.name}: {why}", name))
         elif exp.spec.storage == "main" and main is not None and t != main:
@@ -271,7 +284,10 @@ def _shape_hint(name: str, shape: tuple[int, ...], expected: dict[str, ExpectedT
 def check_set(gs: Any, *, config: dict[str, Any] | None = None, path: str | None = None) -> CheckReport:
     """Check an opened GGUF set (see module docstring). `config`: a config.json dict to compare with."""
     kv = gs.kv
-    cfg = config_from_kv(kv)
+    try:
+        cfg = config_from_kv(kv)
+    except GGUFFormatError as exc:  # name the file: the message only knows the key
+        raise GGUFFormatError(f"{path or gs.shards[0]}: {exc}") from None
     present = {t.name: t for t in gs.tensors}
     has_mtp = cfg.num_nextn_predict_layers > 0
     inventory = expected_inventory(cfg, include_mtp=has_mtp)
@@ -319,6 +335,8 @@ def check_set(gs: Any, *, config: dict[str, Any] | None = None, path: str | None
         if got != exp.ggml_shape:
             F.append(Finding("misshapen", f"{name}: ggml {list(t.ne)}, expected {list(exp.ggml_shape)}"
                              f"{_shape_hint(name, got, expected)}", name))
+    for p in gs.layout_problems:  # the same refusal every read of tensor data makes
+        F.append(Finding("layout", f"{p}: tensor data cannot be read (llama.cpp refuses such a file)"))
     F.extend(_type_findings(present, expected, main))
     F.extend(_metadata_findings(kv, cfg, shapes))
     if config is not None:

@@ -194,6 +194,7 @@ def layer_check(gguf_path: str | os.PathLike, hf_dir: str | os.PathLike, *, laye
 
     `layer` defaults to the first MoE layer; `seq_len` to 1.5 x index_topk so the indexer really selects."""
     gs = open_model(gguf_path)
+    gs.check_readable()  # before the reference run: a file whose data cannot be read fails at once
     cfg = config_from_gguf(gs)
     layer = cfg.first_k_dense_replace if layer is None else layer
     if not cfg.has_indexer(layer):

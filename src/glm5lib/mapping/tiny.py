@@ -3,9 +3,13 @@
 Nothing is downloaded: weights are drawn from a seed, the tokenizer is trained on text the package ships.
 The GGUF files are laid out as llama.cpp's `glm-dsa` converter lays them out (names and order from
 `glm5lib.model.spec`, kv_b split into attn_k_b/attn_v_b, stacked experts, F32 norms/router/biases/indexer proj).
+The K-quant mixes (Q4_K_M, Q5_K_M, Q6_K: `LLAMA_QUANTIZE_TYPES`) are made by llama.cpp's own `llama-quantize`
+from the BF16 file, as a real release is (scripts/build_llama_quantize.sh, or $GLM5LIB_LLAMA_QUANTIZE): gguf-py
+cannot quantize K-quants, and the per-tensor type choices are llama.cpp's to make.
 
     paths = ensure_tiny()            # builds into .cache/tiny (or $GLM5LIB_CACHE/tiny) once
     paths.hf_dir, paths.gguf["Q8_0"], paths.shards["Q8_0"][0]
+    ensure_tiny(types=TINY_KQUANT_TYPES).gguf["Q4_K_M"]     # needs llama-quantize
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +30,10 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from glm5lib.errors import UserError
-from glm5lib.paths import cache_dir
+from glm5lib.paths import cache_dir, repo_root
 from glm5lib.model.spec import (
-    GGUF_ARCH, GGUF_FILE_TYPES, TINY_DEFAULT_TYPES, GLM5Config, TensorSpec, gguf_metadata, hf_tensor_shapes,
+    GGUF_ARCH, GGUF_FILE_TYPES, LLAMA_QUANTIZE_TYPES, TINY_DEFAULT_TYPES, TINY_KQUANT_TYPES, GLM5Config, TensorSpec,
+    gguf_metadata, hf_tensor_shapes,
 )
 from glm5lib.model.tokenizer import EOS_TOKEN, SPECIAL_TOKENS, save_hf_tokenizer, train_tokenizer
 
@@ -41,6 +47,9 @@ FILE_TYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
 }
 DEFAULT_TYPES = TINY_DEFAULT_TYPES
 assert tuple(FILE_TYPES) == GGUF_FILE_TYPES
+# The K-quant types are made from this one (a real release quantizes the converter's BF16 output), whatever
+# other types are asked for, so their bytes do not depend on the type set.
+KQUANT_SOURCE = "BF16"
 TINY_NAME = "tiny-glm5"
 # Shards "like a real release": a split every N tensors gives several shards for the 94-tensor tiny model.
 TINY_SPLIT_MAX_TENSORS = 32
@@ -181,6 +190,43 @@ def _add_kv(writer: gguf.GGUFWriter, key: str, value) -> None:
         writer.add_string(key, str(value))
 
 
+# ---- llama.cpp's llama-quantize (K-quant mixes) ---------------------------------------------------------------
+
+LLAMA_QUANTIZE_ENV = "GLM5LIB_LLAMA_QUANTIZE"
+
+
+def llama_quantize_binary() -> Path | None:
+    """$GLM5LIB_LLAMA_QUANTIZE, else what scripts/build_llama_quantize.sh builds (.cache/llama.cpp/build/bin), or
+    None. A system llama-quantize on PATH is not used: one older than llama.cpp's glm-dsa support refuses the arch."""
+    env = os.environ.get(LLAMA_QUANTIZE_ENV)
+    if env:
+        path = Path(env)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise UserError(f"{path}: ${LLAMA_QUANTIZE_ENV} is not an executable file")
+        return path
+    roots = [cache_dir()] + ([repo_root() / ".cache"] if repo_root() is not None else [])
+    for root in roots:
+        path = root / "llama.cpp" / "build" / "bin" / "llama-quantize"
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def llama_quantize(binary: Path, src: Path, out: Path, file_type: str, *, threads: int = 1) -> str:
+    """Run `llama-quantize SRC OUT FILE_TYPE THREADS` (temp name + rename); returns its log (stdout + stderr),
+    which names every tensor's chosen type and each shape fallback."""
+    tmp = out.with_name(out.name + ".tmp")
+    proc = subprocess.run([str(binary), str(src), str(tmp), file_type, str(threads)], capture_output=True,
+                          text=True)
+    log = proc.stdout + proc.stderr
+    if proc.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        tail = " | ".join(line.strip() for line in log.strip().splitlines()[-3:])
+        raise UserError(f"{src}: llama-quantize {file_type} failed (exit {proc.returncode}): {tail}")
+    os.replace(tmp, out)
+    return log
+
+
 # ---- the cached tiny model ---------------------------------------------------------------------------------------
 
 
@@ -197,8 +243,11 @@ class TinyPaths:
 
 
 def _manifest(cfg: GLM5Config, seed: int, types: tuple[str, ...]) -> dict:
-    return {"config": cfg.to_hf_dict(), "seed": seed, "types": list(types), "split_max_tensors": TINY_SPLIT_MAX_TENSORS,
-            "version": 1}
+    m = {"config": cfg.to_hf_dict(), "seed": seed, "types": list(types), "split_max_tensors": TINY_SPLIT_MAX_TENSORS,
+         "version": 1}
+    if any(t in LLAMA_QUANTIZE_TYPES for t in types):
+        m["kquant_source"] = KQUANT_SOURCE
+    return m
 
 
 def build_tiny(out_dir: Path, *, cfg: GLM5Config | None = None, seed: int = 0,
@@ -209,6 +258,15 @@ def build_tiny(out_dir: Path, *, cfg: GLM5Config | None = None, seed: int = 0,
     out_dir = Path(out_dir)
     if out_dir.exists():
         raise UserError(f"{out_dir} already exists; remove it or choose another directory")
+    bad = [t for t in types if t not in FILE_TYPES and t not in LLAMA_QUANTIZE_TYPES]
+    if bad:
+        raise UserError(f"unsupported GGUF type(s) {', '.join(bad)}; choose from "
+                        f"{', '.join(tuple(FILE_TYPES) + LLAMA_QUANTIZE_TYPES)}")
+    kquants = [t for t in types if t in LLAMA_QUANTIZE_TYPES]
+    binary = llama_quantize_binary() if kquants else None
+    if kquants and binary is None:
+        raise UserError(f"{out_dir}: {', '.join(kquants)} need llama.cpp's llama-quantize: build it with "
+                        f"scripts/build_llama_quantize.sh or set ${LLAMA_QUANTIZE_ENV}")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
@@ -220,11 +278,21 @@ def build_tiny(out_dir: Path, *, cfg: GLM5Config | None = None, seed: int = 0,
         write_hf_dir(cfg, weights, hf_dir, tokenizer=tok)
         from glm5lib.gguf.split import split  # lazy: glm5lib.gguf users import this module
 
+        source = work / f"{TINY_NAME}-{KQUANT_SOURCE}.gguf"
+        if kquants:
+            write_gguf(cfg, weights, hf_dir, source, KQUANT_SOURCE, progress=progress)
         for ft in types:
-            merged = write_gguf(cfg, weights, hf_dir, work / f"{TINY_NAME}-{ft}.gguf", ft, progress=progress)
+            merged = work / f"{TINY_NAME}-{ft}.gguf"
+            if ft in kquants:
+                log = llama_quantize(binary, source, merged, ft)
+                (work / f"llama-quantize-{ft}.log").write_text(log)  # llama.cpp's per-tensor choices, for reading
+            elif not merged.exists():  # (the K-quant source is already written)
+                write_gguf(cfg, weights, hf_dir, merged, ft, progress=progress)
             shard_dir = work / f"shards-{ft}"
             shard_dir.mkdir()
             split(merged, shard_dir / f"{TINY_NAME}-{ft}", max_tensors=TINY_SPLIT_MAX_TENSORS, progress=False)
+        if kquants and KQUANT_SOURCE not in types:
+            source.unlink()
         (work / "manifest.json").write_text(json.dumps(_manifest(cfg, seed, types), indent=1))
         work.chmod(0o755)
         try:

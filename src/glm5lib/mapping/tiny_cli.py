@@ -6,11 +6,13 @@ import argparse
 import json
 import os
 import shutil
-from pathlib import Path
 
 from glm5lib.errors import UserError
-from glm5lib.model.spec import GGUF_FILE_TYPES as FILE_TYPES
+from glm5lib.files import check_output, write_error
+from glm5lib.model.spec import GGUF_FILE_TYPES, LLAMA_QUANTIZE_TYPES
 from glm5lib.model.spec import TINY_DEFAULT_TYPES as DEFAULT_TYPES
+
+FILE_TYPES = GGUF_FILE_TYPES + LLAMA_QUANTIZE_TYPES  # the K-quant mixes need llama-quantize
 
 
 def _paths_dict(paths) -> dict:
@@ -23,16 +25,27 @@ def _paths_dict(paths) -> dict:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from glm5lib.mapping.tiny import build_tiny, ensure_tiny
-
     types = tuple(args.types)
     bad = [t for t in types if t not in FILE_TYPES]
     if bad:
         raise UserError(f"unsupported GGUF type(s) {', '.join(bad)}; choose from {', '.join(FILE_TYPES)}")
+    from safetensors import SafetensorError
+
+    try:
+        paths = _build_paths(args, types)
+    except OSError as exc:  # full disk, read-only file system, ...
+        raise write_error(args.out or "the tiny-model cache", exc) from None
+    except SafetensorError as exc:  # safetensors' own type for the same I/O errors
+        raise UserError(f"{args.out or 'the tiny-model cache'}: cannot write ({exc})") from None
+    print(json.dumps(_paths_dict(paths), indent=1))
+    return 0
+
+
+def _build_paths(args: argparse.Namespace, types: tuple[str, ...]):
+    from glm5lib.mapping.tiny import build_tiny, ensure_tiny
+
     if args.out:
-        out = Path(args.out)
-        if out.exists() and not args.force:
-            raise UserError(f"{out} already exists (use --force to replace it)")
+        out = check_output(args.out, force=args.force, directory=True)
         if out.exists() and not (out / "manifest.json").exists():
             raise UserError(f"{out} exists and is not a tiny-model directory; refusing to replace it")
         if out.exists():  # build beside it first: a failed build leaves the old one in place
@@ -49,8 +62,7 @@ def _build(args: argparse.Namespace) -> int:
             paths = build_tiny(out, seed=args.seed, types=types)
     else:
         paths = ensure_tiny(seed=args.seed, types=types)
-    print(json.dumps(_paths_dict(paths), indent=1))
-    return 0
+    return paths
 
 
 def register_cli(sub: argparse._SubParsersAction) -> None:

@@ -40,11 +40,17 @@ def build_fast_tokenizer(kv: dict[str, Any]):
     if "tokenizer.ggml.tokens" not in kv:
         raise UserError("the GGUF has no tokenizer.ggml.tokens: no tokenizer to rebuild")
     td = _tokenizer_dict(kv)
+    tokens = td["tokens"]
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise UserError("the GGUF's tokenizer.ggml.tokens is not an array of strings")
+    for key in _SPECIAL_IDS.values():
+        tid = kv.get(key)
+        if tid is not None and not (isinstance(tid, int) and 0 <= tid < len(tokens)):
+            raise UserError(f"the GGUF's {key} is {tid!r}, not a token id (0..{len(tokens) - 1})")
     try:
         backend, _ = convert_gguf_tokenizer(kv.get("general.architecture", ""), td)
-    except ValueError as exc:
-        raise UserError(f"transformers cannot rebuild this tokenizer: {exc}") from None
-    tokens = td["tokens"]
+    except (ValueError, KeyError, TypeError, IndexError) as exc:  # metadata transformers' builder cannot use
+        raise UserError(f"transformers cannot rebuild this tokenizer: {type(exc).__name__}: {exc}") from None
     special = {name: tokens[kv[key]] for name, key in _SPECIAL_IDS.items() if kv.get(key) is not None}
     fast = PreTrainedTokenizerFast(tokenizer_object=backend, **special)
     if "tokenizer.chat_template" in kv:
@@ -66,7 +72,10 @@ def gguf_to_hf_tokenizer(path: str | os.PathLike | Any, out_dir: str | os.PathLi
     for name in ("tokenizer.json", "tokenizer_config.json"):
         if (out / name).exists():
             raise UserError(f"{out / name} already exists; refusing to overwrite")
-    fast = build_fast_tokenizer(gs.kv)
+    try:
+        fast = build_fast_tokenizer(gs.kv)
+    except UserError as exc:  # name the file: the message only knows the metadata
+        raise UserError(f"{gs.shards[0]}: {exc}") from None
     # save_pretrained writes several files; write to a temp dir and move the two we promise.
     with tempfile.TemporaryDirectory(dir=out) as tmp:
         fast.save_pretrained(tmp)

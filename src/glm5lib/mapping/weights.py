@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterator, Mapping
 
 import torch
+from gguf.constants import GGMLQuantizationType
 from tqdm.auto import tqdm
 
 from glm5lib.errors import GGUFFormatError
@@ -42,15 +43,16 @@ def _check_present(gs: Any, specs: list[TensorSpec]) -> None:
 
 
 def iter_hf_weights(path: str | os.PathLike | Any, dtype: torch.dtype = torch.bfloat16, include_mtp: bool = True,
-                    *, layers: Collection[int] | None = None, progress: bool = False
-                    ) -> Iterator[tuple[str, torch.Tensor]]:
+                    *, layers: Collection[int] | None = None, progress: bool = False,
+                    keep_f32: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
     """Stream `(hf_name, tensor)` pairs for a glm-dsa GGUF file or shard set (any shard, or an opened set).
 
     Names and layouts are the HF checkpoint's (per-expert weights, fused `kv_b_proj`), in GGUF file order.
     Each tensor is read and dequantized (gguf-py) only when the iterator reaches it and is returned as `dtype`;
     peak memory is one tensor (one expert slice for stacked experts; `attn_k_b` is held until `attn_v_b`).
     With `include_mtp=False` the MTP block (`model.layers.{num_hidden_layers}.*`) is skipped; with `layers` only
-    those blocks' tensors are produced (no embedding/head/final norm).
+    those blocks' tensors are produced (no embedding/head/final norm). Tensors of the kinds in `keep_f32`
+    (e.g. `HF_F32_KINDS`) that the file stores F32 come as float32 whatever `dtype` is.
 
     Raises GGUFFormatError before yielding anything if a tensor is missing or misshapen.
     """
@@ -61,9 +63,11 @@ def iter_hf_weights(path: str | os.PathLike | Any, dtype: torch.dtype = torch.bf
         specs = [s for s in specs if s.block in set(layers)]
     _check_present(gs, specs)
     k_b: torch.Tensor | None = None
+    gs.check_readable()
     for spec in tqdm(specs, desc="GGUF -> HF", disable=not progress, leave=False):
         if spec.transform == "identity":
-            yield spec.hf_names[0], read_tensor(gs, spec.gguf_name, dtype).reshape(spec.shape)
+            f32 = spec.kind in keep_f32 and gs.tensor(spec.gguf_name).ggml_type == GGMLQuantizationType.F32
+            yield spec.hf_names[0], read_tensor(gs, spec.gguf_name, torch.float32 if f32 else dtype).reshape(spec.shape)
         elif spec.transform == "experts":
             for e, name in enumerate(spec.hf_names):
                 yield name, read_tensor(gs, spec.gguf_name, dtype, index=e).reshape(spec.shape[1:])

@@ -20,6 +20,10 @@ from typing import Any, Iterator, Literal
 # GGUF file types the tiny builder writes (the ones gguf-py can quantize to) and its default set.
 GGUF_FILE_TYPES = ("F32", "BF16", "Q8_0", "Q5_0", "Q4_0")
 TINY_DEFAULT_TYPES = ("F32", "BF16", "Q8_0", "Q4_0")
+# llama.cpp's K-quant mixes, which the tiny builder makes with a `llama-quantize` binary (per-tensor types as
+# llama.cpp chooses them: glm5lib.model.quant), and the tiny type set that includes them.
+LLAMA_QUANTIZE_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K")
+TINY_KQUANT_TYPES = TINY_DEFAULT_TYPES + LLAMA_QUANTIZE_TYPES
 
 HF_ARCHITECTURE = "GlmMoeDsaForCausalLM"
 HF_MODEL_TYPE = "glm_moe_dsa"
@@ -231,6 +235,65 @@ class GLM5Config:
 
     def replace(self, **changes: Any) -> "GLM5Config":
         return dataclasses.replace(self, **changes)
+
+
+# Tensors (GGUF kinds) that GLM-5's HF checkpoint stores in F32 while the rest is BF16: the router's
+# e_score_correction_bias. An export keeps them F32 when the GGUF stores them F32 (llama.cpp's converter does).
+HF_F32_KINDS = ("exp_probs_b.bias",)
+
+# Fields that are sizes or counts: a model needs each to be at least this.
+_AT_LEAST = {"vocab_size": 1, "hidden_size": 1, "intermediate_size": 1, "moe_intermediate_size": 1,
+             "num_hidden_layers": 1, "num_attention_heads": 1, "q_lora_rank": 1, "kv_lora_rank": 1,
+             "qk_nope_head_dim": 1, "qk_rope_head_dim": 2, "v_head_dim": 1, "index_n_heads": 1, "index_head_dim": 1,
+             "index_topk": 1, "first_k_dense_replace": 0, "n_routed_experts": 1, "n_shared_experts": 0,
+             "num_experts_per_tok": 1, "n_group": 1, "topk_group": 1, "max_position_embeddings": 1,
+             "num_nextn_predict_layers": 0}
+
+
+def config_problems(d: Any) -> list[str]:
+    """What is wrong with an HF config dict as a GLM-5-family config: wrong JSON types, sizes below 1.
+    Empty when `GLM5Config.from_hf_dict(d)` gives a usable config. Fields it lacks keep GLM-5 defaults."""
+    if not isinstance(d, dict):
+        return [f"a config must be a JSON object, not {type(d).__name__}"]
+    out = []
+    for f in dataclasses.fields(GLM5Config):
+        if f.name not in d:
+            continue
+        v, default = d[f.name], f.default
+        if f.name == "indexer_types":
+            ok = v is None or (isinstance(v, list) and all(t in ("full", "shared") for t in v))
+            want = 'null or a list of "full"/"shared"'
+        elif isinstance(default, bool):
+            ok, want = isinstance(v, bool), "true or false"
+        elif isinstance(default, float):
+            ok, want = isinstance(v, (int, float)) and not isinstance(v, bool), "a number"
+        elif f.name.endswith("_token_id"):  # hub configs list several eos ids
+            ok = v is None or _is_int(v) or (isinstance(v, list) and all(_is_int(x) for x in v))
+            want = "an integer, a list of integers or null"
+        elif isinstance(default, int):
+            ok, want = _is_int(v), "an integer"
+        else:
+            ok, want = isinstance(v, str), "a string"
+        if not ok:
+            out.append(f"{f.name} is {json_type(v)} {v!r:.40}, expected {want}")
+        elif f.name in _AT_LEAST and v < _AT_LEAST[f.name]:
+            out.append(f"{f.name} is {v}, must be at least {_AT_LEAST[f.name]}")
+    for key in ("index_topk_freq", "index_skip_topk_offset"):
+        if key in d and (not isinstance(d[key], int) or isinstance(d[key], bool)):
+            out.append(f"{key} is {json_type(d[key])}, expected an integer")
+    for key in ("rope_parameters",):
+        if key in d and d[key] is not None and not isinstance(d[key], dict):
+            out.append(f"{key} is {json_type(d[key])}, expected an object")
+    return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def json_type(v: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
 
 
 _PRESETS = {"glm5": lambda c: c.glm5(), "glm5.2": lambda c: c.glm5_2(), "tiny": lambda c: c.tiny()}

@@ -12,7 +12,6 @@ plugin adds (GLM5_SPARSE_MLA checked with the same `validate_configuration`, how
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,6 +50,7 @@ class DoctorReport:
     glm5lib_backend: BackendRow | None = None
     indexer: dict[str, Any] = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
+    sizes: dict[str, Any] = field(default_factory=dict)  # from glm5lib.model.sizes (the model `plan` uses)
     stubbed_modules: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -71,8 +71,16 @@ def load_model_config(model: str) -> tuple[dict[str, Any], str]:
         from glm5lib.mapping import gguf_to_hf_config
 
         return gguf_to_hf_config(path, include_mtp=False), path.name
-    if path.name.endswith(".json") and path.is_file():
-        return json.loads(path.read_text()), str(model)
+    if path.name.endswith(".json") and path.exists():
+        from glm5lib.files import read_json_object
+        from glm5lib.model.spec import config_problems
+
+        hf = read_json_object(path, "config file")
+        bad = config_problems(hf)
+        missing = [k for k in ("num_attention_heads", "kv_lora_rank", "qk_rope_head_dim") if k not in hf]
+        if bad or missing:
+            raise UserError(f"{path}: {bad[0] if bad else f'no {missing[0]} (not a GLM-5 config?)'}")
+        return hf, str(model)
     raise UserError(f"{model}: not a preset ({', '.join(PRESET_NAMES)}), an HF model directory, config.json or .gguf file")
 
 
@@ -217,12 +225,13 @@ def indexer_status(cap: tuple[int, int] | None, hf: dict[str, Any]) -> dict[str,
 
 def diagnose(model: str, target: str = "12.0", dtype: str = "bfloat16", kv_cache_dtype: str = "auto",
              tp: int = 1, block_size: int | None = None) -> DoctorReport:
+    hf, label = load_model_config(model)  # before vLLM's import: a bad model argument fails in a second
+    cap = parse_target(target)
+
     from vllm import __version__ as vllm_version
 
     from glm5lib.vllm_plugin import compat
 
-    hf, label = load_model_config(model)
-    cap = parse_target(target)
     sel = selector_config(hf, dtype, kv_cache_dtype, block_size)
     heads = int(hf["num_attention_heads"])
     if tp < 1 or heads % tp:
@@ -248,14 +257,31 @@ def diagnose(model: str, target: str = "12.0", dtype: str = "bfloat16", kv_cache
     rep.glm5lib_backend = glm5lib_backend_row(cap, sel)
     rep.indexer = indexer_status(cap, hf)
     rep.stubbed_modules = list(compat.STUBBED)
+    rep.sizes = size_summary(hf, kv_cache_dtype, dtype, tp)
     rep.advice = _advice(rep)
     return rep
+
+
+def size_summary(hf: dict[str, Any], kv_cache_dtype: str, dtype: str, tp: int) -> dict[str, Any]:
+    """KV-cache bytes per token per GPU and parameters per GPU from the shared size model (no file types here:
+    `glm5lib plan` reads them and does the memory arithmetic)."""
+    from glm5lib.model import sizes
+
+    cfg = GLM5Config.from_hf_dict(hf)
+    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    dt = name.get(dtype, dtype)
+    kv = kv_cache_dtype if kv_cache_dtype in sizes.KV_CACHE_DTYPES else "auto"
+    m = sizes.size_model(cfg, None, tp=tp, residency="dequantized", dtype=dt if dt in sizes.DTYPE_BYTES else "bfloat16")
+    return {"kv_bytes_per_token": sizes.kv_bytes_per_token(cfg, kv, m.dtype)["total"],
+            "params_per_gpu": m.params_per_gpu, "tp": tp}
 
 
 def _diagnose_cpu(rep: DoctorReport, sel: Any) -> None:
     from vllm.platforms.cpu import CpuPlatform
 
-    select = getattr(CpuPlatform, "_glm5lib_original_get_attn_backend_cls", None)
+    from glm5lib.vllm_plugin import patches
+
+    select = patches.original(patches.CPU_SELECT)  # vLLM's own selector, where the plugin wrapped it
     try:
         if select is not None:
             path = select(CpuPlatform, None, sel, rep.heads_per_gpu)
@@ -314,6 +340,12 @@ def format_report(rep: DoctorReport) -> str:
     if rep.advice:
         lines.append("")
         lines += [f"=> {a}" for a in rep.advice]
+    if rep.sizes:
+        lines.append("")
+        lines.append(f"size: {rep.sizes['params_per_gpu'] / 1e9:.2f}B parameters and "
+                     f"{rep.sizes['kv_bytes_per_token']:,} B of KV cache per token per GPU at tp {rep.sizes['tp']}; "
+                     "will it fit, how much context, how fast: glm5lib plan MODEL --gpus N --gpu-mem SIZE "
+                     f"--cc {rep.target if rep.target != 'cpu' else 'X.Y'}")
     if rep.stubbed_modules:
         lines.append(f"(read on a machine without {', '.join(rep.stubbed_modules)}: import errors above are this "
                      "machine's, not necessarily the target's)")

@@ -64,7 +64,13 @@ def resolve_model(model: str | os.PathLike) -> tuple[Path, Path, str]:
         from glm5lib.vllm_plugin.gguf_loader import prepare_model_dir, served_name
 
         return path, prepare_model_dir(path), served_name(path)
-    if path.is_dir() and (path / "config.json").exists():
+    if path.is_dir() and os.path.lexists(path / "config.json"):
+        from glm5lib.files import read_json_object
+        from glm5lib.model.spec import config_problems
+
+        bad = config_problems(read_json_object(path / "config.json", "config file"))  # vLLM would fail later
+        if bad:
+            raise UserError(f"{path / 'config.json'}: {bad[0]}")
         return path, path, path.name
     raise UserError(f"{model}: not a GGUF file or a Hugging Face model directory (no config.json)")
 

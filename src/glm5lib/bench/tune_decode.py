@@ -9,7 +9,7 @@ the fastest total time among variants that pass every check. With `--bench` and 
 faster than the shipped config, the winners replace the shipped ("small", fmt, "big") configs in this process and
 `glm5lib bench all --sweep-indexer --name bench_tuned` runs, so its JSON records exactly the configs measured.
 
-`python -m glm5lib.kernels.tune_decode --out DIR [--bench] [--deadline S]`
+`python -m glm5lib.bench.tune_decode --out DIR [--bench] [--deadline S]`
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from glm5lib.kernels import bench, checks, naive
+from glm5lib.bench import kernels as bench, checks, naive
 from glm5lib.kernels import mla as sm
 from glm5lib.kernels.mla import MLAConfig as C
 
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
             return 0
         for fmt, cfg in adopt.items():
             sm.CONFIGS[("small", fmt, "big")] = cfg
-        from glm5lib.kernels.cli import main as bench_main
+        from glm5lib.bench.cli import main as bench_main
 
         return bench_main(["bench", "all", "--sweep-indexer", "--out", str(out), "--name", "bench_tuned"])
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from glm5lib.errors import UserError
 
 
 def _bench(args) -> int:
-    from glm5lib.kernels import bench
+    from glm5lib.bench import kernels as bench
 
     res = bench.run(args.what, out_dir=args.out, vendor=args.vendor, quick=args.quick, sweep=args.sweep,
                     scaling=not args.no_scaling, name=args.name, sweep_indexer=args.sweep_indexer, force=args.force)
@@ -25,12 +26,24 @@ def _bench(args) -> int:
 
 
 def _plot(args) -> int:
-    from glm5lib.kernels import bench
+    from glm5lib.bench import kernels as bench
+
+    from glm5lib.files import check_output, read_json_object
 
     src = Path(args.json)
-    if not src.is_file():
+    if not os.path.lexists(src):
         raise UserError(f"no benchmark JSON at {src}")
-    png = bench.plot(src, src.with_suffix(".png") if args.png is None else Path(args.png))
+    res = read_json_object(src, "benchmark JSON")
+    if not isinstance(res.get("rows"), list):
+        raise UserError(f"{src}: no \"rows\" list: not a `glm5lib bench` result")
+    out = check_output(src.with_suffix(".png") if args.png is None else Path(args.png), force=args.force,
+                       inputs=[src])
+    try:
+        png = bench.plot(src, out)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{src}: not a `glm5lib bench` result ({type(exc).__name__}: {exc})") from None
+    except OSError as exc:
+        raise UserError(f"{out}: cannot write ({exc.strerror or exc})") from None
     print(f"wrote {png}")
     return 0
 
@@ -68,6 +81,7 @@ def register_cli(subparsers) -> None:
     pl = sub.add_parser("plot", help="plot a benchmark JSON")
     pl.add_argument("json")
     pl.add_argument("--png")
+    pl.add_argument("--force", action="store_true", help="overwrite an existing PNG")
     pl.set_defaults(func=_plot)
     c = sub.add_parser("compile", help="AOT-compile every shipped config for sm_80/89/90/120 and check shared memory")
     c.add_argument("--arch", type=int, nargs="*", default=[80, 89, 90, 120])
