@@ -57,6 +57,7 @@ def test_plan_keeps_blocks_quantized_except_kv_b_wk(tiny, qtype):
     attn = residency_plan(tiny.gguf[qtype], "dense-attn")
     assert {m for m in attn.quantized if ".experts." not in m} == set()
     assert {m for m in q if ".experts." in m} == attn.quantized
+    assert residency_plan(tiny.gguf[qtype], "dequantized").quantized == set()
     mtp = residency_plan(tiny.gguf[qtype], "quantized", part="mtp")
     assert "model.layers.3.eh_proj" in mtp.dense and "model.layers.3.embed_tokens" in mtp.dense
     assert "model.layers.3.shared_head.head" in mtp.quantized and "model.layers.3.mlp.experts.0.up_proj" in mtp.quantized

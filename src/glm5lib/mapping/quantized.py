@@ -17,6 +17,8 @@ Residency policies (which quantized tensors stay quantized):
   unquantized layer) and the MTP `eh_proj` (a plain `nn.Linear` in vLLM).
 - `dense-attn`: routed experts quantized, every other weight dequantized to the serving dtype (tensor-core
   matmuls for attention and the dense/shared MLPs; GLM-5's non-expert weights are ~3 % of its parameters).
+- `dequantized`: everything dequantized to the serving dtype at load (a correctness reference; ~3.5x the
+  memory of a Q4 file in bf16).
 Modules vLLM fuses into one layer (q_a + kv_a_mqa, gate + up) are quantized only when all their parts are;
 otherwise every part is dequantized (one layer has one weight format).
 """
@@ -38,7 +40,7 @@ from glm5lib.mapping.source import open_model, read_tensor
 from glm5lib.model.layout import merge_kv_b
 from glm5lib.model.spec import GLM5Config, TensorSpec, gguf_tensor_specs
 
-POLICIES = ("quantized", "dense-attn")
+POLICIES = ("quantized", "dense-attn", "dequantized")
 DEFAULT_POLICY = "quantized"
 POLICY_ENV = "GLM5LIB_GGUF_RESIDENCY"
 
@@ -127,7 +129,7 @@ def residency_plan(path: str | os.PathLike | Any, policy: str | None = None, par
             continue
         qtype = gs.tensor(s.gguf_name).ggml_type
         keep = qtype not in PLAIN_TYPES and not any(_module(s.hf_names[0]).endswith(d) for d in ALWAYS_DENSE)
-        if policy == "dense-attn" and s.transform != "experts":
+        if policy == "dequantized" or (policy == "dense-attn" and s.transform != "experts"):
             keep = False
         for hf in s.hf_names:
             if hf.endswith(".weight"):
@@ -137,7 +139,7 @@ def residency_plan(path: str | os.PathLike | Any, policy: str | None = None, par
         for src, dst in (("token_embd.weight", MTP_EMBED), ("output.weight", MTP_HEAD)):
             qtype = gs.tensor(src).ggml_type
             # vLLM builds the MTP embed_tokens without a quant config: always dequantized
-            keep = dst == MTP_HEAD and qtype not in PLAIN_TYPES and policy != "dense-attn"
+            keep = dst == MTP_HEAD and qtype not in PLAIN_TYPES and policy == "quantized"
             (quantized if keep else dense).add(f"model.layers.{block}.{dst}")
     for group in FUSED_GROUPS:
         for mod in list(quantized):
