@@ -6,7 +6,7 @@ but its weight adapter cannot map `glm-dsa` (stacked experts, split attn_k_b/att
 1. `prepare_model_dir(gguf)`: a small cached directory vLLM opens like a hub repo: `config.json` (with the MTP
    layer count, and `quantization_config: {"quant_method": "glm5-gguf"}` when the file holds quantized
    tensors), the tokenizer rebuilt from the GGUF metadata, and `glm5lib_gguf.json` naming the GGUF. No weights
-   are copied. `patches.py` points a bare `--model MODEL.gguf` at it.
+   are copied. `bare_gguf.py` points a bare `--model MODEL.gguf` at it.
 2. Load format `glm5-gguf`: `Glm5GGUFLoader`, a subclass of the plugin's `GGUFModelLoader`, streams the file
    in the plugin's weight convention (`glm5lib.mapping.quantized`): quantized tensors as raw uint8 rows from
    the memory map, one expert at a time; `kv_b_proj` rebuilt from attn_k_b/attn_v_b, the indexer `wk` and
