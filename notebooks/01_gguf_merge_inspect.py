@@ -41,7 +41,7 @@ TINY_TYPE = "Q8_0"  # tiny file type when GGUF_PATH is None: F32, BF16, Q8_0, Q4
 SPLIT_MODE = "tensors"  # how a single file is split: "tensors" (SPLIT_MAX_TENSORS) or "size" (SPLIT_MAX_SIZE)
 SPLIT_MAX_TENSORS = 32
 SPLIT_MAX_SIZE = "1M"  # N[M|G], decimal units as llama-gguf-split
-OUT_DIR = "outputs/tmp/nb01"  # scratch: shards and the merged file (replaced on re-run)
+OUT_DIR = "outputs/tmp/nb01"  # scratch: shards and the merged file (replaced on re-run); relative: to the checkout
 INTERACTIVE = False
 PROFILE = "ci"
 
@@ -49,14 +49,17 @@ PROFILE = "ci"
 import time
 from pathlib import Path
 
+from IPython.display import Image, display
+
 from glm5lib.gguf import open_gguf, scan
 from glm5lib.gguf.inspect import diff_tensors, format_summary, summarize, tensor_digests
 from glm5lib.gguf.plot import plot_bytes_per_block
 from glm5lib.gguf.split import ensure_shards, merge
+from glm5lib.paths import outputs_dir, resolve
 from glm5lib.workbook import record
 
-FIGURES = Path("outputs/figures")
-OUT = Path(OUT_DIR)
+FIGURES = outputs_dir() / "figures"
+OUT = resolve(OUT_DIR)
 OUT.mkdir(parents=True, exist_ok=True)
 if GGUF_PATH is None:
     from glm5lib.mapping.tiny import ensure_tiny
@@ -128,7 +131,7 @@ record("merge_seconds", seconds)
 summary = summarize(merged)
 print(format_summary(summary))
 figure = plot_bytes_per_block(summary, FIGURES / "01_bytes_per_block.png")
-print("figure:", figure)
+display(Image(str(figure)))
 record("tensor_count", summary["tensor_count"])
 record("tensor_bytes", summary["tensor_bytes"])
 record("block_bytes", {k: v["bytes"] for k, v in summary["blocks"].items()})

@@ -48,6 +48,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from IPython.display import Image, display
 
 from glm5lib.mapping import compare_hf_configs, gguf_to_hf_config, mapping_table
 from glm5lib.mapping.compare import (compare_weights, kv_b_round_trip, plot_bytes_by_kind, plot_layer_check,
@@ -58,10 +59,11 @@ from glm5lib.mapping.inventory import check, expected_inventory
 from glm5lib.mapping.layer_check import layer_check
 from glm5lib.model.spec import GLM5Config
 from glm5lib.mapping.tiny import ensure_tiny
+from glm5lib.paths import outputs_dir
 from glm5lib.workbook import record
 
 torch.set_num_threads(2)
-FIGURES = Path("outputs/figures")
+FIGURES = outputs_dir() / "figures"
 tiny = None
 if GGUF_PATH is None:
     tiny = ensure_tiny(progress=False)
@@ -96,7 +98,7 @@ record("expected_glm5_2", n_glm52)
 given_config = json.loads(Path(HF_CONFIG).read_text()) if HF_CONFIG else None
 report = check(GGUF_PATH, config=given_config)
 print(report.format_text(max_lines=5))
-plot_bytes_by_kind(report, FIGURES / "02_bytes_by_kind.png")
+display(Image(str(plot_bytes_by_kind(report, FIGURES / "02_bytes_by_kind.png"))))
 record("check_ok", report.ok)
 record("check_tensors", report.n_tensors)
 record("check_expected", report.n_expected)
@@ -185,7 +187,8 @@ elif HF_DIR:
 if HF_DIR:
     lc = layer_check(GGUF_PATH, HF_DIR, layer=LAYER)
     print(lc.format_text())
-    plot_layer_check(lc.results, FIGURES / "02_layer_check.png", title=f"layer {lc.layer}, {Path(GGUF_PATH).name}")
+    display(Image(str(plot_layer_check(lc.results, FIGURES / "02_layer_check.png",
+                                       title=f"layer {lc.layer}, {Path(GGUF_PATH).name}"))))
     record("layer_check", lc.as_dict())
 
 # %% [markdown]

@@ -61,10 +61,11 @@ from glm5lib.dsa.train import TrainRecipe, ensure_trained_tiny, task_accuracy, t
 from glm5lib.mapping.reference import reference_from_gguf
 from glm5lib.model.reference import DSAOptions, ReferenceModel
 from glm5lib.model.spec import GLM5Config
+from glm5lib.paths import outputs_dir
 from glm5lib.workbook import record
 
 torch.set_num_threads(1)
-FIG = Path("outputs/figures")
+FIG = outputs_dir() / "figures"
 
 # %% [markdown]
 # ## 1. A tiny GLM-5 with attention worth analysing

@@ -33,10 +33,10 @@
 INTERACTIVE = False
 PROFILE = "ci"  # "ci": interpreter cases on CPU; "full": real sizes (needs a GPU)
 ARCHS = [80, 89, 90, 120]  # AOT compile targets
-BENCH_JSON = "outputs/bench/bench_h200.json"  # committed H200 results, used when no GPU is present
+BENCH_JSON = None  # benchmark results to plot when no GPU is present; None: the committed H200 run
 RUN_GPU_BENCH = False  # on a GPU: run `glm5lib bench all` here instead of reading BENCH_JSON
 BENCH_RUN_NAME = None  # file stem for that run (None: bench_<gpu>); an existing file is never overwritten
-FIGURE = "outputs/figures/04_sparse_mla_bench.png"
+FIGURE = "outputs/figures/04_sparse_mla_bench.png"  # relative: to the checkout
 
 # %%
 import json
@@ -49,6 +49,7 @@ from glm5lib.bench import evidence
 from glm5lib.kernels import checks, indexer_logits, naive, topk_indices, topk_select
 from glm5lib.kernels.compile_report import compile_report, format_report
 from glm5lib.kernels.mla import sparse_mla
+from glm5lib.paths import bench_dir, resolve
 from glm5lib.workbook import record
 
 SM_SCALE = checks.SM_SCALE  # GLM-5: 1/16 (GLM5Config.glm5().softmax_scale)
@@ -174,7 +175,7 @@ summ = checks.summary(results)
 print(f"\n{summ['passed']}/{summ['cases']} pass; worst rel {summ['max_rel']:.2e}, cos diff {summ['max_cos_diff']:.2e}")
 record("matrix", summ)
 
-h200 = Path("outputs/bench/checks_h200_full.json")
+h200 = bench_dir() / "checks_h200_full.json"
 if h200.is_file():
     full = json.loads(h200.read_text())
     record("h200_matrix_cases", len(full))
@@ -182,7 +183,7 @@ if h200.is_file():
     record("h200_matrix_max_rel", max(r["rel"] for r in full))
     print(f"H200 full-size matrix: {sum(r['ok'] for r in full)}/{len(full)} pass, worst rel {max(r['rel'] for r in full):.2e}")
 
-cov = evidence.coverage(".")
+cov = evidence.coverage()
 print(evidence.format_coverage(cov))
 record("h200_evidence", cov)
 
@@ -212,7 +213,7 @@ record("compile_max_shared_sm120", max(r.shared_bytes or 0 for r in rows if r.ar
 # prefill reads one 32K-token sequence, which fits in L2, so its "GB/s" can exceed the HBM copy rate.
 
 # %%
-bench_json = Path(BENCH_JSON)
+bench_json = resolve(BENCH_JSON) if BENCH_JSON else bench_dir() / "bench_h200.json"
 if DEVICE == "cuda" and RUN_GPU_BENCH:
     res = kbench.run("all", out_dir=str(bench_json.parent), name=BENCH_RUN_NAME)
     bench_json = bench_json.parent / f"{res['meta']['name']}.json"
@@ -225,7 +226,7 @@ print(f"ceilings: copy {res['ceilings']['copy_GBps']:.0f} GB/s, bf16 matmul {res
 print(kbench.key_table(res))
 
 # %%
-fig_path = kbench.plot(bench_json, FIGURE)
+fig_path = kbench.plot(bench_json, resolve(FIGURE))
 record("figure", str(fig_path))
 if INTERACTIVE:
     from IPython.display import Image, display

@@ -61,6 +61,7 @@ from glm5lib.mapping.tiny import ensure_tiny
 from glm5lib.serving import client as C
 from glm5lib.serving.doctor import diagnose, doctor_table, format_report
 from glm5lib.serving.server import ServeOptions, VLLMServer
+from glm5lib.paths import bench_dir, outputs_dir
 from glm5lib.workbook import record
 
 torch.set_num_threads(2)
@@ -110,7 +111,7 @@ record("doctor_cpu_vllm_error", diagnose(DOCTOR_MODEL, "cpu").vllm_error)
 opts = ServeOptions(model=model_path, port=PORT, dtype="float32" if DEVICE == "cpu" else "bfloat16",
                     max_model_len=MAX_MODEL_LEN, max_num_seqs=max(64, N_CONCURRENT),
                     attention_backend=None if DEVICE == "cpu" else "GLM5_SPARSE_MLA")
-srv = VLLMServer(opts, log_path=Path("outputs/logs/05_vllm_serving.log"))
+srv = VLLMServer(opts, log_path=outputs_dir() / "logs" / "05_vllm_serving.log")
 print("model directory:", srv.model_dir, "->", sorted(p.name for p in srv.model_dir.iterdir()))
 print("$", " ".join(srv.cmd[1:]))
 srv.start(timeout_s=900)
@@ -173,7 +174,7 @@ gen = C.metric_total(metrics_after, "vllm:generation_tokens_total") - \
     C.metric_total(metrics_before, "vllm:generation_tokens_total")
 print(f"{burst['n_ok']}/{N_CONCURRENT} ok in {burst['wall_s']:.2f} s: {burst['tokens_per_s']:.1f} generated tok/s "
       f"(client), server counted {gen:.0f} generated tokens; same tokens as one at a time: {same}")
-C.plot_burst(burst, "outputs/figures/05_burst_latency.png")
+C.plot_burst(burst, outputs_dir() / "figures" / "05_burst_latency.png")
 record("burst_n_ok", burst["n_ok"])
 record("burst_n_failed", burst["n_failed"])
 record("burst_equal_sequential", same)
@@ -290,14 +291,14 @@ if OFFLINE_RUN and tiny is not None:
 from glm5lib.serving import harness
 from glm5lib.plotting import save_figure
 
-h200_path = Path("outputs/bench/vllm_harness_h200.json")
+h200_path = bench_dir() / "vllm_harness_h200.json"
 if h200_path.is_file():
     h200 = json.loads(h200_path.read_text())
     hs = harness.summarize(h200)
     print(harness.format_results(h200))
     print(json.dumps(hs, indent=1))
     record("h200_harness", hs)
-    sw_path = Path("outputs/bench/vllm_harness_h200_swfp8.json")
+    sw_path = bench_dir() / "vllm_harness_h200_swfp8.json"
     if sw_path.is_file():  # the same run with the sm_80 software fp8 path
         sw = harness.summarize(json.loads(sw_path.read_text()))
         print(f"software fp8 (sm_80 path): {sw['passed']}/{sw['cases']} cases pass")
@@ -306,7 +307,7 @@ if h200_path.is_file():
     fig = harness.plot(h200)
     from IPython.display import Image, display
 
-    display(Image(str(save_figure(fig, "outputs/figures/05_harness_h200.png"))))
+    display(Image(str(save_figure(fig, outputs_dir() / "figures" / "05_harness_h200.png"))))
 
 # %% [markdown]
 # What the numbers say. Correctness holds through the call path (bf16 and fp8_ds_mla caches, 8/16/64/128 heads,
@@ -325,8 +326,51 @@ if h200_path.is_file():
 # Past 32K keys the plugin uses torch.topk. The MLA forward's GPU work is the kernel plus under 5 % (the one-launch
 # row conversion), but its eager call costs the host about 150-300 us (noisy from run to run): at 8-16 heads per GPU
 # (GLM-5 at TP 8) that is roughly 2-5x the GPU time, so at decode the call path, not the kernel, sets the pace until
-# the backend runs inside vLLM's CUDA graphs (at 64-128 heads the kernel mostly hides it: at most about 2x). Both
-# metadata builders still declare `AttentionCGSupport.NEVER`, which keeps attention outside the graphs: the MLA
-# forward already captures, but its builder makes a new `req_id_per_token` tensor each step (it needs a persistent
-# buffer), and the indexer step sizes its launch and its top-k by the step's longest request, a host value (graphs
-# need the model's maximum length and per-row lengths only, which `topk_select` already takes).
+# the backend runs inside vLLM's CUDA graphs (at 64-128 heads the kernel mostly hides it: at most about 2x). That
+# is what the next section measures.
+
+# %% [markdown]
+# ## Decode in CUDA graphs
+#
+# Both metadata builders declare `AttentionCGSupport.UNIFORM_BATCH` (as FlashMLA-sparse does), so vLLM captures
+# uniform decode batches in full CUDA graphs: the per-step tensors they derive (`req_id_per_token`, each decode
+# token's row length) live in buffers allocated once at the maximum size and refilled in place by `build()`, and the
+# indexer's decode path has fixed shapes (scores as wide as `max_model_len` in one shared workspace, a fixed grid
+# that loops over each row's key tiles up to its context, `topk_select` reading per-row lengths on the GPU). The
+# indexer is the custom op `torch.ops.glm5lib.sparse_attn_indexer`, added to vLLM's splitting ops (the one entry
+# of `glm5lib.vllm_plugin.patches`), so mixed prefill/decode batches run it eagerly between piecewise graphs.
+#
+# `python -m glm5lib.serving.harness --graphs` (run on the H200 by `bash scripts/device_kernels.sh harness-graphs`,
+# no vLLM there) rebuilds what vLLM's runner does: a decode step of three layers (key writes, indexer, top-k,
+# sparse MLA) captured on zeroed metadata at a padded batch size, replayed with new block tables, context lengths
+# and slots (and fewer real requests than the captured size), and compared with the same step run eagerly
+# (`torch.equal` on outputs and top-k). Per layer it reports the graph replay, the kernels' own GPU time and the
+# eager call; below, the attention time of a whole GLM-5 decode step (78 layers) eagerly and from the graph, next
+# to the time the GPU needs to stream the weights of that step (fp8, the routed experts the batch touches, TP =
+# 64 heads / heads per GPU, 4.2 TB/s): a lower bound of the rest of the step, so the share is an upper bound.
+
+# %%
+from glm5lib.paths import bench_dir
+from glm5lib.serving import graphs as G
+
+graphs_path = (bench_dir() or Path("outputs/bench")) / "vllm_graphs_h200.json"
+if graphs_path.is_file():
+    grep = json.loads(graphs_path.read_text())
+    for r in grep["results"]:
+        print(G.format_line(r))
+    print(json.dumps(grep["summary"], indent=1))
+    record("h200_graphs", grep["summary"])
+    share = G.projected_attention_share(grep)
+    print(f"{'heads':>5} {'format':>10} {'batch':>5} {'TP':>3} {'attention eager':>16} {'graph':>8} "
+          f"{'weights':>8} {'share eager':>11} {'graph':>6}")
+    for row in share:
+        print(f"{row['heads']:>5} {row['kv_format']:>10} {row['batch']:>5} {row['tp']:>3} {row['eager_ms']:>13.1f} ms "
+              f"{row['graph_ms']:>5.1f} ms {row['rest_ms']:>5.1f} ms {row['eager_share']:>11.0%} {row['graph_share']:>6.0%}")
+    record("h200_graphs_share", share)
+    from IPython.display import Image, display
+
+    display(Image(str(save_figure(G.plot(grep), "outputs/figures/05_graphs_h200.png"))))
+else:
+    print(f"no {graphs_path.name} in {graphs_path.parent}: run `bash scripts/device_kernels.sh harness-graphs` on a "
+          "CUDA GPU and commit the JSON")
+    record("h200_graphs", None)

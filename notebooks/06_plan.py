@@ -50,11 +50,12 @@ from pathlib import Path
 from glm5lib.mapping.corpus import write_header_only_set
 from glm5lib.model.sizes import quant_recipe
 from glm5lib.model.spec import GLM5Config
+from glm5lib.paths import outputs_dir
 from glm5lib.plotting import pyplot, save_figure
 from glm5lib.serving.plan import PlanOptions, format_plan, load_bench, make_plan, resolve_model
 from glm5lib.workbook import record
 
-FIGURES = Path("outputs/figures")
+FIGURES = outputs_dir() / "figures"
 if GGUF_PATH is None:
     cfg = GLM5Config.glm5()
     shards = write_header_only_set(cfg, Path(tempfile.mkdtemp()) / f"GLM-5-{QUANT}", types=quant_recipe(cfg, QUANT))

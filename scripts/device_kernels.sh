@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
-# usage: scripts/device_kernels.sh [checks] [sanitize] [harness] [bench] [bench-sweep] [bench-indexer] [topk-sweep] [tune] [verify] [compile]
+# usage: scripts/device_kernels.sh [checks] [sanitize] [harness] [harness-graphs] [bench] [bench-sweep] [bench-indexer] [topk-sweep] [tune] [verify] [compile]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
+# harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
 # tune: decode candidates side by side (checks + timings), then `bench all` with the winners (tune_decode.py)
 set -u
@@ -18,6 +19,8 @@ for step in "$@"; do
             echo "sanitizer rc=$?"; tail -6 "$OUT/sanitizer.log" ;;
     harness) timeout 300 python3 -m glm5lib.serving.harness --json "$OUT/vllm_harness_h200.json" > "$OUT/vllm_harness_h200.log" 2>&1
             echo "harness rc=$?"; grep -v Warn "$OUT/vllm_harness_h200.log" | tail -24 ;;
+    harness-graphs) timeout 300 python3 -m glm5lib.serving.harness --graphs --json "$OUT/vllm_graphs_h200.json" > "$OUT/vllm_graphs_h200.log" 2>&1
+            echo "harness-graphs rc=$?"; grep -v Warn "$OUT/vllm_graphs_h200.log" | tail -40 ;;
     harness-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 300 python3 -m glm5lib.serving.harness --json "$OUT/vllm_harness_h200_swfp8.json" > "$OUT/vllm_harness_h200_swfp8.log" 2>&1
             echo "harness-swfp8 rc=$?"; grep -v Warn "$OUT/vllm_harness_h200_swfp8.log" | grep -v "^topk" | tail -20 ;;
     bench) timeout 420 python3 -m glm5lib.bench.cli bench all --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  " ;;

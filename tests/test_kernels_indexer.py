@@ -162,3 +162,32 @@ def test_validation():
         indexer_logits(q, torch.randn(5, 128), torch.rand(2, 3))
     with pytest.raises(ValueError):
         indexer_logits(q, torch.zeros(5, 130, dtype=torch.uint8), torch.rand(2, 4), k_format="fp8")
+
+
+@pytest.mark.parametrize("programs", [1, 64])
+def test_paged_row_bound_only_fixed_grid(monkeypatch, programs):
+    """`row_bound_only` (the CUDA-graph decode launch, rows as wide as max_model_len): the same scores as the
+    per-tile launch within each request's context, -inf up to the end of the tile holding it, nothing written
+    after that tile, whether one program loops over a whole row or each takes one tile."""
+    import glm5lib.kernels.indexer as ix
+
+    monkeypatch.setattr(ix, "num_sms", lambda device: 1)
+    monkeypatch.setattr(ix, "PAGED_LOOP_PROGRAMS_PER_SM", programs)
+    g = torch.Generator().manual_seed(2)
+    bs, nb, HI, n = 16, 12, 4, 2
+    cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(nb * bs, 128, generator=g)), bs)
+    table = torch.randperm(nb, generator=g)[:9].view(3, 3).to(torch.int32)
+    ctx = torch.tensor([40, 0, 17], dtype=torch.int32)  # a padding request (context 0) in the middle
+    q = torch.randn(3 * n, HI, 128, generator=g).to(DTYPE)
+    w = torch.randn(3 * n, HI, generator=g)
+    width = 300  # three 128-key tiles; every context ends in the first
+    want = indexer_logits(q, cache, w, k_format="fp8", block_table=table, context_lens=ctx, next_n=n, max_len=width)
+    got = torch.full((3 * n, width), 12345.0)
+    indexer_logits(q, cache, w, k_format="fp8", block_table=table, context_lens=ctx, next_n=n, max_len=width,
+                   out=got, row_bound_only=True)
+    for t in range(3 * n):
+        L = int(ctx[t // n])
+        assert torch.equal(got[t, :L], want[t, :L]), t
+        end = 0 if L == 0 else -(-L // 128) * 128
+        assert torch.isinf(got[t, L:end]).all() and (got[t, end:] == 12345.0).all(), t
+        assert torch.isinf(want[t, L:]).all()

@@ -169,7 +169,7 @@ def test_export_loads_in_transformers_with_equal_logits(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "hf"
-    assert cli_main(["map", "export", str(_first_shard(tiny, "F32")), str(out), "--quiet", "--shard-gb", "0.002"]) == 0
+    assert cli_main(["map", "export", str(_first_shard(tiny, "F32")), str(out), "--quiet", "--max-shard-size", "2M"]) == 0
     assert len(list(out.glob("*.safetensors"))) > 1
     ref = AutoModelForCausalLM.from_pretrained(str(tiny.hf_dir.resolve()), dtype=torch.float32).eval()
     got, info = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32, output_loading_info=True)

@@ -57,8 +57,8 @@ def test_notebook_runs_and_records_checked_values(nb):
 
 
 # Notebook 03's interact() cell: twice in clean-clone CI runs (never when run alone) nbclient waited forever for
-# a reply the idle kernel had sent, when it ran after the other notebooks in one pytest process. Until the
-# cause is found it is run by hand in JupyterLab, not here.
+# a reply the idle kernel had sent, when it ran after the other notebooks in one pytest process. It runs in
+# JupyterLab instead, as users meet it (tests/test_lab.py, every notebook's INTERACTIVE path in a real browser).
 FLAKY_UNDER_NBCLIENT = {"03_dsa_indexer"}
 INTERACTIVE_NOTEBOOKS = [
     pytest.param(nb, marks=pytest.mark.skip(reason="nbclient hang on its interact() cell, see FLAKY_UNDER_NBCLIENT"))

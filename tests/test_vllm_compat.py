@@ -116,3 +116,72 @@ def test_plugin_against_vllm_version(src, probes):
     assert out["indexer_oot"] == "Glm5SparseAttnIndexer" and out["loader"]
     assert out["model"] == "Glm5MoeDsaForCausalLM"
     probes[want] = out
+
+
+GRAPH_PROBE = r"""
+import inspect, json, os
+os.environ["GLM5LIB_VLLM_INDEXER"] = "1"  # as on a CUDA machine without DeepGEMM
+import torch
+import vllm
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionMetadataBuilder, CommonAttentionMetadata
+from vllm.config.compilation import CompilationConfig, CompilationMode
+from vllm.utils.torch_utils import direct_register_custom_op
+from vllm.compilation.breakable_cudagraph import eager_break_during_capture  # noqa: F401  (the op wraps in it)
+import vllm.model_executor.layers.sparse_attn_indexer  # noqa: F401  (registers vllm::sparse_attn_indexer)
+default_ops = list(CompilationConfig._attention_ops)
+import glm5lib.vllm_plugin as plugin
+plugin.register(); plugin.register()
+from glm5lib.vllm_plugin import patches
+from glm5lib.vllm_plugin.backend import Glm5SparseMLAMetadataBuilder
+from glm5lib.vllm_plugin.indexer import Glm5IndexerMetadataBuilder, SPLITTING_OP
+params = lambda f: list(inspect.signature(f).parameters)
+cc = CompilationConfig(mode=CompilationMode.VLLM_COMPILE)
+cc.set_splitting_ops_for_v1("naive")
+out = {
+    "levels": sorted((m.value, m.name) for m in AttentionCGSupport),
+    "ours": [B.get_cudagraph_support(None, None).name for B in (Glm5SparseMLAMetadataBuilder, Glm5IndexerMetadataBuilder)],
+    "vllm_indexer_default_split": "vllm::sparse_attn_indexer" in default_ops,
+    "ours_in_default_before_plugin": SPLITTING_OP in default_ops,
+    "resolved_splitting_ops_have_ours": SPLITTING_OP in cc.splitting_ops,
+    "op_registered": hasattr(torch.ops.glm5lib, "sparse_attn_indexer"),
+    "build": params(AttentionMetadataBuilder.build),
+    "build_for_cudagraph_capture": params(AttentionMetadataBuilder.build_for_cudagraph_capture),
+    "get_cudagraph_support": params(AttentionMetadataBuilder.get_cudagraph_support),
+    "ours_capture": [params(B.build_for_cudagraph_capture) for B in (Glm5SparseMLAMetadataBuilder, Glm5IndexerMetadataBuilder)],
+    "set_splitting_ops_for_v1": params(CompilationConfig.set_splitting_ops_for_v1),
+    "direct_register_custom_op": params(direct_register_custom_op),
+    "common_fields": sorted(CommonAttentionMetadata.__dataclass_fields__),
+    "splitting_entry": patches.find(patches.SPLITTING_OPS).apply,
+    "reapply": patches.apply_all(),
+}
+print("PROBE " + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("src", versions())
+def test_cuda_graph_contract_against_vllm_version(src):
+    """What the CUDA-graph support relies on, read from each version's own code: the support levels and their
+    order, the builder hooks' signatures, the CommonAttentionMetadata fields the builders read, vLLM's indexer
+    among the default splitting ops, and glm5lib's indexer op joining them through the patch registry."""
+    env = dict(os.environ)
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join([src, str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", GRAPH_PROBE], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=str(ROOT))
+    assert r.returncode == 0, r.stderr[-4000:]
+    out = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("PROBE "))[6:])
+    assert out["levels"] == [[0, "NEVER"], [1, "UNIFORM_SINGLE_TOKEN_DECODE"], [2, "UNIFORM_BATCH"], [3, "ALWAYS"]]
+    assert out["ours"] == ["UNIFORM_BATCH", "UNIFORM_BATCH"]
+    assert out["vllm_indexer_default_split"] and not out["ours_in_default_before_plugin"]
+    assert out["resolved_splitting_ops_have_ours"] and out["op_registered"]
+    assert out["build"] == ["self", "common_prefix_len", "common_attn_metadata", "fast_build"]
+    assert out["build_for_cudagraph_capture"] == ["self", "common_attn_metadata"]
+    assert out["ours_capture"] == [["self", "common_attn_metadata"]] * 2
+    assert out["get_cudagraph_support"] == ["vllm_config", "kv_cache_spec"]
+    assert out["set_splitting_ops_for_v1"][:2] == ["self", "all2all_backend"]
+    assert out["direct_register_custom_op"][:5] == ["op_name", "op_func", "mutates_args", "fake_impl", "target_lib"]
+    for field in ("query_start_loc", "query_start_loc_cpu", "seq_lens", "num_reqs", "num_actual_tokens",
+                  "block_table_tensor", "slot_mapping", "seq_lens_cpu_upper_bound"):
+        assert field in out["common_fields"], field
+    assert out["splitting_entry"] == "glm5lib.vllm_plugin.indexer:add_splitting_op"
+    assert out["reapply"] == []

@@ -4,6 +4,7 @@ GGUF model directory, and the backend's call path through the harness (Triton in
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,14 +181,24 @@ def test_write_kv_rows_lands_where_vllm_slots_say():
 def test_metadata_builder_from_common_metadata():
     from glm5lib.vllm_plugin.backend import Glm5SparseMLAMetadataBuilder
 
+    from glm5lib.vllm_plugin.paged import StepBuffers
+
     b = Glm5SparseMLAMetadataBuilder.__new__(Glm5SparseMLAMetadataBuilder)
     b.kv_cache_spec, b.device, b.topk_tokens = SimpleNamespace(block_size=64), torch.device("cpu"), 2048
+    b.buffers = StepBuffers(16, "cpu")
     qsl = torch.tensor([0, 1, 2, 7], dtype=torch.int32)
     m = SimpleNamespace(num_reqs=3, max_query_len=5, max_seq_len=100, num_actual_tokens=7, query_start_loc=qsl,
                         query_start_loc_cpu=qsl, seq_lens=torch.tensor([10, 100, 5]), slot_mapping=torch.arange(7),
                         block_table_tensor=torch.zeros(3, 2, dtype=torch.int32))
     md = b.build(0, m)
     assert md.req_id_per_token.tolist() == [0, 1, 2, 2, 2, 2, 2]
+    # refilled in place: the next step's metadata lives at the same address (CUDA graphs read it there)
+    qsl2 = torch.tensor([0, 1, 2, 2], dtype=torch.int32)  # a padded decode batch: request 2 has no tokens
+    md2 = b.build_for_cudagraph_capture(SimpleNamespace(**{**vars(m), "query_start_loc": qsl2,
+                                                           "query_start_loc_cpu": qsl2, "num_actual_tokens": 3}))
+    assert md2.req_id_per_token.data_ptr() == md.req_id_per_token.data_ptr()
+    assert md2.req_id_per_token.tolist() == [0, 1, 0]
+    assert Glm5SparseMLAMetadataBuilder.get_cudagraph_support(None, None).name == "UNIFORM_BATCH"
     # every token is routed to the top-k (MQA) path: no dense-MHA prefill in this backend
     assert md.num_decode_tokens == 7 and md.num_prefills == 0 and md.topk_tokens == 2048
 
@@ -306,6 +317,41 @@ def test_doctor_cli_json_and_user_errors(tmp_path):
     assert main(["doctor", "glm5", "--cc", "7.x"]) == 2
     assert main(["doctor", "glm5", "--tp", "3"]) == 2
     assert main(["doctor", "glm5", "--kv-cache-dtype", "int3"]) == 2
+
+
+def test_doctor_text_is_quiet_and_fits_a_screen():
+    """On this CPU machine: nothing on stderr (no Triton/vLLM import lines, no kernel warning), each target's report
+    within 40 lines of at most 118 characters, rows refused only for missing CUDA pieces labelled as such."""
+    r = subprocess.run([sys.executable, "-m", "glm5lib.cli", "doctor", "glm5", "--cc", "9.0", "--cc", "cpu"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    reports = re.split(r"\n\n(?=model )", r.stdout.rstrip("\n"))
+    assert len(reports) == 2
+    for text in reports:
+        lines = text.splitlines()
+        assert len(lines) <= 40 and max(map(len, lines)) <= 118, text
+    rows = {line.split()[1]: line for line in reports[0].splitlines() if line[:5].strip().isdigit()}
+    assert "missing here" in rows["FLASH_ATTN_MLA"]  # ImportError of the CUDA flash-attention extension
+    assert "reject" in rows["TRITON_MLA"] and "sparse not supported" in rows["TRITON_MLA"]
+    assert "ACCEPT" in rows["FLASHMLA_SPARSE"]
+    assert "AttentionSelectorConfig(" not in r.stdout  # vLLM's selector dump only with --verbose
+
+
+def test_doctor_bad_config_is_one_error_line(tmp_path, capsys):
+    from glm5lib.cli import main
+    from glm5lib.serving.doctor import reason_missing_here
+
+    cases = {"list.json": "[1, 2]", "text.json": "not json", "types.json": '{"num_attention_heads": "64"}',
+             "bool.json": '{"num_attention_heads": true, "kv_lora_rank": 512, "qk_rope_head_dim": 64}',
+             "layers.json": '{"num_attention_heads": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64, '
+                            '"num_hidden_layers": "78"}'}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        assert main(["doctor", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path / name}: "), err
+    assert reason_missing_here("ModuleNotFoundError: No module named 'flashinfer'")
+    assert not reason_missing_here("compute capability not supported")
 
 
 # ---- GGUF model directory ----------------------------------------------------------------------------------------

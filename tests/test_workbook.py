@@ -57,3 +57,20 @@ def test_a_hung_cell_is_reported_as_a_timeout_not_a_stall(root):
                                  cell_timeout_s=3)
     assert result.timed_out and "timed out" in result.error and result.seconds < 45
     assert result.output.exists()
+
+
+def test_parameters_from_the_command_line_reach_the_notebooks_run(root, capsys):
+    _book(root, "03_also.ipynb", "from glm5lib.workbook import record\nrecord('interactive', INTERACTIVE)")
+    assert main(["workbook", "--only", "01", "03", "-p", "PROFILE", "[1, two]", "-p", "INTERACTIVE", "true"]) == 0
+    assert read_report(root / "outputs" / "reports" / "01_ok.json") == {"profile": [1, "two"]}
+    assert read_report(root / "outputs" / "reports" / "03_also.json") == {"interactive": True}
+    assert not (root / "outputs" / "02_fails.ipynb").exists()  # --only: the others are not run
+    assert main(["workbook", "-p", "not a name", "1"]) == 2
+    assert capsys.readouterr().err.startswith("error: -p not a name: ")
+
+
+def test_workbook_help_explains_the_profiles(capsys):
+    with pytest.raises(SystemExit):
+        main(["workbook", "--help"])
+    out = capsys.readouterr().out
+    assert "params/<profile>.yaml" in out and "ci " in out and "full " in out and "-p NAME VALUE" in out

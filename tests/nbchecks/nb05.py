@@ -63,3 +63,9 @@ def check(report: dict) -> None:
     if sw is not None:  # the sm_80 software-fp8 path through the same call path
         assert sw["passed"] == sw["cases"] >= 16 and sw["max_cos_diff"] < 1e-4
         assert sw["key_write_same_bytes"] and sw["key_write_eager_speedup"][0] > 1.5  # "about 3x on the sm_80 path"
+    g = report.get("h200_graphs", "missing")
+    assert g != "missing"  # the CUDA-graph section ran (None: no H200 result committed yet)
+    if g is not None:
+        assert g["replay_equals_eager"] and g["graph_cases_ok"] == g["graph_cases"] >= 24
+        shares = report["h200_graphs_share"]
+        assert all(0 < r["graph_share"] <= r["eager_share"] < 1 for r in shares)

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from glm5lib.kernels.mla import CONFIGS, config_key
+from glm5lib.paths import repo_root
 
 H200_SMS = 132
 SMEM = "big"  # sm_90
@@ -81,12 +82,12 @@ def _harness(path: Path) -> dict:
             "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, CONFIGS)}
 
 
-def coverage(root: str | Path = ".") -> dict:
+def coverage(root: str | Path | None = None) -> dict:
     """{"pieces": {name: summary}, "shipped": {key: {"config", "covered_by": [piece names that ran it]}}}.
 
-    Pieces whose file is missing are left out.
+    Pieces whose file is missing are left out. `root`: the checkout (default: the one this package runs from).
     """
-    root = Path(root)
+    root = Path(root) if root is not None else (repo_root() or Path("."))
     readers = {"h200_full_matrix": (FULL_MATRIX, _matrix), "h200_sanitizer": (SANITIZER, _sanitizer),
                "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench),
                "h200_vllm_harness": (HARNESS, _harness)}

@@ -38,6 +38,7 @@ from glm5lib.model.rope import rope_cos_sin
 from glm5lib.model.spec import GLM5Config
 from glm5lib.errors import UserError
 from glm5lib.mapping.tiny import TinyPaths, build_tiny, default_cache_dir, init_weights, load_tiny, write_hf_dir
+from glm5lib.progress import show_progress
 
 INDEXER_PREFIX = "self_attn.indexer."
 
@@ -178,7 +179,7 @@ def train_dense(cfg: GLM5Config, recipe: TrainRecipe, *, progress: bool = True) 
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s / recipe.steps, 1.0))))
     gen = torch.Generator().manual_seed(recipe.seed + 1)
     losses: list[float] = []
-    bar = tqdm(list(recipe.schedule()), desc="train (dense)", disable=not progress)
+    bar = tqdm(list(recipe.schedule()), desc="train (dense)", disable=not show_progress(progress))
     for seq_len, batch in bar:
         ids, mask = recall_batch(gen, batch, seq_len, recipe)
         labels = ids.masked_fill(~mask, -100)
@@ -222,7 +223,7 @@ def distill_indexer(cfg: GLM5Config, weights: dict[str, torch.Tensor], recipe: T
     trainable = {k: v.requires_grad_(True) for k, v in weights.items() if INDEXER_PREFIX in k}
     opt = torch.optim.Adam(list(trainable.values()), lr=recipe.indexer_lr)
     losses: list[float] = []
-    bar = tqdm(range(recipe.indexer_steps), desc="indexer warm-up (KL)", disable=not progress)
+    bar = tqdm(range(recipe.indexer_steps), desc="indexer warm-up (KL)", disable=not show_progress(progress))
     for step in bar:
         total = 0.0
         opt.zero_grad(set_to_none=True)

@@ -27,6 +27,7 @@ from glm5lib.gguf.shards import open_gguf
 _CHILD = """
 import json, os, sys, time
 from glm5lib.gguf.split import merge, split
+from glm5lib.progress import show_progress
 op, args = sys.argv[1], sys.argv[2:]
 t0 = time.perf_counter()
 if op == "split":
@@ -81,7 +82,7 @@ def make_synthetic(path: Path, size: int, tensor_size: int, progress: bool = Tru
     block = np.frombuffer(np.random.default_rng(0).bytes(64 << 20), dtype=np.uint64).copy()
     t0 = time.perf_counter()
     with open(path, "wb") as f, tqdm(total=sum(t.nbytes for t in tensors), unit="B", unit_scale=True,
-                                     desc="synthetic", disable=not progress) as bar:
+                                     desc="synthetic", disable=not show_progress(progress)) as bar:
         f.write(header)
         counter = 0
         for t in tensors:
@@ -117,7 +118,7 @@ def run_bench(directory: str | os.PathLike, size: int = 2 * 1000**3, tensor_size
         nbytes = result["synthetic"]["bytes"]
         shard_size = max(tensor_size + 1, size // 3)  # a few shards, each holding whole big tensors
         runs: dict[str, list[dict[str, Any]]] = {"cp": [], "split": [], "merge": []}
-        for _ in tqdm(range(rounds), desc="rounds", disable=not progress):
+        for _ in tqdm(range(rounds), desc="rounds", disable=not show_progress(progress)):
             # cp + sync: the plain large-file copy that sets the disk's pace (split/merge fsync what they write)
             runs["cp"].append(_run(["sh", "-c", f"cp '{src}' '{d / 'copy.gguf'}' && sync '{d / 'copy.gguf'}'"]))
             (d / "copy.gguf").unlink()

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from glm5lib.gguf.format import KEY_SPLIT_COUNT, KEY_SPLIT_NO, KEY_SPLIT_TENSORS
 from glm5lib.gguf.shards import GGUFSet
+from glm5lib.progress import show_progress
 
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 MAX_LIST = 8  # longer metadata arrays are summarised, not printed (a GLM-5 vocabulary has 154,880 entries)
@@ -112,7 +113,8 @@ def format_summary(s: dict[str, Any], *, all_metadata: bool = False) -> str:
 def tensor_digests(gset: GGUFSet, algorithm: str = "sha256", progress: bool = True) -> dict[str, str]:
     """name -> digest of the tensor's bytes, streamed in bounded chunks (no tensor is held whole)."""
     out = {}
-    with tqdm(total=gset.nbytes, unit="B", unit_scale=True, unit_divisor=1024, desc="hash", disable=not progress) as bar:
+    with tqdm(total=gset.nbytes, unit="B", unit_scale=True, unit_divisor=1024, desc="hash",
+              disable=not show_progress(progress)) as bar:
         for t in gset.tensors:
             out[t.name] = gset.hash_tensor(t.name, algorithm)
             bar.update(t.nbytes)

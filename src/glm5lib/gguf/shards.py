@@ -300,5 +300,9 @@ def open_gguf(path: str | os.PathLike) -> GGUFSet:
     fatal = [p for p in problems if p.fatal]
     if fatal:
         more = f" (+{len(fatal) - 1} more; run `glm5lib gguf validate`)" if len(fatal) > 1 else ""
-        raise GGUFFormatError(f"{fatal[0]}{more}")
+        msg = str(fatal[0])
+        name = Path(path).name
+        if msg.startswith(name + ":"):  # problems name files by their base name; the error names the one given
+            msg = f"{path}{msg[len(name):]}"
+        raise GGUFFormatError(f"{msg}{more}")
     return GGUFSet(shards, headers, problems)  # type: ignore[arg-type]  # no header is None without a fatal

@@ -38,6 +38,7 @@ from glm5lib.gguf.format import (
     set_kv,
 )
 from glm5lib.gguf.shards import CHUNK, scan, shard_path
+from glm5lib.progress import show_progress
 
 DEFAULT_MAX_TENSORS = 128  # llama-gguf-split's default
 
@@ -216,7 +217,8 @@ def write_plans(plans: list[ShardPlan], *, force: bool = False, progress: bool =
     mode = output_mode()  # mkstemp makes 0600 files; outputs get the usual permissions
     temps: list[Path] = []
     renamed: list[Path] = []
-    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="gguf", disable=not progress)
+    bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="gguf",
+               disable=not show_progress(progress))
     try:
         for p in plans:
             fd, name = tempfile.mkstemp(prefix=f".{p.path.name}.", suffix=".tmp", dir=p.path.parent)

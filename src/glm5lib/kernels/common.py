@@ -85,3 +85,63 @@ def fp8_hw(device: torch.device) -> bool:
     if device.type != "cuda":
         return True
     return capability(device) >= (8, 9)
+
+
+# ---- pre-bound launches -----------------------------------------------------------------------------------------
+#
+# `kernel[grid](...)` binds every argument, works out its specialization (dtypes, 16-byte alignment, ints equal
+# to 1 or divisible by 16) and looks the compiled kernel up on each call: host time that an eager decode layer
+# pays on every launch. `Prebound` keeps the compiled kernel per specialization key (the same properties,
+# computed from the call's own arguments) and calls its launcher directly. It leans on Triton's launcher calling
+# convention (3.3 and later: grid, stream, function, packed metadata, launch metadata, two hooks, then every
+# argument in signature order, constexprs included): a launcher that refuses the call (TypeError) switches it
+# back to the plain launch for good. Off unless GLM5LIB_TRITON_PREBOUND=1 (the GPU harness measures both and
+# checks they give identical outputs); never used by the interpreter.
+PREBOUND = os.environ.get("GLM5LIB_TRITON_PREBOUND") == "1"
+
+
+def _spec_of(a):
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.data_ptr() % 16 == 0)
+    if isinstance(a, bool):
+        return ("b", a)
+    if isinstance(a, int):
+        return ("i", a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
+    return type(a).__name__
+
+
+def current_stream(index: int) -> int:
+    """The raw CUDA stream PyTorch launches on (what Triton's own launch reads)."""
+    return torch._C._cuda_getCurrentRawStream(index)
+
+
+class Prebound:
+    """`Prebound(kernel)(grid, *args, **constexprs_and_options)` == `kernel[grid](*args, **...)`."""
+
+    OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.names = list(getattr(fn, "arg_names", []))
+        self.compiled: dict = {}
+        self.broken: str | None = None
+
+    def __call__(self, grid, *args, **kw):
+        if not PREBOUND or self.broken or os.environ.get("TRITON_INTERPRET") == "1" or not self.names:
+            return self.fn[grid](*args, **kw)
+        key = (tuple(_spec_of(a) for a in args), tuple(kw.values()), args[0].device.index)
+        hit = self.compiled.get(key)
+        if hit is None:
+            ck = self.fn[grid](*args, **kw)
+            tail = tuple(kw[n] for n in self.names[len(args):])
+            self.compiled[key] = (ck, tail)
+            return ck
+        ck, tail = hit
+        g = tuple(grid) + (1, 1)
+        stream = current_stream(args[0].device.index)
+        try:
+            ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, None, None, None, *args, *tail)
+        except TypeError as exc:  # another launcher convention: plain launches from now on
+            self.broken = f"{type(exc).__name__}: {exc}"
+            return self.fn[grid](*args, **kw)
+        return ck

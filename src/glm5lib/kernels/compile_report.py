@@ -109,10 +109,13 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         fn = _indexer_paged_kernel
         types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
                  "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
-        consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM}
-        specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
-                                _sig(fn, types, consts), consts, nw, ns,
-                                ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val")))
+        for loop in (False, True):  # one program per tile; a fixed grid looping over tiles (CUDA-graph decode)
+            consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
+                      "TILE_LOOP": loop}
+            specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}"
+                                    f"{':loop' if loop else ''}]", fn, _sig(fn, types, consts), consts, nw, ns,
+                                    ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk",
+                                     "stride_val")))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
     from glm5lib.kernels.topk import SELECT_CONFIG, _topk_select_kernel
 
@@ -203,8 +206,9 @@ def compile_report(archs=ARCHS, progress: bool = True) -> list[CompileRow]:
     jobs = [(spec, a) for a in archs for spec in shipped_kernels(a)]
     try:
         from tqdm.auto import tqdm
+        from glm5lib.progress import show_progress
 
-        it = tqdm(jobs, desc="AOT compile", disable=not progress)
+        it = tqdm(jobs, desc="AOT compile", disable=not show_progress(progress))
     except ImportError:
         it = jobs
     for spec, a in it:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from glm5lib.kernels.common import e4m3_bits_to, fp8_hw  # before triton: interpreter switch
+from glm5lib.kernels.common import Prebound, e4m3_bits_to, fp8_hw, num_sms  # before triton: interpreter
 import triton  # noqa: E402  (after common, which sets the interpreter switch)
 import triton.language as tl  # noqa: E402
 
@@ -31,6 +31,8 @@ INDEXER_CONFIGS = {
     "ragged": (64, 128, 8, 2),
     "paged": (0, 128, 4, 2),  # H200 sweep: 283 us against 334 us for N=64 (fp8, B=128, ctx 32K)
 }
+# row_bound_only launches (the CUDA-graph decode path, rows as wide as max_model_len): programs per SM in all
+PAGED_LOOP_PROGRAMS_PER_SM = 8
 
 
 @triton.jit
@@ -78,22 +80,16 @@ def _indexer_ragged_kernel(
 
 
 @triton.jit
-def _indexer_paged_kernel(
-    Q, K8, KF, W, BT, CTX, OUT,
-    stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
-    stride_blk, stride_val, scale_base, stride_sc,
-    HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale,
-    KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-):
-    t = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    b = t // NEXT_N
-    last = tl.load(CTX + b) - NEXT_N + t % NEXT_N  # this query's own position
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
+                stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
+                KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr,
+                D: tl.constexpr):
+    """Scores of query t against positions [tile * BLOCK_N, +BLOCK_N): -inf past its own position `last`."""
+    offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     see = (offs_n <= last) & (offs_n < MAX_LEN)
     acc = tl.zeros([BLOCK_N], tl.float32)
     DOT_DTYPE: tl.constexpr = Q.dtype.element_ty
-    if pid_n * BLOCK_N <= last:
+    if tile * BLOCK_N <= last:
         offs_h = tl.arange(0, BLOCK_HI)
         offs_d = tl.arange(0, D)
         h_mask = offs_h < HI
@@ -117,6 +113,38 @@ def _indexer_paged_kernel(
     tl.store(OUT + t.to(tl.int64) * stride_ot + offs_n, out, mask=offs_n < MAX_LEN)
 
 
+@triton.jit
+def _indexer_paged_kernel(
+    Q, K8, KF, W, BT, CTX, OUT,
+    stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
+    stride_blk, stride_val, scale_base, stride_sc,
+    HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale,
+    KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+    TILE_LOOP: tl.constexpr,
+):
+    t = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    b = t // NEXT_N
+    ctx = tl.load(CTX + b)
+    last = ctx - NEXT_N + t % NEXT_N  # this query's own position
+    if TILE_LOOP:
+        # a fixed grid (T, G) over a row of MAX_LEN: program pid_n takes tiles pid_n, pid_n + G, ... up to the
+        # request's context and leaves the rest of the row alone (the reader bounds each row by its context), so
+        # the launch's cost follows the contexts, not MAX_LEN
+        n_tiles = tl.cdiv(tl.minimum(ctx, MAX_LEN), BLOCK_N)
+        for tile in range(pid_n, n_tiles, tl.num_programs(1)):
+            _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_wt, stride_bt,
+                        stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
+                        KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D)
+    else:
+        _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, pid_n, stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
+                    stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
+                    KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D)
+
+
+_PAGED = Prebound(_indexer_paged_kernel)
+
+
 def _check_q(q, weights):
     if q.dim() != 3 or q.shape[-1] != INDEXER_DIM:
         raise ValueError(f"q must be [T, Hi, {INDEXER_DIM}], got {tuple(q.shape)}")
@@ -138,6 +166,7 @@ def indexer_logits(
     next_n: int = 1,
     max_len: int | None = None,
     out: torch.Tensor | None = None,
+    row_bound_only: bool = False,
 ) -> torch.Tensor:
     """Indexer scores (fp32, ReLU, per-head weights, bounds); ragged when `block_table` is None, else paged.
 
@@ -148,6 +177,10 @@ def indexer_logits(
     Ragged: `k_cache` `[N, 128]` or fp8 `[N, 132]` uint8; `ks`/`ke` int32 `[T]` (defaults 0 / N) -> `[T, N]`.
     Paged: `k_cache` `[num_blocks, block_size, 128]` or fp8 `[num_blocks, block_size, 132]` (block-split);
     `block_table` int32 `[B, max_blocks]`, `context_lens` int32 `[B]`, `T = B * next_n` -> `[T, max_len]`.
+    `row_bound_only`: row t is written only up to the end of the key tile holding its request's context (the rest
+    keeps whatever `out` held)
+    and the grid no longer grows with `max_len`: for a fixed, wide `max_len` (max_model_len, CUDA graphs) read
+    with per-row lengths (`topk_select(lengths=...)`).
     """
     _check_q(q, weights)
     fp8 = k_format == "fp8"
@@ -205,15 +238,19 @@ def indexer_logits(
     else:
         stride_val, scale_base, stride_sc = k_cache.stride(1), 0, 0
     _, bn, nw, ns = INDEXER_CONFIGS["paged"]
-    grid = (T, triton.cdiv(max_len, bn))
+    tiles = triton.cdiv(max_len, bn)
+    if row_bound_only:  # enough programs per row to fill the GPU a few times over, each looping over its tiles
+        grid = (T, max(1, min(tiles, triton.cdiv(PAGED_LOOP_PROGRAMS_PER_SM * num_sms(dev), T))))
+    else:
+        grid = (T, tiles)
     block_table = block_table.to(torch.int32)
-    _indexer_paged_kernel[grid](
+    _PAGED(grid,
         q, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
         q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0), out.stride(0),
         k_cache.stride(0), stride_val, scale_base, stride_sc,
         HI, max_len, next_n, bs, float(scale),
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
-        num_warps=nw, num_stages=ns,
+        TILE_LOOP=row_bound_only, num_warps=nw, num_stages=ns,
     )
     return out
 

@@ -19,11 +19,12 @@ Indices are data: `row = load(indices)`, then `load(kv + row * stride)` with the
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
-from glm5lib.kernels.common import capability, e4m3_bits_to, fp8_hw, num_sms  # before triton: interpreter switch
+from glm5lib.kernels.common import Prebound, capability, e4m3_bits_to, fp8_hw, num_sms  # before triton: interpreter
 import triton  # noqa: E402  (after common, which sets the interpreter switch)
 import triton.language as tl  # noqa: E402
 
@@ -397,6 +398,22 @@ def _check_inputs(q, kv_cache, indices, d_v, kv_format):
         raise ValueError(f"kv_format must be 'bf16' or 'fp8_ds_mla', got {kv_format!r}")
 
 
+@functools.lru_cache(maxsize=4096)
+def _plan(T: int, H: int, topk: int, kv_format: str, dev_type: str, dev_index: int | None,
+          cfg: MLAConfig | None, num_splits: int | None) -> tuple[MLAConfig, int, int]:
+    """(config, split count, keys per split) for a call shape: worked out once per shape, not on every launch
+    (the eager path calls this for every layer of every step)."""
+    dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
+    cfg = cfg or pick_config(T, H, topk, kv_format, smem_class(dev), num_sms(dev))
+    if num_splits is None:
+        num_splits = config_num_splits(T, H, topk, cfg, dev)
+    keys_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_splits), cfg.block_n) * cfg.block_n
+    return cfg, max(1, triton.cdiv(topk, keys_per_split)), keys_per_split
+
+
+_FWD = Prebound(_sparse_mla_fwd_kernel)
+
+
 def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=None,
                       config: MLAConfig | None = None, num_splits: int | None = None):
     """`sparse_mla` with the configuration and split count chosen by the caller (tests and benchmarks)."""
@@ -415,13 +432,9 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
     if T == 0:
         return out, lse
     dev = q.device
-    cfg = config or pick_config(T, H, topk, kv_format, smem_class(dev), num_sms(dev))
+    cfg, num_splits, keys_per_split = _plan(T, H, topk, kv_format, dev.type, dev.index, config, num_splits)
     block_h = cfg.block_h
     n_hblk = triton.cdiv(H, block_h)
-    if num_splits is None:
-        num_splits = config_num_splits(T, H, topk, cfg, dev)
-    keys_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_splits), cfg.block_n) * cfg.block_n
-    num_splits = max(1, triton.cdiv(topk, keys_per_split))
 
     fp8 = kv_format == "fp8_ds_mla"
     if fp8:
@@ -439,8 +452,8 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
     nope_f16 = fp8 and cfg.nope_f16 and q.dtype != torch.float32  # fp32 q: the interpreter's exact path
     hw = fp8_hw(dev)
     qk_scale = float(sm_scale) * LOG2E
-    if num_splits == 1:
-        _sparse_mla_fwd_kernel[grid](
+    if num_splits == 1:  # no partials, no merge launch
+        _FWD(grid,
             q, kv8, kvf, kvh, indices, out, lse,
             q.stride(0), q.stride(1), flat.stride(0), indices.stride(0),
             0, out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1),
@@ -450,9 +463,11 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out, lse
-    o_part = torch.empty(num_splits, T, H, D_NOPE, dtype=torch.float32, device=q.device)
-    l_part = torch.empty(num_splits, T, H, dtype=torch.float32, device=q.device)
-    _sparse_mla_fwd_kernel[grid](
+    # partial outputs and their lse in one allocation
+    part = torch.empty(num_splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=q.device)
+    o_part = part[: num_splits * T * H * D_NOPE].view(num_splits, T, H, D_NOPE)
+    l_part = part[num_splits * T * H * D_NOPE :].view(num_splits, T, H)
+    _FWD(grid,
         q, kv8, kvf, kvh, indices, o_part, l_part,
         q.stride(0), q.stride(1), flat.stride(0), indices.stride(0),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1), l_part.stride(2),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from glm5lib.kernels import common  # noqa: F401  (before triton: interpreter switch)
+from glm5lib.kernels import common  # before triton: interpreter switch
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -34,6 +34,9 @@ def _physical_rows_kernel(REQ, BT, LOCAL, OUT, stride_bt, stride_lt, stride_ot, 
     blk = tl.load(BT + req.to(tl.int64) * stride_bt + col, mask=valid & inside, other=0)
     row = blk.to(tl.int64) * STRIDE_ROWS + pos % BLOCK_SIZE
     tl.store(OUT + t.to(tl.int64) * stride_ot + offs, tl.where(valid, row, -1).to(tl.int32), mask=inside)
+
+
+_ROWS = common.Prebound(_physical_rows_kernel)
 
 
 def physical_rows(req_id: torch.Tensor, block_table: torch.Tensor, topk_local: torch.Tensor, block_size: int,
@@ -54,7 +57,7 @@ def physical_rows(req_id: torch.Tensor, block_table: torch.Tensor, topk_local: t
         block_table = block_table.contiguous()
     req_id = req_id.to(torch.int32)
     block_k = min(1024, triton.next_power_of_2(topk))
-    _physical_rows_kernel[(T, triton.cdiv(topk, block_k))](
+    _ROWS((T, triton.cdiv(topk, block_k)),
         req_id, block_table, topk_local, out, block_table.stride(0), topk_local.stride(0), out.stride(0),
         topk, block_table.shape[1], block_size, block_stride_rows, BLOCK_K=block_k, num_warps=4,
     )
@@ -105,6 +108,9 @@ def _quantize_write_indexer_kernel(K, SLOT, CACHE, stride_k, stride_blk, BLOCK_S
         tl.store((base + BLOCK_SIZE * D + off * 4).to(tl.pointer_type(tl.float32)), scale)
 
 
+_QWRITE = common.Prebound(_quantize_write_indexer_kernel)
+
+
 def quantize_write_indexer_keys(kv_cache: torch.Tensor, k: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """`naive.quantize_indexer_k` and `write_indexer_rows` in one launch: keys `[T, 128]` -> e4m3 + fp32 scale at
     `slot_mapping` (-1 skipped). Needs the hardware e4m3 conversion (sm_89+): the same rounding as PyTorch's
@@ -119,7 +125,7 @@ def quantize_write_indexer_keys(kv_cache: torch.Tensor, k: torch.Tensor, slot_ma
         return
     if k.stride(-1) != 1:
         k = k.contiguous()
-    _quantize_write_indexer_kernel[(T,)](k, slot_mapping[:T].contiguous(), kv_cache, k.stride(0), kv_cache.stride(0),
+    _QWRITE((T,), k, slot_mapping[:T].contiguous(), kv_cache, k.stride(0), kv_cache.stride(0),
                                          bs, D=128, num_warps=1)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from glm5lib.kernels import common  # noqa: F401  (before triton: interpreter switch)
+from glm5lib.kernels import common  # before triton: interpreter switch
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -102,6 +102,9 @@ SELECT_CONFIG = (4096, 8, 8)
 SELECT_MAX_N = 32768  # past this row length torch.topk is faster (one program per row runs out of parallelism)
 
 
+_SELECT = common.Prebound(_topk_select_kernel)
+
+
 def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
                 ks: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 config: tuple[int, int, int] | None = None) -> torch.Tensor:
@@ -126,7 +129,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     dummy = out  # an unused pointer argument when a flag is off
     lens = lengths.to(torch.int32).contiguous() if lengths is not None else dummy
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
-    _topk_select_kernel[(T,)](
+    _SELECT((T,),
         logits, lens, ks_, out, logits.stride(0), out.stride(0), n, k,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, BLOCK=block, OUT_BLOCK=1024, DIGIT=digit,
         num_warps=num_warps,

@@ -44,12 +44,11 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from glm5lib.gguf.split import parse_size
     from glm5lib.mapping.export import export_hf
 
-    if not args.shard_gb > 0:
-        raise UserError(f"--shard-gb must be positive, got {args.shard_gb}")
     out = export_hf(args.path, args.outdir, dtype=args.dtype, include_mtp=args.mtp,
-                    max_shard_bytes=int(args.shard_gb * 1e9), progress=not args.quiet, force=args.force)
+                    max_shard_bytes=parse_size(args.max_shard_size), progress=not args.quiet, force=args.force)
     print(f"wrote {out}")
     return 0
 
@@ -120,7 +119,8 @@ def register_cli(subparsers) -> None:
                    "bfloat16, float16")
     e.add_argument("--mtp", action="store_true", help="keep the MTP layer (for vLLM; transformers reports it as "
                    "unexpected keys unless the model has 78 layers)")
-    e.add_argument("--shard-gb", type=float, default=5.0, help="safetensors shard size limit in GB")
+    e.add_argument("--max-shard-size", default="5G", metavar="N[M|G]",
+                   help="safetensors shard size limit (M=1e6, G=1e9 bytes, as gguf split; default 5G)")
     e.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     e.set_defaults(func=cmd_export)
 

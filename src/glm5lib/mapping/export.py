@@ -31,6 +31,7 @@ from glm5lib.mapping.source import open_model
 from glm5lib.mapping.tokenizer import gguf_to_hf_tokenizer
 from glm5lib.mapping.weights import iter_hf_weights
 from glm5lib.model.spec import HF_F32_KINDS, hf_tensor_shapes
+from glm5lib.progress import show_progress
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,7 +112,7 @@ def _write_shards(gs: Any, work: Path, dtype: torch.dtype, include_mtp: bool, ma
         files.append((p, list(batch)))
         batch, size = {}, 0
 
-    with tqdm(total=n_total, desc="export", unit="tensor", disable=not progress) as bar:
+    with tqdm(total=n_total, desc="export", unit="tensor", disable=not show_progress(progress)) as bar:
         for name, t in iter_hf_weights(gs, dtype=dtype, include_mtp=include_mtp, keep_f32=keep_f32):
             n = t.numel() * t.element_size()
             if batch and size + n > max_shard_bytes:

@@ -36,6 +36,7 @@ from glm5lib.model.spec import (
     gguf_metadata, hf_tensor_shapes,
 )
 from glm5lib.model.tokenizer import EOS_TOKEN, SPECIAL_TOKENS, save_hf_tokenizer, train_tokenizer
+from glm5lib.progress import show_progress
 
 # Types gguf-py can quantize and llama.cpp's converter would write for the main weights.
 FILE_TYPES: dict[str, tuple[gguf.GGMLQuantizationType, gguf.LlamaFileType]] = {
@@ -160,7 +161,7 @@ def write_gguf(cfg: GLM5Config, weights: Mapping[str, torch.Tensor], hf_dir: Pat
         _add_kv(writer, key, value)
     _add_tokenizer(writer, hf_dir)
     specs = list(hf_to_gguf_arrays(cfg, weights))
-    for spec, t in tqdm(specs, desc=f"gguf {file_type}", disable=not progress, leave=False):
+    for spec, t in tqdm(specs, desc=f"gguf {file_type}", disable=not show_progress(progress), leave=False):
         arr = t.detach().to(torch.float32).numpy()
         this_type = gguf.GGMLQuantizationType.F32 if spec.storage == "f32" else qtype
         if this_type == gguf.GGMLQuantizationType.F32:

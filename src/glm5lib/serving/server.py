@@ -42,7 +42,7 @@ class ServeOptions:
     max_num_seqs: int = 64
     served_model_name: str | None = None
     attention_backend: str | None = None  # e.g. GLM5_SPARSE_MLA on CUDA
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None  # None: eager on CPU, vLLM's CUDA graphs on CUDA (the backends support them)
     kv_cache_gib: int | None = 1  # VLLM_CPU_KVCACHE_SPACE on CPU
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -75,6 +75,14 @@ def resolve_model(model: str | os.PathLike) -> tuple[Path, Path, str]:
     raise UserError(f"{model}: not a GGUF file or a Hugging Face model directory (no config.json)")
 
 
+def eager_by_default() -> bool:
+    """vLLM CPU stays eager (compiling on CPU costs minutes at start and saves nothing for the tiny model); on
+    CUDA both glm5lib builders declare UNIFORM_BATCH, so vLLM captures decode batches in CUDA graphs."""
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 def server_command(opts: ServeOptions, port: int) -> tuple[list[str], Path, str]:
     model, model_dir, name = resolve_model(opts.model)
     served = opts.served_model_name or name
@@ -82,7 +90,7 @@ def server_command(opts: ServeOptions, port: int) -> tuple[list[str], Path, str]
            "--served-model-name", served, "--host", opts.host, "--port", str(port), "--dtype", opts.dtype,
            "--max-model-len", str(opts.max_model_len), "--max-num-seqs", str(opts.max_num_seqs),
            "--max-logprobs", "20"]
-    if opts.enforce_eager:
+    if eager_by_default() if opts.enforce_eager is None else opts.enforce_eager:
         cmd.append("--enforce-eager")
     if opts.attention_backend:
         cmd += ["--attention-backend", opts.attention_backend]

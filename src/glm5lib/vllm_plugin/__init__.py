@@ -22,8 +22,8 @@ What it registers
   registered as a subclass whose indexers skip vLLM's fp8 q quantization (see `model.py`).
 
 Everything here that changes vLLM's behaviour beyond its public hooks (the CPU platform wrappers, the indexer's
-q path, the indexer cache's backend, a bare `.gguf` path as the model) is an entry of the registry in
-`patches.py`, applied by `register()`.
+q path, the indexer cache's backend, the indexer op among vLLM's splitting ops, a bare `.gguf` path as the model)
+is an entry of the registry in `patches.py`, applied by `register()`.
 - Load format `glm5-gguf` and quantization `glm5-gguf`: GLM-5 served from a glm-dsa GGUF with its blocks kept
   quantized (vllm-gguf-plugin's methods; see `gguf_loader.py`, `gguf_quant.py`); `vllm serve MODEL.gguf` and
   `vllm.LLM(model="MODEL.gguf")` work on the bare path (`bare_gguf.py`).
@@ -33,9 +33,10 @@ Use
     glm5lib doctor MODEL --cc 12.0                     # what vLLM will do, and why
     glm5lib serve model-00001-of-00009.gguf            # OpenAI server (python -m vllm.entrypoints.openai.api_server)
     python -m glm5lib.serving.harness              # the CUDA backend's forward on vLLM-shaped inputs (no vLLM)
-Run vLLM with `--enforce-eager` (glm5lib serve does): the glm5lib indexer loops over requests in Python, which
-torch.compile / CUDA graphs would not capture. `VLLM_PLUGINS=glm5lib` loads only this plugin; `VLLM_PLUGINS=`
-(set, empty) loads none.
+On CUDA both metadata builders declare UNIFORM_BATCH: vLLM captures uniform decode batches in full CUDA graphs;
+the indexer is the custom op `torch.ops.glm5lib.sparse_attn_indexer`, a splitting op (`patches.py`), so mixed
+batches run it eagerly between piecewise graphs. `glm5lib serve` runs CPU servers with `--enforce-eager`.
+`VLLM_PLUGINS=glm5lib` loads only this plugin; `VLLM_PLUGINS=` (set, empty) loads none.
 """
 
 from __future__ import annotations

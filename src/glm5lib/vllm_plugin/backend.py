@@ -39,8 +39,8 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.mla.sparse_utils import align_blocks_to_rows
 
 from glm5lib.vllm_plugin.compat import is_quantized_kv_cache
-from glm5lib.vllm_plugin.paged import (HEAD_SIZE, kernel_choice, req_id_per_token_device, sparse_mla_forward,
-                                      write_kv_rows)
+from glm5lib.vllm_plugin.indexer import max_tokens_of
+from glm5lib.vllm_plugin.paged import HEAD_SIZE, StepBuffers, kernel_choice, sparse_mla_forward, write_kv_rows
 
 BACKEND_NAME = "GLM5_SPARSE_MLA"
 KERNEL_BLOCK = 64
@@ -120,12 +120,19 @@ class Glm5SparseMLAMetadata(AttentionMetadata):
 
 
 class Glm5SparseMLAMetadataBuilder(AttentionMetadataBuilder[Glm5SparseMLAMetadata]):
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    """UNIFORM_BATCH like FlashMLA-sparse's builder (docs/glm5.md section 9): the forward has fixed shapes for a
+    given token count and reads only tensors at fixed addresses (vLLM's persistent buffers, and
+    `req_id_per_token` refilled in place here), so vLLM's full CUDA graphs replay it. It would allow ALWAYS;
+    the indexer's builder, whose prefill path loops over requests on the host, does not, and vLLM takes the
+    minimum over all builders."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: VllmConfig,
                  device: torch.device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.topk_tokens = int(vllm_config.model_config.hf_text_config.index_topk)
+        self.buffers = StepBuffers(max_tokens_of(vllm_config), device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> Glm5SparseMLAMetadata:
@@ -139,13 +146,19 @@ class Glm5SparseMLAMetadataBuilder(AttentionMetadataBuilder[Glm5SparseMLAMetadat
             seq_lens=m.seq_lens,
             slot_mapping=m.slot_mapping,
             block_table=m.block_table_tensor,
-            req_id_per_token=req_id_per_token_device(m.query_start_loc, m.num_reqs, m.num_actual_tokens),
+            req_id_per_token=self.buffers.fill_req_ids(m.query_start_loc, m.num_reqs, m.num_actual_tokens),
             block_size=self.kv_cache_spec.block_size,
             topk_tokens=self.topk_tokens,
             num_decodes=m.num_reqs,
             num_prefills=0,
             num_decode_tokens=m.num_actual_tokens,
         )
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> Glm5SparseMLAMetadata:
+        """The same `build`. vLLM's dummy capture metadata (zeroed or stale lengths, null or stale blocks) is
+        harmless: picks come from lengths <= max_model_len through block-table entries that name cache blocks,
+        and the kernel masks any row id outside the cache."""
+        return self.build(0, common_attn_metadata)
 
 
 def kv_format_of(kv_cache_dtype: str) -> str:

@@ -35,11 +35,12 @@ DIR_FORMAT = 2  # bump when the directory's content changes, so cached directori
 
 
 def default_model_dir(gguf: Path) -> Path:
+    """Under `glm5lib.paths.model_cache_dir()` (the user cache unless $GLM5LIB_CACHE), keyed by the file."""
+    from glm5lib.paths import model_cache_dir
+
     st = gguf.stat()
     key = f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}:{DIR_FORMAT}"
-    from glm5lib.paths import cache_dir
-
-    return cache_dir() / "vllm-gguf" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    return model_cache_dir() / "vllm-gguf" / f"{gguf.stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 def served_name(gguf: str | os.PathLike) -> str:

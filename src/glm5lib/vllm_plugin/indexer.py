@@ -20,13 +20,17 @@ kernel (`glm5lib.kernels.indexer_logits`) on CUDA. Near-tied index scores are co
 everywhere): fp8 keys flip top-k picks past the top-k length and the greedy text diverges. The fp32 side cache
 (512 B a token a layer) is allocated outside vLLM's KV-cache budget: a CPU/reference-path feature.
 
-Per step (`paged.step_topk`): on CUDA the decode requests (vLLM puts them first) are scored in one paged-indexer
-launch with one Triton top-k select, prefill chunks one request at a time, and the keys go into the cache in one
-Triton launch; with fp8 keys (the CUDA default) nothing on that path waits for the GPU. Exact score ties (ReLU
-zeroes whole rows) go to the earlier key, as in the reference forward (on CUDA up to 32K keys, see
-`paged.step_topk`). The per-step layout comes from `Glm5IndexerBackend`, a subclass of vLLM's indexer-cache
-backend (same cache spec) whose metadata builder is plain PyTorch: vLLM's builds prefill chunk metadata with
-Triton kernels.
+Per step: a uniform decode batch (every request the same 1..8 query tokens, vLLM's padding requests none,
+`paged.uniform_decode_len`) takes `paged.decode_topk` on CUDA: one paged-indexer launch over a fixed grid with
+scores as wide as `max_model_len` in a shared workspace and one Triton top-k select bounded by each row's length on
+the device; the builder refills each token's length in a persistent buffer (`paged.StepBuffers`), so vLLM's full
+CUDA graphs replay it (`UNIFORM_BATCH`). Other steps take `paged.step_topk` (the decode run batched, prefill chunks
+one request at a time on the host: not capturable). The keys go into the cache in one Triton launch; with fp8 keys
+(the CUDA default) nothing on either path waits for the GPU. Exact score ties (ReLU zeroes whole rows) go to the
+earlier key, as in the reference forward. The op body runs inside `torch.ops.glm5lib.sparse_attn_indexer`
+(opaque to torch.compile, a splitting op: see `patches.py`). The per-step layout comes from `Glm5IndexerBackend`,
+a subclass of vLLM's indexer-cache backend (same cache spec) whose metadata builder is plain PyTorch: vLLM's
+builds prefill chunk metadata with Triton kernels.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from vllm.config import get_current_vllm_config_or_none
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
@@ -45,7 +50,9 @@ from vllm.v1.attention.backend import (AttentionCGSupport, AttentionMetadata, At
 from vllm.v1.attention.backends.mla.indexer import DeepseekV32IndexerBackend
 
 from glm5lib.kernels.naive import INDEXER_DIM, INDEXER_FP8_ROW_BYTES
-from glm5lib.vllm_plugin.paged import key_precision, step_topk, write_indexer_keys
+from glm5lib.vllm_plugin.paged import (MAX_BATCHED_NEXT_N, StepBuffers, decode_logits_workspace, decode_topk,
+                                      kernel_choice, key_precision, step_topk, uniform_decode_len,
+                                      write_indexer_keys)
 
 log = logging.getLogger("glm5lib.vllm_plugin")
 
@@ -54,37 +61,90 @@ OOT_NAME = "SparseAttnIndexer"  # vLLM swaps classes by the replaced class's __n
 
 @dataclass
 class Glm5IndexerMetadata(AttentionMetadata):
-    """Per-step layout the reference indexer needs (vLLM's indexer metadata is built by Triton kernels)."""
+    """Per-step layout the indexer needs (vLLM's indexer metadata is built by Triton kernels)."""
 
     num_actual_tokens: int
     query_start_loc_cpu: torch.Tensor  # [R + 1]
-    seq_lens_cpu: torch.Tensor  # [R]
+    seq_lens_cpu: torch.Tensor  # [R] (prefill rows exact; only the per-request path reads it)
     seq_lens: torch.Tensor  # [R] int32, on the device (the batched decode launch reads it there)
     slot_mapping: torch.Tensor  # [T]
     block_table: torch.Tensor  # [R, max_blocks]
+    # uniform decode batch (`paged.uniform_decode_len`): its query length n, else 0; then `token_lens [R * n]` is
+    # each token's row length, in the builder's persistent buffer (CUDA graphs replay it)
+    decode_next_n: int = 0
+    token_lens: torch.Tensor | None = None
+
+
+def host_seq_lens(m: CommonAttentionMetadata) -> torch.Tensor:
+    """Context lengths on the host without waiting for the GPU: vLLM 0.33's `seq_lens_cpu_upper_bound` (exact
+    except for async speculative decode rows, which the per-request path never sees: those are uniform
+    decodes), 0.32's `seq_lens_cpu`; a device copy only when neither exists."""
+    for name in ("seq_lens_cpu_upper_bound", "seq_lens_cpu"):
+        v = getattr(m, name, None)
+        if v is not None:
+            return v
+    return m.seq_lens.cpu()
+
+
+def max_tokens_of(vllm_config: Any, default: int = 8192) -> int:
+    sched = getattr(vllm_config, "scheduler_config", None)
+    return int(getattr(sched, "max_num_batched_tokens", None) or default)
+
+
+def max_model_len_of(vllm_config: Any, default: int = 8192) -> int:
+    mc = getattr(vllm_config, "model_config", None)
+    return int(getattr(mc, "max_model_len", None) or default)
+
+
+def max_decode_tokens_of(vllm_config: Any) -> int:
+    """The largest uniform decode batch in tokens: max_num_seqs x (1 + speculative tokens)."""
+    sched = getattr(vllm_config, "scheduler_config", None)
+    seqs = int(getattr(sched, "max_num_seqs", None) or 256)
+    spec = getattr(vllm_config, "speculative_config", None)
+    n = 1 + int(getattr(spec, "num_speculative_tokens", None) or 0)
+    return seqs * min(n, MAX_BATCHED_NEXT_N)
 
 
 class Glm5IndexerMetadataBuilder(AttentionMetadataBuilder[Glm5IndexerMetadata]):
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    """Uniform decode batches replay from vLLM's full CUDA graphs (like FlashMLA-sparse's builder): `build()`
+    refills `StepBuffers` in place and the op's decode path has fixed shapes. Mixed batches take the
+    per-request path (host loop over prefill chunks): not capturable, so not ALWAYS."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device,
                  **kwargs: Any):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.buffers = StepBuffers(max_tokens_of(vllm_config), device)
+        self.max_model_len = max_model_len_of(vllm_config)
+        self.max_decode_tokens = max_decode_tokens_of(vllm_config)
+        dev = torch.device(device)
+        if dev.type == "cuda" and key_precision(dev) == "fp8" and kernel_choice(dev) == "triton":
+            # before vLLM captures its graphs (the op's profile run reserves it already when it knows the config)
+            decode_logits_workspace(dev, self.max_decode_tokens, self.max_model_len)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> Glm5IndexerMetadata:
         m = common_attn_metadata
-        seq_lens_cpu = getattr(m, "seq_lens_cpu", None)
-        if seq_lens_cpu is None:
-            seq_lens_cpu = m.seq_lens.cpu()
+        R, T = m.num_reqs, m.num_actual_tokens
+        n = uniform_decode_len(m.query_start_loc_cpu, R, T)
+        if n and T > self.max_decode_tokens:
+            n = 0  # larger than the score workspace: the per-request path
         return Glm5IndexerMetadata(
-            num_actual_tokens=m.num_actual_tokens,
-            query_start_loc_cpu=m.query_start_loc_cpu[: m.num_reqs + 1],
-            seq_lens_cpu=seq_lens_cpu[: m.num_reqs],
-            seq_lens=m.seq_lens[: m.num_reqs],
-            slot_mapping=m.slot_mapping[: m.num_actual_tokens],
+            num_actual_tokens=T,
+            query_start_loc_cpu=m.query_start_loc_cpu[: R + 1],
+            seq_lens_cpu=host_seq_lens(m)[:R],
+            seq_lens=m.seq_lens[:R],
+            slot_mapping=m.slot_mapping[:T],
             block_table=m.block_table_tensor,
+            decode_next_n=n,
+            token_lens=self.buffers.fill_token_lens(m.seq_lens, R, n) if n else None,
         )
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> Glm5IndexerMetadata:
+        """vLLM's dummy metadata (uniform decode at the captured size; zero or stale lengths, null blocks): the
+        same `build`, whose decode path is safe on any lengths <= max_model_len and slot -1."""
+        return self.build(0, common_attn_metadata)
 
 
 class Glm5IndexerBackend(DeepseekV32IndexerBackend):
@@ -128,21 +188,32 @@ class Glm5SparseAttnIndexer(SparseAttnIndexer):
         # instance attribute: other models' indexer caches keep vLLM's backend). Registry entry:
         # patches.INDEXER_CACHE_BACKEND.
         k_cache.get_attn_backend = lambda: Glm5IndexerBackend
+        _INSTANCES[k_cache.prefix] = self  # the custom op finds its layer by the cache's name
 
     def forward_native(self, hidden_states: torch.Tensor, q_quant: Any, k: torch.Tensor | None,
                        weights: torch.Tensor) -> torch.Tensor:
         if self.delegate:
             return SparseAttnIndexer.forward_native(self, hidden_states, q_quant, k, weights)
-        ctx = get_forward_context()
-        attn_metadata = ctx.attn_metadata
-        if not isinstance(attn_metadata, dict):
-            return self.topk_indices_buffer  # profiling / dummy run
-        metadata = attn_metadata.get(self.k_cache.prefix)
-        if not isinstance(metadata, Glm5IndexerMetadata):
-            return self.topk_indices_buffer
         if isinstance(q_quant, tuple):
             raise NotImplementedError("glm5lib indexer: fp4 q is not supported")
+        # an opaque op for torch.compile, and a splitting op: piecewise graphs leave it eager (patches.py)
+        return torch.ops.glm5lib.sparse_attn_indexer(hidden_states, self.k_cache.prefix, q_quant, k, weights,
+                                                     self.topk_indices_buffer)
+
+    def run(self, hidden_states: torch.Tensor, q: torch.Tensor, k: torch.Tensor | None,
+            weights: torch.Tensor) -> torch.Tensor:
+        """The op's body: this step's keys into the cache, then top-k into the shared buffer."""
+        ctx = get_forward_context()
+        attn_metadata = ctx.attn_metadata
         kv_cache = self.k_cache.kv_cache
+        metadata = attn_metadata.get(self.k_cache.prefix) if isinstance(attn_metadata, dict) else None
+        if not isinstance(metadata, Glm5IndexerMetadata):
+            # profile / dummy run: reserve the decode score workspace now, so vLLM's memory profile counts it
+            if kv_cache.device.type == "cuda" and key_precision(kv_cache.device) == "fp8":
+                cfg = get_current_vllm_config_or_none()
+                if cfg is not None:
+                    decode_logits_workspace(kv_cache.device, max_decode_tokens_of(cfg), self.max_model_len)
+            return self.topk_indices_buffer
         T = metadata.num_actual_tokens
         exact = key_precision(kv_cache.device) == "fp32"
         if exact and (self.keys_fp32 is None or self.keys_fp32.shape[0] != kv_cache.shape[0] * kv_cache.shape[1]):
@@ -153,7 +224,12 @@ class Glm5SparseAttnIndexer(SparseAttnIndexer):
             if exact:
                 keep = metadata.slot_mapping >= 0
                 self.keys_fp32[metadata.slot_mapping[keep].long()] = k[:T][keep].float()
-        return step_topk(q_quant, weights, kv_cache, metadata.block_table, metadata.query_start_loc_cpu.tolist(),
+        if metadata.decode_next_n and not exact and kernel_choice(kv_cache.device) == "triton":
+            # fixed shapes, nothing read on the host: what vLLM's full CUDA graphs capture
+            ws = decode_logits_workspace(kv_cache.device, T, self.max_model_len)
+            return decode_topk(q, weights, kv_cache, metadata.block_table, metadata.seq_lens, metadata.token_lens,
+                               metadata.decode_next_n, self.topk_tokens, self.topk_indices_buffer, ws)
+        return step_topk(q, weights, kv_cache, metadata.block_table, metadata.query_start_loc_cpu.tolist(),
                          metadata.seq_lens_cpu.tolist(), self.topk_tokens, self.topk_indices_buffer,
                          keys_fp32=self.keys_fp32 if exact else None, seq_lens_dev=metadata.seq_lens)
 
@@ -168,6 +244,63 @@ class Glm5SparseAttnIndexer(SparseAttnIndexer):
         return self.forward_native(*args, **kwargs)
 
 
+# k_cache prefix -> the op instance the custom op runs (custom ops take tensors and scalars, not modules)
+_INSTANCES: dict[str, Glm5SparseAttnIndexer] = {}
+
+
+def sparse_attn_indexer(hidden_states: torch.Tensor, k_cache_prefix: str, q: torch.Tensor, k: torch.Tensor | None,
+                        weights: torch.Tensor, topk_indices_buffer: torch.Tensor) -> torch.Tensor:
+    """`torch.ops.glm5lib.sparse_attn_indexer`: one layer's indexer (writes `topk_indices_buffer` in place and
+    returns it, as vLLM's `vllm::sparse_attn_indexer` does)."""
+    return _INSTANCES[k_cache_prefix].run(hidden_states, q, k, weights)
+
+
+def sparse_attn_indexer_fake(hidden_states: torch.Tensor, k_cache_prefix: str, q: torch.Tensor,
+                             k: torch.Tensor | None, weights: torch.Tensor,
+                             topk_indices_buffer: torch.Tensor) -> torch.Tensor:
+    return topk_indices_buffer
+
+
+OP_NAMESPACE = "glm5lib"
+OP_NAME = "sparse_attn_indexer"
+SPLITTING_OP = f"{OP_NAMESPACE}::{OP_NAME}"
+_LIB: dict[str, Any] = {}
+
+
+def register_indexer_op() -> bool:
+    """Define `torch.ops.glm5lib.sparse_attn_indexer` (once per process), with vLLM's helper and the platform's
+    dispatch key; under vLLM's breakable CUDA graphs it is an eager break like vLLM's own indexer op."""
+    if "lib" in _LIB:
+        return False
+    from torch.library import Library
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    fn = sparse_attn_indexer
+    try:
+        from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+
+        fn = eager_break_during_capture(fn)
+    except ImportError:  # older vLLM: no breakable capture
+        pass
+    lib = Library(OP_NAMESPACE, "FRAGMENT")
+    direct_register_custom_op(OP_NAME, fn, mutates_args=["topk_indices_buffer"], fake_impl=sparse_attn_indexer_fake,
+                              target_lib=lib)
+    _LIB["lib"] = lib  # the op lives as long as its library object
+    return True
+
+
+def add_splitting_op() -> bool:
+    """Registry entry patches.SPLITTING_OPS: glm5lib's indexer op joins vLLM's default splitting ops
+    (idempotent; True when it changed something now)."""
+    from vllm.config.compilation import CompilationConfig
+
+    ops = CompilationConfig._attention_ops
+    if SPLITTING_OP in ops:
+        return False
+    ops.append(SPLITTING_OP)
+    return True
+
+
 def register_indexer() -> bool:
     """Make vLLM build Glm5SparseAttnIndexer wherever it builds SparseAttnIndexer (idempotent).
 
@@ -175,6 +308,7 @@ def register_indexer() -> bool:
     the name is free): glm5lib then neither runs its indexer nor patches the indexer's q (see model.py)."""
     from vllm.model_executor.custom_op import op_registry_oot
 
+    register_indexer_op()
     existing = op_registry_oot.get(OOT_NAME)
     if existing is Glm5SparseAttnIndexer:
         return False

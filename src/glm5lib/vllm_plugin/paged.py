@@ -286,6 +286,119 @@ def request_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor,
 MAX_BATCHED_NEXT_N = 8  # query lengths up to this (decode, MTP's next_n) are scored in one batched launch
 
 
+# ---- the static decode step (CUDA graphs) -----------------------------------------------------------------------
+#
+# vLLM captures uniform decode batches (every request `next_n` query tokens, padding requests 0 tokens, context 0,
+# slot -1) in CUDA graphs and replays them with new metadata: whatever a captured kernel reads must sit at the
+# address it had at capture, and no launch may depend on a value that only the GPU knows. `StepBuffers` holds
+# the per-step tensors the builders derive (allocated once at the maximum size, refilled in place by `build()`
+# outside the graph); `decode_topk` is the indexer's decode path with shapes fixed by the buffers' sizes alone.
+
+
+def uniform_decode_len(query_start_loc_cpu, num_reqs: int, num_tokens: int) -> int:
+    """n when the step is a uniform decode batch (every request n <= MAX_BATCHED_NEXT_N query tokens, padding
+    requests 0, `num_tokens == num_reqs * n`, as vLLM pads a captured batch), else 0. Read from the host copy."""
+    qsl = np.asarray(query_start_loc_cpu[: num_reqs + 1], dtype=np.int64)
+    if num_reqs < 1 or qsl.shape[0] != num_reqs + 1:
+        return 0
+    lens = np.diff(qsl)
+    n = int(lens.max()) if lens.size else 0
+    if not 1 <= n <= MAX_BATCHED_NEXT_N or num_tokens != num_reqs * n:
+        return 0
+    if not np.all((lens == n) | (lens == 0)) or lens[0] != n:
+        return 0
+    return n
+
+
+_LOGITS_WORKSPACE: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def decode_logits_workspace(device: torch.device, rows: int, width: int) -> torch.Tensor:
+    """One fp32 `[rows, width]` score workspace per device, shared by every indexer layer (layers run one after
+    the other): the decode launch writes its scores here instead of a fresh `[T, max_len]` tensor, so a captured
+    graph and the eager path use the same memory. Grows (a new tensor) only when asked for more, never while a
+    CUDA graph is being captured (the graph would keep a tensor the next step no longer uses)."""
+    device = torch.device(device)
+    key = (device.type, device.index)
+    ws = _LOGITS_WORKSPACE.get(key)
+    if ws is None or ws.shape[0] < rows or ws.shape[1] != width:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("glm5lib indexer: the decode score workspace must be allocated before CUDA-graph "
+                               "capture (the profile run or the first build allocates it)")
+        rows = max(rows, ws.shape[0] if ws is not None and ws.shape[1] == width else 0)
+        ws = torch.empty(rows, width, dtype=torch.float32, device=device)
+        _LOGITS_WORKSPACE[key] = ws
+    return ws
+
+
+class StepBuffers:
+    """Per-step device tensors the metadata builders derive from vLLM's common metadata, allocated once at the
+    maximum size (`max_tokens` = max_num_batched_tokens) and refilled in place every step (vLLM's own tensors,
+    block table, seq lens, slot mapping, query_start_loc, are slices of its persistent buffers already).
+
+    - `req_id_per_token[:T]`: the request of each token (padding tokens: request 0), from `query_start_loc` on
+      the device (no host -> device copy);
+    - `token_lens[:T]`: the context length each decode token's score row is read up to (its request's
+      `seq_len`; padding requests have 0, so their rows pick nothing)."""
+
+    def __init__(self, max_tokens: int, device: torch.device | str):
+        self.max_tokens = int(max_tokens)
+        self.device = torch.device(device)
+        self.req_id_per_token = torch.zeros(self.max_tokens, dtype=torch.int32, device=self.device)
+        self.token_lens = torch.zeros(self.max_tokens, dtype=torch.int32, device=self.device)
+        self._positions = torch.arange(self.max_tokens, dtype=torch.int32, device=self.device)
+
+    def _check(self, num_tokens: int) -> None:
+        if num_tokens > self.max_tokens:
+            raise ValueError(f"{num_tokens} tokens in a step, buffers sized for {self.max_tokens} "
+                             "(max_num_batched_tokens)")
+
+    def fill_req_ids(self, query_start_loc: torch.Tensor, num_reqs: int, num_tokens: int) -> torch.Tensor:
+        """`req_id_per_token_device` written into the persistent buffer; returns its `[:num_tokens]` view."""
+        self._check(num_tokens)
+        out = self.req_id_per_token[:num_tokens]
+        if num_tokens == 0:
+            return out
+        if num_reqs == 0:
+            return out.zero_()
+        t = self._positions[:num_tokens].to(query_start_loc.dtype)
+        idx = torch.searchsorted(query_start_loc[1 : num_reqs + 1].contiguous(), t, right=True, out_int32=True)
+        torch.where(idx < num_reqs, idx, torch.zeros_like(idx), out=out)
+        return out
+
+    def fill_token_lens(self, seq_lens: torch.Tensor, num_reqs: int, next_n: int) -> torch.Tensor:
+        """Each decode token's row length (its request's context), `[num_reqs * next_n]` view of the buffer."""
+        T = num_reqs * next_n
+        self._check(T)
+        out = self.token_lens[:T]
+        if T:
+            src = seq_lens[:num_reqs].to(torch.int32)
+            out.copy_(src if next_n == 1 else src.repeat_interleave(next_n, output_size=T))
+        return out
+
+
+def decode_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                seq_lens: torch.Tensor, token_lens: torch.Tensor, next_n: int, topk: int, out: torch.Tensor,
+                logits: torch.Tensor) -> torch.Tensor:
+    """The indexer's top-k for a uniform decode batch, with fixed shapes and no host sync (CUDA-graph safe):
+    `R = seq_lens.shape[0]` requests of `next_n` tokens (T = R * next_n rows of q), scores from the fp8 paged
+    cache into `logits[:T, :W]` (W = the workspace width, max_model_len: the launch never depends on this step's
+    longest request; a fixed grid whose programs loop over each row's tiles up to its context, so the work follows
+    the contexts and the rest of the workspace is never written), then `kernels.topk.topk_select` reads each row up to `token_lens[t]` on the device and
+    writes `out[:T, :topk]` (request-local positions, ties to the earlier key, -1 padded). A padding request
+    (context 0) scores nothing and picks nothing."""
+    from glm5lib.kernels.indexer import indexer_logits
+    from glm5lib.kernels.topk import topk_select
+
+    R = seq_lens.shape[0]
+    T = R * next_n
+    W = logits.shape[1]
+    scores = indexer_logits(indexer_q(q[:T]), kv_cache, weights[:T].float(), scale=1.0, k_format="fp8",
+                            block_table=block_table[:R], context_lens=seq_lens, next_n=next_n, max_len=W,
+                            out=logits[:T], row_bound_only=True)
+    return topk_select(scores, topk, lengths=token_lens[:T], out=out[:T])
+
+
 def step_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
               query_start_loc: list[int], seq_lens: list[int], topk: int, out: torch.Tensor, *,
               keys_fp32: torch.Tensor | None = None, seq_lens_dev: torch.Tensor | None = None,

@@ -49,6 +49,7 @@ CPU_SELECT = "vllm.platforms.cpu.CpuPlatform.get_attn_backend_cls"
 CPU_CONFIG = "vllm.platforms.cpu.CpuPlatform.check_and_update_config"
 INDEXER_FORWARD = "vllm.model_executor.models.deepseek_v2.Indexer.forward"
 INDEXER_CACHE_BACKEND = "vllm.model_executor.models.deepseek_v2.DeepseekV32IndexerCache.get_attn_backend"
+SPLITTING_OPS = "vllm.config.compilation.CompilationConfig.set_splitting_ops_for_v1"
 BARE_GGUF = "vllm.engine.arg_utils.EngineArgs.create_engine_config"
 # EngineArgs fields BARE_GGUF reads and rewrites (dataclass fields: checked as class annotations)
 BARE_GGUF_FIELDS = ("model", "model_weights", "tokenizer", "served_model_name", "load_format", "quantization",
@@ -116,6 +117,22 @@ PATCHES: list[Patch] = [
         apply="glm5lib.vllm_plugin.indexer:register_indexer",
         when="indexer",
         reads=("prefix", "kv_cache"),
+    ),
+    Patch(
+        target=SPLITTING_OPS,
+        signature="(self, all2all_backend, data_parallel_size=1)",
+        why="vLLM splits piecewise CUDA graphs around its default splitting ops (attention and its own indexer "
+            "op `vllm::sparse_attn_indexer`, which runs vLLM's DeepGEMM code) and runs them eagerly between the "
+            "pieces. glm5lib's indexer is its own op, `glm5lib::sparse_attn_indexer`; outside the list it would be "
+            "captured into piecewise graphs, prefill path (a host loop over requests) included. No hook adds an "
+            "out-of-tree op to the defaults, and a user-set `splitting_ops` replaces them all.",
+        how="the class-level list `CompilationConfig._attention_ops` that this method copies into splitting_ops "
+            "(when the user set none) gets 'glm5lib::sparse_attn_indexer' appended, before the engine builds its "
+            "VllmConfig (plugins load first); the method itself is untouched.",
+        remove_when="vLLM lets an out-of-tree op declare itself a splitting op, or glm5lib's indexer runs inside "
+                    "vllm::sparse_attn_indexer.",
+        apply="glm5lib.vllm_plugin.indexer:add_splitting_op",
+        when="indexer",
     ),
     Patch(
         target=BARE_GGUF,

@@ -1,7 +1,7 @@
 """`record(name, value)` for notebooks, and the reader tests use.
 
 papermill dropped `pm.record`/`read_notebook`, so values go to a JSON report beside the executed notebook:
-`$GLM5LIB_REPORT` (set by the workbook runner) or `outputs/reports/<notebook>.json`.
+`$GLM5LIB_REPORT` (set by the workbook runner) or `<checkout>/outputs/reports/<notebook>.json`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import math
 import os
 from pathlib import Path
 from typing import Any
+
+from glm5lib.paths import outputs_dir
 
 REPORT_ENV = "GLM5LIB_REPORT"
 
@@ -31,7 +33,7 @@ def _jsonable(value: Any) -> Any:
 
 def report_path(default_name: str = "interactive") -> Path:
     env = os.environ.get(REPORT_ENV)
-    return Path(env) if env else Path("outputs/reports") / f"{default_name}.json"
+    return Path(env) if env else outputs_dir() / "reports" / f"{default_name}.json"
 
 
 def record(name: str, value: Any, *, path: str | Path | None = None) -> Any:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from glm5lib import paths
 from glm5lib.errors import UserError
 from glm5lib.workbook.record import REPORT_ENV
 
@@ -21,10 +22,9 @@ PROFILES = ("ci", "full")
 
 
 def repo_root() -> Path:
-    here = Path(__file__).resolve().parents[3]
-    if (here / "notebooks").is_dir():
-        return here
-    return Path.cwd()
+    """The checkout (glm5lib.paths); the working directory for an installed package run inside a checkout."""
+    root = paths.repo_root()
+    return root if root is not None and (root / "notebooks").is_dir() else Path.cwd()
 
 
 def notebooks(root: Path | None = None) -> list[Path]:
@@ -102,7 +102,10 @@ def execute_notebook(nb: Path, profile: str = "ci", *, out_dir: Path | None = No
     return NotebookResult(nb.stem, output, report, time.perf_counter() - t0, error, timed_out)
 
 
-def run_workbook(profile: str = "ci", *, only: list[str] | None = None, out_dir: Path | None = None) -> list[NotebookResult]:
+def run_workbook(profile: str = "ci", *, only: list[str] | None = None, out_dir: Path | None = None,
+                 overrides: dict | None = None) -> list[NotebookResult]:
+    """Execute the notebooks (those whose name starts with one of `only`) in order; `overrides` (parameter ->
+    value) replace the profile's values in each of them."""
     if profile not in PROFILES:
         raise UserError(f"unknown profile {profile!r}; choose from {', '.join(PROFILES)}")
     nbs = notebooks()
@@ -121,7 +124,7 @@ def run_workbook(profile: str = "ci", *, only: list[str] | None = None, out_dir:
     results = []
     for nb in nbs:
         print(f"[workbook] {nb.name} ({profile}) ...", flush=True)
-        res = execute_notebook(nb, profile, out_dir=out_dir)
+        res = execute_notebook(nb, profile, out_dir=out_dir, extra_params=overrides)
         status = "ok" if res.error is None else f"FAILED ({res.error})"
         print(f"[workbook] {nb.name}: {status} in {res.seconds:.1f} s -> {res.output}", flush=True)
         results.append(res)
