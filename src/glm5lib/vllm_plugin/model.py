@@ -16,10 +16,14 @@ from typing import Any
 
 import torch
 
+from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 from vllm.model_executor.models.deepseek_v2 import GlmMoeDsaForCausalLM, Indexer
 
 ARCHITECTURE = "GlmMoeDsaForCausalLM"
 MODEL_PATH = "glm5lib.vllm_plugin.model:Glm5MoeDsaForCausalLM"
+# vLLM's MTP drafter for glm_moe_dsa (SpeculativeConfig.hf_config_override); its indexer needs the same change
+MTP_ARCHITECTURE = "DeepseekV32MTPModel"
+MTP_MODEL_PATH = "glm5lib.vllm_plugin.model:Glm5DeepSeekMTP"
 
 
 def indexer_forward_fp32(self: Indexer, hidden_states: torch.Tensor, qr: torch.Tensor, positions: torch.Tensor,
@@ -39,23 +43,37 @@ def indexer_forward_fp32(self: Indexer, hidden_states: torch.Tensor, qr: torch.T
     return self.indexer_op(hidden_states, q, k, weights)
 
 
+def use_fp32_indexer_q(model: torch.nn.Module) -> None:
+    from glm5lib.vllm_plugin.indexer import Glm5SparseAttnIndexer
+
+    for module in model.modules():
+        op = getattr(module, "indexer_op", None)
+        if isinstance(module, Indexer) and isinstance(op, Glm5SparseAttnIndexer) and not op.delegate:
+            module.forward = types.MethodType(indexer_forward_fp32, module)
+
+
 class Glm5MoeDsaForCausalLM(GlmMoeDsaForCausalLM):
     def __init__(self, *, vllm_config: Any, prefix: str = ""):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        from glm5lib.vllm_plugin.indexer import Glm5SparseAttnIndexer
+        use_fp32_indexer_q(self)
 
-        for module in self.modules():
-            op = getattr(module, "indexer_op", None)
-            if isinstance(module, Indexer) and isinstance(op, Glm5SparseAttnIndexer) and not op.delegate:
-                module.forward = types.MethodType(indexer_forward_fp32, module)
+
+class Glm5DeepSeekMTP(DeepSeekMTP):
+    """vLLM's generic MTP drafter (what CPU runs for glm_moe_dsa) with the same indexer change."""
+
+    def __init__(self, *, vllm_config: Any, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        use_fp32_indexer_q(self)
 
 
 def register_model() -> bool:
-    """Register Glm5MoeDsaForCausalLM for the architecture. Returns True when it registered now."""
+    """Register Glm5MoeDsaForCausalLM for the architecture and Glm5DeepSeekMTP for its MTP drafter. Returns True
+    when it registered now."""
     from vllm import ModelRegistry
 
     entry = ModelRegistry.models.get(ARCHITECTURE)
     if entry is not None and f"{entry.module_name}:{entry.class_name}" == MODEL_PATH:
         return False
     ModelRegistry.register_model(ARCHITECTURE, MODEL_PATH)
+    ModelRegistry.register_model(MTP_ARCHITECTURE, MTP_MODEL_PATH)
     return True

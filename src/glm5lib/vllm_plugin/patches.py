@@ -50,6 +50,10 @@ CPU_CONFIG = "vllm.platforms.cpu.CpuPlatform.check_and_update_config"
 INDEXER_FORWARD = "vllm.model_executor.models.deepseek_v2.Indexer.forward"
 INDEXER_CACHE_BACKEND = "vllm.model_executor.models.deepseek_v2.DeepseekV32IndexerCache.get_attn_backend"
 SPLITTING_OPS = "vllm.config.compilation.CompilationConfig.set_splitting_ops_for_v1"
+BARE_GGUF = "vllm.engine.arg_utils.EngineArgs.create_engine_config"
+# EngineArgs fields BARE_GGUF reads and rewrites (dataclass fields: checked as class annotations)
+BARE_GGUF_FIELDS = ("model", "model_weights", "tokenizer", "served_model_name", "load_format", "quantization",
+                    "config_format")
 
 PATCHES: list[Patch] = [
     Patch(
@@ -89,7 +93,9 @@ PATCHES: list[Patch] = [
             "precision; exact top-k against the fp32 reference also needs q unquantized.",
         how="ModelRegistry.register_model (public) registers Glm5MoeDsaForCausalLM for the architecture; its "
             "__init__ gives each Indexer whose op is glm5lib's a forward that runs the unfused branch of vLLM's "
-            "body without the fp8 step (model.indexer_forward_fp32). Other models keep vLLM's Indexer.forward.",
+            "body without the fp8 step (model.indexer_forward_fp32); Glm5DeepSeekMTP does the same for the MTP "
+            "drafter (architecture DeepseekV32MTPModel, vLLM's generic DeepSeekMTP on CPU). Other models keep "
+            "vLLM's Indexer.forward.",
         remove_when="vLLM makes the indexer q quantization a CustomOp (replaceable by register_oot) or lets the "
                     "indexer op receive q unquantized.",
         apply="glm5lib.vllm_plugin.model:register_model",
@@ -127,6 +133,21 @@ PATCHES: list[Patch] = [
                     "vllm::sparse_attn_indexer.",
         apply="glm5lib.vllm_plugin.indexer:add_splitting_op",
         when="indexer",
+    ),
+    Patch(
+        target=BARE_GGUF,
+        signature="(self, usage_context=None, headless=False)",
+        why="vLLM 0.32/0.33 read no config or tokenizer from a .gguf path (in-tree GGUF support is gone), and "
+            "a plugin's register() never sees the engine arguments, so nothing public can point `--model "
+            "MODEL.gguf` at a directory vLLM can open. create_engine_config is the first thing `vllm serve`, "
+            "the OpenAI api_server and vllm.LLM do with the arguments, before the speculators probe reads "
+            "`model` as a Hugging Face path.",
+        how="wrapped once per process: for a glm-dsa GGUF in `model` (or in `model_weights`, where "
+            "vllm-gguf-plugin's create_model_config patch moves it) the arguments point at the prepared "
+            "directory (config, tokenizer, quantization_config glm5-gguf; bad files fail here with one line), "
+            "load format glm5-gguf (bare_gguf.point_engine_args_at_gguf). Other models are untouched.",
+        remove_when="vLLM gives plugins a model-resolution hook, or reads a glm-dsa GGUF's config itself.",
+        apply="glm5lib.vllm_plugin.bare_gguf:wrap_create_engine_config",
     ),
 ]
 
