@@ -72,9 +72,10 @@ print(json.dumps({"held": held_bytes, "num_blocks": kcc.num_blocks, "block_size"
 
 
 def loader_residency() -> str:
-    from glm5lib.vllm_plugin import gguf_loader
+    """The residency the glm5lib GGUF loader applies in the probe (its default unless the environment says)."""
+    from glm5lib.mapping.quantized import resolve_policy
 
-    return getattr(gguf_loader, "RESIDENCY", "dequantized")
+    return resolve_policy()
 
 
 @pytest.mark.slow

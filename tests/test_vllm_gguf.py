@@ -20,7 +20,8 @@ pytest.importorskip("vllm_gguf_plugin")
 
 from glm5lib.errors import GGUFFormatError  # noqa: E402
 from glm5lib.mapping.quantized import dequantized_bytes, iter_vllm_weights, planned_bytes, residency_plan  # noqa: E402
-from glm5lib.mapping.tiny import ensure_tiny  # noqa: E402
+from glm5lib.mapping.tiny import ensure_tiny, llama_quantize_binary  # noqa: E402
+from glm5lib.model.spec import LLAMA_QUANTIZE_TYPES, TINY_KQUANT_TYPES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGPROB_TOL = 1e-3
@@ -35,10 +36,17 @@ def tiny():
 def quant_types():
     types = ["Q8_0", "Q4_0"]
     require = os.environ.get("GLM5LIB_REQUIRE_Q4KM") == "1"
-    have = "Q4_K_M" in ensure_tiny(progress=False).gguf
+    have = llama_quantize_binary() is not None
     types.append(pytest.param("Q4_K_M", marks=pytest.mark.skipif(
-        not have and not require, reason="no Q4_K_M tiny fixture (llama-quantize); GLM5LIB_REQUIRE_Q4KM=1 requires it")))
+        not have and not require, reason="no llama-quantize for the Q4_K_M tiny fixture; GLM5LIB_REQUIRE_Q4KM=1 requires it")))
     return types
+
+
+def gguf_of(tiny, qtype):
+    """The tiny model's merged GGUF of `qtype` (the K-quants come from llama-quantize, in their own cache)."""
+    if qtype in LLAMA_QUANTIZE_TYPES:
+        return ensure_tiny(types=TINY_KQUANT_TYPES, progress=False).gguf[qtype]
+    return tiny.gguf[qtype]
 
 
 # ---- the plan and the stream (no engine) ----------------------------------------------------------------------
@@ -186,7 +194,7 @@ def runs(tiny):
 
     def get(qtype):
         if qtype not in cache:
-            path = tiny.gguf[qtype]
+            path = gguf_of(tiny, qtype)
             cache[qtype] = run_llm(path, prompt_set(tiny, 5), 10,
                                    log=ROOT / "outputs" / "logs" / f"test_vllm_gguf_{qtype}.log")
         return cache[qtype]
@@ -198,7 +206,7 @@ def runs(tiny):
 def test_quantized_serving_matches_reference_and_stays_small(tiny, runs, qtype):
     from glm5lib.mapping.reference import reference_from_gguf
 
-    path = tiny.gguf[qtype]
+    path = gguf_of(tiny, qtype)
     out = runs(qtype)
     plan = residency_plan(path, "quantized")
     want = planned_bytes(plan, path, 4)  # fp32 serving dtype

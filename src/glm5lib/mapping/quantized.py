@@ -13,8 +13,9 @@ first), so a 400 GB file is never held whole.
 
 Residency policies (which quantized tensors stay quantized):
 - `quantized` (default): every quantized tensor except `kv_b_proj` (rebuilt from attn_k_b/attn_v_b; vLLM
-  dequantizes it at load anyway), the indexer's `wk` (vLLM fuses it with the F32 `weights_proj` in an
-  unquantized layer) and the MTP `eh_proj` (a plain `nn.Linear` in vLLM).
+  dequantizes it at load anyway), the indexer's `wk` and `weights_proj` (vLLM fuses them in one unquantized
+  layer; the converter writes `weights_proj` F32, llama-quantize quantizes it like any 2-D weight) and the MTP
+  `eh_proj` (a plain `nn.Linear` in vLLM).
 - `dense-attn`: routed experts quantized, every other weight dequantized to the serving dtype (tensor-core
   matmuls for attention and the dense/shared MLPs; GLM-5's non-expert weights are ~3 % of its parameters).
 - `dequantized`: everything dequantized to the serving dtype at load (a correctness reference; ~3.5x the
@@ -55,7 +56,7 @@ SERVABLE_TYPES = frozenset(
 # vLLM module suffixes that one layer computes together (deepseek_v2.py: fused_qkv_a_proj, gate_up_proj).
 FUSED_GROUPS = (("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa"), ("gate_proj", "up_proj"))
 # Always dequantized (see the module docstring).
-ALWAYS_DENSE = ("self_attn.kv_b_proj", "self_attn.indexer.wk", "eh_proj")
+ALWAYS_DENSE = ("self_attn.kv_b_proj", "self_attn.indexer.wk", "self_attn.indexer.weights_proj", "eh_proj")
 MTP_EMBED = "embed_tokens"
 MTP_HEAD = "shared_head.head"
 

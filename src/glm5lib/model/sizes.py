@@ -61,7 +61,8 @@ KV_BLOCK_SIZE = 64  # sparse MLA needs blocks that are a multiple of 64 (the ind
 INDEXER_KEY_BYTES = 132  # 128 e4m3 + one fp32 scale per 128 values (vLLM's indexer cache, any cache dtype)
 
 # Kinds (GGUF name without "blk.N.") the glm5lib loader always dequantizes to the serving dtype.
-LOADER_DEQUANTIZED = ("attn_k_b.weight", "attn_v_b.weight", "indexer.attn_k.weight", "nextn.eh_proj.weight")
+LOADER_DEQUANTIZED = ("attn_k_b.weight", "attn_v_b.weight", "indexer.attn_k.weight", "indexer.proj.weight",
+                      "nextn.eh_proj.weight")
 # Kinds held in fp32 whatever the serving dtype (vLLM builds them so).
 FP32_KINDS = ("exp_probs_b.bias", "indexer.k_norm.weight", "indexer.k_norm.bias")
 EXPERT_KINDS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
