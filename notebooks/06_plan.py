@@ -117,8 +117,7 @@ record("fig_context_vs_sequences", str(save_figure(fig, FIGURES / "06_context_vs
 # %% [markdown]
 # ## 3. The same file as bf16: the refusal
 #
-# A GGUF dequantized to bf16 on load (`--residency dequantized`, what glm5lib's loader does while it cannot keep
-# GGUF blocks) needs ~190 GB per GPU at tensor parallel 8: it cannot fit 96 GB cards. The plan says by how much
+# A GGUF dequantized to bf16 on load (`--residency dequantized`, the loader's correctness reference) needs ~190 GB per GPU at tensor parallel 8: it cannot fit 96 GB cards. The plan says by how much
 # and what would fit instead, each alternative planned, not assumed.
 
 # %%
