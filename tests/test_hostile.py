@@ -45,10 +45,11 @@ VERBS = {
     "map-layer": lambda p, d, hf: ["map", "layer", p, hf],
     "doctor": lambda p, d, hf: ["doctor", p, "--cc", "cpu"],
     "serve": lambda p, d, hf: ["serve", "--dry-run", p],
+    "plan": lambda p, d, hf: ["plan", p, "--gpus", "8", "--gpu-mem", "96GB", "--json"],
 }
 REPORT_VERBS = {"validate", "map-check"}  # may list findings on stdout and exit 1 instead of one error line
 DATA_VERBS = ["split", "merge", "map-check", "map-export", "map-layer", "serve"]  # read tensor data or vouch for it
-CONFIG_VERBS = ["map-check", "map-export", "map-table", "map-layer", "doctor", "serve"]  # need a usable glm-dsa config
+CONFIG_VERBS = ["map-check", "map-export", "map-table", "map-layer", "doctor", "serve", "plan"]  # need a usable glm-dsa config
 
 # Which verbs must refuse each class (the others may legitimately succeed: `inspect` shows a file with an
 # unsafe layout, `gguf split` does not care that a model has no tokenizer).
@@ -147,10 +148,11 @@ def _config_argv(verb: str, cfg: Path, base: Base) -> list[str]:
     return {"doctor": ["doctor", str(cfg), "--cc", "cpu"],
             "map-check": ["map", "check", str(base.gguf), "--config", str(cfg)],
             "bench-plot": ["bench", "plot", str(cfg)],
-            "serve": ["serve", "--dry-run", str(cfg.parent)]}[verb]
+            "serve": ["serve", "--dry-run", str(cfg.parent)],
+            "plan": ["plan", str(cfg), "--gpus", "8", "--gpu-mem", "96GB"]}[verb]
 
 
-@pytest.mark.parametrize("verb", ["doctor", "map-check", "bench-plot", "serve"])
+@pytest.mark.parametrize("verb", ["doctor", "map-check", "bench-plot", "serve", "plan"])
 @pytest.mark.parametrize("case", list(CONFIGS))
 def test_bad_config(case, verb, base, tmp_path):
     cfg = CONFIGS[case](tmp_path)

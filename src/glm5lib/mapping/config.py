@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from glm5lib.errors import GGUFFormatError
-from glm5lib.model.spec import GGUF_ARCH, GLM5Config, config_from_gguf_metadata, config_problems, json_type
+from glm5lib.model.spec import (GGUF_ARCH, GLM5Config, config_from_gguf_metadata, config_problems, json_type,
+                                metadata_problems)
 
 # Fields that change shapes or math. A difference in one of these is a problem; the others are notes:
 # llama.cpp's converter sets bos = eos, the dtype follows the file type, some quants drop the MTP layer, and a
@@ -29,20 +30,6 @@ def _f32_to_float(x: float) -> float:
     """GGUF stores floats as f32: 1e-5 reads back as 9.99999974e-06. Take the shortest decimal that rounds to the
     same f32, which is what the original config said."""
     return float(np.format_float_positional(np.float32(x), unique=True, trim="-")) if x else 0.0
-
-
-def metadata_problems(kv: dict[str, Any]) -> list[str]:
-    """glm-dsa keys of the wrong GGUF type (a string where a number belongs, ...)."""
-    out = []
-    for key, value in kv.items():
-        if not key.startswith(GGUF_ARCH + "."):
-            continue
-        if key == f"{GGUF_ARCH}.attention.indexer.types":
-            if not (isinstance(value, list) and all(isinstance(v, (bool, int)) for v in value)):
-                out.append(f"{key} is {json_type(value)}, expected an array of bools")
-        elif not isinstance(value, (int, float)):
-            out.append(f"{key} is {json_type(value)} {value!r:.40}, expected a number")
-    return out
 
 
 def config_from_kv(kv: dict[str, Any], *, torch_dtype: str = "bfloat16") -> GLM5Config:

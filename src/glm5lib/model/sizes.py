@@ -125,15 +125,23 @@ def _recipe(cfg: GLM5Config, ftype: str) -> tuple[tuple[str, str], ...]:
 def types_from_gguf(path: str | os.PathLike) -> tuple[GLM5Config, dict[str, str]]:
     """The config and the GGUF type of every tensor, from the headers of a glm-dsa file (any shard of a set)."""
     from glm5lib.gguf import open_gguf
-    from glm5lib.model.spec import GGUF_ARCH, config_from_gguf_metadata
+    from glm5lib.model.spec import GGUF_ARCH, config_from_gguf_metadata, config_problems, metadata_problems
 
     g = open_gguf(path)
     if g.arch != GGUF_ARCH:
         raise UserError(f"{path}: architecture {g.arch!r}, not {GGUF_ARCH}")
+    wrong = metadata_problems(g.kv)
+    if wrong:
+        raise UserError(f"{path}: {wrong[0]}")
     try:
         cfg = config_from_gguf_metadata(g.kv)
     except KeyError as exc:
         raise UserError(f"{path}: metadata key {exc.args[0]} missing") from None
+    except (TypeError, ValueError) as exc:  # a string or a list where a number belongs
+        raise UserError(f"{path}: unusable {GGUF_ARCH} metadata ({exc})") from None
+    bad = config_problems(cfg.to_hf_dict())
+    if bad:
+        raise UserError(f"{path}: {bad[0]}")
     return cfg, {t.name: t.ggml_type.name for t in g.tensors}
 
 

@@ -474,6 +474,20 @@ def gguf_metadata(cfg: GLM5Config) -> dict[str, Any]:
     return md
 
 
+def metadata_problems(kv: dict[str, Any]) -> list[str]:
+    """glm-dsa keys of the wrong GGUF type (a string where a number belongs, ...)."""
+    out = []
+    for key, value in kv.items():
+        if not key.startswith(GGUF_ARCH + "."):
+            continue
+        if key == f"{GGUF_ARCH}.attention.indexer.types":
+            if not (isinstance(value, list) and all(isinstance(v, (bool, int)) for v in value)):
+                out.append(f"{key} is {json_type(value)}, expected an array of bools")
+        elif not isinstance(value, (int, float)):
+            out.append(f"{key} is {json_type(value)} {value!r:.40}, expected a number")
+    return out
+
+
 def config_from_gguf_metadata(kv: dict[str, Any]) -> GLM5Config:
     """Inverse of `gguf_metadata` (fields GGUF does not carry keep GLM-5 defaults). Raises KeyError on a missing key."""
     a = GGUF_ARCH

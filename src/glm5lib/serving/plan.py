@@ -209,9 +209,15 @@ def resolve_model(model: str | None, preset: str | None, quant: str | None) -> M
                               True, str(path))
         return ModelInput(path.name, cfg, types, _main_type(types), True, str(path))
     cfg_path = path / "config.json" if path.is_dir() else path
-    if cfg_path.name.endswith(".json") and cfg_path.is_file():
+    if cfg_path.name.endswith(".json") and cfg_path.exists():
+        from glm5lib.files import read_json_object
+        from glm5lib.model.spec import config_problems
+
+        hf = read_json_object(cfg_path, "config file")
+        bad = config_problems(hf)
+        if bad:
+            raise UserError(f"{cfg_path}: {bad[0]}")
         try:
-            hf = json.loads(cfg_path.read_text())
             cfg = GLM5Config.from_hf_dict(hf)
         except (ValueError, TypeError) as exc:
             raise UserError(f"{cfg_path}: not a GLM-5 config.json ({exc})") from None
