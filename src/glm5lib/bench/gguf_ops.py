@@ -441,6 +441,19 @@ def targets(rows: list[dict]) -> list[dict]:
     return out
 
 
+def best_copy_fraction(result: dict, batches: tuple[int, ...] = (1, 8)) -> dict[str, float]:
+    """'path type bB' -> the best weight rate over the shapes as a fraction of the measured copy bandwidth, from
+    CUDA-graph timings (what a captured decode step sees), for the paths a deployment can take."""
+    best: dict[str, float] = {}
+    for r in result["rows"]:
+        v = r.get("copy_frac_graph")
+        if v is None or r["batch"] not in batches or r["path"] not in ("bf16", "plugin_cuda", "glm5lib"):
+            continue
+        key = f"{r['path']} {r['type']} b{r['batch']}"
+        best[key] = max(best.get(key, 0.0), v)
+    return dict(sorted(best.items()))
+
+
 def dense_attn(rows: list[dict]) -> list[dict]:
     """Residency policy: per GLM-5 MoE layer (attention projections + shared expert) and per dense layer, the
     time and bytes of the non-expert weights kept quantized (glm5lib) against dequantized to bf16."""
