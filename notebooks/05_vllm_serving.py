@@ -216,20 +216,22 @@ else:
 # parameter bytes) with `--speculative-config '{"method": "mtp", "num_speculative_tokens": 1}'`: the bytes vLLM
 # holds against what the residency plan says (GGUF bytes of the tensors kept quantized + the dequantized ones in
 # the serving dtype) and against dequantizing everything; the greedy tokens with MTP against the server's above;
-# vLLM's draft/accept counters. Both sizes count what vLLM's MLA adds: W_UK_T and W_UV beside `kv_b_proj`, which in
-# the tiny model (512-wide latent, 256-wide hidden) are most of the dense bytes; in GLM-5 they are ~1 % of the
-# weights, and the quantized share is what dominates. The tiny model's MTP layer is untrained, so its drafts are mostly rejected: the
-# point is that speculation from a GGUF runs and changes nothing in greedy output.
+# vLLM's draft/accept counters. Held bytes count each storage once (vLLM's MLA keeps W_UK_T and W_UV as views of
+# `kv_b_proj`'s weight) and include vLLM's own buffers (RoPE cache, top-k buffer), which the plan leaves out. In the
+# tiny model (512-wide latent, 256-wide hidden) the dequantized kv_b is most of the dense bytes; in GLM-5 it is
+# ~1 % of the weights, and the quantized share dominates. The tiny model's MTP layer is untrained, so its drafts
+# are mostly rejected: the point is that speculation from a GGUF runs and changes nothing in greedy output.
 
 # %%
 if OFFLINE_RUN and tiny is not None:
     from glm5lib.mapping.quantized import dequantized_bytes, planned_bytes, residency_plan
     from glm5lib.mapping.source import open_model
     from glm5lib.plotting import pyplot, save_figure
+    from glm5lib.paths import outputs_dir
     from glm5lib.serving.offline import run_offline
 
     mtp_prompts = [c.prompt_ids for c in completions[:2]]
-    off = run_offline(model_path, mtp_prompts, MAX_NEW_TOKENS, mtp=True, log_path="outputs/logs/05_offline_mtp.log")
+    off = run_offline(model_path, mtp_prompts, MAX_NEW_TOKENS, mtp=True, log_path=outputs_dir() / "logs" / "05_offline_mtp.log")
     plan = residency_plan(model_path, "quantized")
     want = planned_bytes(plan, model_path, 4)  # fp32 serving dtype
     gs = open_model(model_path)
@@ -246,7 +248,7 @@ if OFFLINE_RUN and tiny is not None:
     ax.set_xlabel("MiB")
     ax.set_title(f"tiny GLM-5 {TINY_TYPE}: weight bytes")
     fig.tight_layout()
-    save_figure(fig, "outputs/figures/05_resident_bytes.png", close=False)
+    save_figure(fig, outputs_dir() / "figures" / "05_resident_bytes.png", close=False)
     plt.show()
     m = off["metrics"]
     drafted, accepted = m["vllm:spec_decode_num_draft_tokens"], m["vllm:spec_decode_num_accepted_tokens"]
@@ -350,10 +352,10 @@ if h200_path.is_file():
 # 64 heads / heads per GPU, 4.2 TB/s): a lower bound of the rest of the step, so the share is an upper bound.
 
 # %%
-from glm5lib.paths import bench_dir
+from glm5lib.paths import bench_dir, outputs_dir
 from glm5lib.serving import graphs as G
 
-graphs_path = (bench_dir() or Path("outputs/bench")) / "vllm_graphs_h200.json"
+graphs_path = (bench_dir() or outputs_dir() / "bench") / "vllm_graphs_h200.json"
 if graphs_path.is_file():
     grep = json.loads(graphs_path.read_text())
     for r in grep["results"]:
@@ -369,7 +371,7 @@ if graphs_path.is_file():
     record("h200_graphs_share", share)
     from IPython.display import Image, display
 
-    display(Image(str(save_figure(G.plot(grep), "outputs/figures/05_graphs_h200.png"))))
+    display(Image(str(save_figure(G.plot(grep), outputs_dir() / "figures" / "05_graphs_h200.png"))))
 else:
     print(f"no {graphs_path.name} in {graphs_path.parent}: run `bash scripts/device_kernels.sh harness-graphs` on a "
           "CUDA GPU and commit the JSON")

