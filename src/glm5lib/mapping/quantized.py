@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGMLQuantizationType
 
 from glm5lib.errors import GGUFFormatError, UserError
 from glm5lib.mapping.config import config_from_gguf
@@ -83,10 +83,6 @@ class ResidencyPlan:
     dense: set[str]  # modules streamed as `.weight` (plain in the file, or dequantized)
     specs: list[TensorSpec]
     config: GLM5Config
-
-    @property
-    def unquantized_modules(self) -> list[str]:
-        return sorted(self.dense)
 
 
 def _part_specs(gs: Any, cfg: GLM5Config, part: str) -> list[TensorSpec]:
@@ -250,11 +246,6 @@ def dequantized_bytes(plan: ResidencyPlan, path: str | os.PathLike | Any, dense_
     """What vLLM would hold with every tensor of `plan`'s part dequantized (the comparison for `planned_bytes`)."""
     dense = dataclasses.replace(plan, quantized=set(), dense=plan.dense | plan.quantized)
     return planned_bytes(dense, path, dense_bytes_per_element)["total"]
-
-
-def block_bytes(qtype: GGMLQuantizationType) -> tuple[int, int]:
-    """(values per block, bytes per block) of a ggml type."""
-    return GGML_QUANT_SIZES[qtype]
 
 
 def dequantize_rows(rows: np.ndarray, qtype: int) -> np.ndarray:
