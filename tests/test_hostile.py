@@ -430,3 +430,22 @@ def test_config_check_accepts_real_configs_and_names_each_bad_field():
     assert config_problems(hub) == []
     bad = config_problems({"hidden_size": True, "rope_theta": "1e6", "num_hidden_layers": 0, "eos_token_id": "x"})
     assert [b.split()[0] for b in bad] == ["hidden_size", "num_hidden_layers", "rope_theta", "eos_token_id"]
+
+
+# ---- workbook ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--only", "99"], ("99",)),
+    (["-p", "1bad", "3"], ("1bad",)),
+    (["-p", "X", "[unclosed"], ("X",)),
+    (["--out", "/dev/null"], ("/dev/null",)),
+    (["--out", "FILE"], ("FILE",)),
+], ids=["unknown-notebook", "bad-parameter-name", "bad-parameter-value", "out-device", "out-file"])
+def test_workbook_refuses_bad_arguments_before_running_anything(argv, names, tmp_path):
+    f = tmp_path / "FILE"
+    f.write_text("mine")
+    argv = [str(f) if a == "FILE" else a for a in argv]
+    rc, out, err, seconds = run_cli(["workbook", *argv])
+    assert_refused("workbook", rc, out, err, names)
+    assert seconds < 10 and f.read_text() == "mine"  # nothing ran, nothing of the user's touched
