@@ -41,6 +41,7 @@ import torch
 
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES, INDEXER_DIM, INDEXER_FP8_ROW_BYTES
 from glm5lib.model.spec import GLM5Config
+from glm5lib.serving.harness import _events_us  # one CUDA-event timer for both harness modes
 
 GLM5 = GLM5Config.glm5()
 NULL_BLOCK = 0  # vLLM reserves block 0 for padding rows of the block table
@@ -257,16 +258,6 @@ class DecodeStep:
 
 def _same_picks(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(torch.sort(a, 1).values, torch.sort(b, 1).values))
-
-
-def _events_us(fn, repeats: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / repeats
 
 
 def host_us(fn, repeats: int) -> float:
