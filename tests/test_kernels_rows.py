@@ -84,7 +84,9 @@ def test_step_topk_batches_the_leading_decodes(query_lens, q_fp8, monkeypatch):
 
 
 def test_req_id_per_token_on_the_device_matches_the_host_twin():
-    from glm5lib.vllm_plugin.paged import req_id_per_token, req_id_per_token_device
+    from glm5lib.vllm_plugin.paged import StepBuffers, req_id_per_token
+
+    bufs = StepBuffers(64, "cpu")
 
     g = torch.Generator().manual_seed(5)
     for _ in range(20):
@@ -92,7 +94,8 @@ def test_req_id_per_token_on_the_device_matches_the_host_twin():
         qsl = torch.cat([torch.zeros(1, dtype=torch.int64), lens.cumsum(0)]).to(torch.int32)
         n_tokens = int(qsl[-1]) + int(torch.randint(0, 3, (1,), generator=g))  # padding tokens past the last
         want = req_id_per_token(qsl.numpy(), n_tokens)
-        got = req_id_per_token_device(torch.cat([qsl, qsl[-1:].repeat(3)]), len(lens), n_tokens)  # padded qsl
+        bufs.req_id_per_token.fill_(99)  # stale values from an earlier step must be overwritten
+        got = bufs.fill_req_ids(torch.cat([qsl, qsl[-1:].repeat(3)]), len(lens), n_tokens)  # padded qsl
         assert got.dtype == torch.int32 and torch.equal(got, want), (qsl.tolist(), got.tolist(), want.tolist())
 
 

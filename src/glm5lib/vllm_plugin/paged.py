@@ -50,14 +50,6 @@ def req_id_per_token(query_start_loc_cpu: torch.Tensor | np.ndarray, num_tokens:
     return out
 
 
-def req_id_per_token_device(query_start_loc: torch.Tensor, num_reqs: int, num_tokens: int) -> torch.Tensor:
-    """`req_id_per_token` computed where `query_start_loc` lives (vLLM's device copy): no host -> device copy,
-    so building the step's metadata never waits for the GPU. Padding tokens get request 0."""
-    t = torch.arange(num_tokens, dtype=query_start_loc.dtype, device=query_start_loc.device)
-    idx = torch.searchsorted(query_start_loc[1 : num_reqs + 1].contiguous(), t, right=True, out_int32=True)
-    return torch.where(idx < num_reqs, idx, torch.zeros_like(idx))
-
-
 def flat_kv_rows(kv_cache: torch.Tensor, block_size: int) -> tuple[torch.Tensor, int]:
     """(flat [rows, row_width] view, block stride in rows) of a paged `[num_blocks, block_size, row_width]` cache.
 
@@ -354,7 +346,9 @@ class StepBuffers:
                              "(max_num_batched_tokens)")
 
     def fill_req_ids(self, query_start_loc: torch.Tensor, num_reqs: int, num_tokens: int) -> torch.Tensor:
-        """`req_id_per_token_device` written into the persistent buffer; returns its `[:num_tokens]` view."""
+        """The request of each token (`req_id_per_token`'s device twin: a search in `query_start_loc` where it
+        lives, so the step's metadata never waits for the GPU; padding tokens get request 0), written into the
+        persistent buffer; returns its `[:num_tokens]` view."""
         self._check(num_tokens)
         out = self.req_id_per_token[:num_tokens]
         if num_tokens == 0:
