@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from glm5lib.kernels.common import capability, num_sms  # noqa: F401  (before triton: interpreter switch)
 import triton  # noqa: E402
@@ -37,10 +38,11 @@ import triton.language as tl  # noqa: E402
 from glm5lib.errors import UserError  # noqa: E402
 
 # GGML type ids (gguf.GGMLQuantizationType) -> (values per block, bytes per block, code bits)
-Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K = 2, 6, 8, 12, 13, 14
-QTYPES = {Q4_0: (32, 18, 4), Q5_0: (32, 22, 5), Q8_0: (32, 34, 8), Q4_K: (256, 144, 4), Q5_K: (256, 176, 5),
-          Q6_K: (256, 210, 6)}
-QTYPE_NAMES = {Q4_0: "Q4_0", Q5_0: "Q5_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+# Type ids, values and bytes per block from gguf-py (the one table of ggml types); bits per code are the kernels'.
+_BITS = {"Q4_0": 4, "Q5_0": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
+Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K = (int(GGMLQuantizationType[n]) for n in _BITS)
+QTYPES = {int(GGMLQuantizationType[n]): (*GGML_QUANT_SIZES[GGMLQuantizationType[n]], bits) for n, bits in _BITS.items()}
+QTYPE_NAMES = {int(GGMLQuantizationType[n]): n for n in _BITS}
 
 
 @dataclass(frozen=True)
