@@ -37,7 +37,7 @@ class FakeKernel:
 @pytest.fixture
 def on(monkeypatch):
     monkeypatch.setattr(common, "PREBOUND", True)
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(common, "INTERPRETED", False)
     monkeypatch.setattr(common, "current_stream", lambda index: 77)
 
 

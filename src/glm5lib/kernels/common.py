@@ -114,14 +114,21 @@ def _prebound_default(env: str | None, version: str) -> bool:
 PREBOUND = _prebound_default(os.environ.get("GLM5LIB_TRITON_PREBOUND"), triton.__version__)
 
 
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # decided before Triton was imported (above)
+
+
 def _spec_of(a):
+    """What Triton specializes a launch argument on (ints first: most arguments are strides and sizes)."""
+    t = type(a)
+    if t is int:
+        return (a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
+    if t is bool:
+        return ("b", a)
     if isinstance(a, torch.Tensor):
         return (a.dtype, a.data_ptr() % 16 == 0)
-    if isinstance(a, bool):
-        return ("b", a)
     if isinstance(a, int):
         return ("i", a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
-    return type(a).__name__
+    return t.__name__
 
 
 def current_stream(index: int) -> int:
@@ -141,9 +148,16 @@ class Prebound:
         self.broken: str | None = None
 
     def __call__(self, grid, *args, **kw):
-        if not PREBOUND or self.broken or os.environ.get("TRITON_INTERPRET") == "1" or not self.names:
+        return self.launch(grid, args, kw)
+
+    def launch(self, grid, args: tuple, kw: dict, kw_key: tuple | None = None, device_index: int | None = None):
+        """The launch with `kw` (constexprs and options) given as a dict; a caller that launches the same `kw` again
+        and again passes `kw_key = tuple(kw.values())` (and the device index) computed once."""
+        if not PREBOUND or self.broken or INTERPRETED or not self.names:
             return self.fn[grid](*args, **kw)
-        key = (tuple(_spec_of(a) for a in args), tuple(kw.values()), args[0].device.index)
+        if device_index is None:
+            device_index = args[0].device.index
+        key = (tuple(map(_spec_of, args)), tuple(kw.values()) if kw_key is None else kw_key, device_index)
         hit = self.compiled.get(key)
         if hit is None:
             ck = self.fn[grid](*args, **kw)
@@ -152,9 +166,9 @@ class Prebound:
             return ck
         ck, tail = hit
         g = tuple(grid) + (1, 1)
-        stream = current_stream(args[0].device.index)
         try:
-            ck.run(g[0], g[1], g[2], stream, ck.function, ck.packed_metadata, None, None, None, *args, *tail)
+            ck.run(g[0], g[1], g[2], current_stream(device_index), ck.function, ck.packed_metadata, None, None, None,
+                   *args, *tail)
         except TypeError as exc:  # another launcher convention: plain launches from now on
             self.broken = f"{type(exc).__name__}: {exc}"
             return self.fn[grid](*args, **kw)

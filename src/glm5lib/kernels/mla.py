@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from glm5lib.kernels.common import Prebound, capability, e4m3_bits_to, fp8_hw, num_sms  # before triton: interpreter
+from glm5lib.kernels import common  # before triton: the interpreter switch
+from glm5lib.kernels.common import Prebound, capability, e4m3_bits_to, fp8_hw, num_sms
 import triton  # noqa: E402  (after common, which sets the interpreter switch)
 import triton.language as tl  # noqa: E402
 
@@ -189,7 +190,7 @@ def _tile_attend(q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, ac
 
 @triton.jit
 def _sparse_mla_fwd_kernel(
-    Q, KV, IDX, O, LSE, PART, CNT,
+    Q, KV, IDX, O, LSE, PART,
     stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
     H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
     KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, SPLIT: tl.constexpr,
@@ -197,13 +198,11 @@ def _sparse_mla_fwd_kernel(
     D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     PREFETCH: tl.constexpr = False, ALIGNED: tl.constexpr = False, NOPE_F16: tl.constexpr = False,
     DEQUANT: tl.constexpr = False, IDX_AHEAD: tl.constexpr = False,
-    MERGE_SP: tl.constexpr = 1, MERGE_BD: tl.constexpr = 128,
 ):
     """One program: token t, head block hb, split sp of the top-k list (see the module docstring).
 
-    SPLIT: the program writes its normalised fp32 partial and log2 lse to PART, then bumps the (t, hb) counter in
-    CNT; the program that arrives last merges every split of (t, hb) into O / LSE and sets the counter back to 0
-    (so the counters are all zero between launches, also across CUDA-graph replays). One launch either way.
+    SPLIT: the program writes its normalised fp32 partial and its log2 lse to PART (layout in `_part_rows`);
+    `_merge_splits_kernel` combines them. Otherwise it writes O and LSE directly.
     """
     CH: tl.constexpr = 128
     t = tl.program_id(0)
@@ -288,67 +287,67 @@ def _sparse_mla_fwd_kernel(
         tl.store(o_row + 3 * CH + offs_c[None, :], (acc3 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
         tl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
     else:
-        # PART = fp32 partials o [S, T, H, D_NOPE] (normalised), then their lse [S, T, H] (log2 units)
         n_t = tl.num_programs(0)
         n_sp = tl.num_programs(2)
-        o_part = PART + ((sp * n_t + t).to(tl.int64) * H + offs_h[:, None]) * D_NOPE
+        rows = _part_rows(sp, t, n_t, H, offs_h)
+        o_part = PART + rows[:, None] * D_NOPE
         tl.store(o_part + 0 * CH + offs_c[None, :], acc0 * inv_l[:, None], mask=h_mask[:, None])
         tl.store(o_part + 1 * CH + offs_c[None, :], acc1 * inv_l[:, None], mask=h_mask[:, None])
         tl.store(o_part + 2 * CH + offs_c[None, :], acc2 * inv_l[:, None], mask=h_mask[:, None])
         tl.store(o_part + 3 * CH + offs_c[None, :], acc3 * inv_l[:, None], mask=h_mask[:, None])
-        l_part = PART + n_sp.to(tl.int64) * n_t * H * D_NOPE
-        tl.store(l_part + (sp * n_t + t) * H + offs_h, lse2, mask=h_mask)
-        # every thread's stores are issued before the counter moves (the barrier), and the acq_rel atomic at GPU
-        # scope publishes them to, and acquires the others' for, the program that arrives last
-        tl.debug_barrier()
-        cnt = CNT + t * tl.num_programs(1) + hb
-        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-        if arrived == n_sp - 1:
-            tl.store(cnt, 0)
-            _merge_partials(PART, l_part, O, LSE, t, n_t, n_sp, H, offs_h, h_mask, stride_ot, stride_oh, stride_lt,
-                            D_NOPE, MERGE_SP, MERGE_BD)
+        tl.store(PART + n_sp.to(tl.int64) * n_t * H * D_NOPE + rows, lse2, mask=h_mask)
 
 
 @triton.jit
-def _merge_partials(PART, L_PART, O, LSE, t, n_t, n_sp, H, offs_h, h_mask, stride_ot, stride_oh, stride_lt,
-                    D_NOPE: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr):
-    """out = sum_s 2^(lse_s - lse) o_s with lse = log2 sum_s 2^lse_s, for one (token, head block).
+def _part_rows(s, t, n_t, H, offs_h):
+    """Row of (split s, token t, head h) in the split buffer: fp32 partial outputs `[S, T, H, D_NOPE]`
+    (normalised), followed by their log2 lse `[S, T, H]`, in one allocation."""
+    return (s * n_t + t).to(tl.int64) * H + offs_h
 
-    Each step loads every split's [heads, BD] columns at once ([SP, BLOCK_H, BD]), and the column loop is
-    software-pipelined (num_stages=2) so the next block's loads are in flight while this one is summed. Loads
-    bypass L1 (.cg): the partials were written by other multiprocessors during this launch.
+
+@triton.jit
+def _merge_splits_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NUM_SPLITS,
+                         D_NOPE: tl.constexpr, SP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out = sum_s 2^(lse_s - lse) o_s, lse = log2 sum_s 2^lse_s (partials hold normalised o_s).
+
+    One program owns (token, head block, BLOCK_D columns) and loads every split at once ([SP, BLOCK_H, BLOCK_D]),
+    so the split loads are all in flight together instead of one dependent round trip per split.
     """
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    db = tl.program_id(2)
+    n_t = tl.num_programs(0)
     offs_s = tl.arange(0, SP)
-    sh_mask = (offs_s < n_sp)[:, None] & h_mask[None, :]
-    rows = (offs_s[:, None] * n_t + t).to(tl.int64) * H + offs_h[None, :]  # [SP, BLOCK_H] (split, token, head)
-    ls = tl.load(L_PART + rows, mask=sh_mask, other=float("-inf"), cache_modifier=".cg")
-    m = tl.max(ls, 0)
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+    h_mask = offs_h < H
+    sh_mask = (offs_s < NUM_SPLITS)[:, None] & h_mask[None, :]
+    rows = _part_rows(offs_s[:, None], t, n_t, H, offs_h[None, :])  # [SP, BLOCK_H]
+    ls = tl.load(PART + NUM_SPLITS.to(tl.int64) * n_t * H * D_NOPE + rows, mask=sh_mask, other=float("-inf"))
+    m = tl.max(ls, 0)  # [BLOCK_H]
     m_use = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(ls - m_use[None, :])  # 0 for splits without keys
+    w = tl.exp2(ls - m_use[None, :])  # [SP, BLOCK_H]; 0 for splits without keys
     l = tl.sum(w, 0)
+    o = tl.load(PART + rows[:, :, None] * D_NOPE + offs_d[None, None, :], mask=sh_mask[:, :, None], other=0.0)
+    acc = tl.sum(o * w[:, :, None], 0)  # [BLOCK_H, BLOCK_D]
     has_key = l > 0
-    w = w * tl.where(has_key, 1.0 / tl.where(has_key, l, 1.0), 0.0)[None, :]
-    tl.store(LSE + t * stride_lt + offs_h,
-             tl.where(has_key, (m_use + tl.log2(tl.where(has_key, l, 1.0))) * 0.6931471805599453, float("-inf")),
-             mask=h_mask)
-    o_rows = PART + rows[:, :, None] * D_NOPE
-    out_rows = O + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh
-    for d0 in tl.range(0, D_NOPE, BD, num_stages=2):
-        offs_d = d0 + tl.arange(0, BD)
-        o = tl.load(o_rows + offs_d[None, None, :], mask=sh_mask[:, :, None], other=0.0, cache_modifier=".cg")
-        tl.store(out_rows + offs_d[None, :], tl.sum(o * w[:, :, None], 0).to(O.dtype.element_ty),
-                 mask=h_mask[:, None])
+    inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l, 1.0), 0.0)
+    tl.store(O + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
+             (acc * inv_l[:, None]).to(O.dtype.element_ty), mask=h_mask[:, None])
+    if db == 0:
+        lse = tl.where(has_key, (m_use + tl.log2(tl.where(has_key, l, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + t * stride_lt + offs_h, lse, mask=h_mask)
 
 
-MAX_SPLITS = 32  # >= 64 keys per split at top-k 2048
-MERGE_ROWS = 512  # splits x heads one merging program may sum (16 heads: 32 splits; 64 heads: 8): 1 MB of partials
+MAX_SPLITS = 32  # keeps the merge's [splits, heads, columns] tile small; >= 64 keys per split at top-k 2048
 
 
-def merge_tile(num_splits: int, block_h: int, num_warps: int) -> tuple[int, int]:
-    """(SP, BD) of the in-kernel merge: every split's [block_h, BD] columns at once, ~64 fp32 values a thread."""
-    sp = triton.next_power_of_2(num_splits)
-    bd = max(16, min(128, (64 * 32 * num_warps) // (sp * block_h)))
-    return sp, bd
+def merge_tile(num_splits: int, H: int) -> tuple[int, int, int]:
+    """(SP, BLOCK_H, BLOCK_D) for the merge: about 4K fp32 values in flight per program."""
+    sp = 1 << (num_splits - 1).bit_length()
+    bh = min(16, 1 << (H - 1).bit_length())
+    bd = max(16, min(128, 4096 // (sp * bh)))
+    return sp, bh, bd
 
 
 _num_sms = num_sms  # older name, kept for callers
@@ -425,38 +424,55 @@ def _plan(T: int, H: int, topk: int, kv_format: str, dev_type: str, dev_index: i
     (the eager path calls this for every layer of every step)."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     cfg = cfg or pick_config(T, H, topk, kv_format, smem_class(dev), num_sms(dev))
-    if num_splits is None:  # capped so that the program that merges reads at most MERGE_ROWS partial rows
-        num_splits = min(config_num_splits(T, H, topk, cfg, dev), max(1, MERGE_ROWS // cfg.block_h))
-    keys_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_splits), cfg.block_n) * cfg.block_n
-    return cfg, max(1, triton.cdiv(topk, keys_per_split)), keys_per_split
+    if num_splits is None:
+        num_splits = config_num_splits(T, H, topk, cfg, dev)
+    keys_per_split = -(-(-(-max(topk, 1) // num_splits)) // cfg.block_n) * cfg.block_n
+    return cfg, max(1, -(-topk // keys_per_split)), keys_per_split
+
+
+@dataclass(frozen=True)
+class _Launch:
+    cfg: MLAConfig
+    grid: tuple[int, int, int]
+    keys_per_split: int
+    kw: dict  # constexprs and launch options
+    kw_key: tuple  # tuple(kw.values()), for the pre-bound launcher
+    merge_grid: tuple[int, int, int]
+    merge_kw: dict
+    merge_kw_key: tuple
+
+
+@functools.lru_cache(maxsize=4096)
+def _launch_plan(T: int, H: int, topk: int, kv_format: str, dev_type: str, dev_index: int | None,
+                 cfg: MLAConfig | None, num_splits: int | None, aligned: bool, exact_fp32: bool,
+                 fp8_software: bool) -> _Launch:
+    """Everything about a launch that follows from the call's shape (host code an eager layer runs once per shape)."""
+    cfg, num_splits, keys_per_split = _plan(T, H, topk, kv_format, dev_type, dev_index, cfg, num_splits)
+    dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
+    fp8 = kv_format == "fp8_ds_mla"
+    kw = dict(KV_FP8=fp8, FP8_HW=fp8_hw(dev), SPLIT=num_splits > 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+              D_NOPE=D_NOPE, D_ROPE=D_ROPE, PREFETCH=cfg.prefetch, ALIGNED=fp8 and aligned,
+              NOPE_F16=fp8 and cfg.nope_f16 and not exact_fp32,  # fp32 q: the interpreter's exact path
+              DEQUANT=fp8 and cfg.dequant, IDX_AHEAD=cfg.idx_ahead,
+              num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    sp, bh, bd = merge_tile(num_splits, H)
+    merge_kw = dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4)
+    del fp8_software  # part of the cache key only: fp8_hw reads it
+    return _Launch(cfg, (T, -(-H // cfg.block_h), num_splits), keys_per_split, kw, tuple(kw.values()),
+                   (T, -(-H // bh), D_NOPE // bd), merge_kw, tuple(merge_kw.values()))
 
 
 _FWD = Prebound(_sparse_mla_fwd_kernel)
 
-# Split counters: one int32 per (token, head block), zero between launches (the merging program resets its own).
-# Allocated once per device at a size no split launch can exceed (splits only happen while tokens x head blocks
-# < waves x SMs), and never freed, so a captured CUDA graph keeps valid pointers. Launches on one device share
-# them, which assumes split launches on a device do not run concurrently on two streams (vLLM runs attention
-# layers one after the other on one stream).
-_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    key = (device.type, device.index)
-    cnt = _COUNTERS.get(key)
-    if cnt is None or cnt.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("sparse_mla: call it once outside CUDA-graph capture first (its split counters are "
-                               "allocated and zeroed on the first eager call)")
-        size = max(n, 8 * num_sms(device))
-        cnt = torch.zeros(size, dtype=torch.int32, device=device)
-        _COUNTERS[key] = cnt
-    return cnt
+_MERGE = Prebound(_merge_splits_kernel)
 
 
 def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=None,
                       config: MLAConfig | None = None, num_splits: int | None = None):
-    """`sparse_mla` with the configuration and split count chosen by the caller (tests and benchmarks)."""
+    """`sparse_mla` with the configuration and split count chosen by the caller (tests and benchmarks).
+
+    Written for host time: an eager decode layer calls it once per layer and step, so everything that follows
+    from the shape is looked up in `_launch_plan`, and the launch goes through the pre-bound launcher."""
     T, H, _ = q.shape
     topk = indices.shape[1]
     stride_kv, n_rows = kv_row_geometry(kv_cache)
@@ -472,29 +488,22 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if T == 0:
         return out, lse
-    cfg, num_splits, keys_per_split = _plan(T, H, topk, kv_format, dev.type, dev.index, config, num_splits)
-    n_hblk = triton.cdiv(H, cfg.block_h)
     fp8 = kv_format == "fp8_ds_mla"
-    aligned = False
-    if fp8:  # the kernel reads the fp32 scales and bf16 rope of a row through casts of the byte pointer
-        if stride_kv % 4 != 0 or kv_cache.data_ptr() % 4 != 0:
-            raise ValueError("fp8_ds_mla rows must start on 4-byte boundaries")
-        aligned = stride_kv % 16 == 0 and kv_cache.data_ptr() % 16 == 0
-    if num_splits > 1:
-        part = torch.empty(num_splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev)
-        cnt = _counters(dev, T * n_hblk)
-        sp, bd = merge_tile(num_splits, cfg.block_h, cfg.num_warps)
-    else:
-        part, cnt, sp, bd = lse, lse, 1, 128  # unused
-    _FWD((T, n_hblk, num_splits),
-         q, kv_cache, indices, out, lse, part, cnt,
-         q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
-         H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
-         KV_FP8=fp8, FP8_HW=fp8_hw(dev), SPLIT=num_splits > 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-         D_NOPE=D_NOPE, D_ROPE=D_ROPE, PREFETCH=cfg.prefetch, ALIGNED=aligned,
-         NOPE_F16=fp8 and cfg.nope_f16 and q.dtype != torch.float32,  # fp32 q: the interpreter's exact path
-         DEQUANT=fp8 and cfg.dequant, IDX_AHEAD=cfg.idx_ahead, MERGE_SP=sp, MERGE_BD=bd,
-         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    base = kv_cache.data_ptr()
+    if fp8 and (stride_kv % 4 or base % 4):  # the kernel reads the fp32 scales and bf16 rope through pointer casts
+        raise ValueError("fp8_ds_mla rows must start on 4-byte boundaries")
+    plan = _launch_plan(T, H, topk, kv_format, dev.type, dev.index, config, num_splits,
+                        stride_kv % 16 == 0 and base % 16 == 0, q.dtype == torch.float32, common.FP8_SOFTWARE)
+    grid = plan.grid
+    splits = grid[2]
+    part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
+    _FWD.launch(grid, (q, kv_cache, indices, out, lse, part,
+                       q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,  # lse: [T, H]
+                       H, topk, n_rows, plan.keys_per_split, float(sm_scale) * LOG2E),
+                plan.kw, plan.kw_key, dev.index)
+    if splits > 1:
+        _MERGE.launch(plan.merge_grid, (part, out, lse, out.stride(0), out.stride(1), H, H, splits),
+                      plan.merge_kw, plan.merge_kw_key, dev.index)
     return out, lse
 
 
