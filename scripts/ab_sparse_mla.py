@@ -33,6 +33,8 @@ def load_module(path: str, name: str = "glm5lib_mla_old"):
 
 
 CASES = [  # (kind, T, H, kv_format): decode batches and prefill chunks at the heads-per-GPU of TP 8/4/1
+    ("decode", 1, 8, "bf16"), ("decode", 1, 8, "fp8_ds_mla"), ("decode", 1, 16, "fp8_ds_mla"),
+    ("decode", 1, 64, "fp8_ds_mla"), ("decode", 1, 128, "fp8_ds_mla"), ("decode", 32, 64, "fp8_ds_mla"),
     ("decode", 32, 8, "bf16"), ("decode", 128, 8, "bf16"), ("decode", 128, 16, "bf16"),
     ("decode", 32, 8, "fp8_ds_mla"), ("decode", 128, 8, "fp8_ds_mla"), ("decode", 128, 16, "fp8_ds_mla"),
     ("decode", 128, 64, "bf16"), ("decode", 128, 64, "fp8_ds_mla"), ("decode", 128, 128, "fp8_ds_mla"),
@@ -53,6 +55,7 @@ def run_case(kind, T, H, fmt, old, rounds, ctx=32768, topk=2048):
     a, _ = new_mla.sparse_mla(q, cache, idx_sets[0], B.SM_SCALE, kv_format=fmt, out=out_new)
     b, _ = old.sparse_mla(q, cache, idx_sets[0], B.SM_SCALE, kv_format=fmt, out=out_old)
     equal = bool(torch.equal(a, b))
+    rel = float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
     cfg = new_mla.pick_config(T, H, topk, fmt, new_mla.smem_class(q.device), new_mla.num_sms(q.device))
     t_new, t_old = [], []
     for _ in range(rounds):
@@ -61,7 +64,7 @@ def run_case(kind, T, H, fmt, old, rounds, ctx=32768, topk=2048):
         t_new.append(B._graph_ms([lambda i=i: new_mla.sparse_mla(q, cache, i, B.SM_SCALE, kv_format=fmt, out=out_new)
                                   for i in idx_sets]))
     mo, mn = statistics.median(t_old), statistics.median(t_new)
-    return {"kind": kind, "T": T, "H": H, "kv_format": fmt, "config": cfg.name, "outputs_equal": equal,
+    return {"kind": kind, "T": T, "H": H, "kv_format": fmt, "config": cfg.name, "outputs_equal": equal, "rel_diff": rel,
             "old_us": mo * 1e3, "new_us": mn * 1e3, "new_over_old": mn / mo,
             "old_rounds_us": [t * 1e3 for t in t_old], "new_rounds_us": [t * 1e3 for t in t_new]}
 

@@ -72,3 +72,12 @@ def test_prebound_off_is_the_plain_launch(monkeypatch):
     for _ in range(2):
         pb((1,), torch.zeros(16), 16, 1.0, FLAG=False, BLOCK=16)
     assert [e[0] for e in k.log] == ["triton", "triton"]
+
+
+@pytest.mark.parametrize("env,version,want", [
+    (None, "3.6.0", True), (None, "3.6.1", True),  # the version the GPU harness checked
+    (None, "3.5.1", False), (None, "3.9.0", False), (None, "4.0.0+git", False), (None, "weird", False),
+    ("0", "3.6.0", False), ("1", "3.9.0", True), ("yes", "3.9.0", False),
+])
+def test_prebound_default_is_on_only_where_checked(env, version, want):
+    assert common._prebound_default(env, version) is want

@@ -156,3 +156,39 @@ def test_package_exports_the_kernel_functions():
 
     assert callable(kernels.sparse_mla) and kernels.sparse_mla.__name__ == "sparse_mla"
     assert callable(kernels.indexer_logits) and callable(kernels.topk_indices)
+
+
+def test_split_launch_merges_in_kernel_and_leaves_counters_zero():
+    """With several splits the program that arrives last merges them (one launch): the result matches the
+    reference, including a token whose only valid keys fall in one split and one with none, and every (token, head
+    block) counter is back at 0 afterwards (what makes the launch repeatable and CUDA-graph replays safe)."""
+    from glm5lib.kernels import mla
+
+    gen = torch.Generator().manual_seed(11)
+    T, H, K = 3, 20, 160
+    q = torch.randn(T, H, naive.D_QK, generator=gen).to(DTYPE).to(DEVICE)
+    kv = torch.randn(300, naive.D_QK, generator=gen)
+    idx = torch.randint(0, 300, (T, K), generator=gen, dtype=torch.int32)
+    idx[1, 40:] = -1  # token 1: keys only in the first split
+    idx[2] = -1  # token 2: no key at all
+    idx = idx.to(DEVICE)
+    cfg = MLAConfig(16, 16, 4, 1)
+    for fmt, cache in (("fp8_ds_mla", naive.quantize_fp8_ds_mla(kv).to(DEVICE)), ("bf16", kv.to(DTYPE).to(DEVICE))):
+        for _ in range(2):  # a second launch relies on the first having reset the counters
+            o, lse = sparse_mla_launch(q, cache, idx, 1 / 16, kv_format=fmt, config=cfg, num_splits=5)
+            ro, rlse = naive.sparse_mla_ref(q, cache, idx, 1 / 16, kv_format=fmt)
+            assert float((o.float() - ro).norm() / ro.norm()) < (1e-5 if DTYPE == torch.float32 else 1e-2)
+            assert torch.equal(torch.isfinite(lse), torch.isfinite(rlse)) and not torch.isfinite(lse[2]).any()
+            assert torch.equal(o[2].float(), torch.zeros_like(o[2].float()))
+            cnt = mla._COUNTERS[(torch.device(DEVICE).type, torch.device(DEVICE).index)]
+            assert int(cnt.abs().sum()) == 0
+
+
+def test_dispatcher_caps_splits_for_the_merge():
+    """The automatic split count keeps splits x head-block rows within what one merging program sums."""
+    from glm5lib.kernels import mla
+
+    for T, H in ((1, 8), (1, 64), (1, 128), (4, 64)):
+        cfg, n, _ = mla._plan(T, H, 2048, "bf16", "cpu", None, None, None)
+        assert 1 <= n <= mla.MAX_SPLITS and n * cfg.block_h <= mla.MERGE_ROWS
+    assert mla._plan(1, 8, 2048, "bf16", "cpu", None, None, None)[1] == mla.MERGE_ROWS // 16  # B1 H8: 32 splits

@@ -95,9 +95,23 @@ def fp8_hw(device: torch.device) -> bool:
 # computed from the call's own arguments) and calls its launcher directly. It leans on Triton's launcher calling
 # convention (3.3 and later: grid, stream, function, packed metadata, launch metadata, two hooks, then every
 # argument in signature order, constexprs included): a launcher that refuses the call (TypeError) switches it
-# back to the plain launch for good. Off unless GLM5LIB_TRITON_PREBOUND=1 (the GPU harness measures both and
-# checks they give identical outputs); never used by the interpreter.
-PREBOUND = os.environ.get("GLM5LIB_TRITON_PREBOUND") == "1"
+# back to the plain launch for good. On by default for the Triton versions it was checked on (the GPU harness
+# runs the eager decode step with and without it and requires identical outputs); GLM5LIB_TRITON_PREBOUND=0
+# turns it off, =1 turns it on for any Triton. Never used by the interpreter.
+PREBOUND_CHECKED = ((3, 6),)
+
+
+def _prebound_default(env: str | None, version: str) -> bool:
+    if env in ("0", "1"):
+        return env == "1"
+    try:
+        major_minor = tuple(int(x) for x in version.split(".")[:2])
+    except ValueError:
+        return False
+    return major_minor in PREBOUND_CHECKED
+
+
+PREBOUND = _prebound_default(os.environ.get("GLM5LIB_TRITON_PREBOUND"), triton.__version__)
 
 
 def _spec_of(a):

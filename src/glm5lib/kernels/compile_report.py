@@ -62,38 +62,31 @@ def _sig(fn, types: dict, consts: dict) -> dict:
 def shipped_kernels(arch: int) -> list[KernelSpec]:
     """Every (kernel, config) the dispatchers can launch on `arch` (fp8 conversion is software before sm_89)."""
     from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, _indexer_ragged_kernel
-    from glm5lib.kernels.mla import CONFIGS, _merge_splits_kernel, _sparse_mla_fwd_kernel, merge_tile
+    from glm5lib.kernels.mla import CONFIGS, MAX_SPLITS, MERGE_ROWS, _sparse_mla_fwd_kernel, merge_tile
     from glm5lib.kernels.naive import D_NOPE, D_ROPE, INDEXER_DIM, INDEXER_FP8_ROW_BYTES
 
     fp8_hw = arch >= 89
     smem = "big" if arch in (90, 100) else "small"
     specs = []
     fn = _sparse_mla_fwd_kernel
-    div = ("Q", "KV8", "KVF", "KVH", "IDX", "O", "LSE", "stride_qt", "stride_qh", "stride_kv", "stride_it",
-           "stride_os", "stride_ot", "stride_oh")
+    div = ("Q", "KV", "IDX", "O", "LSE", "PART", "CNT", "stride_qt", "stride_qh", "stride_kv", "stride_it",
+           "stride_ot", "stride_oh")
     for (hcls, fmt, scls), cfg in CONFIGS.items():
         if scls != smem:
             continue
         fp8 = fmt == "fp8_ds_mla"
         cname = f"{hcls}-{fmt}"
-        for _ in (0,):
-            for split in (False, True):
-                types = {"Q": "*bf16", "KV8": "*u8" if fp8 else "*bf16", "KVF": "*fp32" if fp8 else "*bf16",
-                         "KVH": "*bf16", "IDX": "*i32", "O": "*fp32" if split else "*bf16", "LSE": "*fp32",
-                         "qk_scale": "fp32"}
-                consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "SPLIT": split, "BLOCK_H": cfg.block_h,
-                          "BLOCK_N": cfg.block_n, "D_NOPE": D_NOPE, "D_ROPE": D_ROPE, "PREFETCH": cfg.prefetch,
-                          "ALIGNED": fp8, "NOPE_F16": fp8 and cfg.nope_f16,
-                          "DEQUANT": fp8 and cfg.dequant, "IDX_AHEAD": cfg.idx_ahead}
-                specs.append(KernelSpec(f"sparse_mla[{cname}:{cfg.name}:{'split' if split else 'direct'}]",
-                                        fn, _sig(fn, types, consts), consts, cfg.num_warps, cfg.num_stages, div))
-    fn = _merge_splits_kernel
-    for n_splits, H in ((2, 128), (32, 8), (32, 16), (4, 64)):
-        sp, bh, bd = merge_tile(n_splits, H)
-        consts = {"SP": sp, "BLOCK_H": bh, "BLOCK_D": bd}
-        specs.append(KernelSpec(f"merge_splits[SP{sp}-H{bh}-D{bd}]", fn,
-                                _sig(fn, {"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "LSE": "*fp32"}, consts), consts, 4, 3,
-                                ("OP", "LP", "O", "LSE", "stride_ps", "stride_pt", "stride_ph", "stride_ot", "stride_oh")))
+        # direct (one split), and split with the in-kernel merge at the largest split count the dispatcher uses
+        for split in (False, True):
+            sp, bd = merge_tile(min(MAX_SPLITS, MERGE_ROWS // cfg.block_h), cfg.block_h, cfg.num_warps) if split else (1, 128)
+            types = {"Q": "*bf16", "KV": "*u8" if fp8 else "*bf16", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32",
+                     "PART": "*fp32", "CNT": "*i32", "qk_scale": "fp32"}
+            consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "SPLIT": split, "BLOCK_H": cfg.block_h,
+                      "BLOCK_N": cfg.block_n, "D_NOPE": D_NOPE, "D_ROPE": D_ROPE, "PREFETCH": cfg.prefetch,
+                      "ALIGNED": fp8, "NOPE_F16": fp8 and cfg.nope_f16,
+                      "DEQUANT": fp8 and cfg.dequant, "IDX_AHEAD": cfg.idx_ahead, "MERGE_SP": sp, "MERGE_BD": bd}
+            specs.append(KernelSpec(f"sparse_mla[{cname}:{cfg.name}:{f'split-SP{sp}' if split else 'direct'}]",
+                                    fn, _sig(fn, types, consts), consts, cfg.num_warps, cfg.num_stages, div))
     variants = [(False, "bf16"), (True, "bf16")] + ([(True, "fp8e4nv")] if fp8_hw else [])
     for fp8, qty in variants:
         qtag = "" if qty == "bf16" else ":q8"

@@ -28,7 +28,7 @@ from glm5lib.kernels.common import Prebound, capability, e4m3_bits_to, fp8_hw, n
 import triton  # noqa: E402  (after common, which sets the interpreter switch)
 import triton.language as tl  # noqa: E402
 
-from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES, kv_row_view
+from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES, kv_row_geometry
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -189,21 +189,32 @@ def _tile_attend(q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, ac
 
 @triton.jit
 def _sparse_mla_fwd_kernel(
-    Q, KV8, KVF, KVH, IDX, O, LSE,
-    stride_qt, stride_qh, stride_kv, stride_it,
-    stride_os, stride_ot, stride_oh, stride_ls, stride_lt, stride_lh,
+    Q, KV, IDX, O, LSE, PART, CNT,
+    stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
     H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
     KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     PREFETCH: tl.constexpr = False, ALIGNED: tl.constexpr = False, NOPE_F16: tl.constexpr = False,
     DEQUANT: tl.constexpr = False, IDX_AHEAD: tl.constexpr = False,
+    MERGE_SP: tl.constexpr = 1, MERGE_BD: tl.constexpr = 128,
 ):
+    """One program: token t, head block hb, split sp of the top-k list (see the module docstring).
+
+    SPLIT: the program writes its normalised fp32 partial and log2 lse to PART, then bumps the (t, hb) counter in
+    CNT; the program that arrives last merges every split of (t, hb) into O / LSE and sets the counter back to 0
+    (so the counters are all zero between launches, also across CUDA-graph replays). One launch either way.
+    """
     CH: tl.constexpr = 128
     t = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
     DOT_DTYPE: tl.constexpr = Q.dtype.element_ty
+    # the cache seen as bytes (latent e4m3 / bf16 rows), fp32 (fp8 scales) and bf16 (fp8 rope): pointer casts here
+    # instead of three tensor views on the host, which an eager decode layer would pay for on every call
+    KV8 = KV
+    KVF = KV.to(tl.pointer_type(tl.float32), bitcast=True)
+    KVH = KV.to(tl.pointer_type(tl.bfloat16), bitcast=True)
 
     offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     h_mask = offs_h < H
@@ -268,67 +279,76 @@ def _sparse_mla_fwd_kernel(
     if KV_FP8 and NOPE_F16 and not DEQUANT:
         inv_l = inv_l * (1.0 / 256.0)
     lse2 = tl.where(has_key, m_i + tl.log2(tl.where(has_key, l_i, 1.0)), float("-inf"))
-    o_row = O + sp.to(tl.int64) * stride_os + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh
     o_ty = O.dtype.element_ty
-    tl.store(o_row + 0 * CH + offs_c[None, :], (acc0 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
-    tl.store(o_row + 1 * CH + offs_c[None, :], (acc1 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
-    tl.store(o_row + 2 * CH + offs_c[None, :], (acc2 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
-    tl.store(o_row + 3 * CH + offs_c[None, :], (acc3 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
-    l_ptr = LSE + sp.to(tl.int64) * stride_ls + t.to(tl.int64) * stride_lt + offs_h * stride_lh
-    if SPLIT:
-        tl.store(l_ptr, lse2, mask=h_mask)  # log2 units, merged below
+    if not SPLIT:
+        o_row = O + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh
+        tl.store(o_row + 0 * CH + offs_c[None, :], (acc0 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
+        tl.store(o_row + 1 * CH + offs_c[None, :], (acc1 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
+        tl.store(o_row + 2 * CH + offs_c[None, :], (acc2 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
+        tl.store(o_row + 3 * CH + offs_c[None, :], (acc3 * inv_l[:, None]).to(o_ty), mask=h_mask[:, None])
+        tl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
     else:
-        tl.store(l_ptr, lse2 * 0.6931471805599453, mask=h_mask)
+        # PART = fp32 partials o [S, T, H, D_NOPE] (normalised), then their lse [S, T, H] (log2 units)
+        n_t = tl.num_programs(0)
+        n_sp = tl.num_programs(2)
+        o_part = PART + ((sp * n_t + t).to(tl.int64) * H + offs_h[:, None]) * D_NOPE
+        tl.store(o_part + 0 * CH + offs_c[None, :], acc0 * inv_l[:, None], mask=h_mask[:, None])
+        tl.store(o_part + 1 * CH + offs_c[None, :], acc1 * inv_l[:, None], mask=h_mask[:, None])
+        tl.store(o_part + 2 * CH + offs_c[None, :], acc2 * inv_l[:, None], mask=h_mask[:, None])
+        tl.store(o_part + 3 * CH + offs_c[None, :], acc3 * inv_l[:, None], mask=h_mask[:, None])
+        l_part = PART + n_sp.to(tl.int64) * n_t * H * D_NOPE
+        tl.store(l_part + (sp * n_t + t) * H + offs_h, lse2, mask=h_mask)
+        # every thread's stores are issued before the counter moves (the barrier), and the acq_rel atomic at GPU
+        # scope publishes them to, and acquires the others' for, the program that arrives last
+        tl.debug_barrier()
+        cnt = CNT + t * tl.num_programs(1) + hb
+        arrived = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+        if arrived == n_sp - 1:
+            tl.store(cnt, 0)
+            _merge_partials(PART, l_part, O, LSE, t, n_t, n_sp, H, offs_h, h_mask, stride_ot, stride_oh, stride_lt,
+                            D_NOPE, MERGE_SP, MERGE_BD)
 
 
 @triton.jit
-def _merge_splits_kernel(
-    OP, LP, O, LSE,
-    stride_ps, stride_pt, stride_ph, stride_ls, stride_lt,
-    stride_ot, stride_oh, stride_lot,
-    H, NUM_SPLITS,
-    SP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """out = sum_s 2^(lse_s - lse) o_s, lse = log2 sum_s 2^lse_s (partials hold normalised o_s).
+def _merge_partials(PART, L_PART, O, LSE, t, n_t, n_sp, H, offs_h, h_mask, stride_ot, stride_oh, stride_lt,
+                    D_NOPE: tl.constexpr, SP: tl.constexpr, BD: tl.constexpr):
+    """out = sum_s 2^(lse_s - lse) o_s with lse = log2 sum_s 2^lse_s, for one (token, head block).
 
-    One program owns (token, head block, BLOCK_D columns) and loads every split at once ([SP, BLOCK_H, BLOCK_D]),
-    so the split loads are all in flight together instead of one dependent round trip per split.
+    Each step loads every split's [heads, BD] columns at once ([SP, BLOCK_H, BD]), and the column loop is
+    software-pipelined (num_stages=2) so the next block's loads are in flight while this one is summed. Loads
+    bypass L1 (.cg): the partials were written by other multiprocessors during this launch.
     """
-    t = tl.program_id(0)
-    hb = tl.program_id(1)
-    db = tl.program_id(2)
     offs_s = tl.arange(0, SP)
-    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
-    h_mask = offs_h < H
-    sh_mask = s_mask[:, None] & h_mask[None, :]
-    ls = tl.load(LP + offs_s[:, None] * stride_ls + t * stride_lt + offs_h[None, :], mask=sh_mask, other=float("-inf"))
-    m = tl.max(ls, 0)  # [BLOCK_H]
+    sh_mask = (offs_s < n_sp)[:, None] & h_mask[None, :]
+    rows = (offs_s[:, None] * n_t + t).to(tl.int64) * H + offs_h[None, :]  # [SP, BLOCK_H] (split, token, head)
+    ls = tl.load(L_PART + rows, mask=sh_mask, other=float("-inf"), cache_modifier=".cg")
+    m = tl.max(ls, 0)
     m_use = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(ls - m_use[None, :])  # [SP, BLOCK_H]; 0 for splits without keys
+    w = tl.exp2(ls - m_use[None, :])  # 0 for splits without keys
     l = tl.sum(w, 0)
-    o = tl.load(OP + t.to(tl.int64) * stride_pt + offs_s[:, None, None] * stride_ps + offs_h[None, :, None] * stride_ph
-                + offs_d[None, None, :], mask=sh_mask[:, :, None], other=0.0)
-    acc = tl.sum(o * w[:, :, None], 0)  # [BLOCK_H, BLOCK_D]
     has_key = l > 0
-    inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l, 1.0), 0.0)
-    tl.store(O + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
-             (acc * inv_l[:, None]).to(O.dtype.element_ty), mask=h_mask[:, None])
-    if db == 0:
-        lse = tl.where(has_key, (m_use + tl.log2(tl.where(has_key, l, 1.0))) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + t * stride_lot + offs_h, lse, mask=h_mask)
+    w = w * tl.where(has_key, 1.0 / tl.where(has_key, l, 1.0), 0.0)[None, :]
+    tl.store(LSE + t * stride_lt + offs_h,
+             tl.where(has_key, (m_use + tl.log2(tl.where(has_key, l, 1.0))) * 0.6931471805599453, float("-inf")),
+             mask=h_mask)
+    o_rows = PART + rows[:, :, None] * D_NOPE
+    out_rows = O + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh
+    for d0 in tl.range(0, D_NOPE, BD, num_stages=2):
+        offs_d = d0 + tl.arange(0, BD)
+        o = tl.load(o_rows + offs_d[None, None, :], mask=sh_mask[:, :, None], other=0.0, cache_modifier=".cg")
+        tl.store(out_rows + offs_d[None, :], tl.sum(o * w[:, :, None], 0).to(O.dtype.element_ty),
+                 mask=h_mask[:, None])
 
 
-MAX_SPLITS = 32  # keeps the merge's [splits, heads, columns] tile small; >= 64 keys per split at top-k 2048
+MAX_SPLITS = 32  # >= 64 keys per split at top-k 2048
+MERGE_ROWS = 512  # splits x heads one merging program may sum (16 heads: 32 splits; 64 heads: 8): 1 MB of partials
 
 
-def merge_tile(num_splits: int, H: int) -> tuple[int, int, int]:
-    """(SP, BLOCK_H, BLOCK_D) for the merge: about 4K fp32 values in flight per program."""
+def merge_tile(num_splits: int, block_h: int, num_warps: int) -> tuple[int, int]:
+    """(SP, BD) of the in-kernel merge: every split's [block_h, BD] columns at once, ~64 fp32 values a thread."""
     sp = triton.next_power_of_2(num_splits)
-    bh = min(16, triton.next_power_of_2(H))
-    bd = max(16, min(128, 4096 // (sp * bh)))
-    return sp, bh, bd
+    bd = max(16, min(128, (64 * 32 * num_warps) // (sp * block_h)))
+    return sp, bd
 
 
 _num_sms = num_sms  # older name, kept for callers
@@ -405,13 +425,33 @@ def _plan(T: int, H: int, topk: int, kv_format: str, dev_type: str, dev_index: i
     (the eager path calls this for every layer of every step)."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     cfg = cfg or pick_config(T, H, topk, kv_format, smem_class(dev), num_sms(dev))
-    if num_splits is None:
-        num_splits = config_num_splits(T, H, topk, cfg, dev)
+    if num_splits is None:  # capped so that the program that merges reads at most MERGE_ROWS partial rows
+        num_splits = min(config_num_splits(T, H, topk, cfg, dev), max(1, MERGE_ROWS // cfg.block_h))
     keys_per_split = triton.cdiv(triton.cdiv(max(topk, 1), num_splits), cfg.block_n) * cfg.block_n
     return cfg, max(1, triton.cdiv(topk, keys_per_split)), keys_per_split
 
 
 _FWD = Prebound(_sparse_mla_fwd_kernel)
+
+# Split counters: one int32 per (token, head block), zero between launches (the merging program resets its own).
+# Allocated once per device at a size no split launch can exceed (splits only happen while tokens x head blocks
+# < waves x SMs), and never freed, so a captured CUDA graph keeps valid pointers. Launches on one device share
+# them, which assumes split launches on a device do not run concurrently on two streams (vLLM runs attention
+# layers one after the other on one stream).
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    key = (device.type, device.index)
+    cnt = _COUNTERS.get(key)
+    if cnt is None or cnt.numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("sparse_mla: call it once outside CUDA-graph capture first (its split counters are "
+                               "allocated and zeroed on the first eager call)")
+        size = max(n, 8 * num_sms(device))
+        cnt = torch.zeros(size, dtype=torch.int32, device=device)
+        _COUNTERS[key] = cnt
+    return cnt
 
 
 def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=None,
@@ -419,70 +459,42 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
     """`sparse_mla` with the configuration and split count chosen by the caller (tests and benchmarks)."""
     T, H, _ = q.shape
     topk = indices.shape[1]
-    flat, n_rows = kv_row_view(kv_cache)
+    stride_kv, n_rows = kv_row_geometry(kv_cache)
     if q.stride(-1) != 1:
         q = q.contiguous()
     if indices.stride(-1) != 1:
         indices = indices.contiguous()
+    dev = q.device
     if out is None:
-        out = torch.empty(T, H, D_NOPE, dtype=q.dtype, device=q.device)
+        out = torch.empty(T, H, D_NOPE, dtype=q.dtype, device=dev)
     elif out.shape != (T, H, D_NOPE) or out.stride(-1) != 1:
         raise ValueError(f"out must be [T, H, {D_NOPE}] with contiguous rows, got {tuple(out.shape)}")
-    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if T == 0:
         return out, lse
-    dev = q.device
     cfg, num_splits, keys_per_split = _plan(T, H, topk, kv_format, dev.type, dev.index, config, num_splits)
-    block_h = cfg.block_h
-    n_hblk = triton.cdiv(H, block_h)
-
+    n_hblk = triton.cdiv(H, cfg.block_h)
     fp8 = kv_format == "fp8_ds_mla"
-    if fp8:
-        kv8 = flat
-        # same bytes seen as fp32 (scales) and bf16 (rope); the row stride is a multiple of 4 bytes
-        if flat.stride(0) % 4 != 0 or flat.storage_offset() % 4 != 0:
+    aligned = False
+    if fp8:  # the kernel reads the fp32 scales and bf16 rope of a row through casts of the byte pointer
+        if stride_kv % 4 != 0 or kv_cache.data_ptr() % 4 != 0:
             raise ValueError("fp8_ds_mla rows must start on 4-byte boundaries")
-        kvf = flat.view(torch.float32)  # [N, 164]: only the base pointer is used
-        kvh = flat.view(torch.bfloat16)  # [N, 328]
-        aligned = flat.stride(0) % 16 == 0 and flat.data_ptr() % 16 == 0
+        aligned = stride_kv % 16 == 0 and kv_cache.data_ptr() % 16 == 0
+    if num_splits > 1:
+        part = torch.empty(num_splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev)
+        cnt = _counters(dev, T * n_hblk)
+        sp, bd = merge_tile(num_splits, cfg.block_h, cfg.num_warps)
     else:
-        kv8 = kvf = kvh = flat
-        aligned = False
-    grid = (T, n_hblk, num_splits)
-    nope_f16 = fp8 and cfg.nope_f16 and q.dtype != torch.float32  # fp32 q: the interpreter's exact path
-    hw = fp8_hw(dev)
-    qk_scale = float(sm_scale) * LOG2E
-    if num_splits == 1:  # no partials, no merge launch
-        _FWD(grid,
-            q, kv8, kvf, kvh, indices, out, lse,
-            q.stride(0), q.stride(1), flat.stride(0), indices.stride(0),
-            0, out.stride(0), out.stride(1), 0, lse.stride(0), lse.stride(1),
-            H, topk, n_rows, keys_per_split, qk_scale,
-            KV_FP8=fp8, FP8_HW=hw, SPLIT=False, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_ROPE=D_ROPE,
-            PREFETCH=cfg.prefetch, ALIGNED=aligned, NOPE_F16=nope_f16, DEQUANT=fp8 and cfg.dequant, IDX_AHEAD=cfg.idx_ahead,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-        return out, lse
-    # partial outputs and their lse in one allocation
-    part = torch.empty(num_splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=q.device)
-    o_part = part[: num_splits * T * H * D_NOPE].view(num_splits, T, H, D_NOPE)
-    l_part = part[num_splits * T * H * D_NOPE :].view(num_splits, T, H)
-    _FWD(grid,
-        q, kv8, kvf, kvh, indices, o_part, l_part,
-        q.stride(0), q.stride(1), flat.stride(0), indices.stride(0),
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1), l_part.stride(2),
-        H, topk, n_rows, keys_per_split, qk_scale,
-        KV_FP8=fp8, FP8_HW=hw, SPLIT=True, BLOCK_H=block_h, BLOCK_N=cfg.block_n, D_NOPE=D_NOPE, D_ROPE=D_ROPE,
-        PREFETCH=cfg.prefetch, ALIGNED=aligned, NOPE_F16=nope_f16, DEQUANT=fp8 and cfg.dequant, IDX_AHEAD=cfg.idx_ahead,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    sp, bh, bd = merge_tile(num_splits, H)
-    _merge_splits_kernel[(T, triton.cdiv(H, bh), D_NOPE // bd)](
-        o_part, l_part, out, lse,
-        o_part.stride(0), o_part.stride(1), o_part.stride(2), l_part.stride(0), l_part.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0),
-        H, num_splits, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4,
-    )
+        part, cnt, sp, bd = lse, lse, 1, 128  # unused
+    _FWD((T, n_hblk, num_splits),
+         q, kv_cache, indices, out, lse, part, cnt,
+         q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), lse.stride(0),
+         H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
+         KV_FP8=fp8, FP8_HW=fp8_hw(dev), SPLIT=num_splits > 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+         D_NOPE=D_NOPE, D_ROPE=D_ROPE, PREFETCH=cfg.prefetch, ALIGNED=aligned,
+         NOPE_F16=fp8 and cfg.nope_f16 and q.dtype != torch.float32,  # fp32 q: the interpreter's exact path
+         DEQUANT=fp8 and cfg.dequant, IDX_AHEAD=cfg.idx_ahead, MERGE_SP=sp, MERGE_BD=bd,
+         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out, lse
 
 

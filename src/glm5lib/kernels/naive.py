@@ -52,31 +52,36 @@ KV_FORMATS = ("bf16", "fp8_ds_mla")
 # --------------------------------------------------------------------------------------------------------------
 
 
-def kv_row_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """(flat 2-D view over the cache's rows, number of addressable rows) for `[N, row]` or a paged view.
+def kv_row_geometry(kv_cache: torch.Tensor) -> tuple[int, int]:
+    """(row stride in elements, number of addressable rows) of `[N, row]` or a paged view, without building a view
+    (the kernels read rows as `base + row * stride`; this runs on every eager layer call).
 
     A paged view `[num_blocks, block_size, (1,) row]` may have a block stride of `k >= block_size` rows
     (vLLM pads blocks); physical row `block * k + offset` then addresses the flat storage. Rows past the
     last block's `block_size` are outside the view and count as invalid.
     """
-    if kv_cache.dim() == 4:  # [num_blocks, block_size, 1, row] (FlashMLA's h_k = 1 axis)
-        if kv_cache.shape[2] != 1:
-            raise ValueError(f"paged kv cache must have one kv head, got shape {tuple(kv_cache.shape)}")
-        kv_cache = kv_cache[:, :, 0, :]
-    if kv_cache.dim() == 2:
-        if kv_cache.stride(1) != 1:
+    shape, strides = kv_cache.shape, kv_cache.stride()
+    if len(shape) == 4:  # [num_blocks, block_size, 1, row] (FlashMLA's h_k = 1 axis)
+        if shape[2] != 1:
+            raise ValueError(f"paged kv cache must have one kv head, got shape {tuple(shape)}")
+        shape, strides = (shape[0], shape[1], shape[3]), (strides[0], strides[1], strides[3])
+    if len(shape) == 2:
+        if strides[1] != 1:
             raise ValueError("kv cache rows must be contiguous")
-        return kv_cache, kv_cache.shape[0]
-    if kv_cache.dim() != 3:
+        return strides[0], shape[0]
+    if len(shape) != 3:
         raise ValueError(f"kv cache must be [N, row] or [num_blocks, block_size, row], got {tuple(kv_cache.shape)}")
-    nb, bs, row = kv_cache.shape
-    s0, s1, s2 = kv_cache.stride()
+    nb, bs, row = shape
+    s0, s1, s2 = strides
     if s2 != 1 or s1 < row or s0 % s1 != 0 or s0 < bs * s1:
-        raise ValueError(f"paged kv cache strides {kv_cache.stride()} are not whole rows per block")
-    k = s0 // s1
-    n_rows = (nb - 1) * k + bs if nb > 0 else 0
-    flat = torch.as_strided(kv_cache, (n_rows, row), (s1, 1))
-    return flat, n_rows
+        raise ValueError(f"paged kv cache strides {tuple(kv_cache.stride())} are not whole rows per block")
+    return s1, ((nb - 1) * (s0 // s1) + bs if nb > 0 else 0)
+
+
+def kv_row_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(flat 2-D view over the cache's rows, number of addressable rows): `kv_row_geometry` as a tensor."""
+    stride, n_rows = kv_row_geometry(kv_cache)
+    return torch.as_strided(kv_cache, (n_rows, kv_cache.shape[-1]), (stride, 1)), n_rows
 
 
 def quantize_fp8_ds_mla(kv: torch.Tensor) -> torch.Tensor:

@@ -288,7 +288,7 @@ def capture(fn, warmup: int = 2) -> torch.cuda.CUDAGraph:
 
 
 def prebound_eager(st: DecodeStep, g: torch.cuda.CUDAGraph, repeats: int) -> dict:
-    """The eager layer with `kernels.common.Prebound` on (Triton's binder skipped after the first launch of a
+    """The eager layer with `kernels.common.Prebound` on (the default on the Triton versions it was checked on) (Triton's binder skipped after the first launch of a
     signature): host time per layer, and the step's outputs against the graph replay of the same metadata."""
     from glm5lib.kernels import common
 
@@ -511,11 +511,16 @@ def run_prebound_case(case: GraphCase, device: torch.device, repeats: int) -> di
     st = DecodeStep(case, device)
     st.capture_metadata()
     g = capture(st.step)
-    st.new_step(case.batch)
-    st.step()
-    res["eager_host_us"] = host_us(lambda: st.layer(0), repeats)
+    from glm5lib.kernels import common, indexer, mla, rows, topk
+
+    was, common.PREBOUND = common.PREBOUND, False  # the plain launch (the default on checked Tritons is pre-bound)
+    try:
+        st.new_step(case.batch)
+        st.step()
+        res["eager_host_us"] = host_us(lambda: st.layer(0), repeats)
+    finally:
+        common.PREBOUND = was
     res.update(prebound_eager(st, g, repeats))
-    from glm5lib.kernels import indexer, mla, rows, topk
 
     # a launcher that refused the direct call (another Triton calling convention) fell back to plain launches
     res["prebound_fell_back"] = {name: pb.broken for name, pb in (("sparse_mla", mla._FWD), ("indexer", indexer._PAGED),
