@@ -14,9 +14,14 @@ def _bench(args) -> int:
     from glm5lib.bench import kernels as bench
 
     res = bench.run(args.what, out_dir=args.out, vendor=args.vendor, quick=args.quick, sweep=args.sweep,
-                    scaling=not args.no_scaling, name=args.name, sweep_indexer=args.sweep_indexer, force=args.force)
+                    scaling=not args.no_scaling, name=args.name, sweep_indexer=args.sweep_indexer, force=args.force,
+                    commit=args.commit)
     name = res["meta"]["name"]
     png = bench.plot(Path(args.out) / f"{name}.json", Path(args.out) / f"{name}.png")
+    if any(r.get("kind") == "smem-small" for r in res["rows"]):
+        print("sm_89/sm_120 ('small' shared memory) configs forced on the H200 cases, beside the shipped ones:")
+        print(bench.smem_table(res))
+    print(f"commit {res['meta']['commit']}, {res['meta']['elapsed_s'].get('total', 0):.0f} s")
     for t in res["targets"]:
         v = t["value"]
         print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else 'n/a '} {t['target']}: "
@@ -77,6 +82,8 @@ def register_cli(subparsers) -> None:
         b.add_argument("--sweep", action="store_true", help="also time alternative kernel configurations")
         b.add_argument("--sweep-indexer", action="store_true", help="also time alternative paged-indexer tiles")
         b.add_argument("--no-scaling", action="store_true", help="skip the top-k / context scaling series")
+        b.add_argument("--commit", help="commit the code came from, recorded in the JSON (default: $GLM5LIB_COMMIT, "
+                       "else git rev-parse HEAD)")
         b.set_defaults(func=_bench, what=what)
     pl = sub.add_parser("plot", help="plot a benchmark JSON")
     pl.add_argument("json")

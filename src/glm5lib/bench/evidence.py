@@ -71,7 +71,8 @@ def _verify(path: Path) -> dict:
 
 def _bench(path: Path) -> dict:
     meta = json.loads(path.read_text())["meta"]
-    return {"file": str(path), "commit": "febd9ab", "what": "benchmark (rows with rel_err checked against fp32)",
+    return {"file": str(path), "commit": meta.get("commit") or "febd9ab",
+            "what": "benchmark (rows with rel_err checked against fp32)",
             "date": meta["date"], "configs": {k: v for k, v in meta["configs"].items() if k.endswith("/" + SMEM)}}
 
 
