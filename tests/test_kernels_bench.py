@@ -228,10 +228,12 @@ def test_record_fwd_launches_sees_the_launch_sparse_mla_makes(monkeypatch):
 
     calls = []
 
-    def fake_fwd(grid, *args, **kw):
-        calls.append((grid, kw["BLOCK_H"], kw["num_warps"]))
-        return _Compiled()
+    class FakeFwd:
+        def launch(self, grid, args, kw, kw_key=None, device_index=None):
+            calls.append((grid, kw["BLOCK_H"], kw["num_warps"]))
+            return _Compiled()
 
+    fake_fwd = FakeFwd()
     monkeypatch.setattr(mla, "_FWD", fake_fwd)
     q = torch.zeros(2, 8, mla.D_QK)
     kv = torch.zeros(16, mla.D_QK)

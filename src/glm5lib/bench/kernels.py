@@ -187,12 +187,13 @@ def record_fwd_launches():
     inner = mla._FWD
     seen: list = []
 
-    def recording(grid, *args, **kw):
-        ck = inner(grid, *args, **kw)
-        seen.append(ck)
-        return ck
+    class Recording:
+        def launch(self, grid, args, kw, kw_key=None, device_index=None):
+            ck = inner.launch(grid, args, kw, kw_key, device_index)
+            seen.append(ck)
+            return ck
 
-    mla._FWD = recording
+    mla._FWD = Recording()
     try:
         yield seen
     finally:
