@@ -523,7 +523,8 @@ def run_prebound_case(case: GraphCase, device: torch.device, repeats: int) -> di
     res.update(prebound_eager(st, g, repeats))
 
     # a launcher that refused the direct call (another Triton calling convention) fell back to plain launches
-    res["prebound_fell_back"] = {name: pb.broken for name, pb in (("sparse_mla", mla._FWD), ("indexer", indexer._PAGED),
+    res["prebound_fell_back"] = {name: pb.broken for name, pb in (("sparse_mla", mla._FWD), ("merge", mla._MERGE),
+                                                                   ("indexer", indexer._PAGED),
                                                                    ("topk", topk._SELECT), ("rows", rows._ROWS),
                                                                    ("key_write", rows._QWRITE)) if pb.broken}
     res["ok"] = bool(res.get("prebound_equal"))
