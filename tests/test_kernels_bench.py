@@ -229,7 +229,7 @@ def test_record_fwd_launches_sees_the_launch_sparse_mla_makes(monkeypatch):
     calls = []
 
     class FakeFwd:
-        def launch(self, grid, args, kw, kw_key=None, device_index=None):
+        def launch(self, grid, args, kw, kw_key=None, device_index=None, spec=None):
             calls.append((grid, kw["BLOCK_H"], kw["num_warps"]))
             return _Compiled()
 

@@ -188,8 +188,8 @@ def record_fwd_launches():
     seen: list = []
 
     class Recording:
-        def launch(self, grid, args, kw, kw_key=None, device_index=None):
-            ck = inner.launch(grid, args, kw, kw_key, device_index)
+        def launch(self, grid, args, kw, kw_key=None, device_index=None, spec=None):
+            ck = inner.launch(grid, args, kw, kw_key, device_index, spec)
             seen.append(ck)
             return ck
 

@@ -150,16 +150,22 @@ class Prebound:
     def __call__(self, grid, *args, **kw):
         return self.launch(grid, args, kw)
 
-    def launch(self, grid, args: tuple, kw: dict, kw_key: tuple | None = None, device_index: int | None = None):
-        """The launch with `kw` (constexprs and options) given as a dict; a caller that launches the same `kw` again
-        and again passes `kw_key = tuple(kw.values())` (and the device index) computed once."""
+    def launch(self, grid, args: tuple, kw: dict, kw_key: tuple | None = None, device_index: int | None = None,
+               spec: tuple | None = None):
+        """The launch with `kw` (constexprs and options) given as a dict. A caller that launches the same `kw` again
+        and again passes `kw_key = tuple(kw.values())` (and the device index) computed once, and may pass `spec`: a
+        key at least as fine as Triton's specialization of `args` (e.g. every tensor's dtype and 16-byte alignment
+        and the exact int values), cheaper to build than `_spec_of` over every argument."""
         if not PREBOUND or self.broken or INTERPRETED or not self.names:
             return self.fn[grid](*args, **kw)
         if device_index is None:
             device_index = args[0].device.index
-        key = (tuple(map(_spec_of, args)), tuple(kw.values()) if kw_key is None else kw_key, device_index)
+        key = (tuple(map(_spec_of, args)) if spec is None else spec, tuple(kw.values()) if kw_key is None else kw_key,
+               device_index)
         hit = self.compiled.get(key)
         if hit is None:
+            if len(self.compiled) >= 4096:  # a caller whose spec holds ever-new values: start over
+                self.compiled.clear()
             ck = self.fn[grid](*args, **kw)
             tail = tuple(kw[n] for n in self.names[len(args):])
             self.compiled[key] = (ck, tail)

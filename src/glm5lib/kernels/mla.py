@@ -497,13 +497,16 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
     grid = plan.grid
     splits = grid[2]
     part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
-    _FWD.launch(grid, (q, kv_cache, indices, out, lse, part,
-                       q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,  # lse: [T, H]
-                       H, topk, n_rows, plan.keys_per_split, float(sm_scale) * LOG2E),
-                plan.kw, plan.kw_key, dev.index)
+    ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, topk, n_rows,
+            plan.keys_per_split)
+    # what Triton specializes on, exactly: dtypes, 16-byte alignment of every pointer, the int values themselves
+    aligned = (q.data_ptr() % 16 == 0, base % 16 == 0, indices.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
+    spec = (q.dtype, kv_cache.dtype, out.dtype, aligned, ints)
+    _FWD.launch(grid, (q, kv_cache, indices, out, lse, part, *ints[:6], H, *ints[6:], float(sm_scale) * LOG2E),
+                plan.kw, plan.kw_key, dev.index, spec)  # lse: a fresh [T, H], so its row stride is H
     if splits > 1:
         _MERGE.launch(plan.merge_grid, (part, out, lse, out.stride(0), out.stride(1), H, H, splits),
-                      plan.merge_kw, plan.merge_kw_key, dev.index)
+                      plan.merge_kw, plan.merge_kw_key, dev.index, (out.dtype, aligned[3], ints[4:7], splits))
     return out, lse
 
 
