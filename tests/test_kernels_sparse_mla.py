@@ -26,7 +26,8 @@ def test_case_matrix(case):
 @pytest.mark.parametrize("cfg", [MLAConfig(16, 16, 4, 1), MLAConfig(16, 32, 4, 2, prefetch=True),
                                  MLAConfig(32, 16, 4, 1, prefetch=True), MLAConfig(16, 16, 4, 1, nope_f16=True),
                                  MLAConfig(16, 32, 4, 3, idx_ahead=True),
-                                 MLAConfig(16, 32, 4, 2, prefetch=True, idx_ahead=True)],
+                                 MLAConfig(16, 32, 4, 2, prefetch=True, idx_ahead=True),
+                                 MLAConfig(16, 32, 4, 2, prefetch=2, idx_ahead=True)],
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_every_kernel_variant_matches_reference(cfg, num_splits, monkeypatch):
@@ -180,3 +181,23 @@ def test_split_launch_merges_every_split():
         assert torch.equal(o[2].float(), torch.zeros_like(o[2].float()))
         o2, lse2 = sparse_mla_launch(q, cache, idx, 1 / 16, kv_format=fmt, config=cfg, num_splits=5)
         assert torch.equal(o, o2) and torch.equal(lse, lse2)
+
+
+def test_tune_decode_candidates_run_under_the_interpreter():
+    """tune_decode imports on a CPU-only machine, its candidate names (the keys of its timing table) are distinct,
+    and every candidate computes the reference function on a small decode case (the GPU run checks the full
+    decode matrix before timing)."""
+    from glm5lib.bench import tune_decode
+
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 8, naive.D_QK, generator=gen).to(DTYPE).to(DEVICE)
+    kv = torch.randn(70, naive.D_QK, generator=gen)
+    idx = torch.randint(-2, 75, (2, 40), generator=gen, dtype=torch.int32).to(DEVICE)
+    for fmt, cands in tune_decode.CANDIDATES.items():
+        assert len({c.name for c in cands}) == len(cands)
+        cache = naive.quantize_fp8_ds_mla(kv).to(DEVICE) if fmt == "fp8_ds_mla" else kv.to(DTYPE).to(DEVICE)
+        ro, _ = naive.sparse_mla_ref(q, cache, idx, 1 / 16, kv_format=fmt)
+        for cfg in cands:
+            o, _ = sparse_mla_launch(q, cache, idx, 1 / 16, kv_format=fmt, config=cfg, num_splits=2)
+            rel = float((o.float() - ro).norm() / ro.norm())
+            assert rel < (1e-5 if DTYPE == torch.float32 else 1e-2), (fmt, cfg.name, rel)

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from glm5lib.bench import kernels as bench, checks, naive
+from glm5lib.bench import kernels as bench
+from glm5lib.kernels import checks, naive
 from glm5lib.kernels import mla as sm
 from glm5lib.kernels.mla import MLAConfig as C
 
@@ -32,18 +33,19 @@ DEVICE = "cuda"  # a CPU dry run of the plumbing swaps this (and bench's input m
 CTX = 32768
 WAVES = (1, 2, 4)
 CASES = [(B, H) for H in (8, 16) for B in (1, 32, 128)]
+# Issue #13 candidates. Static sm_90 cost (scripts/mla_static_cost.py, Triton 3.6; registers / spill bytes / shared
+# memory / SASS instructions per warp per tile): shipped fp8 255 / 64 / 54 KB / 1089 per 32 rows; shipped bf16
+# 128 / 0 / 91 KB / 488 per 32 rows. "pfw" (prefetch=2): the prefetched fp8 tile is held as int32 words.
 CANDIDATES = {
     "bf16": [
-        C(16, 32, 4, 3, idx_ahead=True),
-        C(16, 16, 4, 4, idx_ahead=True),
-        C(16, 16, 4, 3, idx_ahead=True),
-        C(16, 32, 8, 3, idx_ahead=True),
+        C(16, 64, 8, 3, idx_ahead=True, waves=1, fit=True),  # 104 / 0 / 164 KB / 458 per 64 rows: 1 program/SM
+        C(16, 32, 4, 2, idx_ahead=True, waves=4, fit=True),  # 137 / 0 / 55 KB / 471: one buffer, 3 programs/SM
+        C(16, 16, 4, 3, idx_ahead=True, waves=4, fit=True),  # 128 / 0 / 55 KB / 377 per 16 rows: 4 programs/SM
     ],
     "fp8_ds_mla": [
-        C(16, 32, 4, 2, prefetch=True, nope_f16=True, idx_ahead=True),
-        C(16, 16, 4, 2, prefetch=True, nope_f16=True, idx_ahead=True),
-        C(16, 32, 8, 2, prefetch=True, nope_f16=True, idx_ahead=True),
-        C(16, 32, 4, 3, nope_f16=True, idx_ahead=True),
+        C(16, 64, 8, 2, prefetch=True, nope_f16=True, idx_ahead=True, waves=1, fit=True),  # 255 / 0 / 90 KB / 958 per 64
+        C(16, 32, 4, 2, prefetch=2, nope_f16=True, idx_ahead=True, fit=True),  # 254 / 0 / 86 KB / 1074 per 32
+        C(16, 64, 8, 2, prefetch=2, nope_f16=True, idx_ahead=True, waves=1, fit=True),  # 224 / 0 / 154 KB / 1111 per 64
     ],
 }
 

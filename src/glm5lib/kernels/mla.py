@@ -20,6 +20,7 @@ Indices are data: `row = load(indices)`, then `load(kv + row * stride)` with the
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +44,7 @@ class MLAConfig:
     block_n: int
     num_warps: int
     num_stages: int
-    prefetch: bool = False  # register double-buffering of the gathered tile
+    prefetch: int = 0  # 1: register double-buffering of the gathered tile; 2: the same, fp8 tile held as int32 words
     nope_f16: bool = False  # fp8 caches: latent dots in fp16 instead of bf16
     dequant: bool = False  # fp8 caches: scale into bf16 in registers (one P operand) instead of scaling S and P
     waves: int = 2  # split the top-k until about this many programs per SM
@@ -52,7 +53,7 @@ class MLAConfig:
 
     @property
     def name(self) -> str:
-        return f"H{self.block_h}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}{'-pf' if self.prefetch else ''}{'-f16' if self.nope_f16 else ''}{'-dq' if self.dequant else ''}{'-ia' if self.idx_ahead else ''}-v{self.waves}{'-fit' if self.fit else ''}"
+        return f"H{self.block_h}-N{self.block_n}-w{self.num_warps}-s{self.num_stages}{'-pf' if self.prefetch else ''}{'w' if self.prefetch == 2 else ''}{'-f16' if self.nope_f16 else ''}{'-dq' if self.dequant else ''}{'-ia' if self.idx_ahead else ''}-v{self.waves}{'-fit' if self.fit else ''}"
 
 
 # Configs the dispatcher picks from, by (head count class, cache format, shared-memory class). "big" is
@@ -87,29 +88,47 @@ def _tile_rows(idx_row, start, k_end, N_ROWS, stride_kv, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N: tl.constexpr, D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
-               KV_FP8: tl.constexpr, ALIGNED: tl.constexpr):
-    """Raw gathered rows: 4 latent chunks of 128 (e4m3 bytes or bf16), the rope part, and the 4 fp32 scales."""
+               KV_FP8: tl.constexpr, ALIGNED: tl.constexpr, WORDS: tl.constexpr = False):
+    """Raw gathered rows: 4 latent chunks of 128 (e4m3 bytes or bf16), the rope part, and the 4 fp32 scales.
+
+    WORDS (fp8 caches): the latent chunks and the rope part as int32 words ([BLOCK_N, 32] each: 4 e4m3 bytes or
+    2 bf16 per word), unpacked by `_tile_prep`. A tile held across iterations (PREFETCH) then takes one 32-bit
+    register per 4 bytes; as uint8 / bf16 elements every byte or half-word is a register of its own.
+    """
     CH: tl.constexpr = 128
     offs = tl.arange(0, CH)
     offs_r = tl.arange(0, D_ROPE)
     m = valid[:, None]
-    x0 = tl.load(KV8 + row_b[:, None] + 0 * CH + offs[None, :], mask=m, other=0)
-    x1 = tl.load(KV8 + row_b[:, None] + 1 * CH + offs[None, :], mask=m, other=0)
-    x2 = tl.load(KV8 + row_b[:, None] + 2 * CH + offs[None, :], mask=m, other=0)
-    x3 = tl.load(KV8 + row_b[:, None] + 3 * CH + offs[None, :], mask=m, other=0)
-    if KV_FP8:
-        # rope: 64 bf16 at byte 528; scales: 4 fp32 at byte 512. The hints let both load as 16-byte vectors
-        # (the host sets ALIGNED only when the row stride and base are multiples of 16 bytes).
-        rope_off = (row_b + D_NOPE + 16) // 2
-        sc_off = (row_b + D_NOPE) // 4
+    if KV_FP8 and WORDS:
+        KVW = KVF.to(tl.pointer_type(tl.int32), bitcast=True)
+        offs_w = tl.arange(0, CH // 4)
+        w_off = row_b // 4
         if ALIGNED:
-            rope_off = tl.multiple_of(rope_off, 8)
-            sc_off = tl.multiple_of(sc_off, 4)
-        kr = tl.load(KVH + rope_off[:, None] + offs_r[None, :], mask=m, other=0.0)
-        sc = tl.load(KVF + sc_off[:, None] + tl.arange(0, 4)[None, :], mask=m, other=0.0)
+            w_off = tl.multiple_of(w_off, 4)
+        x0 = tl.load(KVW + w_off[:, None] + 0 * CH // 4 + offs_w[None, :], mask=m, other=0)
+        x1 = tl.load(KVW + w_off[:, None] + 1 * CH // 4 + offs_w[None, :], mask=m, other=0)
+        x2 = tl.load(KVW + w_off[:, None] + 2 * CH // 4 + offs_w[None, :], mask=m, other=0)
+        x3 = tl.load(KVW + w_off[:, None] + 3 * CH // 4 + offs_w[None, :], mask=m, other=0)
+        kr = tl.load(KVW + w_off[:, None] + (D_NOPE + 16) // 4 + tl.arange(0, D_ROPE // 2)[None, :], mask=m, other=0)
+        sc = tl.load(KVF + w_off[:, None] + D_NOPE // 4 + tl.arange(0, 4)[None, :], mask=m, other=0.0)
     else:
-        kr = tl.load(KV8 + row_b[:, None] + D_NOPE + offs_r[None, :], mask=m, other=0.0)
-        sc = tl.full([BLOCK_N, 4], 1.0, tl.float32)
+        x0 = tl.load(KV8 + row_b[:, None] + 0 * CH + offs[None, :], mask=m, other=0)
+        x1 = tl.load(KV8 + row_b[:, None] + 1 * CH + offs[None, :], mask=m, other=0)
+        x2 = tl.load(KV8 + row_b[:, None] + 2 * CH + offs[None, :], mask=m, other=0)
+        x3 = tl.load(KV8 + row_b[:, None] + 3 * CH + offs[None, :], mask=m, other=0)
+        if KV_FP8:
+            # rope: 64 bf16 at byte 528; scales: 4 fp32 at byte 512. The hints let both load as 16-byte vectors
+            # (the host sets ALIGNED only when the row stride and base are multiples of 16 bytes).
+            rope_off = (row_b + D_NOPE + 16) // 2
+            sc_off = (row_b + D_NOPE) // 4
+            if ALIGNED:
+                rope_off = tl.multiple_of(rope_off, 8)
+                sc_off = tl.multiple_of(sc_off, 4)
+            kr = tl.load(KVH + rope_off[:, None] + offs_r[None, :], mask=m, other=0.0)
+            sc = tl.load(KVF + sc_off[:, None] + tl.arange(0, 4)[None, :], mask=m, other=0.0)
+        else:
+            kr = tl.load(KV8 + row_b[:, None] + D_NOPE + offs_r[None, :], mask=m, other=0.0)
+            sc = tl.full([BLOCK_N, 4], 1.0, tl.float32)
     return x0, x1, x2, x3, kr, sc
 
 
@@ -119,18 +138,59 @@ def _col(sc, c: tl.constexpr):
     return tl.sum(tl.where(tl.arange(0, 4)[None, :] == c, sc, 0.0), 1)
 
 
+# the interpreter runs no PTX: FP8_ASM falls back to Triton's conversion there
+_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
 @triton.jit
-def _tile_attend(q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
-                 KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, DOT_DTYPE: tl.constexpr, NOPE_F16: tl.constexpr,
-                 DEQUANT: tl.constexpr):
-    """S = q k^T on the tile, online-softmax update of (m, l, acc) with acc += P V (V = latent chunks).
+def _words_e4m3(w, DOT_DTYPE: tl.constexpr, FP8_HW: tl.constexpr, ASM: tl.constexpr):
+    """[N, W] int32 words of 4 e4m3 bytes -> ([N, 4 W] DOT_DTYPE, factor), bytes in memory order.
+
+    ASM (fp16, sm_89+): two cvt.rn.f16x2.e4m3x2 per word on its halves, no byte unpacking."""
+    if ASM:
+        e0, e1, e2, e3 = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; .reg .b32 a, b;\n mov.b32 {lo, hi}, $4;\n cvt.rn.f16x2.e4m3x2 a, lo;\n"
+            " cvt.rn.f16x2.e4m3x2 b, hi;\n mov.b32 {$0, $1}, a;\n mov.b32 {$2, $3}, b; }",
+            "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1)
+        f = 1.0
+    else:
+        e0, f = e4m3_bits_to((w & 0xFF).to(tl.uint8), DOT_DTYPE, FP8_HW)
+        e1, f = e4m3_bits_to(((w >> 8) & 0xFF).to(tl.uint8), DOT_DTYPE, FP8_HW)
+        e2, f = e4m3_bits_to(((w >> 16) & 0xFF).to(tl.uint8), DOT_DTYPE, FP8_HW)
+        e3, f = e4m3_bits_to(((w >> 24) & 0xFF).to(tl.uint8), DOT_DTYPE, FP8_HW)
+    N: tl.constexpr = w.shape[0]
+    W: tl.constexpr = w.shape[1]
+    # join(join(e0, e2), join(e1, e3))[n, j, a, b] = e_(2a + b): memory order after the reshape
+    return tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), [N, 4 * W]), f
+
+
+@triton.jit
+def _words_bf16(w):
+    """[N, W] int32 words of 2 bf16 -> [N, 2 W] bf16 (exact: each half becomes the top of an fp32)."""
+    lo = (w << 16).to(tl.float32, bitcast=True).to(tl.bfloat16)
+    hi = (w & -65536).to(tl.float32, bitcast=True).to(tl.bfloat16)
+    N: tl.constexpr = w.shape[0]
+    W: tl.constexpr = w.shape[1]
+    return tl.reshape(tl.join(lo, hi), [N, 2 * W])
+
+
+@triton.jit
+def _tile_prep(x0, x1, x2, x3, kr, sc, KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, DOT_DTYPE: tl.constexpr,
+               NOPE_F16: tl.constexpr, DEQUANT: tl.constexpr, WORDS: tl.constexpr = False):
+    """Raw tile -> dot operands (k0..k3, kr) and the per-row chunk scales (s0..s3) the dots still apply.
 
     NOPE_F16 (fp8 caches): the latent dots run in fp16 (e4m3 -> fp16 is one conversion instruction, bf16 takes
     more); q chunks arrive pre-scaled by 2^-8 and P is scaled by 2^8 so both stay inside fp16's range, and the
     accumulator is divided by 2^8 at the end.
     DEQUANT (fp8 caches): scale the e4m3 values into the dot dtype in registers instead (one P operand for all
     four P V products, as with bf16 rows; exact for FlashMLA's power-of-two scales).
+    WORDS: the tile arrives as int32 words (`_tile_load`); with NOPE_F16 on sm_89+ the e4m3 -> fp16 conversion
+    is inline PTX on whole words (the same values).
     """
+    s0 = 1.0  # bf16 rows and DEQUANT: nothing left to scale
+    s1 = 1.0
+    s2 = 1.0
+    s3 = 1.0
     if KV_FP8 and DEQUANT:
         k0, f = e4m3_bits_to(x0, tl.float32, FP8_HW)
         k1, f = e4m3_bits_to(x1, tl.float32, FP8_HW)
@@ -144,26 +204,45 @@ def _tile_attend(q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, ac
     if KV_FP8 and not DEQUANT:
         # e4m3 -> dot dtype is exact; the per-chunk scale goes on the [H, N] side, to S and to P
         NOPE_DTYPE: tl.constexpr = tl.float16 if NOPE_F16 else DOT_DTYPE
-        k0, f = e4m3_bits_to(x0, NOPE_DTYPE, FP8_HW)
-        k1, f = e4m3_bits_to(x1, NOPE_DTYPE, FP8_HW)
-        k2, f = e4m3_bits_to(x2, NOPE_DTYPE, FP8_HW)
-        k3, f = e4m3_bits_to(x3, NOPE_DTYPE, FP8_HW)
+        if WORDS:
+            ASM: tl.constexpr = NOPE_F16 and FP8_HW and not _INTERPRETED
+            x0, f = _words_e4m3(x0, NOPE_DTYPE, FP8_HW, ASM)
+            x1, f = _words_e4m3(x1, NOPE_DTYPE, FP8_HW, ASM)
+            x2, f = _words_e4m3(x2, NOPE_DTYPE, FP8_HW, ASM)
+            x3, f = _words_e4m3(x3, NOPE_DTYPE, FP8_HW, ASM)
+            kr = _words_bf16(kr)
+        else:
+            x0, f = e4m3_bits_to(x0, NOPE_DTYPE, FP8_HW)
+            x1, f = e4m3_bits_to(x1, NOPE_DTYPE, FP8_HW)
+            x2, f = e4m3_bits_to(x2, NOPE_DTYPE, FP8_HW)
+            x3, f = e4m3_bits_to(x3, NOPE_DTYPE, FP8_HW)
         s0 = _col(sc, 0) * f
         s1 = _col(sc, 1) * f
         s2 = _col(sc, 2) * f
         s3 = _col(sc, 3) * f
+        kr = kr.to(DOT_DTYPE)
+    return x0, x1, x2, x3, kr, s0, s1, s2, s3
+
+
+@triton.jit
+def _tile_attend(q0, q1, q2, q3, qr, k0, k1, k2, k3, kr, s0, s1, s2, s3, valid, m_i, l_i, acc0, acc1, acc2, acc3,
+                 qk_scale, KV_FP8: tl.constexpr, DOT_DTYPE: tl.constexpr, NOPE_F16: tl.constexpr,
+                 DEQUANT: tl.constexpr):
+    """S = q k^T on a prepared tile (`_tile_prep`), online-softmax update of (m, l, acc) with acc += P V
+    (V = the latent chunks)."""
+    if KV_FP8 and not DEQUANT:
         s = tl.dot(q0, tl.trans(k0)) * s0[None, :]
         s += tl.dot(q1, tl.trans(k1)) * s1[None, :]
         s += tl.dot(q2, tl.trans(k2)) * s2[None, :]
         s += tl.dot(q3, tl.trans(k3)) * s3[None, :]
         if NOPE_F16:
             s = s * 256.0
-        s += tl.dot(qr, tl.trans(kr.to(DOT_DTYPE)))
+        s += tl.dot(qr, tl.trans(kr))
     else:
-        s = tl.dot(q0, tl.trans(x0))
-        s += tl.dot(q1, tl.trans(x1))
-        s += tl.dot(q2, tl.trans(x2))
-        s += tl.dot(q3, tl.trans(x3))
+        s = tl.dot(q0, tl.trans(k0))
+        s += tl.dot(q1, tl.trans(k1))
+        s += tl.dot(q2, tl.trans(k2))
+        s += tl.dot(q3, tl.trans(k3))
         s += tl.dot(qr, tl.trans(kr))
     s = tl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
 
@@ -181,10 +260,10 @@ def _tile_attend(q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, valid, m_i, l_i, ac
         acc3 = acc3 * alpha[:, None] + tl.dot((p * s3[None, :]).to(k0.dtype), k3)
     else:
         pd = p.to(DOT_DTYPE)
-        acc0 = acc0 * alpha[:, None] + tl.dot(pd, x0)
-        acc1 = acc1 * alpha[:, None] + tl.dot(pd, x1)
-        acc2 = acc2 * alpha[:, None] + tl.dot(pd, x2)
-        acc3 = acc3 * alpha[:, None] + tl.dot(pd, x3)
+        acc0 = acc0 * alpha[:, None] + tl.dot(pd, k0)
+        acc1 = acc1 * alpha[:, None] + tl.dot(pd, k1)
+        acc2 = acc2 * alpha[:, None] + tl.dot(pd, k2)
+        acc3 = acc3 * alpha[:, None] + tl.dot(pd, k3)
     return m_new, l_i, acc0, acc1, acc2, acc3
 
 
@@ -244,17 +323,20 @@ def _sparse_mla_fwd_kernel(
     # One pipelined loop. Two switches move loads earlier than the tile that uses them:
     # - PREFETCH: register double-buffering. The gathered tile x is loaded one iteration before it is attended
     #   to, so the next tile's gathers are in flight while this one is computed (Triton's own pipeliner cannot
-    #   stage loads that are converted before the dot, as fp8 rows are).
+    #   stage loads that are converted before the dot, as fp8 rows are). PREFETCH == 2 (fp8): the tile is held
+    #   as int32 words (`_tile_load` WORDS), a quarter of the registers of uint8 elements.
     # - IDX_AHEAD: the index tile is read one iteration before its gather (carried in `a_*`), so no gather waits
     #   for its own index load; with num_stages=3 Triton's pipeliner then keeps two gathered bf16 tiles in shared
     #   memory, one in flight while the other is computed.
     # Iteration i attends tile i; it gathers tile i + LOAD_AHEAD and reads index tile i + LOAD_AHEAD + IDX_AHEAD.
     LOAD_AHEAD: tl.constexpr = 1 if PREFETCH else 0
+    WORDS: tl.constexpr = PREFETCH == 2 and KV_FP8 and not DEQUANT
     if IDX_AHEAD:
         a_valid, a_row_b = _tile_rows(idx_row, k_start + LOAD_AHEAD * BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
     if PREFETCH:
         x_valid, x_row_b = _tile_rows(idx_row, k_start, k_end, N_ROWS, stride_kv, BLOCK_N)
-        x0, x1, x2, x3, kr, sc = _tile_load(KV8, KVF, KVH, x_row_b, x_valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
+        x0, x1, x2, x3, kr, sc = _tile_load(KV8, KVF, KVH, x_row_b, x_valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED,
+                                            WORDS)
     for start in range(k_start, k_end, BLOCK_N):
         if IDX_AHEAD:
             valid, row_b = a_valid, a_row_b
@@ -262,16 +344,20 @@ def _sparse_mla_fwd_kernel(
                                           BLOCK_N)
         else:
             valid, row_b = _tile_rows(idx_row, start + LOAD_AHEAD * BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
-        y0, y1, y2, y3, yr, ysc = _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED)
+        y0, y1, y2, y3, yr, ysc = _tile_load(KV8, KVF, KVH, row_b, valid, BLOCK_N, D_NOPE, D_ROPE, KV_FP8, ALIGNED,
+                                            WORDS)
         if PREFETCH:  # attend the tile gathered last iteration; keep this one for the next
-            m_i, l_i, acc0, acc1, acc2, acc3 = _tile_attend(
-                q0, q1, q2, q3, qr, x0, x1, x2, x3, kr, sc, x_valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
-                KV_FP8, FP8_HW, DOT_DTYPE, NOPE_F16, DEQUANT)
+            k0, k1, k2, k3, kk, s0, s1, s2, s3 = _tile_prep(x0, x1, x2, x3, kr, sc, KV_FP8, FP8_HW, DOT_DTYPE,
+                                                            NOPE_F16, DEQUANT, WORDS)
+            t_valid = x_valid
             x0, x1, x2, x3, kr, sc, x_valid = y0, y1, y2, y3, yr, ysc, valid
         else:
-            m_i, l_i, acc0, acc1, acc2, acc3 = _tile_attend(
-                q0, q1, q2, q3, qr, y0, y1, y2, y3, yr, ysc, valid, m_i, l_i, acc0, acc1, acc2, acc3, qk_scale,
-                KV_FP8, FP8_HW, DOT_DTYPE, NOPE_F16, DEQUANT)
+            k0, k1, k2, k3, kk, s0, s1, s2, s3 = _tile_prep(y0, y1, y2, y3, yr, ysc, KV_FP8, FP8_HW, DOT_DTYPE,
+                                                            NOPE_F16, DEQUANT, WORDS)
+            t_valid = valid
+        m_i, l_i, acc0, acc1, acc2, acc3 = _tile_attend(
+            q0, q1, q2, q3, qr, k0, k1, k2, k3, kk, s0, s1, s2, s3, t_valid, m_i, l_i, acc0, acc1, acc2, acc3,
+            qk_scale, KV_FP8, DOT_DTYPE, NOPE_F16, DEQUANT)
 
     has_key = l_i > 0
     inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l_i, 1.0), 0.0)
