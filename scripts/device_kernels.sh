@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
-# usage: scripts/device_kernels.sh [checks] [sanitize] [harness] [harness-graphs] [bench] [bench-targets] [bench-sweep] [bench-indexer] [topk-sweep] [tune] [verify] [compile]
+# usage: scripts/device_kernels.sh [checks] [sanitize] [harness] [harness-graphs] [bench] [bench-targets] [bounds] [bench-sweep] [bench-indexer] [topk-sweep] [tune] [verify] [compile]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -8,6 +8,7 @@
 # bench-targets: issue #13's targets in one run (`bench all --quick --sweep-indexer`: B32/B128, fp8 prefill against
 #   FlashMLA's bf16 prefill, the sm_89/sm_120 configs forced on the H200 with their compiled shared memory);
 #   writes bench_h200.json/.png and bench.log under $OUT
+# bounds: the small-head decode kernel taken apart (gather / gather+convert / kernel), glm5lib.bench.bounds
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -30,8 +31,10 @@ for step in "$@"; do
     harness-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 300 python3 -m glm5lib.serving.harness --json "$OUT/vllm_harness_h200_swfp8.json" > "$OUT/vllm_harness_h200_swfp8.log" 2>&1
             echo "harness-swfp8 rc=$?"; grep -v Warn "$OUT/vllm_harness_h200_swfp8.log" | grep -v "^topk" | tail -20 ;;
     bench) timeout 540 python3 -m glm5lib.bench.cli bench all --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  " ;;
-    bench-targets) timeout 480 python3 -m glm5lib.bench.cli bench all --quick --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  "
+    bench-targets) timeout 480 python3 -m glm5lib.bench.cli bench all --quick --no-scaling --sweep-indexer --out "$OUT" 2>&1 | tee "$OUT/bench.log" | grep -v "^  "
             echo "bench-targets rc=${PIPESTATUS[0]}" ;;
+    bounds) timeout 200 python3 -m glm5lib.bench.bounds --json "$OUT/bounds_h200.json" 2>&1 | grep -v Warn | tee "$OUT/bounds.log"
+            echo "bounds rc=${PIPESTATUS[0]}" ;;
     bench-sweep) timeout 300 python3 -m glm5lib.bench.cli bench sparse-mla --sweep --quick --no-scaling --name sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
             echo "sweep rc=$?"; tail -30 "$OUT/sweep.log" ;;
     bench-indexer) timeout 150 python3 -m glm5lib.bench.cli bench indexer --name indexer --out "$OUT" > "$OUT/indexer.log" 2>&1
