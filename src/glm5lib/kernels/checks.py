@@ -363,7 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="ci", choices=["ci", "full"])
     ap.add_argument("--sanitize", action="store_true", help="only the invalid-index cases (for compute-sanitizer)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--smem-class", choices=["small", "big"],
+                    help="run the configs of this shared-memory class whatever the GPU (small: sm_89 / sm_120's)")
     a = ap.parse_args(argv)
+    if a.smem_class:
+        from glm5lib.kernels import mla
+
+        mla.FORCE_SMEM_CLASS = a.smem_class
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.sanitize:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
