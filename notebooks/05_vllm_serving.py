@@ -326,10 +326,10 @@ if h200_path.is_file():
 # at 9K, 0.9x at 32K) and 3x slower over 128K (one program per row runs out of parallelism); called eagerly, as the
 # indexer calls it, it is about 1.7-5x faster up to 32K keys, since torch.topk's cost there is mostly its launches.
 # Past 32K keys the plugin uses torch.topk. The MLA forward's GPU work is the kernel plus under 5 % (the one-launch
-# row conversion), but its eager call costs the host about 150-300 us (noisy from run to run): at 8-16 heads per GPU
-# (GLM-5 at TP 8) that is roughly 2-5x the GPU time, so at decode the call path, not the kernel, sets the pace until
-# the backend runs inside vLLM's CUDA graphs (at 64-128 heads the kernel mostly hides it: at most about 2x). That
-# is what the next section measures.
+# row conversion); its eager call costs 1.4-2.1x the GPU time at 8-16 heads per GPU (GLM-5 at TP 8) and at most
+# 1.07x at 64-128 heads, now that the launch plan is cached per shape and the launches skip Triton's binder
+# (`kernels.common.Prebound`). At decode the call path still sets the pace at small head counts until the backend
+# runs inside vLLM's CUDA graphs. That is what the next section measures.
 
 # %% [markdown]
 # ## Decode in CUDA graphs
@@ -350,6 +350,9 @@ if h200_path.is_file():
 # eager call; below, the attention time of a whole GLM-5 decode step (78 layers) eagerly and from the graph, next
 # to the time the GPU needs to stream the weights of that step (fp8, the routed experts the batch touches, TP =
 # 64 heads / heads per GPU, 4.2 TB/s): a lower bound of the rest of the step, so the share is an upper bound.
+# The `eager-vs-flashmla` lines time `glm5lib.kernels.sparse_mla` and FlashMLA's `sparse_decode_fwd` (the vLLM
+# wheel's extension) called eagerly back to back at batch 1 in the same process: the prefill and first steps run
+# eagerly, and there the Triton kernel must not cost more than FlashMLA's C++ call.
 
 # %%
 from glm5lib.paths import bench_dir, outputs_dir

@@ -1,13 +1,15 @@
 """Which sparse-MLA configs each committed piece of H200 evidence exercised, against the configs shipped now.
 
 The H200 files name cases, not configs, and they were produced at different commits: the v5 decode verification
-and the benchmark at febd9ab; the full case matrix and the compute-sanitizer run at a4e371b (the kernel code of
-febd9ab; an earlier run of both, at f0ddd05, had the v4 configs); the vLLM call-path harness at 7ba5f5d. The
-configs of a commit are its `CONFIGS` (`git show febd9ab:src/glm5lib/kernels/sparse_mla.py`, now `mla.py`); a
-case's config follows from its shape by `config_key` on the H200 (132 SMs, sm_90: the "big" shared-memory class).
+at febd9ab; the full case matrix, the compute-sanitizer run and the vLLM call-path harness at 836d561 (the
+kernels shipped now for sm_90: the later commits changed only the sm_89/sm_120 configs); the same matrix with the
+sm_89/sm_120 ("small" shared-memory class) configs forced on the H200 and the benchmark at ca27b2b (the
+benchmark and the harness record their commit in the JSON). The configs of a commit are its `CONFIGS`
+(`git show REV:src/glm5lib/kernels/mla.py`); a case's config follows from its shape by `config_key` on the H200
+(132 SMs) in the class the run used ("big" unless forced).
 
 `coverage(root)` reads the files and reports, per piece: cases, passes, and the config names it ran; and per
-shipped "big" config: which pieces ran that exact config. The notebook prints it instead of prose.
+shipped config of both classes: which pieces ran that exact config. The notebook prints it instead of prose.
 """
 
 from __future__ import annotations
@@ -23,32 +25,35 @@ H200_SMS = 132
 SMEM = "big"  # sm_90
 
 FULL_MATRIX = "outputs/bench/checks_h200_full.json"
+FULL_MATRIX_SMALL = "outputs/bench/checks_h200_full_small.json"
 SANITIZER = "outputs/bench/sanitizer_h200.log"
 VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
 HARNESS = "outputs/bench/vllm_harness_h200.json"
-RUN_COMMIT = "a4e371b"  # matrix and sanitizer: the kernels shipped now
-HARNESS_COMMIT = "7ba5f5d"  # the harness, top-k select and batched indexer step it measures
+RUN_COMMIT = "836d561"  # matrix and sanitizer: the kernels shipped now
+SMALL_COMMIT = "ca27b2b"  # the matrix with the sm_89/sm_120 configs forced
+HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
 
 
-def _key(name: str) -> tuple[str, str, str] | None:
+def _key(name: str, smem: str = SMEM) -> tuple[str, str, str] | None:
     """The config key a sparse-MLA case name ran under on the H200 (None for indexer cases)."""
     m = _CASE.match(name)
     if m is None:
         return None
-    return config_key(int(m["T"]), int(m["H"]), m["fmt"], SMEM, H200_SMS)
+    return config_key(int(m["T"]), int(m["H"]), m["fmt"], smem, H200_SMS)
 
 
 def _names(keys, table: dict) -> dict[str, str]:
     return {"/".join(k): table[k].name for k in sorted(set(keys))}
 
 
-def _matrix(path: Path) -> dict:
+def _matrix(path: Path, smem: str = SMEM, commit: str = RUN_COMMIT) -> dict:
     rows = json.loads(path.read_text())
-    keys = [k for k in (_key(r["name"]) for r in rows) if k]
-    return {"file": str(path), "commit": RUN_COMMIT, "what": "full case matrix (sparse MLA + indexer)",
+    keys = [k for k in (_key(r["name"], smem) for r in rows) if k]
+    what = "full case matrix (sparse MLA + indexer)" + ("" if smem == SMEM else f", {smem} shared-memory configs forced")
+    return {"file": str(path), "commit": commit, "what": what,
             "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, CONFIGS)}
 
 
@@ -79,7 +84,8 @@ def _bench(path: Path) -> dict:
 def _harness(path: Path) -> dict:
     rows = [r for r in json.loads(path.read_text())["results"] if "kv_format" in r]  # sparse-MLA cases
     keys = [config_key(sum(r["query_lens"]), r["heads"], r["kv_format"], SMEM, H200_SMS) for r in rows]
-    return {"file": str(path), "commit": HARNESS_COMMIT, "what": "vLLM backend call path (paged caches, top-k 2048)",
+    commit = json.loads(path.read_text()).get("commit") or HARNESS_COMMIT
+    return {"file": str(path), "commit": commit, "what": "vLLM backend call path (paged caches, top-k 2048)",
             "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, CONFIGS)}
 
 
@@ -89,14 +95,14 @@ def coverage(root: str | Path | None = None) -> dict:
     Pieces whose file is missing are left out. `root`: the checkout (default: the one this package runs from).
     """
     root = Path(root) if root is not None else (repo_root() or Path("."))
-    readers = {"h200_full_matrix": (FULL_MATRIX, _matrix), "h200_sanitizer": (SANITIZER, _sanitizer),
+    readers = {"h200_full_matrix": (FULL_MATRIX, _matrix),
+               "h200_full_matrix_smem_small": (FULL_MATRIX_SMALL, lambda p: _matrix(p, "small", SMALL_COMMIT)),
+               "h200_sanitizer": (SANITIZER, _sanitizer),
                "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench),
                "h200_vllm_harness": (HARNESS, _harness)}
     pieces = {name: read(root / rel) for name, (rel, read) in readers.items() if (root / rel).is_file()}
     shipped = {}
     for k, cfg in CONFIGS.items():
-        if k[2] != SMEM:
-            continue
         key = "/".join(k)
         shipped[key] = {"config": cfg.name,
                         "covered_by": [n for n, p in pieces.items() if p["configs"].get(key) == cfg.name]}

@@ -569,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.json + ".tmp"
         with open(tmp, "w") as f:
             json.dump({"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                       "torch": torch.__version__, "results": results}, f, indent=1)
+                       "torch": torch.__version__, "commit": os.environ.get("GLM5LIB_COMMIT"), "results": results},
+                      f, indent=1)
         os.replace(tmp, args.json)
     return 0 if all(r["ok"] for r in results) else 1
 
@@ -579,8 +580,8 @@ def _graphs_main(device: torch.device, repeats: int, tiny: bool, json_path: str 
 
     def write(report: dict) -> None:  # after every case: a crash part-way keeps what was measured
         tmp = json_path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(report, f, indent=1)
+        with open(tmp, "w") as f:  # the commit: GLM5LIB_COMMIT (a device copy of the checkout has no .git)
+            json.dump({**report, "commit": os.environ.get("GLM5LIB_COMMIT")}, f, indent=1)
         os.replace(tmp, json_path)
 
     report = graphs.run(device, repeats, tiny, log=lambda line: print(line, flush=True),
