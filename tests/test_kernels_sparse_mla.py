@@ -201,3 +201,17 @@ def test_tune_decode_candidates_run_under_the_interpreter():
             o, _ = sparse_mla_launch(q, cache, idx, 1 / 16, kv_format=fmt, config=cfg, num_splits=2)
             rel = float((o.float() - ro).norm() / ro.norm())
             assert rel < (1e-5 if DTYPE == torch.float32 else 1e-2), (fmt, cfg.name, rel)
+
+
+def test_forced_shared_memory_class(monkeypatch):
+    """GLM5LIB_SMEM_CLASS picks the configs of a class on any device (how the H200 runs the sm_89/sm_120 ones);
+    anything else is refused by name."""
+    from glm5lib.kernels import mla
+
+    monkeypatch.setattr(mla, "FORCE_SMEM_CLASS", "small")
+    assert mla.smem_class(torch.device("cpu")) == "small"
+    monkeypatch.setattr(mla, "FORCE_SMEM_CLASS", None)
+    assert mla.smem_class(torch.device("cpu")) == "big"
+    monkeypatch.setattr(mla, "FORCE_SMEM_CLASS", "huge")
+    with pytest.raises(ValueError, match="GLM5LIB_SMEM_CLASS"):
+        mla.smem_class(torch.device("cpu"))

@@ -450,7 +450,9 @@ FORCE_SMEM_CLASS = os.environ.get("GLM5LIB_SMEM_CLASS") or None
 
 def smem_class(device: torch.device) -> str:
     """'big' on sm_90/sm_100 (>= 200 KB of shared memory per block), else 'small' (sm_80 is served by 'small' too)."""
-    if FORCE_SMEM_CLASS in ("small", "big"):
+    if FORCE_SMEM_CLASS is not None:
+        if FORCE_SMEM_CLASS not in ("small", "big"):
+            raise ValueError(f"GLM5LIB_SMEM_CLASS must be 'small' or 'big', got {FORCE_SMEM_CLASS!r}")
         return FORCE_SMEM_CLASS
     if device.type != "cuda":
         return "big"
