@@ -205,6 +205,8 @@ def sanitize_cases() -> list[MLACase]:
             for H in (8, 128):
                 out.append(MLACase(T=4, H=H, topk=2048, n_kv=3000, kv_format=fmt, invalid=inv, group="sanitize"))
         out.append(MLACase(T=4, H=16, topk=512, n_kv=1000, kv_format=fmt, invalid="mixed", paged=64, group="sanitize"))
+        # enough tokens for the prefill configs (4 x 132 SMs on the H200)
+        out.append(MLACase(T=600, H=16, topk=512, n_kv=3000, kv_format=fmt, invalid="mixed", group="sanitize"))
     return out
 
 
