@@ -55,9 +55,21 @@ def test_evidence_vllm_call_path_h200_passed():
 
 
 def test_evidence_sanitizer_h200_clean():
-    log = (BENCH / "sanitizer_h200.log").read_text()
-    summaries = [ln for ln in log.splitlines() if "ERROR SUMMARY" in ln]
-    assert summaries and all(ln.rstrip().endswith(": 0 errors") for ln in summaries)
+    for name in ("sanitizer_h200.log", "sanitizer_h200_small.log"):  # the sm_90 configs; the sm_89/sm_120 ones
+        log = (BENCH / name).read_text()
+        summaries = [ln for ln in log.splitlines() if "ERROR SUMMARY" in ln]
+        assert summaries and all(ln.rstrip().endswith(": 0 errors") for ln in summaries), name
+
+
+def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h200():
+    from glm5lib.bench import evidence
+
+    cov = evidence.coverage()
+    assert len(cov["shipped"]) == len(evidence.CONFIGS)  # both shared-memory classes
+    for key, s in cov["shipped"].items():
+        ran = set(s["covered_by"])
+        assert ran & {"h200_full_matrix", "h200_full_matrix_smem_small"}, key
+        assert ran & {"h200_sanitizer", "h200_sanitizer_smem_small"}, key
 
 
 def test_evidence_case_matrix_h200_with_the_sm120_configs_passed():

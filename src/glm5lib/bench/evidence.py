@@ -1,10 +1,11 @@
 """Which sparse-MLA configs each committed piece of H200 evidence exercised, against the configs shipped now.
 
 The H200 files name cases, not configs, and they were produced at different commits: the v5 decode verification
-at febd9ab; the full case matrix, the compute-sanitizer run and the vLLM call-path harness at 836d561 (the
-kernels shipped now for sm_90: the later commits changed only the sm_89/sm_120 configs); the same matrix with the
-sm_89/sm_120 ("small" shared-memory class) configs forced on the H200 and the benchmark at ca27b2b (the
-benchmark and the harness record their commit in the JSON). The configs of a commit are its `CONFIGS`
+at febd9ab; the full case matrix and the vLLM call-path harness at 836d561 (the kernels shipped now for sm_90: the
+later commits changed only the sm_89/sm_120 configs); the same matrix with the sm_89/sm_120 ("small"
+shared-memory class) configs forced on the H200 and the benchmark at ca27b2b (the benchmark and the harness record
+their commit in the JSON); compute-sanitizer with both classes at a99ee40 (the same kernels, prefill-sized cases
+added). The configs of a commit are its `CONFIGS`
 (`git show REV:src/glm5lib/kernels/mla.py`); a case's config follows from its shape by `config_key` on the H200
 (132 SMs) in the class the run used ("big" unless forced).
 
@@ -27,11 +28,13 @@ SMEM = "big"  # sm_90
 FULL_MATRIX = "outputs/bench/checks_h200_full.json"
 FULL_MATRIX_SMALL = "outputs/bench/checks_h200_full_small.json"
 SANITIZER = "outputs/bench/sanitizer_h200.log"
+SANITIZER_SMALL = "outputs/bench/sanitizer_h200_small.log"
 VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
 HARNESS = "outputs/bench/vllm_harness_h200.json"
 RUN_COMMIT = "836d561"  # matrix and sanitizer: the kernels shipped now
 SMALL_COMMIT = "ca27b2b"  # the matrix with the sm_89/sm_120 configs forced
+SANITIZER_COMMIT = "a99ee40"  # compute-sanitizer, both classes
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
@@ -57,14 +60,15 @@ def _matrix(path: Path, smem: str = SMEM, commit: str = RUN_COMMIT) -> dict:
             "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, CONFIGS)}
 
 
-def _sanitizer(path: Path) -> dict:
+def _sanitizer(path: Path, smem: str = SMEM) -> dict:
     text = path.read_text()
     cases = re.findall(r"^(sanitize:\S+)\s+(ok|BAD)\b", text, re.M)
     errors = re.search(r"ERROR SUMMARY: (\d+) error", text)
-    return {"file": str(path), "commit": RUN_COMMIT, "what": "compute-sanitizer memcheck, invalid-index cases",
+    what = "compute-sanitizer memcheck, invalid-index cases" + ("" if smem == SMEM else f", {smem} configs forced")
+    return {"file": str(path), "commit": SANITIZER_COMMIT, "what": what,
             "cases": len(cases), "passed": sum(s == "ok" for _, s in cases),
             "sanitizer_errors": int(errors[1]) if errors else None,
-            "configs": _names([_key(n) for n, _ in cases], CONFIGS)}
+            "configs": _names([_key(n, smem) for n, _ in cases], CONFIGS)}
 
 
 def _verify(path: Path) -> dict:
@@ -98,6 +102,7 @@ def coverage(root: str | Path | None = None) -> dict:
     readers = {"h200_full_matrix": (FULL_MATRIX, _matrix),
                "h200_full_matrix_smem_small": (FULL_MATRIX_SMALL, lambda p: _matrix(p, "small", SMALL_COMMIT)),
                "h200_sanitizer": (SANITIZER, _sanitizer),
+               "h200_sanitizer_smem_small": (SANITIZER_SMALL, lambda p: _sanitizer(p, "small")),
                "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench),
                "h200_vllm_harness": (HARNESS, _harness)}
     pieces = {name: read(root / rel) for name, (rel, read) in readers.items() if (root / rel).is_file()}
