@@ -2,15 +2,20 @@
 
 The decode kernel at 8-16 heads per GPU does three things per gathered tile: gather the rows (index load, then
 row loads), turn them into dot operands (fp8_ds_mla: e4m3 -> fp16 plus the rope half-words), and the attention
-itself (two dots, the online softmax). The probes below run the kernel's own loop on the kernel's own grid and
-split count with only the first stage, then the first two, each with a sink cheap enough not to count (an XOR or
-an add per loaded word), so that differences of times place the cost (`H200.md`'s "time variants that leave one
-stage out"):
+itself (two dots, the online softmax). The probes below run on the kernel's own launch plan (grid, split sizes,
+tile, load path) with only the first stage, then the first two, each with an elementwise sink (an XOR or an add
+per loaded word or value, reduced once after the loop), so that differences of times place the cost (`H200.md`'s
+"time variants that leave one stage out"):
 
-- `gather`: `_tile_rows` + `_tile_load` (the shipped config's load path), the words XOR-ed into registers;
+- `gather`: `_tile_rows` + `_tile_load`, the words XOR-ed (fp8) or the values added (bf16) into registers;
 - `gather+convert`: the same plus `_tile_prep` (the operands the dots would take), summed elementwise;
 - `kernel`: `sparse_mla_launch` with the shipped config.
 
+The probes' loop is the fp8 kernel's (register prefetch of the next tile, index tile read one step earlier); the
+bf16 kernel stages its tiles in shared memory instead (`num_stages=3`), so for bf16 the probe is the same loads of
+the same rows in another pipeline, an estimate of the gather rather than the kernel's exact loop. A probe's time
+includes its sink, so it bounds its stage from above; the claim it supports is what a kernel built on this load
+path can reach, not a hardware limit.
 Each is reported in us, GB/s of gathered row bytes, % of the measured copy bandwidth, and as a share of the
 kernel's time. `python -m glm5lib.bench.bounds --json OUT.json` (B 32/128, H 8, both cache formats).
 On CPU (Triton's interpreter) `probe_checksums` checks on tiny inputs that the probes read exactly the bytes the
@@ -25,8 +30,8 @@ import sys
 
 import torch
 
-from glm5lib.kernels import mla, naive
-from glm5lib.kernels.common import fp8_hw, num_sms
+from glm5lib.kernels import common, mla, naive
+from glm5lib.kernels.common import num_sms
 import triton  # noqa: E402  (after kernels.common: the interpreter switch)
 import triton.language as tl  # noqa: E402
 
@@ -46,9 +51,9 @@ def _probe_kernel(KV, IDX, OUT, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPL
     k_start = sp * KEYS_PER_SPLIT
     k_end = tl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
     idx_row = IDX + t.to(tl.int64) * stride_it
-    acc = tl.zeros([BLOCK_N, 128], tl.float32)  # elementwise sinks: one add / XOR per loaded value or word
-    racc = tl.zeros([BLOCK_N], tl.float32)
-    bits = tl.zeros([BLOCK_N, 4], tl.int32)
+    acc = tl.zeros([BLOCK_N, 128], tl.float32)  # elementwise sinks: one add / XOR per loaded value or word,
+    racc = tl.zeros([BLOCK_N], tl.float32)  # reduced once after the loop
+    bits = tl.zeros([BLOCK_N, 32], tl.int32)
     # as the kernel's PREFETCH + IDX_AHEAD loop: tile i is consumed while tile i + 1 is gathered and index tile
     # i + 2 is read, so the probes keep as many loads in flight as the kernel does
     a_valid, a_row_b = _tile_rows(idx_row, k_start + BLOCK_N, k_end, N_ROWS, stride_kv, BLOCK_N)
@@ -66,36 +71,33 @@ def _probe_kernel(KV, IDX, OUT, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPL
                                                               NOPE_F16, False, WORDS)
             acc += k0.to(tl.float32) + k1.to(tl.float32) + k2.to(tl.float32) + k3.to(tl.float32)
             racc += tl.sum(kr2.to(tl.float32), 1)
-        elif KV_FP8 and WORDS:
-            bits ^= tl.reduce(tl.reshape(x0 ^ x1 ^ x2 ^ x3, [BLOCK_N, 4, 8]), 2, _xor)
-            bits ^= tl.reduce(tl.reshape(kr, [BLOCK_N, 4, 8]), 2, _xor)
+        elif KV_FP8 and WORDS:  # [BLOCK_N, 32] words each: XOR-ed into one word tile, no reduction in the loop
+            bits ^= x0 ^ x1 ^ x2 ^ x3 ^ kr
         else:
             acc += x0.to(tl.float32) + x1.to(tl.float32) + x2.to(tl.float32) + x3.to(tl.float32)
             racc += tl.sum(kr.to(tl.float32), 1)
         x0, x1, x2, x3, kr, sc = y0, y1, y2, y3, yr, ysc
-    total = tl.sum(tl.sum(acc, 1) + racc, 0) + tl.sum(tl.sum(bits, 1), 0).to(tl.float32)
+    total = tl.sum(tl.sum(acc, 1) + racc, 0) + tl.sum(tl.sum(bits & 1, 1), 0).to(tl.float32)
     tl.store(OUT + t * tl.num_programs(2) + sp, total)
-
-
-@triton.jit
-def _xor(a, b):
-    return a ^ b
 
 
 def run_probe(kind: str, q, cache, idx, kv_format: str, out=None):
     """One probe launch (`kind` in "gather", "gather+convert") on the kernel's grid for these inputs."""
     T, H, _ = q.shape
     topk = idx.shape[1]
-    cfg, splits, kps = mla._plan(T, H, topk, kv_format, q.device.type, q.device.index, None, None)
     stride_kv, n_rows = naive.kv_row_geometry(cache)
-    fp8 = kv_format == "fp8_ds_mla"
+    aligned = stride_kv % 16 == 0 and cache.data_ptr() % 16 == 0
+    # the kernel's own launch plan: its grid, split sizes, tile and load switches
+    plan = mla._launch_plan(T, H, topk, kv_format, q.device.type, q.device.index, None, None, aligned,
+                            q.dtype == torch.float32, common.FP8_SOFTWARE)
+    kw = plan.kw
+    splits = plan.grid[2]
     out = torch.empty(T * splits, dtype=torch.float32, device=q.device) if out is None else out
-    aligned = fp8 and stride_kv % 16 == 0 and cache.data_ptr() % 16 == 0
     _probe_kernel[(T, 1, splits)](
-        cache, idx, out, stride_kv, idx.stride(0), topk, n_rows, kps,
-        KV_FP8=fp8, FP8_HW=fp8_hw(q.device), CONVERT=kind == "gather+convert", BLOCK_N=cfg.block_n,
-        D_NOPE=naive.D_NOPE, D_ROPE=naive.D_ROPE, ALIGNED=aligned, WORDS=fp8 and cfg.prefetch == 2,
-        NOPE_F16=fp8 and cfg.nope_f16, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        cache, idx, out, stride_kv, idx.stride(0), topk, n_rows, plan.keys_per_split,
+        KV_FP8=kw["KV_FP8"], FP8_HW=kw["FP8_HW"], CONVERT=kind == "gather+convert", BLOCK_N=kw["BLOCK_N"],
+        D_NOPE=naive.D_NOPE, D_ROPE=naive.D_ROPE, ALIGNED=kw["ALIGNED"], WORDS=kw["KV_FP8"] and kw["PREFETCH"] == 2,
+        NOPE_F16=kw["NOPE_F16"], num_warps=kw["num_warps"], num_stages=kw["num_stages"])
     return out
 
 
