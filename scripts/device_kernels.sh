@@ -5,7 +5,7 @@
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
 # tune: decode candidates side by side (checks + timings), then `bench all` with the winners (tune_decode.py)
-# bench-targets: issue #13's targets in one run (`bench all --quick --sweep-indexer`: B32/B128, fp8 prefill against
+# bench-targets: issue #13's targets in one run (`bench all --quick --no-scaling --sweep-indexer`: B32/B128, fp8 prefill against
 #   FlashMLA's bf16 prefill, the sm_89/sm_120 configs forced on the H200 with their compiled shared memory);
 #   writes bench_h200.json/.png and bench.log under $OUT
 # checks-small / sanitize-small: the case matrix / compute-sanitizer with the sm_89/sm_120 (99 KB) configs forced

@@ -139,7 +139,8 @@ def test_targets_value_is_goal_times_f_and_met_follows(f):
             r = bench._find(synthetic(f)["rows"], kind="decode", impl="triton", T=B, H=H, kv_format="fp8_ds_mla")
             v = t[f"decode fp8 H{H} B{B}: % of byte floor (gathered bytes at copy bandwidth)"]
             assert v["value"] == pytest.approx(100 * _floor_ms(B, "fp8_ds_mla") / r["ms"])
-            assert v["met"] is (v["value"] >= 85) and t[f"decode fp8 H{H} B{B}: speed-up vs FlashMLA padded to 64"]
+            assert v["met"] is (v["value"] >= 85)
+            assert t[f"decode fp8 H{H} B{B}: speed-up vs FlashMLA padded to 64"]["value"] is not None
     goals = {k: v["goal"] for k, v in t.items()}
     assert goals["prefill bf16 H64: ratio to FlashMLA (time)"] == ">= 0.8"  # issue #13 (was 0.6)
     assert "prefill bf16 H8: ratio to FlashMLA (time)" not in t  # the 4.0 goal is not an issue-#13 target

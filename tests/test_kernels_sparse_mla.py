@@ -33,7 +33,7 @@ def test_case_matrix(case):
 def test_every_kernel_variant_matches_reference(cfg, num_splits, monkeypatch):
     """Prefetch / split / software-fp8 (sm_80) variants compute the same function."""
     if DEVICE == "cpu":
-        monkeypatch.setattr(common, "FP8_SOFTWARE", cfg.prefetch)  # GLM5LIB_FP8_SOFTWARE, read once at import
+        monkeypatch.setattr(common, "FP8_SOFTWARE", bool(cfg.prefetch))  # GLM5LIB_FP8_SOFTWARE, read at import
     gen = torch.Generator().manual_seed(7)
     q = torch.randn(3, 20, naive.D_QK, generator=gen).to(DTYPE).to(DEVICE)
     kv = torch.randn(90, naive.D_QK, generator=gen)
@@ -168,7 +168,7 @@ def test_split_launch_merges_every_split():
     q = torch.randn(T, H, naive.D_QK, generator=gen).to(DTYPE).to(DEVICE)
     kv = torch.randn(300, naive.D_QK, generator=gen)
     idx = torch.randint(0, 300, (T, K), generator=gen, dtype=torch.int32)
-    idx[1, 40:] = -1  # token 1: keys only in the first split
+    idx[1, 32:] = -1  # token 1: keys only in the first split (32 keys per split)
     idx[2] = -1  # token 2: no key at all
     idx = idx.to(DEVICE)
     cfg = MLAConfig(16, 16, 4, 1)
@@ -215,3 +215,32 @@ def test_forced_shared_memory_class(monkeypatch):
     monkeypatch.setattr(mla, "FORCE_SMEM_CLASS", "huge")
     with pytest.raises(ValueError, match="GLM5LIB_SMEM_CLASS"):
         mla.smem_class(torch.device("cpu"))
+
+
+def test_launch_key_separates_what_triton_specializes_on(monkeypatch):
+    """The pre-bound launch key built by sparse_mla_launch changes with each property Triton compiles a separate
+    kernel for: a pointer's 16-byte alignment, the indices' dtype, an int argument's value."""
+    from glm5lib.kernels import mla
+
+    keys = []
+
+    class Recorder:
+        def launch(self, grid, args, kw, kw_key=None, device_index=None, spec=None):
+            keys.append(spec)
+
+    monkeypatch.setattr(mla, "_FWD", Recorder())
+    monkeypatch.setattr(mla, "_MERGE", Recorder())
+    kv = torch.zeros(64, naive.D_QK)
+    flat = torch.zeros(2 * 8 * naive.D_QK + 1)
+    q = flat[: 2 * 8 * naive.D_QK].view(2, 8, naive.D_QK)
+    q_misaligned = flat[1:].view(2, 8, naive.D_QK)  # 4 bytes off
+    idx = torch.zeros(2, 32, dtype=torch.int32)
+    cfg = MLAConfig(16, 16, 4, 1)
+    for qq, ii, kk in ((q, idx, kv), (q_misaligned, idx, kv), (q, idx.long(), kv), (q, idx, kv[:48])):
+        keys.clear()
+        sparse_mla_launch(qq, kk, ii, 0.1, kv_format="fp32", config=cfg, num_splits=1)
+        assert len(keys) == 1
+        if qq is q and ii is idx and kk is kv:
+            base = keys[0]
+        else:
+            assert keys[0] != base

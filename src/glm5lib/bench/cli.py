@@ -17,7 +17,8 @@ def _bench(args) -> int:
                     scaling=not args.no_scaling, name=args.name, sweep_indexer=args.sweep_indexer, force=args.force,
                     commit=args.commit)
     name = res["meta"]["name"]
-    png = bench.plot(Path(args.out) / f"{name}.json", Path(args.out) / f"{name}.png")
+    png = bench.plot(Path(args.out) / f"{name}.json", Path(args.out) / f"{name}.png",
+                     Path(args.out) / bench.SCALING_ARCHIVE)
     if any(r.get("kind") == "smem-small" for r in res["rows"]):
         print("sm_89/sm_120 ('small' shared memory) configs forced on the H200 cases, beside the shipped ones:")
         print(bench.smem_table(res))

@@ -791,8 +791,25 @@ def smem_table(res: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(json_path: str | Path, png_path: str | Path) -> Path:
-    """Two panels: time per case (ours vs FlashMLA) and a roofline (achieved TFLOP/s against FLOP/byte)."""
+SCALING_ARCHIVE = "sweeps/bench_h200_v6.json"  # beside bench_h200.json: the last full run with the scaling series
+
+
+def scaling_rows(res: dict, archive: str | Path | None = None) -> tuple[list[dict], str]:
+    """The scale-topk / scale-ctx rows of a run, or of `archive` when the run has none (`bench-targets` passes
+    `--no-scaling`), and where they came from (for the figure and the notebook to say so)."""
+    def pick(r):
+        return [x for x in r["rows"] if x.get("kind") in ("scale-topk", "scale-ctx") and "error" not in x]
+
+    rows = pick(res)
+    if rows or archive is None or not Path(archive).is_file():
+        return rows, "this run"
+    old = json.loads(Path(archive).read_text())
+    return pick(old), f"{Path(archive).name} ({old['meta'].get('commit') or old['meta']['date'][:10]})"
+
+
+def plot(json_path: str | Path, png_path: str | Path, scaling_archive: str | Path | None = None) -> Path:
+    """Three panels: time per case (ours vs FlashMLA), a roofline (achieved TFLOP/s against FLOP/byte), and time
+    against top-k and context (from `scaling_archive` when the run has no scaling series)."""
     from glm5lib.plotting import pyplot, save_figure
 
     plt = pyplot()
@@ -829,13 +846,14 @@ def plot(json_path: str | Path, png_path: str | Path) -> Path:
     a2.set_ylabel("TFLOP/s")
     a2.set_title("roofline (o: Triton, x: FlashMLA)")
     a2.legend(fontsize=8)
-    sc = [r for r in res["rows"] if r.get("kind") == "scale-topk" and "error" not in r]
+    srows, source = scaling_rows(res, scaling_archive)
+    sc = [r for r in srows if r["kind"] == "scale-topk"]
     for H in sorted({r["H"] for r in sc}):
         for impl in ("triton", "flashmla"):
             pts = sorted((r["topk"], r["us"]) for r in sc if r["H"] == H and r["impl"].startswith(impl))
             if pts:
                 a3.plot(*zip(*pts), marker="o", label=f"{impl} H{H} B128 fp8")
-    cx = sorted((r["ctx"], r["us"]) for r in res["rows"] if r.get("kind") == "scale-ctx" and "error" not in r)
+    cx = sorted((r["ctx"], r["us"]) for r in srows if r["kind"] == "scale-ctx")
     if cx:
         a3b = a3.twiny()
         a3b.plot(*zip(*cx), "k:", marker="s", label="triton H16 B64 vs context")
@@ -843,7 +861,7 @@ def plot(json_path: str | Path, png_path: str | Path) -> Path:
         a3b.set_xlabel("context length (dotted)")
     a3.set_xlabel("top-k")
     a3.set_ylabel("time (us)")
-    a3.set_title("time grows with top-k, flat in context")
+    a3.set_title("time grows with top-k, flat in context" + ("" if source == "this run" else f"\n(from {source})"))
     a3.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, png_path)

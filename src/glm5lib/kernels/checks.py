@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.smem_class:
         from glm5lib.kernels import mla
 
-        mla.FORCE_SMEM_CLASS = a.smem_class
+        mla.force_smem_class(a.smem_class)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.sanitize:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32

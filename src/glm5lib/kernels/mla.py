@@ -60,7 +60,8 @@ class MLAConfig:
 # sm_90's 227 KB per block; "small" fits the 99 KB of sm_89 / sm_120 (compile_report checks every one).
 CONFIGS = {
     # decode H <= 16 (docs/kernels.md v5, H200): index read-ahead + 2 programs/SM in one wave; bf16 B32 42 -> 38 us,
-    # fp8 B128 206 -> 159 us. v7 (NOTES.md): the fp8 tile held as int32 words (no spills), B128 154.5 -> 149.4 us
+    # fp8 B128 206 -> 159 us. v7 (NOTES.md): the fp8 tile held as int32 words (no spills), B128 149.4 us against
+    # 154.5 / 159.3 for the v5 config timed twice in the same run
     ("small", "bf16", "big"): MLAConfig(16, 32, 4, 3, idx_ahead=True, fit=True),
     ("small", "fp8_ds_mla", "big"): MLAConfig(16, 32, 4, 2, prefetch=2, nope_f16=True, idx_ahead=True, fit=True),
     ("prefill-small", "bf16", "big"): MLAConfig(16, 64, 4, 2),
@@ -143,7 +144,7 @@ def _col(sc, c: tl.constexpr):
 
 
 # the interpreter runs no PTX: FP8_ASM falls back to Triton's conversion there
-_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+_INTERPRETED: tl.constexpr = tl.constexpr(common.INTERPRETED)
 
 
 @triton.jit
@@ -448,6 +449,14 @@ _num_sms = num_sms  # older name, kept for callers
 FORCE_SMEM_CLASS = os.environ.get("GLM5LIB_SMEM_CLASS") or None
 
 
+def force_smem_class(value: str | None) -> None:
+    """Take `value`'s configs on any GPU from now on (None: by the device again); cached launch plans are dropped."""
+    global FORCE_SMEM_CLASS
+    FORCE_SMEM_CLASS = value
+    _plan.cache_clear()
+    _launch_plan.cache_clear()
+
+
 def smem_class(device: torch.device) -> str:
     """'big' on sm_90/sm_100 (>= 200 KB of shared memory per block), else 'small' (sm_80 is served by 'small' too)."""
     if FORCE_SMEM_CLASS is not None:
@@ -600,7 +609,7 @@ def sparse_mla_launch(q, kv_cache, indices, sm_scale, *, kv_format="bf16", out=N
             plan.keys_per_split)
     # what Triton specializes on, exactly: dtypes, 16-byte alignment of every pointer, the int values themselves
     aligned = (q.data_ptr() % 16 == 0, base % 16 == 0, indices.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
-    spec = (q.dtype, kv_cache.dtype, out.dtype, aligned, ints)
+    spec = (q.dtype, kv_cache.dtype, indices.dtype, out.dtype, aligned, ints)
     _FWD.launch(grid, (q, kv_cache, indices, out, lse, part, *ints[:6], H, *ints[6:], float(sm_scale) * LOG2E),
                 plan.kw, plan.kw_key, dev.index, spec)  # lse: a fresh [T, H], so its row stride is H
     if splits > 1:
