@@ -237,6 +237,12 @@ def _small_config(T: int, H: int, kv_format: str, device) -> tuple[str, MLAConfi
     return "/".join(key), CONFIGS[key]
 
 
+def _smem_error_row(case, key, cfg, T, H, kv_format, exc) -> dict:
+    """The `smem-small` row of a small-memory config that failed to compile, launch or time."""
+    return {"kind": "smem-small", "case": case, "impl": f"triton:{cfg.name}", "config_key": key, "T": T, "H": H,
+            "kv_format": kv_format, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
 def _smem_row(kind_of_case, key, cfg, ns, T, H, topk, kv_format, ms, flops, kv_bytes, ceil, facts, rel, big):
     fits = None if facts.get("shared_bytes") is None else bool(facts["shared_bytes"] <= SMEM_SMALL_LIMIT)
     return _row("smem-small", f"triton:{cfg.name}", T, H, topk, kv_format, ms, flops, kv_bytes, ceil,
@@ -297,8 +303,7 @@ def bench_decode_case(B, H, kv_format, ceil, ctx=32768, topk=TOPK, flashmla=True
             rows.append(_smem_row("decode", key, cfg, ns, B, H, topk, kv_format, ms_c, flops, kv_bytes, ceil,
                                   kernel_facts(seen[0]) if seen else {}, rel_c, mine))
         except Exception as exc:
-            rows.append({"kind": "smem-small", "case": "decode", "impl": f"triton:{cfg.name}", "config_key": key,
-                         "T": B, "H": H, "kv_format": kv_format, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            rows.append(_smem_error_row("decode", key, cfg, B, H, kv_format, exc))
     for cfg in configs or []:
         for ns_mult in (1, 2):
             # the split count sparse_mla would pick for this config on this GPU, and twice that
@@ -389,8 +394,7 @@ def bench_prefill_case(H, ceil, s_q=4096, s_kv=32768, topk=TOPK, flashmla=True, 
             rows.append(_smem_row("prefill", key, cfg, ns, s_q, H, topk, kv_format, ms_c, flops, kv_bytes, ceil,
                                   kernel_facts(seen[0]) if seen else {}, rel_c, mine))
         except Exception as exc:
-            rows.append({"kind": "smem-small", "case": "prefill", "impl": f"triton:{cfg.name}", "config_key": key,
-                         "T": s_q, "H": H, "kv_format": kv_format, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
+            rows.append(_smem_error_row("prefill", key, cfg, s_q, H, kv_format, exc))
     for cfg in configs or []:
         try:
             sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format=kv_format, out=out, config=cfg, num_splits=1)
