@@ -301,10 +301,25 @@ def _big_shard_set(d: Path) -> Path:
     return shard_path(d / "set", 0, 2)
 
 
-def _kill_mid_write(argv: list[str], out_dir: Path, sig: int, started) -> subprocess.CompletedProcess:
+# The CLI with every copy chunk delayed by 20 ms: the merge of 4 GiB then takes seconds whatever the machine's load
+# (under CI load a full-speed merge once finished between "the temporary file has data" and the signal).
+_SLOW_CLI = """
+import os, sys, time
+for name in ("copy_file_range", "pread"):
+    if hasattr(os, name):
+        def slow(*a, _f=getattr(os, name)):
+            time.sleep(0.02)
+            return _f(*a)
+        setattr(os, name, slow)
+from glm5lib.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _kill_mid_write(argv: list[str], out_dir: Path, sig: int, started, slow: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    p = subprocess.Popen([sys.executable, "-m", "glm5lib.cli", *argv], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env)
+    cmd = [sys.executable, "-c", _SLOW_CLI, *argv] if slow else [sys.executable, "-m", "glm5lib.cli", *argv]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
     while not started() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
@@ -327,7 +342,7 @@ def test_signal_during_merge_leaves_nothing(sig, tmp_path):
     def started():  # the temporary output exists and has data in it
         return any(p.stat().st_size > 0 for p in _temp_entries(out_dir))
 
-    r = _kill_mid_write(["gguf", "merge", str(first), str(out_dir / "merged.gguf")], out_dir, sig, started)
+    r = _kill_mid_write(["gguf", "merge", str(first), str(out_dir / "merged.gguf")], out_dir, sig, started, slow=True)
     assert r.returncode == 128 + sig, r.stderr
     assert r.stderr.strip().splitlines()[-1] == f"error: terminated by {signal.Signals(sig).name}"
     assert list(out_dir.iterdir()) == []

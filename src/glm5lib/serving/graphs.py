@@ -316,6 +316,195 @@ def prebound_eager(st: DecodeStep, g: torch.cuda.CUDAGraph, repeats: int) -> dic
     return res
 
 
+def check_steps(st: DecodeStep, replay) -> dict:
+    """Two steps with different metadata: `replay` (the graph, or None: the step eagerly on the refilled
+    buffers) against a plain eager run of the same step, and the eager top-k against the per-request path."""
+    res, c = {}, st.case
+    for i, real in enumerate((c.batch, max(1, c.batch - 1) if c.batch > 1 else 1)):
+        st.new_step(real)
+        (replay or st.step)()
+        got = st.snapshot()
+        st.step()
+        want = st.snapshot()
+        res[f"step{i}_equal"] = all(torch.equal(a, b) for a, b in zip(got, want))
+        res[f"step{i}_real"] = real
+        # padding requests pick nothing and attend to nothing
+        res[f"step{i}_padding_inert"] = all(bool((t[real:] == -1).all()) for t in st.topk_out) and \
+            all(bool((o[real:] == 0).all()) for o in st.out)
+        ref = st.per_request_topk(0)
+        res[f"step{i}_same_picks_as_per_request"] = _same_picks(st.topk_out[0][:real].cpu(), ref.cpu())
+        if st.device.type != "cuda":  # the interpreter computes in fp32: the output must match the fp32 reference
+            err = float((st.out[0][:real].float().cpu() - st.reference_out(0)).abs().max())
+            res[f"step{i}_max_abs_err_vs_reference"] = err
+            res[f"step{i}_close_to_reference"] = err < 1e-3
+    res["ok"] = all(v for k, v in res.items() if k.endswith(("_equal", "_inert", "_per_request", "_reference")))
+    return res
+
+
+def run_graph_case(case: GraphCase, device: torch.device, repeats: int, st: DecodeStep | None = None) -> dict:
+    res = {"case": case.id, **asdict(case), "device": str(device)}
+    st = st or DecodeStep(case, device)
+    if device.type != "cuda":
+        st.capture_metadata()
+        st.step()  # zeroed capture metadata must run (and pick nothing)
+        res["capture_metadata_inert"] = all(bool((t == -1).all()) for t in st.topk_out)
+        res.update(check_steps(st, None))
+        res["ok"] = res["ok"] and res["capture_metadata_inert"]
+        return res
+    st.capture_metadata()
+    g = capture(st.step)
+    res["capture_metadata_inert"] = all(bool((t == -1).all()) for t in st.topk_out)
+    res.update(check_steps(st, g.replay))
+    res["ok"] = res["ok"] and res["capture_metadata_inert"]
+    if repeats <= 0:
+        return res
+    L = case.layers
+    st.new_step(case.batch)
+    res["graph_us"] = _events_us(g.replay, repeats) / L
+    st.step()
+    torch.cuda.synchronize()
+    res["eager_us"] = _events_us(st.step, repeats) / L
+    res["eager_host_us"] = host_us(lambda: st.layer(0), repeats)
+    # the kernels' own GPU time: each piece of layer 0 captured alone, 10 launches per graph
+    pieces = {}
+    for name in ("mla_write", "index_write", "topk", "mla"):
+        gp = capture(lambda n=name: [st.layer(0, (n,)) for _ in range(10)])
+        pieces[name] = _events_us(gp.replay, max(3, repeats // 2)) / 10
+        del gp
+    res["pieces_us"] = pieces
+    res["kernel_us"] = sum(pieces.values())
+    res["graph_over_kernel"] = res["graph_us"] / res["kernel_us"]
+    # the same scores at this step's longest context instead of max_model_len (the static width's cost)
+    from glm5lib.kernels.indexer import indexer_logits
+    from glm5lib.vllm_plugin.paged import indexer_q
+
+    longest = max(st.host["seq_lens"])
+    P = case.padded
+
+    wide = torch.empty(P, GLM5.max_position_embeddings, dtype=torch.float32, device=device)
+
+    def scores(width, bound):
+        out = st.logits[:P] if width <= st.logits.shape[1] else wide
+        return lambda: [indexer_logits(indexer_q(st.q_idx[0]), st.idx_cache[0], st.w_idx[0], k_format="fp8",
+                                       block_table=st.block_table, context_lens=st.seq_lens, max_len=width,
+                                       out=out, row_bound_only=bound) for _ in range(10)]
+
+    # the scores alone: at this step's longest context (one program per tile, the eager per-step launch), at
+    # max_model_len with the fixed looping grid (the graph path) and with one program per tile, and at GLM-5's
+    # full 202752 positions with the looping grid (its cost must follow the contexts, not the width)
+    for key, width, bound in (("indexer_scores_step_width_us", longest, False),
+                              ("indexer_scores_static_width_us", case.max_model_len, True),
+                              ("indexer_scores_static_width_per_tile_us", case.max_model_len, False),
+                              ("indexer_scores_glm5_width_us", GLM5.max_position_embeddings, True)):
+        gp = capture(scores(width, bound))
+        res[key] = _events_us(gp.replay, max(3, repeats // 2)) / 10
+    del wide
+    del g, gp
+    return res
+
+
+# ---- glm5lib sparse_mla vs FlashMLA, eager at batch 1 ----------------------------------------------------------
+
+
+def flashmla_path() -> Path | None:
+    """The vLLM wheel's `_flashmla_C.abi3.so` in `.vendor/` (the working directory's, or the checkout's)."""
+    from glm5lib.paths import repo_root
+
+    for base in (Path.cwd(), repo_root()):
+        if base is None:
+            continue
+        hits = sorted((base / ".vendor").glob("_flashmla_C.abi3.so"))
+        if hits:
+            return hits[0]
+    return None
+
+
+def load_flashmla() -> str | None:
+    """Load FlashMLA's ops (`torch.ops._flashmla_C`) from the extension by file path (sys.path untouched; the
+    same way as `glm5lib.bench`, which this floor does not import); None when they load, else why not."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+
+    if hasattr(torch.ops._flashmla_C, "sparse_decode_fwd"):
+        return None
+    path = flashmla_path()
+    if path is None:
+        return "no .vendor/_flashmla_C.abi3.so"
+    try:
+        loader = importlib.machinery.ExtensionFileLoader("_flashmla_C", str(path))
+        module = importlib.util.module_from_spec(importlib.util.spec_from_file_location("_flashmla_C", path,
+                                                                                         loader=loader))
+        loader.exec_module(module)
+        sys.modules["_flashmla_C"] = module
+        torch.ops._flashmla_C.sparse_decode_fwd  # noqa: B018
+        return None
+    except Exception as exc:  # noqa: BLE001  (reported in the JSON)
+        return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class FlashCase:
+    heads: int
+    batch: int = 1
+    ctx: int = 8192
+    topk: int = GLM5.index_topk
+
+    @property
+    def id(self) -> str:
+        return f"eager-vs-flashmla-H{self.heads}-B{self.batch}"
+
+
+def run_flash_case(case: FlashCase, repeats: int, flash_error: str | None) -> dict:
+    """fp8_ds_mla, one request per token: `sparse_mla` eager (back-to-back calls, and host time per call) and
+    FlashMLA's `sparse_decode_fwd` the same way (heads padded to 64/128, as vLLM pads them)."""
+    from glm5lib.kernels.mla import sparse_mla
+    from glm5lib.kernels.naive import quantize_fp8_ds_mla
+
+    B, H = case.batch, case.heads
+    res = {"case": case.id, **asdict(case)}
+    g = torch.Generator(device="cuda").manual_seed(3)
+    kv = quantize_fp8_ds_mla(torch.randn(B * case.ctx, D_QK, device="cuda", generator=g, dtype=torch.bfloat16))
+    q = torch.randn(B, H, D_QK, device="cuda", generator=g, dtype=torch.bfloat16)
+    idx = (torch.rand(B, case.ctx, device="cuda", generator=g).argsort(dim=1)[:, : case.topk].to(torch.int32)
+           + (torch.arange(B, device="cuda", dtype=torch.int32) * case.ctx)[:, None])
+    call = lambda: sparse_mla(q, kv, idx, GLM5.softmax_scale, kv_format="fp8_ds_mla")  # noqa: E731
+    call()
+    res["glm5lib_eager_us"] = _events_us(call, repeats)
+    res["glm5lib_host_us"] = host_us(call, repeats)
+    gr = capture(call)
+    res["glm5lib_graph_us"] = _events_us(gr.replay, repeats)
+    if flash_error:
+        res["flashmla_error"] = flash_error
+        return res
+    h_pad = 64 if H <= 64 else 128
+    q4 = torch.zeros(B, 1, h_pad, D_QK, device="cuda", dtype=torch.bfloat16)
+    q4[:, 0, :H] = q
+    kv4 = kv.view(torch.float8_e4m3fn).view(-1, 64, 1, FP8_DS_MLA_ROW_BYTES) if (B * case.ctx) % 64 == 0 else None
+    state = {"meta": None, "splits": None}
+
+    def flash():
+        out, lse, md, ns = torch.ops._flashmla_C.sparse_decode_fwd(
+            q4, kv4, idx.unsqueeze(1), None, None, state["meta"], state["splits"], None, None, None, D_NOPE,
+            GLM5.softmax_scale, None, False)
+        state["meta"], state["splits"] = md, ns
+        return out
+
+    try:
+        o = flash()
+        ref = call()[0].float()
+        res["flashmla_rel_err"] = float((o[:, 0, :H].float() - ref).norm() / ref.norm())
+        res["flashmla_eager_us"] = _events_us(flash, repeats)
+        res["flashmla_host_us"] = host_us(flash, repeats)
+        res["glm5lib_over_flashmla_eager"] = res["glm5lib_eager_us"] / res["flashmla_eager_us"]
+    except Exception as exc:  # noqa: BLE001
+        res["flashmla_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+    return res
+
+
+# ---- the run --------------------------------------------------------------------------------------------------
+
+
 def prebound_cases() -> list[GraphCase]:
     return [GraphCase(16, fmt, 32, 32) for fmt in ("bf16", "fp8_ds_mla")]
 
