@@ -319,7 +319,10 @@ sys.exit(main(sys.argv[1:]))
 def _kill_mid_write(argv: list[str], out_dir: Path, sig: int, started, slow: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     cmd = [sys.executable, "-c", _SLOW_CLI, *argv] if slow else [sys.executable, "-m", "glm5lib.cli", *argv]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # SIGTERM/SIGHUP at their defaults in the child, as in a terminal: a test run started under `nohup` would
+    # otherwise pass on an ignored SIGHUP, which the CLI rightly keeps ignoring
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGTERM, signal.SIGHUP)])
     deadline = time.monotonic() + 120
     while not started() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
