@@ -98,3 +98,11 @@ def test_evidence_ab_launch_path_changed_no_kernel_time():
     rows = [r for r in res["rows"] if "error" not in r]
     assert len(rows) == 18 and all(r["outputs_equal"] for r in rows)
     assert all(0.97 < r["new_over_old"] < 1.03 for r in rows)
+
+
+def test_evidence_prebound_cuts_eager_host_time():
+    """README: the pre-bound launcher cuts an eager layer's host time by 18-34 % with identical outputs."""
+    s = load("vllm_graphs_h200.json")["summary"]
+    assert s["prebound_same_outputs"] is True
+    cuts = [1 - pre / plain for plain, pre in s["eager_host_us_plain_vs_prebound"].values()]
+    assert len(cuts) == 2 and 0.15 < min(cuts) <= max(cuts) < 0.4, cuts
