@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
-# usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-small] [harness] [harness-graphs] [bench] [bench-targets] [bounds] [bench-sweep] [bench-indexer] [topk-sweep] [tune] [verify] [compile]
+# usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-small] [harness] [harness-graphs] [bench] [bench-targets] [bounds] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep] [tune] [verify] [compile]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -9,6 +9,7 @@
 #   FlashMLA's bf16 prefill, the sm_89/sm_120 configs forced on the H200 with their compiled shared memory);
 #   writes bench_h200.json/.png and bench.log under $OUT
 # checks-small / sanitize-small: the case matrix / compute-sanitizer with the sm_89/sm_120 (99 KB) configs forced
+# prefill-fp8-sweep: fp8_ds_mla prefill at 8/16 heads, shipped config vs bench.kernels.SWEEP_PREFILL_FP8_SMALL
 # bounds: the small-head decode kernel taken apart (gather / gather+convert / kernel), glm5lib.bench.bounds
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
@@ -46,6 +47,19 @@ for step in "$@"; do
             echo "indexer rc=$?"; grep -v Warn "$OUT/indexer.log" | tail -12 ;;
     bench-swfp8) GLM5LIB_FP8_SOFTWARE=1 timeout 200 python3 -m glm5lib.bench.cli bench sparse-mla --quick --no-scaling --name swfp8 --out "$OUT" > "$OUT/swfp8.log" 2>&1
             echo "swfp8 rc=$?"; grep -v Warn "$OUT/swfp8.log" | grep "fp8_ds_mla" | sort -u | head -20 ;;
+    prefill-fp8-sweep) timeout 240 python3 -c "
+import json, os
+from glm5lib.bench import kernels as b
+ceil = b.measure_ceilings()
+rows = []
+for H in (8, 16):
+    rows += b.bench_prefill_case(H, ceil, flashmla=False, kv_format='fp8_ds_mla', configs=b.SWEEP_PREFILL_FP8_SMALL)
+json.dump({'meta': {'commit': os.environ.get('GLM5LIB_COMMIT')}, 'ceilings': ceil, 'rows': rows},
+          open('$OUT/prefill_fp8_sweep.json', 'w'), indent=1)
+for r in rows:
+    print(r.get('kind'), r.get('impl'), r.get('H'), round(r.get('us', 0) / 1e3, 3) if 'us' in r else r.get('error'), r.get('rel_err'))
+" 2>&1 | grep -v Warn
+            echo "prefill-fp8-sweep rc=${PIPESTATUS[0]}" ;;
     topk-sweep) timeout 300 python3 scripts/sweep_topk_select.py "$OUT/topk_select_sweep.json" 2>&1 | grep -v Warn
             echo "topk-sweep rc=${PIPESTATUS[0]}" ;;
     tune) timeout 340 python3 -m glm5lib.bench.tune_decode --out "$OUT" --bench --deadline 200 --bench-seconds 0 2>&1 | tee "$OUT/tune.log" | grep -v "^  "
