@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     info = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
             "have_gluon": mla_gluon.HAVE_GLUON, "num_sms": torch.cuda.get_device_properties(dev).multi_processor_count}
     print(json.dumps(info), flush=True)
-    cfgs = mla_gluon.CONFIGS[:2] if quick else mla_gluon.CONFIGS
+    cfgs = [c for c in mla_gluon.CONFIGS if c[:3] == (32, 4, 2)] if quick else mla_gluon.CONFIGS
     checks = [(B, H, TOPK, "none") for B in (1, 32, 128) for H in (8, 16)]
     checks += [(32, 8, TOPK, "mixed"), (8, 16, TOPK, "oob"), (4, 16, 2000, "neg"), (3, 8, 37, "none"),
                (5, 12, 1000, "none"), (2, 16, 96, "allinv")]
@@ -82,19 +82,19 @@ def main(argv=None) -> int:
         rows.append(r)
         print(json.dumps(r), flush=True)
         for cfg in cfgs:
-            name = "BN{}-w{}-nbuf{}".format(*cfg)
+            name = mla_gluon.config_name(cfg)
             r = {"case": case, "kernel": "gluon", "config": name}
             if name in broken:
                 r.update(ok=False, error="skipped: " + broken[name])
             else:
                 try:
                     o, lse = mla_gluon.sparse_mla_gluon(q, cache, idx, SM_SCALE, block_n=cfg[0], num_warps=cfg[1],
-                                                        nbuf=cfg[2])
+                                                        nbuf=cfg[2], dsplit=cfg[3])
                     torch.cuda.synchronize()
                     r.update(compare(o, lse, ro, rlse))
                     vt = compare(o, lse, to.float(), tlse)
                     r.update(rel_vs_triton=vt["rel"], lse_vs_triton=vt["lse_abs"])
-                    r["splits"] = mla_gluon.plan_splits(B, topk, cfg[0], dev, nbuf=cfg[2])[0]
+                    r["splits"] = mla_gluon.plan_splits(B, topk, cfg[0], dev, nbuf=cfg[2], dsplit=cfg[3])[0]
                 except Exception as exc:  # noqa: BLE001
                     msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                     r.update(ok=False, error=msg[-2000:])
@@ -110,26 +110,22 @@ def main(argv=None) -> int:
 
     bench = []
     for (B, H), (q, cache, idx) in timing.items():
-        fns = {"triton": lambda: mla.sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla")}
-        for cfg in cfgs:
-            name = "BN{}-w{}-nbuf{}".format(*cfg)
-            if name not in broken:
-                fns["gluon " + name] = (lambda c=cfg: mla_gluon.sparse_mla_gluon(
-                    q, cache, idx, SM_SCALE, block_n=c[0], num_warps=c[1], nbuf=c[2]))
-        dname = "BN{}-w{}-nbuf{}".format(*mla_gluon.DEFAULT)
-        if dname not in broken and B > 1:  # the split rule's waves, tried around the default
-            for wv in (1, 3, 4):
-                fns[f"gluon {dname} waves{wv}"] = (lambda c=mla_gluon.DEFAULT, w=wv: mla_gluon.sparse_mla_gluon(
-                    q, cache, idx, SM_SCALE, block_n=c[0], num_warps=c[1], nbuf=c[2], waves=w))
-        for kname, fn in fns.items():
-            r = {"B": B, "H": H, "kernel": kname}
-            if kname.startswith("gluon"):
-                c = [int(x) for x in kname.split()[1].replace("BN", "").replace("w", "").replace("nbuf", "").split("-")]
-                wv = int(kname.split("waves")[1]) if "waves" in kname else None
-                r["splits"] = mla_gluon.plan_splits(B, TOPK, c[0], dev, None, wv, c[2])[0]
+        cfg_t = mla.pick_config(B, H, TOPK, "fp8_ds_mla", mla.smem_class(dev), info["num_sms"])
+        runs = [("triton", None, None)]  # (name, gluon config, waves)
+        runs += [("gluon " + mla_gluon.config_name(c), c, None) for c in cfgs if mla_gluon.config_name(c) not in broken]
+        if B > 1:  # the split rule's waves, tried around the default of the two 32-key, 2-buffer configs
+            for c in cfgs:
+                if c[0] == 32 and c[2] == 2 and mla_gluon.config_name(c) not in broken:
+                    runs += [(f"gluon {mla_gluon.config_name(c)} waves{w}", c, w) for w in (1, 3, 4)]
+        for kname, c, wv in runs:
+            if c is None:
+                fn = (lambda: mla.sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla"))
+                splits = mla.config_num_splits(B, H, TOPK, cfg_t, dev)
             else:
-                cfg_t = mla.pick_config(B, H, TOPK, "fp8_ds_mla", mla.smem_class(dev), info["num_sms"])
-                r["splits"] = mla.config_num_splits(B, H, TOPK, cfg_t, dev)
+                fn = (lambda c=c, wv=wv: mla_gluon.sparse_mla_gluon(
+                    q, cache, idx, SM_SCALE, block_n=c[0], num_warps=c[1], nbuf=c[2], dsplit=c[3], waves=wv))
+                splits = mla_gluon.plan_splits(B, TOPK, c[0], dev, None, wv, c[2], c[3])[0]
+            r = {"B": B, "H": H, "kernel": kname, "splits": splits}
             try:
                 fn()
                 torch.cuda.synchronize()
@@ -150,7 +146,8 @@ def main(argv=None) -> int:
     print()
     print(f"{'B':>4} {'H':>3} {'kernel':34} {'splits':>6} {'us':>9} {'TB/s':>6}")
     for r in bench:
-        print(f"{r['B']:4d} {r['H']:3d} {r['kernel']:34} {r.get('splits', 0):6d} {r.get('us', float('nan')):9.1f} {r.get('TB/s', float('nan')):6.2f}"
+        print(f"{r['B']:4d} {r['H']:3d} {r['kernel']:34} {r.get('splits', 0):6d} {r.get('us', float('nan')):9.1f} "
+              f"{r.get('TB/s', float('nan')):6.2f}"
               + (f"  {r['error'].splitlines()[-1][:80]}" if r.get("error") else ""))
     info["seconds"] = time.time() - t0
     with open(out_path, "w") as f:
