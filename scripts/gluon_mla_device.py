@@ -13,6 +13,7 @@ A config that fails to compile or run is recorded with its error and the run goe
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out_path = argv[0] if argv else "gluon_mla_device.json"
     quick = "--quick" in argv
-    dev = torch.device("cuda")
+    dev = torch.device(os.environ.get("GLUON_MLA_DEVICE", "cuda"))  # "cpu": a dry run of the plumbing (tests)
     t0 = time.time()
     info = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
             "have_gluon": mla_gluon.HAVE_GLUON, "num_sms": torch.cuda.get_device_properties(dev).multi_processor_count}
