@@ -7,7 +7,9 @@ plus invalid indices (-1, out of range, duplicates, a token with none valid) and
 multiple of BLOCK_N. Every Gluon config is checked against `naive.sparse_mla_ref` with `checks`' bf16 tolerances
 and against `mla.sparse_mla_launch`; then the regular cases are timed, Triton and every Gluon config in the same
 process with the same method (`triton.testing.do_bench_cudagraph`: CUDA-graph replay, no host time).
-A config that fails to compile or run is recorded with its error and the run goes on.
+A config that fails to compile or run is recorded with its error and the run goes on. `--quick`: only the two
+32-key, 2-buffer configs. GLUON_MLA_DEVICE=cpu runs the plumbing without a GPU when the kernels are replaced by
+stand-ins (Gluon itself needs a GPU).
 """
 
 from __future__ import annotations
