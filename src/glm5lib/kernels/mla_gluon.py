@@ -1,0 +1,623 @@
+"""Gluon sparse MLA forward for decode with few heads (H <= 16) over an fp8_ds_mla cache.
+
+`sparse_mla_gluon(q, kv_cache, indices, sm_scale)` -> `(out [T, H, 512], lse [T, H])`, the contract of
+`mla.sparse_mla_launch(..., kv_format="fp8_ds_mla")`; the fp32 twin is `naive.sparse_mla_ref`.
+
+Why Gluon. In the Triton kernel (`mla._sparse_mla_fwd_kernel`) the `[16 heads, N keys]` tile splits the keys
+across warps, so every warp holds the whole of q (`[16, 576]`, about 144 registers) as its dot operand for the
+whole loop, on top of a register-prefetched gathered tile: 255 registers with spills; and Triton's pipeliner
+cannot stage the gathers because the fp8 rows are converted before the dot. Gluon lets the kernel say where every
+tensor lives and when memory moves:
+
+- q (pre-scaled to fp16, below) sits in shared memory and is read into the mma operand layout only while a dot
+  runs;
+- the gathered rows go global -> shared with `cp.async` (a pointer tensor and a mask, so gathers by index work)
+  into a ring of `NBUF` slots: tile i + NBUF - 1 is in flight while tile i is computed, and the index tile for
+  the next gather is read one iteration ahead;
+- each tile's e4m3 bytes are converted once, as int32 words (one `cvt.rn.f16x2.e4m3x2` per half word, exact),
+  into an fp16 shared tile that is B of both products: `K^T` as a transposed view for `S = q k^T`, `V` as is for
+  `acc += P V` (`mma_v2`, ldmatrix from swizzled shared memory).
+
+Two kernels, differing in how the 4 warps share the work:
+
+- `_sparse_mla_gluon_kernel` (key split): the mma tile `[16, N]` splits the keys across warps, as Triton does;
+  every warp reads all of q from shared memory per tile, and the scaled P goes through shared memory once;
+- `_sparse_mla_gluon_dsplit_kernel` (chunk split, `dsplit=True`): warp c owns latent chunk c (columns
+  128c..128c+127) for both products, as one batched mma over `[chunk, head, key]`; each warp reads a quarter of
+  q and of the tile, P reaches the second product by a register shuffle, and S is one cross-warp sum.
+
+Numerics are the Triton kernel's NOPE_F16 scheme: e4m3 -> fp16 is exact, the per-128-column fp32 scale goes on
+the `[16, N]` side (to S and to P), q's latent chunks are pre-scaled by 2^-8 and P by 2^8 so both stay inside
+fp16's range, and the accumulator is divided by 2^8 at the end. The rope part is a bf16 product. The online
+softmax runs in the log2 domain; invalid keys (-1, >= N rows, past the split) are gathered as masked copies of
+row 0 (zero-filled: no address outside the cache is formed) and get logit -inf.
+
+One program owns (token, split) for all heads (padded to 16 rows). Split-K partials use `mla._part_rows`'s
+layout and are merged by `mla._merge_splits_kernel`; the split count is `mla.pick_num_splits`'s with the shipped
+fp8 decode config's rule and as many waves as programs fit on an SM by shared memory.
+
+Shared memory per program: NBUF * BLOCK_N * 656 (ring) + BLOCK_N * 1024 (fp16 tile) + 18 KB (q) + 2 or 4 KB per
+32 keys (P tiles / S reduction); `tests/test_mla_gluon.py` checks it against the sm_90 / sm_120 limits. Gluon
+does not run in Triton's interpreter: the numeric checks are `scripts/gluon_mla_device.py`, on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glm5lib.kernels import common  # noqa: F401  (before triton: the interpreter switch)
+from glm5lib.kernels import mla
+from glm5lib.kernels.common import num_sms
+from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES, kv_row_geometry
+
+import triton  # noqa: E402
+
+try:  # Triton builds without Gluon (or without its NVIDIA parts) leave the module importable, unusable
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_GLUON = False
+
+BLOCK_H = 16  # mma_v2's M: all heads of a token, padded
+LOG2E = 1.4426950408889634
+
+# (block_n, num_warps, nbuf, dsplit) the device script times (dsplit: the chunk-split kernel, 4 warps); DEFAULT is
+# what `sparse_mla_gluon` takes unless told. All compile without spills; sm_120 (99 KB) takes only block_n 32, nbuf 2.
+CONFIGS = [(32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, False), (64, 8, 2, False), (64, 4, 3, False),
+           (64, 8, 3, False), (32, 4, 2, True), (32, 4, 3, True)]
+DEFAULT = (32, 4, 2, False)
+
+
+def config_name(cfg) -> str:
+    bn, nw, nb, ds = cfg
+    return f"{'D' if ds else 'N'}-BN{bn}-w{nw}-nbuf{nb}"
+
+
+def smem_bytes_estimate(block_n: int, nbuf: int, dsplit: bool = False, scratch: bool = True) -> int:
+    """Shared memory of one program: the gather ring, the fp16 tile, q, and the P tiles (key-split kernel); with
+    `scratch`, also the chunk-split kernel's cross-warp S reduction buffer as Triton 3.6 allocates it."""
+    ring = nbuf * block_n * (4 * 128 + 2 * D_ROPE + 4 * 4)
+    extra = 0 if dsplit else 4 * BLOCK_H * block_n * 2
+    if dsplit and scratch:
+        extra += 4 * BLOCK_H * block_n * 4
+    return ring + block_n * 2 * D_NOPE + BLOCK_H * 2 * D_QK + extra
+
+
+if HAVE_GLUON:
+    # names that changed after Triton 3.6 (what the H200 runs): cp.async is `async_load`, the CTA barrier `barrier`
+    # and the shared-memory view `reinterpret` there, so the same source also compiles with the newer CPU build the
+    # tests may have
+    _async_copy = cp.async_load if hasattr(cp, "async_load") else cp.async_copy_global_to_shared
+    _barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+    _REINTERPRET = "reinterpret" if hasattr(gl.shared_memory_descriptor, "reinterpret") else "_reinterpret"
+
+    if _REINTERPRET == "reinterpret":
+        @gluon.jit
+        def _as_f16(buf, shape: gl.constexpr, layout: gl.constexpr):
+            return buf.reinterpret(gl.float16, shape, layout)
+    else:
+        @gluon.jit
+        def _as_f16(buf, shape: gl.constexpr, layout: gl.constexpr):
+            return buf._reinterpret(gl.float16, shape, layout)
+
+    @gluon.jit
+    def _e4m3_words_f16(w):
+        """int32 words of 4 e4m3 bytes -> int64 holding the 4 fp16 values in memory order (exact)."""
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; .reg .b32 a, b;\n mov.b32 {lo, hi}, $1;\n cvt.rn.f16x2.e4m3x2 a, lo;\n"
+            " cvt.rn.f16x2.e4m3x2 b, hi;\n mov.b64 $0, {a, b}; }",
+            "=l,r", [w], dtype=gl.int64, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _tile_idx(idx_row, start, k_end, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+        """Index tile [BLOCK_N] in `layout`; positions past the split read as -1."""
+        offs = start + gl.arange(0, BLOCK_N, layout=layout)
+        return gl.load(idx_row + offs, mask=offs < k_end, other=-1)
+
+    @gluon.jit
+    def _issue_gather(KVW, KVH, KVF, idx_w, idx_r, idx_s, N_ROWS, stride_kv, lat_s, rope_s, sc0, sc1, sc2, sc3,
+                      slot, LW: gl.constexpr, LR: gl.constexpr):
+        """cp.async one tile's rows into ring slot `slot`: latent words, rope, and the scale of chunk c into
+        sc<c> (a [BLOCK_N] vector, read back in the mma column layout; four allocations, so that the compiler
+        sees they do not alias). Invalid rows become masked copies of row 0 (zero-filled)."""
+        v = (idx_w >= 0) & (idx_w < N_ROWS)
+        rb = gl.where(v, idx_w, 0).to(gl.int64) * stride_kv  # bytes
+        w_off = gl.multiple_of(rb // 4, 4)
+        offs_w = gl.arange(0, 128, layout=gl.SliceLayout(0, LW))
+        _async_copy(lat_s.index(slot), KVW + w_off[:, None] + offs_w[None, :], mask=v[:, None])
+        v = (idx_r >= 0) & (idx_r < N_ROWS)
+        rb = gl.where(v, idx_r, 0).to(gl.int64) * stride_kv
+        h_off = gl.multiple_of((rb + 528) // 2, 8)
+        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
+        _async_copy(rope_s.index(slot), KVH + h_off[:, None] + offs_r[None, :], mask=v[:, None])
+        v = (idx_s >= 0) & (idx_s < N_ROWS)
+        f_off = (gl.where(v, idx_s, 0).to(gl.int64) * stride_kv + 512) // 4
+        _async_copy(sc0.index(slot), KVF + f_off + 0, mask=v)
+        _async_copy(sc1.index(slot), KVF + f_off + 1, mask=v)
+        _async_copy(sc2.index(slot), KVF + f_off + 2, mask=v)
+        _async_copy(sc3.index(slot), KVF + f_off + 3, mask=v)
+
+    @gluon.jit
+    def _sparse_mla_gluon_kernel(
+        Q, KV, IDX, O, LSE, PART,
+        stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
+        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+        SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
+    ):
+        """One program: token t, split sp of its top-k list, all heads (see the module docstring)."""
+        BH: gl.constexpr = 16
+        CH: gl.constexpr = 128
+        DN: gl.constexpr = 512
+        DR: gl.constexpr = 64
+        NW: gl.constexpr = gl.num_warps()
+        t = gl.program_id(0)
+        sp = gl.program_id(1)
+
+        # register layouts: the mma tile [16, N] splits N across warps; gathers are one 16-byte copy per thread
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW],
+                                                      instr_shape=[16, 8])
+        DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        ROW: gl.constexpr = gl.SliceLayout(1, MMA)  # [16] per head
+        COL: gl.constexpr = gl.SliceLayout(0, MMA)  # [BLOCK_N] per key
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NW, 1], [1, 0])  # [N, 128] int32 words
+        LR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # [N, 64] bf16 rope
+        LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
+
+        # shared memory: 16-byte swizzle for everything ldmatrix reads (rows of 128 / 1024 bytes)
+        SW: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        SW64: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])  # SW in int64
+        FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        lat_s = gl.allocate_shared_memory(gl.int32, [NBUF, BLOCK_N, CH], FLAT)
+        rope_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BLOCK_N, DR], SW)
+        FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        sc0 = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N], FLAT1)
+        sc1 = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N], FLAT1)
+        sc2 = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N], FLAT1)
+        sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N], FLAT1)
+        p0 = gl.allocate_shared_memory(gl.float16, [BH, BLOCK_N], SW)  # P * scale of chunk c, one each
+        p1 = gl.allocate_shared_memory(gl.float16, [BH, BLOCK_N], SW)
+        p2 = gl.allocate_shared_memory(gl.float16, [BH, BLOCK_N], SW)
+        p3 = gl.allocate_shared_memory(gl.float16, [BH, BLOCK_N], SW)
+        k16_w = gl.allocate_shared_memory(gl.int64, [BLOCK_N, CH], SW64)
+        k16 = _as_f16(k16_w, [BLOCK_N, DN], SW)  # the same bytes: SW64 is SW in 8-byte units
+        q_s = gl.allocate_shared_memory(gl.float16, [BH, DN], SW)
+        qr_s = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], SW)
+
+        KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
+        KVH = KV.to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True)
+        k_start = sp * KEYS_PER_SPLIT
+        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+        n_tiles = gl.cdiv(k_end - k_start, BLOCK_N)
+        idx_row = IDX + t.to(gl.int64) * stride_it
+
+        # the first NBUF - 1 gathers go out before q is staged
+        for j in gl.static_range(NBUF - 1):
+            s0 = k_start + j * BLOCK_N
+            _issue_gather(KVW, KVH, KVF, _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW)),
+                          _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR)),
+                          _tile_idx(idx_row, s0, k_end, BLOCK_N, COL),
+                          N_ROWS, stride_kv, lat_s, rope_s, sc0, sc1, sc2, sc3, j, LW, LR)
+            cp.commit_group()
+        s0 = k_start + (NBUF - 1) * BLOCK_N
+        nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW))
+        nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
+        nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, COL)
+
+        # q: latent chunks to fp16 pre-scaled by 2^-8, rope as bf16; rows past H are zeros
+        offs_qh = gl.arange(0, BH, layout=gl.SliceLayout(1, LQ))
+        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
+        qm = (offs_qh < H)[:, None]
+        offs_q = gl.arange(0, DN, layout=gl.SliceLayout(0, LQ))
+        qn = gl.load(q_row + offs_q[None, :], mask=qm, other=0.0)
+        q_s.store((qn.to(gl.float32) * (1.0 / 256.0)).to(gl.float16))
+        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LQ))
+        qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+
+        m_i = gl.full([BH], float("-inf"), gl.float32, ROW)
+        l_i = gl.full([BH], 0.0, gl.float32, ROW)
+        acc0 = gl.full([BH, CH], 0.0, gl.float32, MMA)
+        acc1 = gl.full([BH, CH], 0.0, gl.float32, MMA)
+        acc2 = gl.full([BH, CH], 0.0, gl.float32, MMA)
+        acc3 = gl.full([BH, CH], 0.0, gl.float32, MMA)
+        zero_s = gl.full([BH, BLOCK_N], 0.0, gl.float32, MMA)
+        offs_col = gl.arange(0, BLOCK_N, layout=COL)
+
+        for i in range(n_tiles):
+            # 1. gather tile i + NBUF - 1 into the slot tile i - 1 used (read before last iteration's barrier 3)
+            slot_w = (i + NBUF - 1) % NBUF
+            _issue_gather(KVW, KVH, KVF, nxt_w, nxt_r, nxt_s, N_ROWS, stride_kv, lat_s, rope_s,
+                          sc0, sc1, sc2, sc3, slot_w, LW, LR)
+            cp.commit_group()
+            s0 = k_start + (i + NBUF) * BLOCK_N
+            nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW))
+            nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
+            nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, COL)
+            start = k_start + i * BLOCK_N
+            cur = _tile_idx(idx_row, start, k_end, BLOCK_N, COL)
+            valid = (cur >= 0) & (cur < N_ROWS)
+
+            # 2. tile i has landed (every thread's copies: wait, then barrier); the barrier also ends
+            #    last iteration's reads of the fp16 tile
+            cp.wait_group(NBUF - 1)
+            _barrier()
+            slot = i % NBUF
+            w = lat_s.index(slot).load(LW)
+            k16_w.store(_e4m3_words_f16(w))
+            # everything else this slot holds goes to registers before barrier 3 (the slot is refilled after it)
+            kr = rope_s.index(slot).permute([1, 0]).load(DB)  # [64, N] bf16
+            s_0 = sc0.index(slot).load(COL)
+            s_1 = sc1.index(slot).load(COL)
+            s_2 = sc2.index(slot).load(COL)
+            s_3 = sc3.index(slot).load(COL)
+            # 3. the fp16 tile is complete
+            _barrier()
+
+            s = mma_v2(q_s.slice(0 * CH, CH, 1).load(DA), k16.slice(0 * CH, CH, 1).permute([1, 0]).load(DB),
+                       zero_s) * s_0[None, :]
+            s += mma_v2(q_s.slice(1 * CH, CH, 1).load(DA), k16.slice(1 * CH, CH, 1).permute([1, 0]).load(DB),
+                        zero_s) * s_1[None, :]
+            s += mma_v2(q_s.slice(2 * CH, CH, 1).load(DA), k16.slice(2 * CH, CH, 1).permute([1, 0]).load(DB),
+                        zero_s) * s_2[None, :]
+            s += mma_v2(q_s.slice(3 * CH, CH, 1).load(DA), k16.slice(3 * CH, CH, 1).permute([1, 0]).load(DB),
+                        zero_s) * s_3[None, :]
+            s = mma_v2(qr_s.load(DA), kr, s * 256.0)
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
+
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            p = p * 256.0
+            # P scaled per chunk goes to shared memory once (one barrier instead of one layout conversion each)
+            p0.store((p * s_0[None, :]).to(gl.float16))
+            p1.store((p * s_1[None, :]).to(gl.float16))
+            p2.store((p * s_2[None, :]).to(gl.float16))
+            p3.store((p * s_3[None, :]).to(gl.float16))
+            _barrier()
+            a2 = alpha[:, None]
+            acc0 = mma_v2(p0.load(DA), k16.slice(0 * CH, CH, 1).load(DB), acc0 * a2)
+            acc1 = mma_v2(p1.load(DA), k16.slice(1 * CH, CH, 1).load(DB), acc1 * a2)
+            acc2 = mma_v2(p2.load(DA), k16.slice(2 * CH, CH, 1).load(DB), acc2 * a2)
+            acc3 = mma_v2(p3.load(DA), k16.slice(3 * CH, CH, 1).load(DB), acc3 * a2)
+        cp.wait_group(0)
+
+        has_key = l_i > 0
+        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * (1.0 / 256.0)
+        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+        offs_h = gl.arange(0, BH, layout=ROW)
+        h_mask = offs_h < H
+        offs_c = gl.arange(0, CH, layout=COL)
+        il = inv_l[:, None]
+        if not SPLIT:
+            o_ty: gl.constexpr = O.dtype.element_ty
+            o_row = O + t.to(gl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
+            gl.store(o_row + 0 * CH, (acc0 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + 1 * CH, (acc1 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + 2 * CH, (acc2 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + 3 * CH, (acc3 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
+        else:
+            n_t = gl.num_programs(0)
+            n_sp = gl.num_programs(1)
+            rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
+            o_part = PART + rows[:, None] * DN + offs_c[None, :]
+            gl.store(o_part + 0 * CH, acc0 * il, mask=h_mask[:, None])
+            gl.store(o_part + 1 * CH, acc1 * il, mask=h_mask[:, None])
+            gl.store(o_part + 2 * CH, acc2 * il, mask=h_mask[:, None])
+            gl.store(o_part + 3 * CH, acc3 * il, mask=h_mask[:, None])
+            gl.store(PART + n_sp.to(gl.int64) * n_t * H * DN + rows, lse2, mask=h_mask)
+
+
+    @gluon.jit
+    def _sparse_mla_gluon_dsplit_kernel(
+        Q, KV, IDX, O, LSE, PART,
+        stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
+        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+        SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
+    ):
+        """`_sparse_mla_gluon_kernel` with the warps split over the 4 latent chunks instead of the keys (4 warps).
+
+        Warp c computes `S_c = q_c k_c^T` and `acc_c += P_c V_c` for its 128 columns only, as one batched mma
+        over [chunk, head, key] tensors: each warp reads its own q chunk and its own quarter of the fp16 tile, and
+        P (in the accumulator layout of S, which is the A layout up to a register shuffle) never goes through
+        shared memory. S is the sum of the 4 chunk products (one cross-warp reduction); the softmax is computed
+        by every warp on the whole [16, N] tile (16 values per thread at N = 32).
+        """
+        BH: gl.constexpr = 16
+        CH: gl.constexpr = 128
+        DN: gl.constexpr = 512
+        DR: gl.constexpr = 64
+        gl.static_assert(gl.num_warps() == 4, "one warp per latent chunk")
+        t = gl.program_id(0)
+        sp = gl.program_id(1)
+
+        M3: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
+        A3: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M3, k_width=2)
+        B3: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M3, k_width=2)
+        S2: gl.constexpr = gl.SliceLayout(0, M3)  # [16, N]: the summed S, every warp holds all of it
+        ROW: gl.constexpr = gl.SliceLayout(1, S2)  # [16]
+        COL: gl.constexpr = gl.SliceLayout(0, S2)  # [N]
+        SC: gl.constexpr = gl.SliceLayout(1, M3)  # [4, N] chunk scales
+        H3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, M3))  # [16] heads, to broadcast over [4, 16, 128]
+        M2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+        A2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M2, k_width=2)
+        B2: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M2, k_width=2)
+        LW: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [4, 1, 1], [2, 1, 0])  # [4, N, 32] int32 words
+        LWN: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, LW))  # [N] rows of LW
+        LR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # [N, 64] bf16 rope
+        LS: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [4, N] fp32 scales
+        LQ: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [4, 1, 1], [2, 1, 0])  # [4, 16, 128] q
+
+        SW: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        SW3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0])
+        SW3_64: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[2, 1, 0])  # SW3, 8 B
+        FLAT3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+        FLAT2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        lat_s = gl.allocate_shared_memory(gl.int32, [NBUF, 4, BLOCK_N, CH // 4], FLAT3)
+        rope_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BLOCK_N, DR], SW)
+        sc_s = gl.allocate_shared_memory(gl.float32, [NBUF, 4, BLOCK_N], FLAT2)
+        k16_w = gl.allocate_shared_memory(gl.int64, [4, BLOCK_N, CH // 4], SW3_64)
+        k16 = _as_f16(k16_w, [4, BLOCK_N, CH], SW3)  # [chunk, key, column]: the same bytes
+        q_s = gl.allocate_shared_memory(gl.float16, [4, BH, CH], SW3)
+        qr_s = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], SW)
+
+        KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
+        KVH = KV.to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True)
+        k_start = sp * KEYS_PER_SPLIT
+        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+        n_tiles = gl.cdiv(k_end - k_start, BLOCK_N)
+        idx_row = IDX + t.to(gl.int64) * stride_it
+        offs_c4w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, LW)))
+        offs_jw = gl.arange(0, CH // 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
+        col_w = (offs_c4w * (CH // 4))[:, None, None] + offs_jw[None, None, :]  # word of (chunk, j) in a row
+        offs_r = gl.arange(0, DR, layout=gl.SliceLayout(0, LR))
+        offs_c4s = gl.arange(0, 4, layout=gl.SliceLayout(1, LS))
+
+        for j in gl.static_range(NBUF - 1):
+            s0 = k_start + j * BLOCK_N
+            _issue_gather3(KVW, KVH, KVF, _tile_idx(idx_row, s0, k_end, BLOCK_N, LWN),
+                           _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR)),
+                           _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(0, LS)),
+                           N_ROWS, stride_kv, lat_s.index(j), rope_s.index(j), sc_s.index(j), col_w, offs_r,
+                           offs_c4s)
+            cp.commit_group()
+        s0 = k_start + (NBUF - 1) * BLOCK_N
+        nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, LWN)
+        nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
+        nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(0, LS))
+
+        # q: chunk c of the latent part at q_s[c], fp16 pre-scaled by 2^-8; rope as bf16; rows past H are zeros
+        offs_qc = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, LQ)))
+        offs_qh = gl.arange(0, BH, layout=gl.SliceLayout(0, gl.SliceLayout(2, LQ)))
+        offs_qj = gl.arange(0, CH, layout=gl.SliceLayout(0, gl.SliceLayout(1, LQ)))
+        q_base = Q + t.to(gl.int64) * stride_qt
+        q_off = offs_qh[None, :, None] * stride_qh + (offs_qc * CH)[:, None, None] + offs_qj[None, None, :]
+        qn = gl.load(q_base + q_off, mask=(offs_qh < H)[None, :, None], other=0.0)
+        q_s.store((qn.to(gl.float32) * (1.0 / 256.0)).to(gl.float16))
+        offs_rh = gl.arange(0, BH, layout=gl.SliceLayout(1, LR))
+        qr = gl.load(q_base + offs_rh[:, None] * stride_qh + DN + offs_r[None, :], mask=(offs_rh < H)[:, None],
+                     other=0.0)
+        qr_s.store(qr.to(gl.bfloat16))
+
+        m_i = gl.full([BH], float("-inf"), gl.float32, ROW)
+        l_i = gl.full([BH], 0.0, gl.float32, ROW)
+        acc = gl.full([4, BH, CH], 0.0, gl.float32, M3)
+        zero3 = gl.full([4, BH, BLOCK_N], 0.0, gl.float32, M3)
+        zero2 = gl.full([BH, BLOCK_N], 0.0, gl.float32, M2)
+
+        for i in range(n_tiles):
+            slot_w = (i + NBUF - 1) % NBUF
+            _issue_gather3(KVW, KVH, KVF, nxt_w, nxt_r, nxt_s, N_ROWS, stride_kv, lat_s.index(slot_w),
+                           rope_s.index(slot_w), sc_s.index(slot_w), col_w, offs_r, offs_c4s)
+            cp.commit_group()
+            s0 = k_start + (i + NBUF) * BLOCK_N
+            nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, LWN)
+            nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
+            nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(0, LS))
+            cur = _tile_idx(idx_row, k_start + i * BLOCK_N, k_end, BLOCK_N, COL)
+            valid = (cur >= 0) & (cur < N_ROWS)
+
+            cp.wait_group(NBUF - 1)
+            _barrier()  # tile i landed (all threads' copies); last iteration's reads of the fp16 tile are done
+            slot = i % NBUF
+            k16_w.store(_e4m3_words_f16(lat_s.index(slot).load(LW)))
+            kr = rope_s.index(slot).permute([1, 0]).load(B2)  # [64, N] bf16
+            sc = sc_s.index(slot).load(SC)  # [4, N]
+            _barrier()  # the fp16 tile is complete; the slot may be refilled from here on
+
+            s3 = mma_v2(q_s.load(A3), k16.permute([0, 2, 1]).load(B3), zero3)  # [4, 16, N], warp c: chunk c
+            s = gl.sum(s3 * sc[:, None, :], axis=0) * 256.0
+            s_r = mma_v2(qr_s.load(A2), kr, zero2)
+            s = s + gl.convert_layout(s_r, S2)
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
+
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            p3 = (gl.expand_dims(p * 256.0, 0) * sc[:, None, :]).to(gl.float16)  # [4, 16, N] in M3
+            a3 = gl.expand_dims(gl.expand_dims(gl.convert_layout(alpha, H3), 0), 2)
+            acc = mma_v2(gl.convert_layout(p3, A3), k16.load(B3), acc * a3)
+        cp.wait_group(0)
+
+        has_key = l_i > 0
+        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * (1.0 / 256.0)
+        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+        out = acc * gl.expand_dims(gl.expand_dims(gl.convert_layout(inv_l, H3), 0), 2)
+        offs_c = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, M3)))
+        offs_h = gl.arange(0, BH, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3)))
+        offs_j = gl.arange(0, CH, layout=gl.SliceLayout(0, gl.SliceLayout(1, M3)))
+        h_mask3 = (offs_h < H)[None, :, None]
+        col3 = (offs_c * CH)[:, None, None] + offs_j[None, None, :]
+        offs_hl = gl.arange(0, BH, layout=ROW)
+        if not SPLIT:
+            o_ty: gl.constexpr = O.dtype.element_ty
+            gl.store(O + t.to(gl.int64) * stride_ot + offs_h[None, :, None] * stride_oh + col3, out.to(o_ty),
+                     mask=h_mask3)
+            gl.store(LSE + t * stride_lt + offs_hl, lse2 * 0.6931471805599453, mask=offs_hl < H)
+        else:
+            n_t = gl.num_programs(0)
+            n_sp = gl.num_programs(1)
+            base = (sp * n_t + t).to(gl.int64) * H  # mla._part_rows
+            gl.store(PART + (base + offs_h)[None, :, None] * DN + col3, out, mask=h_mask3)
+            gl.store(PART + n_sp.to(gl.int64) * n_t * H * DN + base + offs_hl, lse2, mask=offs_hl < H)
+
+    @gluon.jit
+    def _issue_gather3(KVW, KVH, KVF, idx_w, idx_r, idx_s, N_ROWS, stride_kv, lat_buf, rope_buf, sc_buf, col_w,
+                       offs_r, offs_c4s):
+        """`_issue_gather` for the chunk-split kernel: latent words as [4, N, 32], scales as [4, N]."""
+        v = (idx_w >= 0) & (idx_w < N_ROWS)
+        w_off = gl.multiple_of(gl.where(v, idx_w, 0).to(gl.int64) * stride_kv // 4, 4)
+        _async_copy(lat_buf, KVW + w_off[None, :, None] + col_w, mask=v[None, :, None])
+        v = (idx_r >= 0) & (idx_r < N_ROWS)
+        h_off = gl.multiple_of((gl.where(v, idx_r, 0).to(gl.int64) * stride_kv + 528) // 2, 8)
+        _async_copy(rope_buf, KVH + h_off[:, None] + offs_r[None, :], mask=v[:, None])
+        v = (idx_s >= 0) & (idx_s < N_ROWS)
+        f_off = (gl.where(v, idx_s, 0).to(gl.int64) * stride_kv + 512) // 4
+        _async_copy(sc_buf, KVF + f_off[None, :] + offs_c4s[:, None], mask=v[None, :])
+
+SMEM_PER_SM = {"big": 228 * 1024, "small": 100 * 1024}  # sm_90 / sm_120 class, per SM (1 KB of it per block reserved)
+
+
+def programs_per_sm(block_n: int, nbuf: int, smem: str = "big", dsplit: bool = False) -> int:
+    """Programs that fit on one SM by shared memory (at most 2: the split rule's `waves`)."""
+    need = smem_bytes_estimate(block_n, nbuf, dsplit) + 2048  # + conversion scratch and the per-block reserve
+    return max(1, min(2, SMEM_PER_SM[smem] // need))
+
+
+def plan_splits(T: int, topk: int, block_n: int, device: torch.device, num_splits: int | None = None,
+                waves: int | None = None, nbuf: int = DEFAULT[2], dsplit: bool = False) -> tuple[int, int]:
+    """(split count, keys per split): `mla.pick_num_splits` with the shipped fp8 decode config's fit rule and, as
+    waves, the programs per SM this config's shared memory allows (unless given), rounded like `mla._plan` (every
+    split non-empty)."""
+    smem = mla.smem_class(device)
+    cfg = mla.CONFIGS[("small", "fp8_ds_mla", smem)]
+    if num_splits is None:
+        waves = waves or programs_per_sm(block_n, nbuf, smem, dsplit)
+        num_splits = mla.pick_num_splits(T, 1, topk, block_n, num_sms(device), waves, cfg.fit)
+    keys_per_split = -(-(-(-max(topk, 1) // num_splits)) // block_n) * block_n
+    return max(1, -(-topk // keys_per_split)), keys_per_split
+
+
+def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n=DEFAULT[0],
+                     num_warps=DEFAULT[1], nbuf=DEFAULT[2], dsplit=DEFAULT[3], waves=None, out=None):
+    """Sparse MLA forward over an fp8_ds_mla cache for H <= 16 (module docstring); returns `(out, lse)` as
+    `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf
+    for a token without a valid key. dsplit: the chunk-split kernel (warps over the 4 latent chunks; num_warps is
+    4 whatever is asked)."""
+    if not HAVE_GLUON:
+        raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
+    T, H, d = q.shape
+    if d != D_QK or not 1 <= H <= BLOCK_H:
+        raise ValueError(f"q must be [T, H <= {BLOCK_H}, {D_QK}], got {tuple(q.shape)}")
+    if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
+        raise ValueError(f"fp8_ds_mla cache must be uint8 rows of {FP8_DS_MLA_ROW_BYTES}, got {kv_cache.dtype} "
+                         f"{tuple(kv_cache.shape)}")
+    if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != T:
+        raise ValueError(f"indices must be int32 [T, topk] with T = {T}, got {indices.dtype} {tuple(indices.shape)}")
+    stride_kv, n_rows = kv_row_geometry(kv_cache)
+    if stride_kv % 16 or kv_cache.data_ptr() % 16:  # every gather is 16-byte cp.async
+        raise ValueError("fp8_ds_mla rows must start on 16-byte boundaries")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    topk = indices.shape[1]
+    dev = q.device
+    if out is None:
+        out = torch.empty(T, H, D_NOPE, dtype=q.dtype, device=dev)
+    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
+    if T == 0:
+        return out, lse
+    splits, keys_per_split = plan_splits(T, topk, block_n, dev, num_splits, waves, nbuf, dsplit)
+    part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
+    kernel = _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
+    kernel[(T, splits)](
+        q, kv_cache, indices, out, lse, part,
+        q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
+        H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
+        SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, num_warps=4 if dsplit else num_warps)
+    if splits > 1:
+        sp, bh, bd = mla.merge_tile(splits, H)
+        mla._merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
+            part, out, lse, out.stride(0), out.stride(1), H, H, splits,
+            D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4)
+    return out, lse
+
+
+SMEM_LIMIT = {90: 227 * 1024, 120: 99 * 1024}  # per block, opt-in maximum (as compile_report)
+
+
+def aot_compile(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1], nbuf: int = DEFAULT[2],
+                dsplit: bool = DEFAULT[3], split: bool = True):
+    """Compile the kernel (dsplit: the chunk-split one) for `sm_<arch>` without a GPU (`triton.compile` on a
+    `GluonASTSource`)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
+    consts = {"SPLIT": split, "BLOCK_N": block_n, "NBUF": nbuf}
+    types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
+             "qk_scale": "fp32"}
+    sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
+    c = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    div = ("Q", "KV", "IDX", "O", "LSE", "PART", "stride_qt", "stride_qh", "stride_kv", "stride_it", "stride_ot",
+           "stride_oh")  # what the launcher specialises for GLM-5 shapes (all multiples of 16)
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
+    return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": 4 if dsplit else num_warps})
+
+
+def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1], nbuf: int = DEFAULT[2],
+                  dsplit: bool = DEFAULT[3], split: bool = True) -> dict:
+    """`aot_compile` plus what the cubin says: shared memory, and registers / stack / local memory per thread from
+    `cuobjdump -res-usage` when the Triton install ships it (None otherwise)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    k = aot_compile(arch, block_n, num_warps, nbuf, dsplit, split)
+    row = {"config": config_name((block_n, num_warps, nbuf, dsplit)), "arch": arch, "block_n": block_n,
+           "num_warps": num_warps, "nbuf": nbuf, "split": split, "dsplit": dsplit,
+           "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch], "regs": None, "stack": None, "local": None}
+    row["fits"] = row["shared"] <= row["limit"]
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if os.path.exists(tool):
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+            f.write(k.asm["cubin"])
+        try:
+            res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        finally:
+            os.unlink(f.name)
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", res)
+        if m:
+            row["regs"], row["stack"], row["local"] = (int(x) for x in m.groups())
+    return row
+
+
+__all__ = ["sparse_mla_gluon", "CONFIGS", "DEFAULT", "config_name", "HAVE_GLUON", "plan_splits", "smem_bytes_estimate",
+           "aot_compile", "compile_stats", "SMEM_LIMIT"]
+
+
+if __name__ == "__main__":  # compile-only report: `TRITON_INTERPRET=0 python -m glm5lib.kernels.mla_gluon [ARCH ...]`
+    import json
+    import sys
+
+    for a in [int(x) for x in sys.argv[1:]] or [90, 120]:
+        for cfg in CONFIGS:
+            try:
+                r = compile_stats(a, *cfg)
+            except Exception as exc:  # noqa: BLE001
+                r = {"config": config_name(cfg), "arch": a, "error": str(exc).strip()[-300:]}
+            print(json.dumps(r), flush=True)
