@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
-# usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-small] [harness] [harness-graphs] [bench] [bench-targets] [bounds] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep] [tune] [verify] [compile]
+# usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-small] [harness] [harness-graphs] [bench] [bench-targets] [bounds] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep] [topk-long] [tune] [verify] [compile]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
+# topk-long: top-k over 32K-128K keys: one program per row, split rows and torch.topk (scripts/bench_topk_long.py)
 # tune: decode candidates side by side (checks + timings), then `bench all` with the winners (tune_decode.py)
 # bench-targets: issue #13's targets in one run (`bench all --quick --no-scaling --sweep-indexer`: B32/B128, fp8 prefill against
 #   FlashMLA's bf16 prefill, the sm_89/sm_120 configs forced on the H200 with their compiled shared memory);
@@ -62,6 +63,8 @@ for r in rows:
             echo "prefill-fp8-sweep rc=${PIPESTATUS[0]}" ;;
     topk-sweep) timeout 300 python3 scripts/sweep_topk_select.py "$OUT/topk_select_sweep.json" 2>&1 | grep -v Warn
             echo "topk-sweep rc=${PIPESTATUS[0]}" ;;
+    topk-long) timeout 300 python3 scripts/bench_topk_long.py "$OUT/topk_long_h200.json" 2>&1 | grep -v Warn
+            echo "topk-long rc=${PIPESTATUS[0]}" ;;
     tune) timeout 340 python3 -m glm5lib.bench.tune_decode --out "$OUT" --bench --deadline 200 --bench-seconds 0 2>&1 | tee "$OUT/tune.log" | grep -v "^  "
             echo "tune rc=${PIPESTATUS[0]}" ;;
     verify) timeout 120 python3 -m glm5lib.bench.tune_decode --verify --out "$OUT" 2>&1 | tee "$OUT/verify.log"

@@ -3,8 +3,10 @@
     PYTHONPATH=src python3 scripts/sweep_topk_select.py OUT.json
 
 Each config is checked (same picked sets as torch.topk: random scores have no ties) and timed with
-triton.testing.do_bench (median). The chosen config is `SELECT_CONFIG` in src/glm5lib/kernels/topk.py;
-outputs/bench/sweeps/topk_select_sweep_h200.json holds the H200 runs behind it.
+triton.testing.do_bench (median). Rows longer than `SELECT_MAX_N` take the split path (both of its launches use
+the config); scripts/bench_topk_long.py compares it with one program per row. The chosen config is
+`SELECT_CONFIG` in src/glm5lib/kernels/topk.py; outputs/bench/sweeps/topk_select_sweep_h200.json holds the H200
+runs behind it.
 """
 
 import json

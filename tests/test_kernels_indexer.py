@@ -154,6 +154,98 @@ def test_topk_select_picks_like_a_stable_sort(case):
         assert all(v == -1 for v in row[len(want):])
 
 
+def _chunk_picks_unmerged(x, k, chunk, lengths=None, ks=None) -> list[list[int]]:
+    """What a split select would give if its second launch passed the chunks' picks through unmerged: each
+    chunk's stable top-k concatenated, the first k kept."""
+    out = []
+    for t in range(x.shape[0]):
+        n = x.shape[1] if lengths is None else min(int(lengths[t]), x.shape[1])
+        base = 0 if ks is None else int(ks[t])
+        cands = []
+        for c0 in range(0, n, chunk):
+            part = [s for s in range(c0, min(c0 + chunk, n)) if x[t, s] != float("-inf")]
+            part.sort(key=lambda s: (-float(x[t, s]), s))
+            cands += sorted(part[:k])
+        out.append([s - base for s in cands[:k]])
+    return out
+
+
+@pytest.mark.parametrize("case", ["ties-across-chunks", "relu-zero-rows", "lengths-mid-chunk", "short-rows",
+                                  "k-over-chunk"])
+def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case):
+    """Rows split into chunks (one program each) and merged by a second launch: exactly the one-program output
+    and the stable sort's picks, whatever the chunk boundaries cut (runs of equal scores, -inf, row lengths)."""
+    import glm5lib.kernels.topk as topk
+
+    g = torch.Generator().manual_seed(11)
+    lengths = ks = None
+    if case == "ties-across-chunks":  # 3 finite values: every chunk boundary falls inside a run of ties
+        x = torch.randint(-3, 3, (4, 900), generator=g).float()
+        x[x < -1] = float("-inf")
+        k, chunk = 150, 128
+    elif case == "relu-zero-rows":  # all-zero rows (+0.0 and -0.0) and a row with a few positives among zeros
+        x = torch.zeros(3, 700)
+        x[:, 1::2] = -0.0
+        x[2, torch.randint(0, 700, (20,), generator=g)] = torch.rand(20, generator=g) + 0.5
+        k, chunk = 100, 96
+    elif case == "lengths-mid-chunk":
+        x = torch.randn(6, 1000, generator=g)
+        x[:, 300:340] = float("-inf")
+        lengths = torch.tensor([1000, 37, 0, 450, 129, 2000], dtype=torch.int32)
+        ks = torch.tensor([0, 3, 0, 100, 7, 1], dtype=torch.int32)
+        k, chunk = 40, 100
+    elif case == "short-rows":  # fewer finite scores than k: all of them, then -1
+        x = torch.full((3, 800), float("-inf"))
+        x[0, torch.randint(0, 800, (60,), generator=g)] = torch.randn(60, generator=g)
+        x[2] = torch.randint(-2, 2, (800,), generator=g).float()
+        k, chunk = 500, 128
+    else:  # k larger than a chunk: each chunk passes all its finite scores on
+        x = torch.randint(-2, 3, (2, 600), generator=g).float()
+        x[:, ::7] = float("-inf")
+        k, chunk = 250, 64
+    want = _stable_picks(x, k, lengths, ks)
+    if case != "short-rows":  # the case tells a merge from the chunks' picks passed through
+        assert want != _chunk_picks_unmerged(x, k, chunk, lengths, ks)
+    one = topk_select(x, k, lengths=lengths, ks=ks, chunk=x.shape[1])
+    grids = []
+
+    class Spy:
+        def __call__(self, grid, *args, **kw):
+            grids.append(tuple(grid))
+            return prebound(grid, *args, **kw)
+
+    prebound = topk._SELECT
+    monkeypatch.setattr(topk, "_SELECT", Spy())
+    got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk)
+    assert grids == [(x.shape[0], -(-x.shape[1] // chunk)), (x.shape[0],)]  # the split path ran
+    assert torch.equal(got, one), case
+    for t, w in enumerate(want):
+        row = got[t].tolist()
+        assert row[: len(w)] == w, (case, t)  # same picks, ascending
+        assert all(v == -1 for v in row[len(w):])
+
+
+def test_topk_select_splits_long_rows_by_default(monkeypatch):
+    """Rows longer than SELECT_MAX_N take the split path without being asked (topk_fast included); shorter rows
+    one program each."""
+    import glm5lib.kernels.topk as topk
+
+    grids = []
+    prebound = topk._SELECT
+    monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (grids.append(tuple(grid)), prebound(grid, *a, **kw)))
+    monkeypatch.setattr(topk, "SELECT_MAX_N", 256)
+    monkeypatch.setattr(topk, "SELECT_CHUNK", 100)
+    x = torch.randint(-2, 3, (2, 300), generator=torch.Generator().manual_seed(5)).float()
+    got = topk.topk_fast(x, 50)
+    assert grids == [(2, 3), (2,)]
+    assert [r.tolist() for r in got] == _stable_picks(x, 50)
+    grids.clear()
+    topk.topk_select(x[:, :256], 50)
+    assert grids == [(2,)]
+    with pytest.raises(ValueError):
+        topk.topk_select(x, 50, chunk=0)
+
+
 def test_validation():
     q = torch.randn(2, 4, 128)
     with pytest.raises(ValueError):

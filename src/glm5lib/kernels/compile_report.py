@@ -119,11 +119,16 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
 
     fn = _topk_select_kernel
     block, warps, digit = SELECT_CONFIG
-    for has_len, has_ks in ((True, False), (True, True)):  # decode (row lengths), prefill (lengths and ks)
-        consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "BLOCK": block, "OUT_BLOCK": 1024, "DIGIT": digit}
-        specs.append(KernelSpec(f"topk_select[B{block}-w{warps}-d{digit}:{'len' if has_len else ''}{'+ks' if has_ks else ''}]",
-                                fn, _sig(fn, {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32"}, consts),
-                                consts, warps, 3, ("X", "LEN", "KS", "OUT", "stride_x", "stride_o")))
+    # one program per row: decode (row lengths), prefill (lengths and ks); split rows: the chunk launch, the merge
+    for tag, has_len, has_ks, split, merge in (("len", True, False, False, False), ("len+ks", True, True, False, False),
+                                               ("split:len", True, False, True, False),
+                                               ("merge:len+ks", True, True, False, True)):
+        consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": block,
+                  "OUT_BLOCK": 1024, "DIGIT": digit}
+        types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "OUT_X": "*fp32" if split else "*i32",
+                 "POS": "*i32"}
+        specs.append(KernelSpec(f"topk_select[B{block}-w{warps}-d{digit}:{tag}]", fn, _sig(fn, types, consts),
+                                consts, warps, 3, ("X", "LEN", "KS", "OUT", "OUT_X", "POS", "stride_x", "stride_o")))
 
     fn = _write_indexer_rows_kernel
     consts = {"D": INDEXER_DIM, "SB": INDEXER_FP8_ROW_BYTES - INDEXER_DIM}

@@ -4,13 +4,21 @@ Two selections with the same contract (-1 for picks whose score is -inf, i.e. ma
 bounds; `k` columns even when a row has fewer keys; positions made request-local by subtracting `ks`):
 
 - `topk_indices`: `torch.topk`. Ties at the cut are broken in an order that depends on the row length.
-- `topk_select`: a Triton radix select, one program per row. Scores become order-preserving 32-bit keys;
-  four passes of an 8-bit histogram (`tl.histogram`) find the k-th largest key exactly, and a last pass writes
-  every position above it plus the earliest positions equal to it, in ascending position order. The picked
-  set is the one a stable descending sort would give (`paged.stable_topk`, the reference forward's
-  tie-break: exact ties, common where ReLU zeroes whole rows, go to the earlier key), so it does not depend on
-  how long the row is or what else is in the batch. Per-row `lengths` (read on the device) bound each row,
-  so a fixed-shape launch serves any batch: nothing waits on the host.
+- `topk_select`: a Triton radix select. Scores become order-preserving 32-bit keys; four passes of an 8-bit
+  histogram (`tl.histogram`) find the k-th largest key exactly, and a last pass writes every position above it
+  plus the earliest positions equal to it, in ascending position order. The picked set is the one a stable
+  descending sort would give (`paged.stable_topk`, the reference forward's tie-break: exact ties, common where
+  ReLU zeroes whole rows, go to the earlier key), so it does not depend on how long the row is or what else is
+  in the batch. Per-row `lengths` (read on the device) bound each row, so a fixed-shape launch serves any
+  batch: nothing waits on the host.
+
+One program selects from a whole row up to `SELECT_MAX_N` keys. A longer row would leave most of the GPU idle,
+so it is split into chunks of `SELECT_CHUNK` keys, each selected by its own program (the same kernel), and a
+second launch selects among the chunks' picks. That gives the same set: an element of the row's stable top-k
+is beaten (higher score, or equal score at an earlier position) by fewer than k elements of the row, so by
+fewer than k of its chunk, and is among its chunk's picks; the second launch keeps it for the same reason, and
+since chunks are laid out in position order and each lists its picks in ascending position, "earlier
+candidate" means "earlier position" there too.
 
 torch.topk takes several launches (its eager time is 2-5x its CUDA-graph time at 9K-32K keys in
 `outputs/bench/vllm_harness_h200.json`) and leaves the tie order unspecified; a stable descending sort of the
@@ -37,26 +45,47 @@ def _ordered_key(x):
 
 
 @triton.jit
-def _topk_select_kernel(X, LEN, KS, OUT, stride_x, stride_o, N, K,
-                        HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr,
-                        DIGIT: tl.constexpr):
+def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, chunk,
+                        HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
+                        BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr):
+    """Program t: row t's top-K into row t of OUT (see `topk_select`).
+
+    SPLIT (grid (T, C)): program (t, c) selects among positions [c * chunk, (c + 1) * chunk) of row t and writes
+    its picks (row positions) to OUT[t, c * K:(c + 1) * K] and their scores to OUT_X there, -1 / -inf padded
+    (nothing when the chunk starts past the row's length).
+    MERGE: X is that score workspace; a pick is written as the position POS (the position workspace, laid out
+    like X) holds for it. LEN there bounds a row at the chunks that start before its length.
+    """
     t = tl.program_id(0)
     row = X + t.to(tl.int64) * stride_x
     out = OUT + t.to(tl.int64) * stride_o
     n = N
     if HAS_LEN:
-        n = tl.minimum(tl.load(LEN + t), N)
+        length = tl.load(LEN + t)
+        if MERGE:  # only the chunks that start before the row's length wrote candidates
+            n = tl.minimum((length + chunk - 1) // chunk * tl.minimum(K, chunk), N)
+        else:
+            n = tl.minimum(length, N)
+    first = 0  # the row position of this program's first key
+    if SPLIT:
+        c = tl.program_id(1)
+        first = c * chunk
+        n = tl.minimum(tl.maximum(n - first, 0), chunk)
+        row += first
+        out += c * K
+        out_x = OUT_X + t.to(tl.int64) * stride_o + c * K
     offs0 = tl.arange(0, BLOCK)
     bins = tl.arange(0, 1 << DIGIT)
     # --- the k-th largest key, DIGIT bits at a time (most significant first) ---
     prefix = tl.zeros([], tl.uint32)
     remaining = K  # how many of the keys that match `prefix` are still to be taken
     n_valid = 0
+    n_scan = tl.where(n > K, n, 0)  # no more keys than K: all finite ones are picked, no threshold needed
     for r in tl.static_range((32 + DIGIT - 1) // DIGIT):
         hi = 32 - DIGIT * r  # bits above `hi` are settled in `prefix`
         shift = hi - DIGIT if hi > DIGIT else 0
         hist = tl.zeros([1 << DIGIT], tl.int32)
-        for start in range(0, n, BLOCK):
+        for start in range(0, n_scan, BLOCK):
             offs = start + offs0
             key = _ordered_key(tl.load(row + offs, mask=offs < n, other=float("-inf")))
             match = (offs < n) & (key > NEG_INF_KEY)
@@ -69,7 +98,7 @@ def _topk_select_kernel(X, LEN, KS, OUT, stride_x, stride_o, N, K,
         b = tl.max(tl.where(at_least >= remaining, bins, 0), 0)
         remaining -= tl.sum(tl.where(bins == b, at_least - hist, 0), 0)  # minus those strictly above bin b
         prefix = prefix | (b.to(tl.uint32) << shift)
-    take_all = n_valid <= K  # fewer candidates than k: every finite score is picked
+    take_all = n_valid <= K  # no more finite keys than K (or none scanned): every finite score is picked
     # --- write: above the threshold, then the earliest `remaining` equal to it, in position order ---
     base = 0
     if HAS_KS:
@@ -78,28 +107,47 @@ def _topk_select_kernel(X, LEN, KS, OUT, stride_x, stride_o, N, K,
     equal_seen = 0
     for start in range(0, n, BLOCK):
         offs = start + offs0
-        key = _ordered_key(tl.load(row + offs, mask=offs < n, other=float("-inf")))
+        x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
+        key = _ordered_key(x)
         valid = (offs < n) & (key > NEG_INF_KEY)
         equal = valid & (key == prefix)
         eq_rank = equal_seen + tl.cumsum(equal.to(tl.int32), 0)
         take = valid & ((key > prefix) | (equal & (eq_rank <= remaining)))
         take = tl.where(take_all, valid, take)
         slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
-        tl.store(out + slot, (offs - base).to(tl.int32), mask=take)
+        pos = first + offs
+        if MERGE:
+            pos = tl.load(POS + t.to(tl.int64) * stride_x + offs, mask=take, other=-1)
+        tl.store(out + slot, (pos - base).to(tl.int32), mask=take)
+        if SPLIT:
+            tl.store(out_x + slot, x, mask=take)
         written += tl.sum(take.to(tl.int32), 0)
         equal_seen += tl.sum(equal.to(tl.int32), 0)
-    for start in range(0, K, OUT_BLOCK):
+    n_out = K
+    if SPLIT:  # a chunk that starts past the row's length is never read by the merge
+        n_out = tl.where(n > 0, K, 0)
+    for start in range(0, n_out, OUT_BLOCK):
         o = start + tl.arange(0, OUT_BLOCK)
-        tl.store(out + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=(o >= written) & (o < K))
+        pad = (o >= written) & (o < K)
+        tl.store(out + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
+        if SPLIT:
+            tl.store(out_x + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
 
 
-# (BLOCK, num_warps, DIGIT bits per radix pass). H200 sweep (top-k 2048, do_bench per call, host launch cost
-# included): 64 x 9000 rows 56 us against torch.topk 232; 128 x 32K 124 against 158; 64 x 128K 488 against 186;
-# 4096 x 32K 2.8 ms against 1.8 ms. 11-bit digits ran 4-8x slower (a histogram's cost grows with its bins), 4-bit
-# digits no faster. GPU time alone (CUDA graphs, vllm_harness_h200.json): 51 us against 64 at 9K keys, 119 against
-# 109 at 32K, 473 against 156 at 128K: most of torch.topk's cost at short rows is its launches.
+# (BLOCK, num_warps, DIGIT bits per radix pass). H200 sweep of one program per row (top-k 2048, do_bench per
+# call, host launch cost included): 64 x 9000 rows 56 us against torch.topk 232; 128 x 32K 124 against 158;
+# 64 x 128K 488 against 186; 4096 x 32K 2.8 ms against 1.8 ms. 11-bit digits ran 4-8x slower (a histogram's cost
+# grows with its bins), 4-bit digits no faster. GPU time alone (CUDA graphs, vllm_harness_h200.json): 51 us
+# against 64 at 9K keys, 119 against 109 at 32K, 473 against 156 at 128K: most of torch.topk's cost at short rows
+# is its launches, and past 32K one program per row leaves the GPU idle.
 SELECT_CONFIG = (4096, 8, 8)
-SELECT_MAX_N = 32768  # past this row length torch.topk is faster (one program per row runs out of parallelism)
+# Rows longer than SELECT_MAX_N are split into chunks of SELECT_CHUNK keys, one program each, then merged by one
+# program per row over ceil(N / SELECT_CHUNK) * min(k, SELECT_CHUNK) candidates. A row's time is about one chunk's
+# select plus the merge's: 16K-key chunks give a 128K row 8 programs and a merge over 16K candidates at k 2048
+# (8K at 64K keys, 26K at GLM-5's 202752). The split path's H200 times are not measured yet
+# (scripts/bench_topk_long.py times it against one program per row and torch.topk).
+SELECT_MAX_N = 32768
+SELECT_CHUNK = 16384
 
 
 _SELECT = common.Prebound(_topk_select_kernel)
@@ -107,12 +155,15 @@ _SELECT = common.Prebound(_topk_select_kernel)
 
 def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
                 ks: torch.Tensor | None = None, out: torch.Tensor | None = None,
-                config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                config: tuple[int, int, int] | None = None, chunk: int | None = None) -> torch.Tensor:
     """int32 `[T, k]`: positions of the k largest finite scores of each row of fp32 `logits [T, N]`, ties at
     the cut to the earlier position, ascending position order, -1 padded.
 
     `lengths [T]` (int32, on the device): row t is read up to `lengths[t]` (positions beyond are not scores:
     the paged indexer's rows past a request's context). `ks [T]`: positions returned relative to it.
+    `chunk`: keys per program; rows longer than it are split and merged (two launches and a workspace of
+    `[T, ceil(N / chunk) * min(k, chunk)]` positions and scores, sized from the shapes alone). Default:
+    `SELECT_CHUNK` for rows longer than `SELECT_MAX_N`, else one program per row. Same picks either way.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
@@ -121,6 +172,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         out = torch.empty(T, k, dtype=torch.int32, device=logits.device)
     elif out.shape[0] < T or out.shape[1] < k or out.dtype != torch.int32 or out.stride(-1) != 1:
         raise ValueError(f"out must be int32 with at least [{T}, {k}] and contiguous rows, got {out.dtype} {tuple(out.shape)}")
+    if chunk is not None and chunk < 1:
+        raise ValueError(f"chunk must be positive, got {chunk}")
     if T == 0 or k == 0:
         return out
     if logits.stride(-1) != 1:
@@ -129,10 +182,28 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     dummy = out  # an unused pointer argument when a flag is off
     lens = lengths.to(torch.int32).contiguous() if lengths is not None else dummy
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
+    if chunk is None:
+        chunk = SELECT_CHUNK if n > SELECT_MAX_N else n
+    if chunk >= n:
+        _SELECT((T,),
+            logits, lens, ks_, out, dummy, dummy, logits.stride(0), out.stride(0), n, k, 0,
+            HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=block,
+            OUT_BLOCK=1024, DIGIT=digit, num_warps=num_warps,
+        )
+        return out
+    n_chunks, kc = triton.cdiv(n, chunk), min(k, chunk)  # a chunk has at most `chunk` picks
+    width = n_chunks * kc
+    pos = torch.empty(T, width, dtype=torch.int32, device=logits.device)
+    val = torch.empty(T, width, dtype=torch.float32, device=logits.device)
+    _SELECT((T, n_chunks),
+        logits, lens, dummy, pos, val, dummy, logits.stride(0), width, n, kc, chunk,
+        HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False,
+        BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit, num_warps=num_warps,
+    )
     _SELECT((T,),
-        logits, lens, ks_, out, logits.stride(0), out.stride(0), n, k,
-        HAS_LEN=lengths is not None, HAS_KS=ks is not None, BLOCK=block, OUT_BLOCK=1024, DIGIT=digit,
-        num_warps=num_warps,
+        val, lens, ks_, out, dummy, pos, width, out.stride(0), width, k, chunk,
+        HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True,
+        BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit, num_warps=num_warps,
     )
     return out
 
@@ -164,11 +235,10 @@ def topk_indices(logits: torch.Tensor, k: int = 2048, *, ks: torch.Tensor | None
 
 def topk_fast(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor:
-    """The faster of the two on the H200 for this row length: `topk_select` up to `SELECT_MAX_N` columns (ties to
-    the earlier position), `topk_indices` beyond (torch.topk's tie order). Both -1 pad; neither waits on the host."""
-    if logits.shape[-1] <= SELECT_MAX_N:
-        return topk_select(logits, k, lengths=lengths, out=out)
-    return topk_indices(logits, k, out=out)
+    """The indexer's top-k on the GPU: `topk_select` at every row length (one program per row up to
+    `SELECT_MAX_N` keys, split rows beyond), so ties go to the earlier position everywhere. -1 padded; nothing
+    waits on the host."""
+    return topk_select(logits, k, lengths=lengths, out=out)
 
 
 __all__ = ["topk_indices", "topk_select", "topk_fast"]

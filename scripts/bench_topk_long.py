@@ -1,0 +1,104 @@
+"""Long-row top-k on a CUDA GPU: `topk_select` with one program per row, split into chunks (two launches), and
+torch.topk, checked and timed side by side.
+
+    PYTHONPATH=src python3 scripts/bench_topk_long.py OUT.json
+
+Checks, per shape: on random scores (no ties) the split select picks torch.topk's set and exactly what one
+program per row writes; on tie-heavy scores (few distinct values, -0.0 among the zeros, random row lengths)
+exactly what one program per row writes. Times: `serving.harness.cuda_timings` for every path (the same call
+replayed from a CUDA graph: GPU time; and back-to-back eager calls). Top-k 2048, every row given its length
+(as the indexer calls it). A failing case is recorded with its error and the sweep goes on.
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+import glm5lib.kernels.topk as topk
+from glm5lib.kernels.topk import topk_indices, topk_select
+from glm5lib.serving.harness import cuda_timings
+
+K = 2048
+SHAPES = [(1, 32768), (4, 32768), (64, 32768), (128, 32768), (1, 65536), (4, 65536), (64, 65536),
+          (1, 131072), (4, 131072), (64, 131072)]
+CHUNKS = (8192, 16384, 32768)
+REPEATS = 50
+
+
+def check(T: int, n: int, dev: str) -> dict:
+    g = torch.Generator().manual_seed(T * 7 + n)
+    x = torch.randn(T, n, generator=g).to(dev)
+    L = torch.full((T,), n, dtype=torch.int32, device=dev)
+    one = topk_select(x, K, lengths=L, chunk=n)
+    want = topk_indices(x, K).sort(1).values
+    res = {}
+    for c in CHUNKS:
+        if c >= n:
+            continue
+        got = topk_select(x, K, lengths=L, chunk=c)
+        res[f"chunk{c}_equals_one_program"] = bool(torch.equal(got, one))
+        res[f"chunk{c}_set_equals_torch_topk"] = bool(torch.equal(got.sort(1).values, want))
+    t = torch.randint(-8, 8, (T, n), generator=g).float()
+    t[t == 0] = torch.where(torch.rand(int((t == 0).sum()), generator=g) < 0.5, -0.0, 0.0)
+    lt = torch.randint(n // 4, n + 1, (T,), generator=g, dtype=torch.int32)
+    lt[0] = min(n, K // 2)  # fewer keys than k
+    t, lt = t.to(dev), lt.to(dev)
+    one_t = topk_select(t, K, lengths=lt, chunk=n)
+    for c in CHUNKS:
+        if c < n:
+            res[f"chunk{c}_ties_equals_one_program"] = bool(torch.equal(topk_select(t, K, lengths=lt, chunk=c), one_t))
+    return res
+
+
+def timings(T: int, n: int, dev: str) -> dict:
+    x = torch.randn(T, n, device=dev)
+    L = torch.full((T,), n, dtype=torch.int32, device=dev)
+    out = torch.empty(T, K, dtype=torch.int32, device=dev)
+    paths = {"one_program": lambda: topk_select(x, K, lengths=L, out=out, chunk=n),
+             "default": lambda: topk_select(x, K, lengths=L, out=out),
+             "torch_topk": lambda: topk_indices(x, K, out=out)}
+    for c in CHUNKS:
+        if c < n:
+            paths[f"chunk{c}"] = lambda c=c: topk_select(x, K, lengths=L, out=out, chunk=c)
+    res = {}
+    for name, fn in paths.items():
+        try:
+            t = cuda_timings(fn, REPEATS)
+            res[f"{name}_graph_us"] = t.get("graph_us")
+            res[f"{name}_eager_us"] = t["eager_us"]
+            if "graph_error" in t:
+                res[f"{name}_graph_error"] = t["graph_error"]
+        except Exception as e:  # noqa: BLE001  (recorded; the sweep goes on)
+            res[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return res
+
+
+def main(path: str) -> None:
+    dev = "cuda"
+    t0 = time.time()
+    rows = []
+    for T, n in SHAPES:
+        row = {"T": T, "n": n, "k": K, "default_chunk": topk.SELECT_CHUNK if n > topk.SELECT_MAX_N else None}
+        for part in (check, timings):
+            try:
+                row.update(part(T, n, dev))
+            except Exception as e:  # noqa: BLE001
+                row[f"{part.__name__}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+        oks = [v for key, v in row.items() if key.startswith("chunk") and isinstance(v, bool)]
+        cells = " ".join(f"{name}={row.get(f'{name}_graph_us') or float('nan'):7.1f}"
+                         for name in ("one_program", "torch_topk", "default", *(f"chunk{c}" for c in CHUNKS)))
+        print(f"T{T:<4} N{n:<7} checks {'ok ' if oks and all(oks) else 'BAD'} graph us: {cells}", flush=True)
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "select_config": topk.SELECT_CONFIG,
+            "select_max_n": topk.SELECT_MAX_N, "select_chunk": topk.SELECT_CHUNK, "repeats": REPEATS,
+            "seconds": time.time() - t0}
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    print(f"{time.time() - t0:.0f} s; wrote {path}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
