@@ -145,9 +145,12 @@ if HAVE_GLUON:
         Q, KV, IDX, O, LSE, PART,
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
-        SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
+        SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr, PROBE: gl.constexpr = 0,
     ):
-        """One program: token t, split sp of its top-k list, all heads (see the module docstring)."""
+        """One program: token t, split sp of its top-k list, all heads (see the module docstring).
+
+        PROBE (stage timing, `probe_stages`): 1 runs only the gathers (cp.async, wait, barrier), 2 adds the
+        e4m3 -> fp16 tile, 3 adds S = q k^T and the softmax statistics; 0 is the kernel."""
         BH: gl.constexpr = 16
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
@@ -246,46 +249,49 @@ if HAVE_GLUON:
             cp.wait_group(NBUF - 1)
             _barrier()
             slot = i % NBUF
-            w = lat_s.index(slot).load(LW)
-            k16_w.store(_e4m3_words_f16(w))
-            # everything else this slot holds goes to registers before barrier 3 (the slot is refilled after it)
-            kr = rope_s.index(slot).permute([1, 0]).load(DB)  # [64, N] bf16
-            s_0 = sc0.index(slot).load(COL)
-            s_1 = sc1.index(slot).load(COL)
-            s_2 = sc2.index(slot).load(COL)
-            s_3 = sc3.index(slot).load(COL)
-            # 3. the fp16 tile is complete
-            _barrier()
+            if PROBE != 1:
+                w = lat_s.index(slot).load(LW)
+                k16_w.store(_e4m3_words_f16(w))
+                # everything else this slot holds goes to registers before barrier 3 (the slot is refilled after it)
+                kr = rope_s.index(slot).permute([1, 0]).load(DB)  # [64, N] bf16
+                s_0 = sc0.index(slot).load(COL)
+                s_1 = sc1.index(slot).load(COL)
+                s_2 = sc2.index(slot).load(COL)
+                s_3 = sc3.index(slot).load(COL)
+                # 3. the fp16 tile is complete
+                _barrier()
 
-            s = mma_v2(q_s.slice(0 * CH, CH, 1).load(DA), k16.slice(0 * CH, CH, 1).permute([1, 0]).load(DB),
-                       zero_s) * s_0[None, :]
-            s += mma_v2(q_s.slice(1 * CH, CH, 1).load(DA), k16.slice(1 * CH, CH, 1).permute([1, 0]).load(DB),
-                        zero_s) * s_1[None, :]
-            s += mma_v2(q_s.slice(2 * CH, CH, 1).load(DA), k16.slice(2 * CH, CH, 1).permute([1, 0]).load(DB),
-                        zero_s) * s_2[None, :]
-            s += mma_v2(q_s.slice(3 * CH, CH, 1).load(DA), k16.slice(3 * CH, CH, 1).permute([1, 0]).load(DB),
-                        zero_s) * s_3[None, :]
-            s = mma_v2(qr_s.load(DA), kr, s * 256.0)
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
+                if PROBE != 2:
+                    s = mma_v2(q_s.slice(0 * CH, CH, 1).load(DA), k16.slice(0 * CH, CH, 1).permute([1, 0]).load(DB),
+                               zero_s) * s_0[None, :]
+                    s += mma_v2(q_s.slice(1 * CH, CH, 1).load(DA), k16.slice(1 * CH, CH, 1).permute([1, 0]).load(DB),
+                                zero_s) * s_1[None, :]
+                    s += mma_v2(q_s.slice(2 * CH, CH, 1).load(DA), k16.slice(2 * CH, CH, 1).permute([1, 0]).load(DB),
+                                zero_s) * s_2[None, :]
+                    s += mma_v2(q_s.slice(3 * CH, CH, 1).load(DA), k16.slice(3 * CH, CH, 1).permute([1, 0]).load(DB),
+                                zero_s) * s_3[None, :]
+                    s = mma_v2(qr_s.load(DA), kr, s * 256.0)
+                    s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
 
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            p = p * 256.0
-            # P scaled per chunk goes to shared memory once (one barrier instead of one layout conversion each)
-            p0.store((p * s_0[None, :]).to(gl.float16))
-            p1.store((p * s_1[None, :]).to(gl.float16))
-            p2.store((p * s_2[None, :]).to(gl.float16))
-            p3.store((p * s_3[None, :]).to(gl.float16))
-            _barrier()
-            a2 = alpha[:, None]
-            acc0 = mma_v2(p0.load(DA), k16.slice(0 * CH, CH, 1).load(DB), acc0 * a2)
-            acc1 = mma_v2(p1.load(DA), k16.slice(1 * CH, CH, 1).load(DB), acc1 * a2)
-            acc2 = mma_v2(p2.load(DA), k16.slice(2 * CH, CH, 1).load(DB), acc2 * a2)
-            acc3 = mma_v2(p3.load(DA), k16.slice(3 * CH, CH, 1).load(DB), acc3 * a2)
+                    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+                    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
+                    alpha = gl.exp2(m_i - m_use)
+                    p = gl.exp2(s - m_use[:, None])
+                    l_i = l_i * alpha + gl.sum(p, axis=1)
+                    m_i = m_new
+                    if PROBE != 3:
+                        p = p * 256.0
+                        # P scaled per chunk goes to shared memory once (one barrier instead of one layout conversion each)
+                        p0.store((p * s_0[None, :]).to(gl.float16))
+                        p1.store((p * s_1[None, :]).to(gl.float16))
+                        p2.store((p * s_2[None, :]).to(gl.float16))
+                        p3.store((p * s_3[None, :]).to(gl.float16))
+                        _barrier()
+                        a2 = alpha[:, None]
+                        acc0 = mma_v2(p0.load(DA), k16.slice(0 * CH, CH, 1).load(DB), acc0 * a2)
+                        acc1 = mma_v2(p1.load(DA), k16.slice(1 * CH, CH, 1).load(DB), acc1 * a2)
+                        acc2 = mma_v2(p2.load(DA), k16.slice(2 * CH, CH, 1).load(DB), acc2 * a2)
+                        acc3 = mma_v2(p3.load(DA), k16.slice(3 * CH, CH, 1).load(DB), acc3 * a2)
         cp.wait_group(0)
 
         has_key = l_i > 0
@@ -510,11 +516,11 @@ def plan_splits(T: int, topk: int, block_n: int, device: torch.device, num_split
 
 
 def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n=DEFAULT[0],
-                     num_warps=DEFAULT[1], nbuf=DEFAULT[2], dsplit=DEFAULT[3], waves=None, out=None):
+                     num_warps=DEFAULT[1], nbuf=DEFAULT[2], dsplit=DEFAULT[3], waves=None, out=None, probe=0):
     """Sparse MLA forward over an fp8_ds_mla cache for H <= 16 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf
     for a token without a valid key. dsplit: the chunk-split kernel (warps over the 4 latent chunks; num_warps is
-    4 whatever is asked)."""
+    4 whatever is asked). probe: a stage-timing build of the key-split kernel (`PROBE` in its docstring)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -546,7 +552,8 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
         q, kv_cache, indices, out, lse, part,
         q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
         H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
-        SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, num_warps=4 if dsplit else num_warps)
+        SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, num_warps=4 if dsplit else num_warps,
+        **({"PROBE": probe} if probe else {}))  # probe: a stage-timing build (key-split kernel only)
     if splits > 1:
         sp, bh, bd = mla.merge_tile(splits, H)
         mla._merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
