@@ -11,6 +11,7 @@ replayed from a CUDA graph: GPU time; and back-to-back eager calls). Top-k 2048,
 """
 
 import json
+import os
 import sys
 import time
 
@@ -91,7 +92,7 @@ def main(path: str) -> None:
         cells = " ".join(f"{name}={row.get(f'{name}_graph_us') or float('nan'):7.1f}"
                          for name in ("one_program", "torch_topk", "default", *(f"chunk{c}" for c in CHUNKS)))
         print(f"T{T:<4} N{n:<7} checks {'ok ' if oks and all(oks) else 'BAD'} graph us: {cells}", flush=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+    meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "select_config": topk.SELECT_CONFIG,
             "select_max_n": topk.SELECT_MAX_N, "select_chunk": topk.SELECT_CHUNK, "repeats": REPEATS,
             "seconds": time.time() - t0}

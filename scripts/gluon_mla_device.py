@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     quick = "--quick" in argv
     dev = torch.device(os.environ.get("GLUON_MLA_DEVICE", "cuda"))  # "cpu": a dry run of the plumbing (tests)
     t0 = time.time()
-    info = {"device": torch.cuda.get_device_name(dev), "torch": torch.__version__, "triton": triton.__version__,
+    info = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(dev),
+            "torch": torch.__version__, "triton": triton.__version__,
             "have_gluon": mla_gluon.HAVE_GLUON, "num_sms": torch.cuda.get_device_properties(dev).multi_processor_count}
     print(json.dumps(info), flush=True)
     cfgs = [c for c in mla_gluon.CONFIGS if c[:3] == (32, 4, 2)] if quick else mla_gluon.CONFIGS

@@ -11,6 +11,7 @@ what each stage adds on this structure; the floor is the gathered bytes at the m
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -64,7 +65,8 @@ def main(argv=None) -> int:
             del q, cache, idx_sets, out
             torch.cuda.empty_cache()
     res = {"meta": {"device": torch.cuda.get_device_name(), "triton": __import__("triton").__version__,
-                    "elapsed_s": time.time() - t0}, "ceilings": ceil, "rows": rows}
+                    "elapsed_s": time.time() - t0, "commit": os.environ.get("GLM5LIB_COMMIT")},
+           "ceilings": ceil, "rows": rows}
     with open(out_path, "w") as f:
         json.dump(res, f, indent=1)
     print(f"wrote {out_path} ({time.time() - t0:.0f} s)")

@@ -226,8 +226,8 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case):
 
 
 def test_topk_select_splits_long_rows_by_default(monkeypatch):
-    """Rows longer than SELECT_MAX_N take the split path without being asked (topk_fast included); shorter rows
-    one program each."""
+    """`topk_select` splits rows longer than SELECT_MAX_N without being asked, shorter rows one program each;
+    `topk_fast` takes torch.topk past SELECT_MAX_N (faster there on the H200) and the select below it."""
     import glm5lib.kernels.topk as topk
 
     grids = []
@@ -236,11 +236,17 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
     monkeypatch.setattr(topk, "SELECT_MAX_N", 256)
     monkeypatch.setattr(topk, "SELECT_CHUNK", 100)
     x = torch.randint(-2, 3, (2, 300), generator=torch.Generator().manual_seed(5)).float()
-    got = topk.topk_fast(x, 50)
+    got = topk.topk_select(x, 50)
     assert grids == [(2, 3), (2,)]
     assert [r.tolist() for r in got] == _stable_picks(x, 50)
     grids.clear()
     topk.topk_select(x[:, :256], 50)
+    assert grids == [(2,)]
+    grids.clear()
+    fast = topk.topk_fast(x, 50)
+    assert grids == []  # torch.topk
+    assert sorted(fast[0].tolist()) == sorted(topk.topk_indices(x, 50)[0].tolist())
+    topk.topk_fast(x[:, :256], 50)
     assert grids == [(2,)]
     with pytest.raises(ValueError):
         topk.topk_select(x, 50, chunk=0)

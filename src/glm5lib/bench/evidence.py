@@ -9,6 +9,11 @@ added). The configs of a commit are its `CONFIGS`
 (`git show REV:src/glm5lib/kernels/mla.py`); a case's config follows from its shape by `config_key` on the H200
 (132 SMs) in the class the run used ("big" unless forced).
 
+Files written since the case matrix records each case's config (`checks` adds `config` to a JSON row and
+`config=NAME` to a log line) name what ran; for older files the names are inferred from the shapes with today's
+`CONFIGS` ("recorded": False) and such a piece does not count as having run a shipped config: a config changed
+after the run would otherwise be credited with it.
+
 `coverage(root)` reads the files and reports, per piece: cases, passes, and the config names it ran; and per
 shipped config of both classes: which pieces ran that exact config. The notebook prints it instead of prose.
 """
@@ -52,28 +57,38 @@ def _names(keys, table: dict) -> dict[str, str]:
     return {"/".join(k): table[k].name for k in sorted(set(keys))}
 
 
+def _configs(named: list[tuple[str, str | None]], smem: str) -> tuple[dict[str, str], bool]:
+    """({config key: config name}, recorded) from (case name, recorded config or None) pairs: the names the run
+    recorded when every sparse-MLA case has one, else the shapes' configs in today's `CONFIGS`."""
+    keyed = [(k, c) for k, c in ((_key(n, smem), c) for n, c in named) if k]
+    if keyed and all(c for _, c in keyed):
+        return {"/".join(k): c for k, c in sorted(keyed)}, True
+    return _names([k for k, _ in keyed], CONFIGS), False
+
+
 def _matrix(path: Path, smem: str = SMEM, commit: str = RUN_COMMIT) -> dict:
     rows = json.loads(path.read_text())
-    keys = [k for k in (_key(r["name"], smem) for r in rows) if k]
+    configs, recorded = _configs([(r["name"], r.get("config")) for r in rows], smem)
     what = "full case matrix (sparse MLA + indexer)" + ("" if smem == SMEM else f", {smem} shared-memory configs forced")
-    return {"file": str(path), "commit": commit, "what": what,
-            "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, CONFIGS)}
+    return {"file": str(path), "commit": commit, "what": what, "recorded": recorded,
+            "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": configs}
 
 
-def _sanitizer(path: Path, smem: str = SMEM) -> dict:
+def _sanitizer(path: Path, smem: str = SMEM, commit: str = SANITIZER_COMMIT) -> dict:
     text = path.read_text()
-    cases = re.findall(r"^(sanitize:\S+)\s+(ok|BAD)\b", text, re.M)
+    cases = re.findall(r"^(sanitize:\S+)\s+(ok|BAD)\b(?:.*? config=(\S+))?", text, re.M)
     errors = re.search(r"ERROR SUMMARY: (\d+) error", text)
     what = "compute-sanitizer memcheck, invalid-index cases" + ("" if smem == SMEM else f", {smem} configs forced")
-    return {"file": str(path), "commit": SANITIZER_COMMIT, "what": what,
-            "cases": len(cases), "passed": sum(s == "ok" for _, s in cases),
-            "sanitizer_errors": int(errors[1]) if errors else None,
-            "configs": _names([_key(n, smem) for n, _ in cases], CONFIGS)}
+    configs, recorded = _configs([(n, c or None) for n, _, c in cases], smem)
+    return {"file": str(path), "commit": commit, "what": what, "recorded": recorded,
+            "cases": len(cases), "passed": sum(s == "ok" for _, s, _ in cases),
+            "sanitizer_errors": int(errors[1]) if errors else None, "configs": configs}
 
 
 def _verify(path: Path) -> dict:
     lines = re.findall(r"^verify (\S+)\s+(\S+)\s+(\d+)/(\d+)", path.read_text(), re.M)
     return {"file": str(path), "commit": "febd9ab", "what": "decode cases of the full matrix (H <= 16, T < 528)",
+            "recorded": True,
             "cases": sum(int(n) for *_, n in lines), "passed": sum(int(ok) for *_, ok, _ in lines),
             "configs": {f"small/{fmt}/{SMEM}": name for fmt, name, _, _ in lines}}
 
@@ -81,7 +96,7 @@ def _verify(path: Path) -> dict:
 def _bench(path: Path) -> dict:
     meta = json.loads(path.read_text())["meta"]
     return {"file": str(path), "commit": meta.get("commit") or "febd9ab",
-            "what": "benchmark (rows with rel_err checked against fp32)",
+            "what": "benchmark (rows with rel_err checked against fp32)", "recorded": True,
             "date": meta["date"], "configs": {k: v for k, v in meta["configs"].items() if k.endswith("/" + SMEM)}}
 
 
@@ -90,7 +105,8 @@ def _harness(path: Path) -> dict:
     keys = [config_key(sum(r["query_lens"]), r["heads"], r["kv_format"], SMEM, H200_SMS) for r in rows]
     commit = json.loads(path.read_text()).get("commit") or HARNESS_COMMIT
     return {"file": str(path), "commit": commit, "what": "vLLM backend call path (paged caches, top-k 2048)",
-            "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": _names(keys, CONFIGS)}
+            "recorded": False, "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows),
+            "configs": _names(keys, CONFIGS)}
 
 
 def coverage(root: str | Path | None = None) -> dict:
@@ -110,7 +126,8 @@ def coverage(root: str | Path | None = None) -> dict:
     for k, cfg in CONFIGS.items():
         key = "/".join(k)
         shipped[key] = {"config": cfg.name,
-                        "covered_by": [n for n, p in pieces.items() if p["configs"].get(key) == cfg.name]}
+                        "covered_by": [n for n, p in pieces.items()
+                                       if p["recorded"] and p["configs"].get(key) == cfg.name]}
     return {"pieces": pieces, "shipped": shipped}
 
 
@@ -120,7 +137,10 @@ def format_coverage(cov: dict) -> str:
         passed = f"{p['passed']}/{p['cases']}" if "cases" in p else "-"
         if p.get("sanitizer_errors") is not None:
             passed += f", {p['sanitizer_errors']} sanitizer errors"
-        lines.append(f"| {name} | {p['commit']} | {passed} | {', '.join(f'{k}={v}' for k, v in p['configs'].items())} |")
+        ran = ", ".join(f"{k}={v}" for k, v in p["configs"].items())
+        if not p["recorded"]:
+            ran = f"not recorded (by shape, today's configs: {ran})"
+        lines.append(f"| {name} | {p['commit']} | {passed} | {ran} |")
     lines += ["", "| shipped config (H200) | name | run by |", "|---|---|---|"]
     for key, s in cov["shipped"].items():
         lines.append(f"| {key} | {s['config']} | {', '.join(s['covered_by']) or 'none'} |")

@@ -30,7 +30,7 @@ import torch
 from glm5lib.kernels import naive
 from glm5lib.kernels.indexer import indexer_logits
 from glm5lib.kernels.naive import cos_diff  # lives in naive (cheap to import); checks.cos_diff stays valid
-from glm5lib.kernels.mla import sparse_mla
+from glm5lib.kernels.mla import num_sms, pick_config, smem_class, sparse_mla
 from glm5lib.kernels.topk import topk_indices
 from glm5lib.model.spec import GLM5Config
 
@@ -65,6 +65,7 @@ class Result:
     cos_diff: float
     lse_abs: float
     notes: list[str] = field(default_factory=list)
+    config: str | None = None  # sparse-MLA cases: the `mla.CONFIGS` entry the dispatcher ran (evidence reads it)
 
 
 def make_indices(T: int, topk: int, n_kv: int, invalid: str, gen: torch.Generator, device) -> torch.Tensor:
@@ -156,7 +157,9 @@ def run_mla_case(case: MLACase, device: str = "cpu", dtype: torch.dtype = torch.
     if rel > rel_tol or cd > cos_tol or lse_abs > lse_tol:
         ok = False
         notes.append(f"tolerance (rel {rel_tol}, cos {cos_tol}, lse {lse_tol})")
-    return Result(case.name, ok, max_abs, rel, cd, lse_abs, notes)
+    dev = torch.device(device)
+    cfg = pick_config(T, H, case.topk, case.kv_format, smem_class(dev), num_sms(dev))
+    return Result(case.name, ok, max_abs, rel, cd, lse_abs, notes, cfg.name)
 
 
 def mla_cases(profile: str) -> list[MLACase]:
@@ -356,7 +359,7 @@ def format_table(results: list[Result]) -> str:
     lines = [f"{'case':64s} {'ok':3s} {'max_abs':>9s} {'rel':>9s} {'cos_diff':>9s} {'lse_abs':>9s}"]
     for r in results:
         lines.append(f"{r.name:64s} {'ok' if r.ok else 'BAD':3s} {r.max_abs:9.2e} {r.rel:9.2e} {r.cos_diff:9.2e} "
-                     f"{r.lse_abs:9.2e} {'; '.join(r.notes)}")
+                     f"{r.lse_abs:9.2e} {'; '.join(r.notes)}" + (f" config={r.config}" if r.config else ""))
     return "\n".join(lines)
 
 

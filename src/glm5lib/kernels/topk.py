@@ -142,10 +142,11 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, c
 # is its launches, and past 32K one program per row leaves the GPU idle.
 SELECT_CONFIG = (4096, 8, 8)
 # Rows longer than SELECT_MAX_N are split into chunks of SELECT_CHUNK keys, one program each, then merged by one
-# program per row over ceil(N / SELECT_CHUNK) * min(k, SELECT_CHUNK) candidates. A row's time is about one chunk's
-# select plus the merge's: 16K-key chunks give a 128K row 8 programs and a merge over 16K candidates at k 2048
-# (8K at 64K keys, 26K at GLM-5's 202752). The split path's H200 times are not measured yet
-# (scripts/bench_topk_long.py times it against one program per row and torch.topk).
+# program per row over ceil(N / SELECT_CHUNK) * min(k, SELECT_CHUNK) candidates (16K at 128K keys, 26K at GLM-5's
+# 202752). H200, CUDA-graph replay, top-k 2048 (scripts/bench_topk_long.py, outputs/bench/topk_long_h200.json):
+# 128K keys 460 -> 124 us at 1-4 rows and 462 -> 260 us at 64 rows against one program per row; 64K keys
+# 232 -> 97 us. torch.topk is faster still past 32K (62 / 150 us at 1 / 64 rows of 128K), so `topk_fast` takes it
+# there; the split select is for callers that need the stable tie order at any length.
 SELECT_MAX_N = 32768
 SELECT_CHUNK = 16384
 
@@ -235,10 +236,12 @@ def topk_indices(logits: torch.Tensor, k: int = 2048, *, ks: torch.Tensor | None
 
 def topk_fast(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor:
-    """The indexer's top-k on the GPU: `topk_select` at every row length (one program per row up to
-    `SELECT_MAX_N` keys, split rows beyond), so ties go to the earlier position everywhere. -1 padded; nothing
-    waits on the host."""
-    return topk_select(logits, k, lengths=lengths, out=out)
+    """The faster of the two on the H200 for this row length: `topk_select` up to `SELECT_MAX_N` columns (ties to
+    the earlier position), `topk_indices` beyond (torch.topk's tie order; faster there than the split select, see
+    the note at `SELECT_CHUNK`). Both -1 pad; neither waits on the host."""
+    if logits.shape[-1] <= SELECT_MAX_N:
+        return topk_select(logits, k, lengths=lengths, out=out)
+    return topk_indices(logits, k, out=out)
 
 
 __all__ = ["topk_indices", "topk_select", "topk_fast"]
