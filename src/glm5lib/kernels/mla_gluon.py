@@ -78,7 +78,8 @@ CONFIGS = [(32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, False), (64, 8, 2, F
 WS_CONFIGS = [c for c in CONFIGS if isinstance(c[3], str)]
 DEFAULT = (32, 4, 2, False)
 WS_PRODUCER_WARPS = 4
-WS_PRODUCER_REGS = 128  # setmaxnreg for the producer: its widest live set is a tile's words and their fp16 halves
+WS_PRODUCER_REGS = 128  # setmaxnreg for the producer (it compiles without spills down to 64; at one program per SM
+# by shared memory the consumer keeps 256 either way)
 
 
 def config_kwargs(cfg) -> dict:
