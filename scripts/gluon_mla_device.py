@@ -1,14 +1,15 @@
 """GPU check and timing of the Gluon sparse-MLA decode kernel (`glm5lib.kernels.mla_gluon`) against the Triton one.
 
-`PYTHONPATH=src python scripts/gluon_mla_device.py OUT.json [--quick]`
+`PYTHONPATH=src python scripts/gluon_mla_device.py OUT.json [--quick | --only-ws]`
 
 Cases (fp8_ds_mla cache of 32768 rows, top-k 2048 distinct random indices): B in {1, 32, 128} x H in {8, 16};
 plus invalid indices (-1, out of range, duplicates, a token with none valid) and top-k values that are not a
 multiple of BLOCK_N. Every Gluon config is checked against `naive.sparse_mla_ref` with `checks`' bf16 tolerances
 and against `mla.sparse_mla_launch`; then the regular cases are timed, Triton and every Gluon config in the same
 process with the same method (`triton.testing.do_bench_cudagraph`: CUDA-graph replay, no host time).
-A config that fails to compile or run is recorded with its error and the run goes on. `--quick`: only the two
-32-key, 2-buffer configs. GLUON_MLA_DEVICE=cpu runs the plumbing without a GPU when the kernels are replaced by
+A config that fails to compile or run is recorded with its error and the run goes on. `--quick`: only the
+32-key, 2-buffer configs; `--only-ws`: the warp-specialized configs, with the default Gluon config (and Triton, as
+always) for reference. GLUON_MLA_DEVICE=cpu runs the plumbing without a GPU when the kernels are replaced by
 stand-ins (Gluon itself needs a GPU).
 """
 
@@ -59,6 +60,13 @@ def make_case(B, H, topk, invalid, seed, dev):
     return q, cache, idx
 
 
+def splits_of(B, topk, cfg, dev, waves) -> int:
+    """The split count `sparse_mla_gluon` picks for a CONFIGS entry."""
+    kw = mla_gluon.config_kwargs(cfg)
+    depth = kw["depth"] if kw.get("ws") else 0
+    return mla_gluon.plan_splits(B, topk, cfg[0], dev, None, waves, cfg[2], kw["dsplit"], depth)[0]
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out_path = argv[0] if argv else "gluon_mla_device.json"
@@ -69,7 +77,12 @@ def main(argv=None) -> int:
             "torch": torch.__version__, "triton": triton.__version__,
             "have_gluon": mla_gluon.HAVE_GLUON, "num_sms": torch.cuda.get_device_properties(dev).multi_processor_count}
     print(json.dumps(info), flush=True)
-    cfgs = [c for c in mla_gluon.CONFIGS if c[:3] == (32, 4, 2)] if quick else mla_gluon.CONFIGS
+    if "--only-ws" in argv:
+        cfgs = [mla_gluon.DEFAULT] + mla_gluon.WS_CONFIGS
+    elif quick:
+        cfgs = [c for c in mla_gluon.CONFIGS if c[:3] == (32, 4, 2)]
+    else:
+        cfgs = mla_gluon.CONFIGS
     checks = [(B, H, TOPK, "none") for B in (1, 32, 128) for H in (8, 16)]
     checks += [(32, 8, TOPK, "mixed"), (8, 16, TOPK, "oob"), (4, 16, 2000, "neg"), (3, 8, 37, "none"),
                (5, 12, 1000, "none"), (2, 16, 96, "allinv")]
@@ -92,13 +105,12 @@ def main(argv=None) -> int:
                 r.update(ok=False, error="skipped: " + broken[name])
             else:
                 try:
-                    o, lse = mla_gluon.sparse_mla_gluon(q, cache, idx, SM_SCALE, block_n=cfg[0], num_warps=cfg[1],
-                                                        nbuf=cfg[2], dsplit=cfg[3])
+                    o, lse = mla_gluon.sparse_mla_gluon(q, cache, idx, SM_SCALE, **mla_gluon.config_kwargs(cfg))
                     torch.cuda.synchronize()
                     r.update(compare(o, lse, ro, rlse))
                     vt = compare(o, lse, to.float(), tlse)
                     r.update(rel_vs_triton=vt["rel"], lse_vs_triton=vt["lse_abs"])
-                    r["splits"] = mla_gluon.plan_splits(B, topk, cfg[0], dev, nbuf=cfg[2], dsplit=cfg[3])[0]
+                    r["splits"] = splits_of(B, topk, cfg, dev, None)
                 except Exception as exc:  # noqa: BLE001
                     msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                     r.update(ok=False, error=msg[-2000:])
@@ -117,18 +129,21 @@ def main(argv=None) -> int:
         cfg_t = mla.pick_config(B, H, TOPK, "fp8_ds_mla", mla.smem_class(dev), info["num_sms"])
         runs = [("triton", None, None)]  # (name, gluon config, waves)
         runs += [("gluon " + mla_gluon.config_name(c), c, None) for c in cfgs if mla_gluon.config_name(c) not in broken]
-        if B > 1:  # the split rule's waves, tried around the default of the two 32-key, 2-buffer configs
+        if B > 1:  # the split rule's waves, tried around each 32-key, 2-buffer config's own
             for c in cfgs:
                 if c[0] == 32 and c[2] == 2 and mla_gluon.config_name(c) not in broken:
-                    runs += [(f"gluon {mla_gluon.config_name(c)} waves{w}", c, w) for w in (1, 3, 4)]
+                    kw = mla_gluon.config_kwargs(c)
+                    own = mla_gluon.programs_per_sm(c[0], c[2], mla.smem_class(dev), kw["dsplit"],
+                                                    kw["depth"] if kw.get("ws") else 0)
+                    runs += [(f"gluon {mla_gluon.config_name(c)} waves{w}", c, w) for w in (1, 2, 3, 4) if w != own]
         for kname, c, wv in runs:
             if c is None:
                 fn = (lambda: mla.sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla"))
                 splits = mla.config_num_splits(B, H, TOPK, cfg_t, dev)
             else:
                 fn = (lambda c=c, wv=wv: mla_gluon.sparse_mla_gluon(
-                    q, cache, idx, SM_SCALE, block_n=c[0], num_warps=c[1], nbuf=c[2], dsplit=c[3], waves=wv))
-                splits = mla_gluon.plan_splits(B, TOPK, c[0], dev, None, wv, c[2], c[3])[0]
+                    q, cache, idx, SM_SCALE, waves=wv, **mla_gluon.config_kwargs(c)))
+                splits = splits_of(B, TOPK, c, dev, wv)
             r = {"B": B, "H": H, "kernel": kname, "splits": splits}
             try:
                 fn()

@@ -2,7 +2,7 @@
 so numerics are checked by `scripts/gluon_mla_device.py` on a GPU. Here every config is compiled ahead of time for
 sm_90 and sm_120 (in a subprocess with TRITON_INTERPRET=0: under the interpreter Triton's own helpers such as
 `gl.max` are interpreted functions the compiler refuses) and must spill nothing; the default config must fit
-sm_120's 99 KB per block, every config sm_90's 227 KB."""
+sm_120's 99 KB per block, every config (the warp-specialized ones included) sm_90's 227 KB."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def test_shared_memory_within_the_class_limit(stats):
     for r in stats:
         if r["arch"] == 90:
             assert r["fits"], f"{_key(r)}: {r['shared']} B > {r['limit']} B"
-        assert r["shared"] >= mla_gluon.smem_bytes_estimate(r["block_n"], r["nbuf"], r["dsplit"], scratch=False)
-    small = [r for r in stats if r["arch"] == 120 and r["block_n"] == 32 and r["nbuf"] == 2]
+        assert r["shared"] >= mla_gluon.smem_bytes_estimate(r["block_n"], r["nbuf"], r["dsplit"] is True,
+                                                            scratch=False, depth=r["depth"])
+    small = [r for r in stats if r["arch"] == 120 and r["block_n"] == 32 and r["nbuf"] == 2 and not r["depth"]]
     assert len(small) == 2 and all(r["fits"] for r in small), "the 32-key 2-buffer configs must fit sm_120's 99 KB"
 
 
@@ -69,3 +70,11 @@ def test_split_plan_matches_the_triton_rule():
         splits, kps = mla_gluon.plan_splits(T, 2048, 32, cpu)
         assert splits * kps >= 2048 and (splits - 1) * kps < 2048 and kps % 32 == 0
     assert mla_gluon.plan_splits(600, 2048, 32, cpu)[0] == 1
+
+
+def test_config_names_and_keywords():
+    names = [mla_gluon.config_name(c) for c in mla_gluon.CONFIGS]
+    assert len(set(names)) == len(names)
+    assert mla_gluon.WS_CONFIGS and all(mla_gluon.config_kwargs(c)["ws"] for c in mla_gluon.WS_CONFIGS)
+    assert mla_gluon.config_kwargs((32, 4, 2, "ws3"))["depth"] == 3
+    assert "ws" not in mla_gluon.config_kwargs(mla_gluon.DEFAULT)

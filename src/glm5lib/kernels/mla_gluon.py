@@ -18,13 +18,16 @@ tensor lives and when memory moves:
   into an fp16 shared tile that is B of both products: `K^T` as a transposed view for `S = q k^T`, `V` as is for
   `acc += P V` (`mma_v2`, ldmatrix from swizzled shared memory).
 
-Two kernels, differing in how the 4 warps share the work:
+Three kernels, differing in how the warps share the work:
 
 - `_sparse_mla_gluon_kernel` (key split): the mma tile `[16, N]` splits the keys across warps, as Triton does;
   every warp reads all of q from shared memory per tile, and the scaled P goes through shared memory once;
 - `_sparse_mla_gluon_dsplit_kernel` (chunk split, `dsplit=True`): warp c owns latent chunk c (columns
   128c..128c+127) for both products, as one batched mma over `[chunk, head, key]`; each warp reads a quarter of
-  q and of the tile, P reaches the second product by a register shuffle, and S is one cross-warp sum.
+  q and of the tile, P reaches the second product by a register shuffle, and S is one cross-warp sum;
+- `_sparse_mla_gluon_ws_kernel` (warp-specialized, `ws=True`): the key-split kernel with the gather and the
+  e4m3 -> fp16 conversion moved to a 4-warp producer partition that fills a ring of `depth` fp16 tiles, so that
+  they overlap the consumer's products and softmax (per-slot `ready` / `free` mbarriers between the partitions).
 
 Numerics are the Triton kernel's NOPE_F16 scheme: e4m3 -> fp16 is exact, the per-128-column fp32 scale goes on
 the `[16, N]` side (to S and to P), q's latent chunks are pre-scaled by 2^-8 and P by 2^8 so both stay inside
@@ -37,7 +40,8 @@ layout and are merged by `mla._merge_splits_kernel`; the split count is `mla.pic
 fp8 decode config's rule and as many waves as programs fit on an SM by shared memory.
 
 Shared memory per program: NBUF * BLOCK_N * 656 (ring) + BLOCK_N * 1024 (fp16 tile) + 18 KB (q) + 2 or 4 KB per
-32 keys (P tiles / S reduction); `tests/test_mla_gluon.py` checks it against the sm_90 / sm_120 limits. Gluon
+32 keys (P tiles / S reduction); the ws kernel holds `depth` fp16 tiles, each with its rope and scales, instead of
+one (one program per SM on sm_90; it does not fit sm_120); `tests/test_mla_gluon.py` checks it against the sm_90 / sm_120 limits. Gluon
 does not run in Triton's interpreter: the numeric checks are `scripts/gluon_mla_device.py`, on a GPU.
 """
 
@@ -56,7 +60,7 @@ try:  # Triton builds without Gluon (or without its NVIDIA parts) leave the modu
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import mbarrier, mma_v2
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
@@ -64,22 +68,44 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 BLOCK_H = 16  # mma_v2's M: all heads of a token, padded
 LOG2E = 1.4426950408889634
 
-# (block_n, num_warps, nbuf, dsplit) the device script times (dsplit: the chunk-split kernel, 4 warps); DEFAULT is
-# what `sparse_mla_gluon` takes unless told. All compile without spills; sm_120 (99 KB) takes only block_n 32, nbuf 2.
+# (block_n, num_warps, nbuf, variant) the device script times; variant: False the key-split kernel, True the
+# chunk-split one (4 warps), "ws" / "ws<depth>" the warp-specialized one (num_warps: its consumer; fp16 ring depth
+# 2 unless given). DEFAULT is what `sparse_mla_gluon` takes unless told. All compile without spills; sm_120 (99 KB)
+# takes only block_n 32, nbuf 2 of the first two kernels.
 CONFIGS = [(32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, False), (64, 8, 2, False), (64, 4, 3, False),
-           (64, 8, 3, False), (32, 4, 2, True), (32, 4, 3, True)]
+           (64, 8, 3, False), (32, 4, 2, True), (32, 4, 3, True), (32, 4, 2, "ws"), (32, 4, 3, "ws"),
+           (32, 4, 2, "ws3")]
+WS_CONFIGS = [c for c in CONFIGS if isinstance(c[3], str)]
 DEFAULT = (32, 4, 2, False)
+WS_PRODUCER_WARPS = 4
+WS_PRODUCER_REGS = 128  # setmaxnreg for the producer (it compiles without spills down to 64; at one program per SM
+# by shared memory the consumer keeps 256 either way)
+
+
+def config_kwargs(cfg) -> dict:
+    """`sparse_mla_gluon` keywords of a CONFIGS entry."""
+    bn, nw, nb, v = cfg
+    kw = {"block_n": bn, "num_warps": nw, "nbuf": nb, "dsplit": v is True}
+    if isinstance(v, str):
+        kw.update(ws=True, depth=int(v[2:] or 2))
+    return kw
 
 
 def config_name(cfg) -> str:
-    bn, nw, nb, ds = cfg
-    return f"{'D' if ds else 'N'}-BN{bn}-w{nw}-nbuf{nb}"
+    bn, nw, nb, v = cfg
+    if isinstance(v, str):
+        return f"W{v[2:] or 2}-BN{bn}-w{nw}-nbuf{nb}"
+    return f"{'D' if v else 'N'}-BN{bn}-w{nw}-nbuf{nb}"
 
 
-def smem_bytes_estimate(block_n: int, nbuf: int, dsplit: bool = False, scratch: bool = True) -> int:
+def smem_bytes_estimate(block_n: int, nbuf: int, dsplit: bool = False, scratch: bool = True, depth: int = 0) -> int:
     """Shared memory of one program: the gather ring, the fp16 tile, q, and the P tiles (key-split kernel); with
-    `scratch`, also the chunk-split kernel's cross-warp S reduction buffer as Triton 3.6 allocates it."""
+    `scratch`, also the chunk-split kernel's cross-warp S reduction buffer as Triton 3.6 allocates it. depth > 0:
+    the warp-specialized kernel, whose fp16 ring holds `depth` tiles with their rope and scales (+ mbarriers)."""
     ring = nbuf * block_n * (4 * 128 + 2 * D_ROPE + 4 * 4)
+    if depth:
+        return ring + depth * block_n * (2 * D_NOPE + 2 * D_ROPE + 4 * 4) + 4 * BLOCK_H * block_n * 2 \
+            + BLOCK_H * 2 * D_QK + 16 * depth
     extra = 0 if dsplit else 4 * BLOCK_H * block_n * 2
     if dsplit and scratch:
         extra += 4 * BLOCK_H * block_n * 4
@@ -492,35 +518,266 @@ if HAVE_GLUON:
         f_off = (gl.where(v, idx_s, 0).to(gl.int64) * stride_kv + 512) // 4
         _async_copy(sc_buf, KVF + f_off[None, :] + offs_c4s[:, None], mask=v[None, :])
 
+
+    @gluon.jit
+    def _ws_producer(KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, lat_s, rope_s, sc0, sc1, sc2, sc3,
+                     k16_w, rope16, t0, t1, t2, t3, ready, free, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
+                     DEPTH: gl.constexpr):
+        """Worker partition of `_sparse_mla_gluon_ws_kernel`: gathers into the fp8 ring (as the key-split kernel),
+        converts tile i into fp16 ring slot i % DEPTH once the consumer has freed it, copies rope and scales
+        alongside (the fp8 slot is refilled before the consumer is done), and signals `ready`."""
+        CH: gl.constexpr = 128
+        PW: gl.constexpr = gl.num_warps()  # this partition's warps
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [PW, 1], [1, 0])
+        LR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
+        LS: gl.constexpr = gl.BlockedLayout([1], [32], [PW], [0])
+        KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
+        KVH = KV.to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True)
+
+        for j in gl.static_range(NBUF - 1):
+            s0 = k_start + j * BLOCK_N
+            _issue_gather(KVW, KVH, KVF, _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW)),
+                          _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR)),
+                          _tile_idx(idx_row, s0, k_end, BLOCK_N, LS),
+                          N_ROWS, stride_kv, lat_s, rope_s, sc0, sc1, sc2, sc3, j, LW, LR)
+            cp.commit_group()
+        for i in range(n_tiles):
+            # gather tile i + NBUF - 1 into the slot of tile i - 1 (its reads ended before last iteration's
+            # second barrier); past the split the indices read -1: masked, nothing is loaded
+            s0 = k_start + (i + NBUF - 1) * BLOCK_N
+            _issue_gather(KVW, KVH, KVF, _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW)),
+                          _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR)),
+                          _tile_idx(idx_row, s0, k_end, BLOCK_N, LS),
+                          N_ROWS, stride_kv, lat_s, rope_s, sc0, sc1, sc2, sc3, (i + NBUF - 1) % NBUF, LW, LR)
+            cp.commit_group()
+            cp.wait_group(NBUF - 1)
+            _barrier()  # tile i landed for every producer thread's copies
+            slot = i % NBUF
+            w = lat_s.index(slot).load(LW)
+            r = rope_s.index(slot).load(LR)
+            c0 = sc0.index(slot).load(LS)
+            c1 = sc1.index(slot).load(LS)
+            c2 = sc2.index(slot).load(LS)
+            c3 = sc3.index(slot).load(LS)
+            ks = i % DEPTH
+            # slot ks was last used by tile i - DEPTH; the first DEPTH waits pass at once (parity 1 = the phase
+            # before the barrier's first)
+            mbarrier.wait(free.index(ks), ((i // DEPTH) & 1) ^ 1)
+            k16_w.index(ks).store(_e4m3_words_f16(w))
+            rope16.index(ks).store(r)
+            t0.index(ks).store(c0)
+            t1.index(ks).store(c1)
+            t2.index(ks).store(c2)
+            t3.index(ks).store(c3)
+            _barrier()  # every producer thread's stores are done (arrive is one thread's) and slot reads ended
+            mbarrier.arrive(ready.index(ks))
+        cp.wait_group(0)
+
+    @gluon.jit
+    def _ws_consumer(Q, IDX, O, LSE, PART, stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, H, N_ROWS, qk_scale,
+                     t, sp, idx_row, k_start, k_end, n_tiles, q_s, qr_s, p0, p1, p2, p3, k16_w, rope16, t0, t1,
+                     t2, t3, ready, free, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, DEPTH: gl.constexpr):
+        """Default partition of `_sparse_mla_gluon_ws_kernel`: stages q, then per tile waits `ready`, runs the
+        key-split kernel's two products and online softmax on fp16 ring slot i % DEPTH, frees the slot, and
+        writes the outputs / split partials as that kernel does."""
+        BH: gl.constexpr = 16
+        CH: gl.constexpr = 128
+        DN: gl.constexpr = 512
+        DR: gl.constexpr = 64
+        NW: gl.constexpr = gl.num_warps()
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW],
+                                                      instr_shape=[16, 8])
+        DA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        DB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        ROW: gl.constexpr = gl.SliceLayout(1, MMA)
+        COL: gl.constexpr = gl.SliceLayout(0, MMA)
+        LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        SW: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        k16r = _as_f16(k16_w, [DEPTH, BLOCK_N, DN], SW)  # the same bytes: SW64 is SW in 8-byte units
+
+        offs_qh = gl.arange(0, BH, layout=gl.SliceLayout(1, LQ))
+        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
+        qm = (offs_qh < H)[:, None]
+        offs_q = gl.arange(0, DN, layout=gl.SliceLayout(0, LQ))
+        qn = gl.load(q_row + offs_q[None, :], mask=qm, other=0.0)
+        q_s.store((qn.to(gl.float32) * (1.0 / 256.0)).to(gl.float16))
+        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LQ))
+        qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        _barrier()  # q staged for every consumer warp
+
+        m_i = gl.full([BH], float("-inf"), gl.float32, ROW)
+        l_i = gl.full([BH], 0.0, gl.float32, ROW)
+        acc0 = gl.full([BH, CH], 0.0, gl.float32, MMA)
+        acc1 = gl.full([BH, CH], 0.0, gl.float32, MMA)
+        acc2 = gl.full([BH, CH], 0.0, gl.float32, MMA)
+        acc3 = gl.full([BH, CH], 0.0, gl.float32, MMA)
+        zero_s = gl.full([BH, BLOCK_N], 0.0, gl.float32, MMA)
+
+        for i in range(n_tiles):
+            cur = _tile_idx(idx_row, k_start + i * BLOCK_N, k_end, BLOCK_N, COL)
+            valid = (cur >= 0) & (cur < N_ROWS)
+            ks = i % DEPTH
+            mbarrier.wait(ready.index(ks), (i // DEPTH) & 1)
+            k16 = k16r.index(ks)
+            kr = rope16.index(ks).permute([1, 0]).load(DB)  # [64, N] bf16
+            s_0 = t0.index(ks).load(COL)
+            s_1 = t1.index(ks).load(COL)
+            s_2 = t2.index(ks).load(COL)
+            s_3 = t3.index(ks).load(COL)
+
+            s = mma_v2(q_s.slice(0 * CH, CH, 1).load(DA), k16.slice(0 * CH, CH, 1).permute([1, 0]).load(DB),
+                       zero_s) * s_0[None, :]
+            s += mma_v2(q_s.slice(1 * CH, CH, 1).load(DA), k16.slice(1 * CH, CH, 1).permute([1, 0]).load(DB),
+                        zero_s) * s_1[None, :]
+            s += mma_v2(q_s.slice(2 * CH, CH, 1).load(DA), k16.slice(2 * CH, CH, 1).permute([1, 0]).load(DB),
+                        zero_s) * s_2[None, :]
+            s += mma_v2(q_s.slice(3 * CH, CH, 1).load(DA), k16.slice(3 * CH, CH, 1).permute([1, 0]).load(DB),
+                        zero_s) * s_3[None, :]
+            s = mma_v2(qr_s.load(DA), kr, s * 256.0)
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
+
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            p = p * 256.0
+            p0.store((p * s_0[None, :]).to(gl.float16))
+            p1.store((p * s_1[None, :]).to(gl.float16))
+            p2.store((p * s_2[None, :]).to(gl.float16))
+            p3.store((p * s_3[None, :]).to(gl.float16))
+            _barrier()  # P visible to every consumer warp
+            a2 = alpha[:, None]
+            acc0 = mma_v2(p0.load(DA), k16.slice(0 * CH, CH, 1).load(DB), acc0 * a2)
+            acc1 = mma_v2(p1.load(DA), k16.slice(1 * CH, CH, 1).load(DB), acc1 * a2)
+            acc2 = mma_v2(p2.load(DA), k16.slice(2 * CH, CH, 1).load(DB), acc2 * a2)
+            acc3 = mma_v2(p3.load(DA), k16.slice(3 * CH, CH, 1).load(DB), acc3 * a2)
+            # every consumer warp is done with slot ks and with P (arrive is one thread's; P is rewritten next)
+            _barrier()
+            mbarrier.arrive(free.index(ks))
+
+        has_key = l_i > 0
+        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * (1.0 / 256.0)
+        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+        offs_h = gl.arange(0, BH, layout=ROW)
+        h_mask = offs_h < H
+        offs_c = gl.arange(0, CH, layout=COL)
+        il = inv_l[:, None]
+        if not SPLIT:
+            o_ty: gl.constexpr = O.dtype.element_ty
+            o_row = O + t.to(gl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
+            gl.store(o_row + 0 * CH, (acc0 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + 1 * CH, (acc1 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + 2 * CH, (acc2 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + 3 * CH, (acc3 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
+        else:
+            n_t = gl.num_programs(0)
+            n_sp = gl.num_programs(1)
+            rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
+            o_part = PART + rows[:, None] * DN + offs_c[None, :]
+            gl.store(o_part + 0 * CH, acc0 * il, mask=h_mask[:, None])
+            gl.store(o_part + 1 * CH, acc1 * il, mask=h_mask[:, None])
+            gl.store(o_part + 2 * CH, acc2 * il, mask=h_mask[:, None])
+            gl.store(o_part + 3 * CH, acc3 * il, mask=h_mask[:, None])
+            gl.store(PART + n_sp.to(gl.int64) * n_t * H * DN + rows, lse2, mask=h_mask)
+
+    @gluon.jit
+    def _sparse_mla_gluon_ws_kernel(
+        Q, KV, IDX, O, LSE, PART,
+        stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
+        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+        SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr, DEPTH: gl.constexpr,
+        PRODUCER_WARPS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+    ):
+        """The key-split kernel, warp-specialized (`ws=True`): a producer partition of PRODUCER_WARPS warps
+        gathers and converts tiles into a DEPTH-slot fp16 ring, the default partition (num_warps warps) runs the
+        products and the softmax, so that gather / conversion and mma overlap within a program. Per slot,
+        mbarrier `ready` (producer -> consumer) and `free` (consumer -> producer), count 1 each: the k-th use of
+        slot s is tile k * DEPTH + s and waits for parity k & 1 (`free` for k & 1 ^ 1: its first wait passes)."""
+        BH: gl.constexpr = 16
+        CH: gl.constexpr = 128
+        DN: gl.constexpr = 512
+        DR: gl.constexpr = 64
+        t = gl.program_id(0)
+        sp = gl.program_id(1)
+
+        SW: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        SW64: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[1, 0])  # SW in int64
+        FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        lat_s = gl.allocate_shared_memory(gl.int32, [NBUF, BLOCK_N, CH], FLAT)
+        rope_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BLOCK_N, DR], SW)
+        sc0 = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N], FLAT1)
+        sc1 = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N], FLAT1)
+        sc2 = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N], FLAT1)
+        sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N], FLAT1)
+        k16_w = gl.allocate_shared_memory(gl.int64, [DEPTH, BLOCK_N, CH], SW64)
+        rope16 = gl.allocate_shared_memory(gl.bfloat16, [DEPTH, BLOCK_N, DR], SW)
+        t0 = gl.allocate_shared_memory(gl.float32, [DEPTH, BLOCK_N], FLAT1)  # scales of chunk c: t<c>
+        t1 = gl.allocate_shared_memory(gl.float32, [DEPTH, BLOCK_N], FLAT1)
+        t2 = gl.allocate_shared_memory(gl.float32, [DEPTH, BLOCK_N], FLAT1)
+        t3 = gl.allocate_shared_memory(gl.float32, [DEPTH, BLOCK_N], FLAT1)
+        p0 = gl.allocate_shared_memory(gl.float16, [BH, BLOCK_N], SW)
+        p1 = gl.allocate_shared_memory(gl.float16, [BH, BLOCK_N], SW)
+        p2 = gl.allocate_shared_memory(gl.float16, [BH, BLOCK_N], SW)
+        p3 = gl.allocate_shared_memory(gl.float16, [BH, BLOCK_N], SW)
+        q_s = gl.allocate_shared_memory(gl.float16, [BH, DN], SW)
+        qr_s = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], SW)
+        ready = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [DEPTH, 1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(DEPTH):
+            mbarrier.init(ready.index(j), count=1)
+            mbarrier.init(free.index(j), count=1)
+        _barrier()  # initialised before either partition uses them
+
+        k_start = sp * KEYS_PER_SPLIT
+        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+        n_tiles = gl.cdiv(k_end - k_start, BLOCK_N)
+        idx_row = IDX + t.to(gl.int64) * stride_it
+        gl.warp_specialize([
+            (_ws_consumer, (Q, IDX, O, LSE, PART, stride_qt, stride_qh, stride_ot, stride_oh, stride_lt, H, N_ROWS,
+                            qk_scale, t, sp, idx_row, k_start, k_end, n_tiles, q_s, qr_s, p0, p1, p2, p3, k16_w,
+                            rope16, t0, t1, t2, t3, ready, free, SPLIT, BLOCK_N, DEPTH)),
+            (_ws_producer, (KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, lat_s, rope_s, sc0, sc1, sc2,
+                            sc3, k16_w, rope16, t0, t1, t2, t3, ready, free, BLOCK_N, NBUF, DEPTH)),
+        ], [PRODUCER_WARPS], [PRODUCER_REGS])
+
+
 SMEM_PER_SM = {"big": 228 * 1024, "small": 100 * 1024}  # sm_90 / sm_120 class, per SM (1 KB of it per block reserved)
 
 
-def programs_per_sm(block_n: int, nbuf: int, smem: str = "big", dsplit: bool = False) -> int:
-    """Programs that fit on one SM by shared memory (at most 2: the split rule's `waves`)."""
-    need = smem_bytes_estimate(block_n, nbuf, dsplit) + 2048  # + conversion scratch and the per-block reserve
+def programs_per_sm(block_n: int, nbuf: int, smem: str = "big", dsplit: bool = False, depth: int = 0) -> int:
+    """Programs that fit on one SM by shared memory (at most 2: the split rule's `waves`); depth: `ws` kernel."""
+    need = smem_bytes_estimate(block_n, nbuf, dsplit, depth=depth) + 2048  # + conversion scratch and the per-block reserve
     return max(1, min(2, SMEM_PER_SM[smem] // need))
 
 
 def plan_splits(T: int, topk: int, block_n: int, device: torch.device, num_splits: int | None = None,
-                waves: int | None = None, nbuf: int = DEFAULT[2], dsplit: bool = False) -> tuple[int, int]:
+                waves: int | None = None, nbuf: int = DEFAULT[2], dsplit: bool = False,
+                depth: int = 0) -> tuple[int, int]:
     """(split count, keys per split): `mla.pick_num_splits` with the shipped fp8 decode config's fit rule and, as
     waves, the programs per SM this config's shared memory allows (unless given), rounded like `mla._plan` (every
-    split non-empty)."""
+    split non-empty). depth > 0: the warp-specialized kernel with that fp16 ring depth."""
     smem = mla.smem_class(device)
     cfg = mla.CONFIGS[("small", "fp8_ds_mla", smem)]
     if num_splits is None:
-        waves = waves or programs_per_sm(block_n, nbuf, smem, dsplit)
+        waves = waves or programs_per_sm(block_n, nbuf, smem, dsplit, depth)
         num_splits = mla.pick_num_splits(T, 1, topk, block_n, num_sms(device), waves, cfg.fit)
     keys_per_split = -(-(-(-max(topk, 1) // num_splits)) // block_n) * block_n
     return max(1, -(-topk // keys_per_split)), keys_per_split
 
 
 def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n=DEFAULT[0],
-                     num_warps=DEFAULT[1], nbuf=DEFAULT[2], dsplit=DEFAULT[3], waves=None, out=None, probe=0):
+                     num_warps=DEFAULT[1], nbuf=DEFAULT[2], dsplit=DEFAULT[3], waves=None, out=None, ws=False,
+                     depth=2, probe=0):
     """Sparse MLA forward over an fp8_ds_mla cache for H <= 16 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf
     for a token without a valid key. dsplit: the chunk-split kernel (warps over the 4 latent chunks; num_warps is
-    4 whatever is asked). probe: a stage-timing build of the key-split kernel (`PROBE` in its docstring)."""
+    4 whatever is asked). ws: the warp-specialized kernel (num_warps consumer warps, 4 producer warps, an fp16
+    ring of `depth` tiles). probe: a stage-timing build of the key-split kernel (`PROBE` in its docstring)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -545,15 +802,21 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if T == 0:
         return out, lse
-    splits, keys_per_split = plan_splits(T, topk, block_n, dev, num_splits, waves, nbuf, dsplit)
+    if ws and dsplit:
+        raise ValueError("ws and dsplit are different kernels")
+    splits, keys_per_split = plan_splits(T, topk, block_n, dev, num_splits, waves, nbuf, dsplit, depth if ws else 0)
     part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
-    kernel = _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
-    kernel[(T, splits)](
-        q, kv_cache, indices, out, lse, part,
-        q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
-        H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
-        SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, num_warps=4 if dsplit else num_warps,
-        **({"PROBE": probe} if probe else {}))  # probe: a stage-timing build (key-split kernel only)
+    args = (q, kv_cache, indices, out, lse, part,
+            q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
+            H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E)
+    if ws:
+        _sparse_mla_gluon_ws_kernel[(T, splits)](
+            *args, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, DEPTH=depth, PRODUCER_WARPS=WS_PRODUCER_WARPS,
+            PRODUCER_REGS=WS_PRODUCER_REGS, num_warps=num_warps)
+    else:
+        kernel = _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
+        kernel[(T, splits)](*args, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, num_warps=4 if dsplit else num_warps,
+                            **({"PROBE": probe} if probe else {}))  # a stage-timing build (key-split kernel only)
     if splits > 1:
         sp, bh, bd = mla.merge_tile(splits, H)
         mla._merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
@@ -566,14 +829,17 @@ SMEM_LIMIT = {90: 227 * 1024, 120: 99 * 1024}  # per block, opt-in maximum (as c
 
 
 def aot_compile(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1], nbuf: int = DEFAULT[2],
-                dsplit: bool = DEFAULT[3], split: bool = True):
-    """Compile the kernel (dsplit: the chunk-split one) for `sm_<arch>` without a GPU (`triton.compile` on a
-    `GluonASTSource`)."""
+                dsplit=DEFAULT[3], split: bool = True):
+    """Compile the kernel (dsplit: the chunk-split one; "ws" / "ws<depth>": the warp-specialized one, as in a
+    CONFIGS entry) for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
+    ws = isinstance(dsplit, str)
+    fn = _sparse_mla_gluon_ws_kernel if ws else _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
     consts = {"SPLIT": split, "BLOCK_N": block_n, "NBUF": nbuf}
+    if ws:
+        consts.update(DEPTH=int(dsplit[2:] or 2), PRODUCER_WARPS=WS_PRODUCER_WARPS, PRODUCER_REGS=WS_PRODUCER_REGS)
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -582,11 +848,11 @@ def aot_compile(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1
            "stride_oh")  # what the launcher specialises for GLM-5 shapes (all multiples of 16)
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
     return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": 4 if dsplit else num_warps})
+                          options={"num_warps": 4 if dsplit is True else num_warps})
 
 
 def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1], nbuf: int = DEFAULT[2],
-                  dsplit: bool = DEFAULT[3], split: bool = True) -> dict:
+                  dsplit=DEFAULT[3], split: bool = True) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, and registers / stack / local memory per thread from
     `cuobjdump -res-usage` when the Triton install ships it (None otherwise)."""
     import os
@@ -597,7 +863,8 @@ def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT
     k = aot_compile(arch, block_n, num_warps, nbuf, dsplit, split)
     row = {"config": config_name((block_n, num_warps, nbuf, dsplit)), "arch": arch, "block_n": block_n,
            "num_warps": num_warps, "nbuf": nbuf, "split": split, "dsplit": dsplit,
-           "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch], "regs": None, "stack": None, "local": None}
+           "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch], "regs": None, "stack": None, "local": None,
+           "depth": int(dsplit[2:] or 2) if isinstance(dsplit, str) else 0}
     row["fits"] = row["shared"] <= row["limit"]
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if os.path.exists(tool):
@@ -613,7 +880,7 @@ def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT
     return row
 
 
-__all__ = ["sparse_mla_gluon", "CONFIGS", "DEFAULT", "config_name", "HAVE_GLUON", "plan_splits", "smem_bytes_estimate",
+__all__ = ["sparse_mla_gluon", "CONFIGS", "WS_CONFIGS", "DEFAULT", "config_name", "config_kwargs", "HAVE_GLUON", "plan_splits", "smem_bytes_estimate",
            "aot_compile", "compile_stats", "SMEM_LIMIT"]
 
 
