@@ -2,7 +2,7 @@
 
 `PYTHONPATH=src python scripts/gluon_mla_probe.py OUT.json`: fp8_ds_mla decode, ctx 32K, top-k 2048, H 8 and 16,
 B 32 and 128. For each Gluon config it times the kernel built to stop after each stage (1: gathers only, 2: + the
-e4m3 -> fp16 tile, 3: + S = q k^T and the softmax statistics, 0: the whole kernel) with the same grid and splits,
+e4m3 -> fp16 tile, 4: + S = q k^T, 3: + the softmax statistics, 0: the whole kernel) with the same grid and splits,
 plus the Triton kernel; inputs and timing (CUDA-graph replay over rotated index sets, so the gathered rows do not
 stay in L2) are `glm5lib.bench.kernels`'. A stage's time includes everything before it, so the differences are
 what each stage adds on this structure; the floor is the gathered bytes at the measured copy bandwidth.
@@ -23,7 +23,7 @@ from glm5lib.kernels.mla import sparse_mla_kv_bytes
 
 CTX = 32768
 CONFIGS = [(32, 4, 2), (64, 8, 2)]  # (block_n, num_warps, nbuf) of the key-split kernel
-STAGES = {1: "gather", 2: "gather+convert", 3: "+QK+softmax", 0: "kernel"}
+STAGES = {1: "gather", 2: "gather+convert", 4: "+QK", 3: "+QK+softmax", 0: "kernel"}
 
 
 def main(argv=None) -> int:

@@ -175,8 +175,9 @@ if HAVE_GLUON:
     ):
         """One program: token t, split sp of its top-k list, all heads (see the module docstring).
 
-        PROBE (stage timing, `probe_stages`): 1 runs only the gathers (cp.async, wait, barrier), 2 adds the
-        e4m3 -> fp16 tile, 3 adds S = q k^T and the softmax statistics; 0 is the kernel."""
+        PROBE (stage timing, scripts/gluon_mla_probe.py): 1 runs only the gathers (cp.async, wait, barrier), 2 adds
+        the e4m3 -> fp16 tile, 4 adds S = q k^T (summed elementwise, no softmax), 3 S and the softmax statistics
+        (cross-warp max and sum); 0 is the kernel."""
         BH: gl.constexpr = 16
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
@@ -254,6 +255,8 @@ if HAVE_GLUON:
         acc2 = gl.full([BH, CH], 0.0, gl.float32, MMA)
         acc3 = gl.full([BH, CH], 0.0, gl.float32, MMA)
         zero_s = gl.full([BH, BLOCK_N], 0.0, gl.float32, MMA)
+        if PROBE == 4:
+            s_sink = zero_s
         offs_col = gl.arange(0, BLOCK_N, layout=COL)
 
         for i in range(n_tiles):
@@ -298,14 +301,16 @@ if HAVE_GLUON:
                                 zero_s) * s_3[None, :]
                     s = mma_v2(qr_s.load(DA), kr, s * 256.0)
                     s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
-
-                    m_new = gl.maximum(m_i, gl.max(s, axis=1))
-                    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
-                    alpha = gl.exp2(m_i - m_use)
-                    p = gl.exp2(s - m_use[:, None])
-                    l_i = l_i * alpha + gl.sum(p, axis=1)
-                    m_i = m_new
-                    if PROBE != 3:
+                    if PROBE == 4:  # S only: kept elementwise, reduced once after the loop
+                        s_sink = s_sink + gl.where(valid[None, :], s, 0.0)
+                    else:
+                        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+                        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
+                        alpha = gl.exp2(m_i - m_use)
+                        p = gl.exp2(s - m_use[:, None])
+                        l_i = l_i * alpha + gl.sum(p, axis=1)
+                        m_i = m_new
+                    if PROBE != 3 and PROBE != 4:
                         p = p * 256.0
                         # P scaled per chunk goes to shared memory once (one barrier instead of one layout conversion each)
                         p0.store((p * s_0[None, :]).to(gl.float16))
@@ -319,6 +324,8 @@ if HAVE_GLUON:
                         acc2 = mma_v2(p2.load(DA), k16.slice(2 * CH, CH, 1).load(DB), acc2 * a2)
                         acc3 = mma_v2(p3.load(DA), k16.slice(3 * CH, CH, 1).load(DB), acc3 * a2)
         cp.wait_group(0)
+        if PROBE == 4:
+            l_i = l_i + gl.sum(s_sink, axis=1)
 
         has_key = l_i > 0
         inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * (1.0 / 256.0)
