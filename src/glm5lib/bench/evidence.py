@@ -1,11 +1,9 @@
 """Which sparse-MLA configs each committed piece of H200 evidence exercised, against the configs shipped now.
 
-The H200 files name cases, not configs, and they were produced at different commits: the v5 decode verification
-at febd9ab; the full case matrix and the vLLM call-path harness at 836d561 (the kernels shipped now for sm_90: the
-later commits changed only the sm_89/sm_120 configs); the same matrix with the sm_89/sm_120 ("small"
-shared-memory class) configs forced on the H200 and the benchmark at ca27b2b (the benchmark and the harness record
-their commit in the JSON); compute-sanitizer with both classes at a99ee40 (the same kernels, prefill-sized cases
-added). The configs of a commit are its `CONFIGS`
+The H200 files were produced at different commits: the v5 decode verification at febd9ab; the full case matrix,
+the same matrix with the sm_89/sm_120 ("small" shared-memory class) configs forced on the H200, compute-sanitizer
+with both classes and the benchmark at 4bea5da (the benchmark records its commit in the JSON); the vLLM call-path
+harness at 836d561. The configs of a commit are its `CONFIGS`
 (`git show REV:src/glm5lib/kernels/mla.py`); a case's config follows from its shape by `config_key` on the H200
 (132 SMs) in the class the run used ("big" unless forced).
 
@@ -37,9 +35,9 @@ SANITIZER_SMALL = "outputs/bench/sanitizer_h200_small.log"
 VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
 HARNESS = "outputs/bench/vllm_harness_h200.json"
-RUN_COMMIT = "836d561"  # matrix and sanitizer: the kernels shipped now
-SMALL_COMMIT = "ca27b2b"  # the matrix with the sm_89/sm_120 configs forced
-SANITIZER_COMMIT = "a99ee40"  # compute-sanitizer, both classes
+RUN_COMMIT = "4bea5da"  # the case matrix, both classes (each case records its config)
+SMALL_COMMIT = "4bea5da"  # the matrix with the sm_89/sm_120 configs forced
+SANITIZER_COMMIT = "4bea5da"  # compute-sanitizer, both classes
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
