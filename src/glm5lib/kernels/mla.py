@@ -65,8 +65,8 @@ CONFIGS = {
     ("small", "bf16", "big"): MLAConfig(16, 32, 4, 3, idx_ahead=True, fit=True),
     ("small", "fp8_ds_mla", "big"): MLAConfig(16, 32, 4, 2, prefetch=2, nope_f16=True, idx_ahead=True, fit=True),
     ("prefill-small", "bf16", "big"): MLAConfig(16, 64, 4, 2),
-    # fp8 prefill H <= 16 (NOTES.md v8b, outputs/bench/sweeps/prefill_fp8_sweep_h200.json): 64-row tiles on 8 warps
-    # with the index read-ahead, s_q 4096 4.35 -> 4.05 ms at H8 (the int32-word tile: 4.17 ms)
+    # fp8 prefill H <= 16 (NOTES.md v8d, outputs/bench/sweeps/prefill_fp8_sweep_h200.json): 64-row tiles on 8 warps
+    # with the index read-ahead, s_q 4096 4.35 -> 4.05 ms at H8 (the int32-word tile: 4.17-4.27 ms)
     ("prefill-small", "fp8_ds_mla", "big"): MLAConfig(16, 64, 8, 2, prefetch=True, nope_f16=True, idx_ahead=True),
     ("large", "bf16", "big"): MLAConfig(64, 64, 8, 2),
     ("large", "fp8_ds_mla", "big"): MLAConfig(64, 64, 8, 2, dequant=True),
