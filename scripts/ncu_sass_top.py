@@ -1,0 +1,49 @@
+"""Top SASS instructions by sampled warp stalls from `ncu -i REPORT --page source --print-source sass --csv`.
+
+`python scripts/ncu_sass_top.py SASS.csv [N]`: prints the N instructions with the most stall samples (all
+samples), their share, and the stall samples summed per opcode; what Nsight Compute's source page shows,
+as text for a log.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+from collections import Counter
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    n = int(argv[1]) if len(argv) > 1 else 40
+    with open(argv[0], newline="") as f:
+        lines = [ln for ln in f if ln.strip() and not ln.startswith("==")]
+    rows = list(csv.DictReader(lines))
+    if not rows:
+        print("no rows")
+        return 1
+    cols = list(rows[0])
+    src = next(c for c in cols if c.strip().lower() == "source")
+    samp = next(c for c in cols if "Warp Stall Sampling (All" in c)
+    addr = next((c for c in cols if c.strip().lower() == "address"), None)
+
+    def num(v):
+        try:
+            return float(str(v).replace(",", ""))
+        except ValueError:
+            return 0.0
+
+    total = sum(num(r[samp]) for r in rows) or 1.0
+    print(f"{len(rows)} instructions, {total:.0f} stall samples; columns: {cols}")
+    for r in sorted(rows, key=lambda r: -num(r[samp]))[:n]:
+        print(f"{num(r[samp]) / total * 100:5.1f} %  {r.get(addr, '') if addr else ''}  {r[src].strip()[:110]}")
+    per_op = Counter()
+    for r in rows:
+        op = re.sub(r"^@!?U?P\w+\s+", "", r[src].strip()).split(" ")[0].split(".")[0]
+        per_op[op] += num(r[samp])
+    print("per opcode:", ", ".join(f"{op} {v / total * 100:.1f} %" for op, v in per_op.most_common(15)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
