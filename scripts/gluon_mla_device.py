@@ -1,6 +1,6 @@
 """GPU check and timing of the Gluon sparse-MLA decode kernel (`glm5lib.kernels.mla_gluon`) against the Triton one.
 
-`PYTHONPATH=src python scripts/gluon_mla_device.py OUT.json [--quick | --only-ws]`
+`PYTHONPATH=src python scripts/gluon_mla_device.py OUT.json [--quick | --only-ws | --only-nbuf1]`
 
 Cases (fp8_ds_mla cache of 32768 rows, top-k 2048 distinct random indices): B in {1, 32, 128} x H in {8, 16};
 plus invalid indices (-1, out of range, duplicates, a token with none valid) and top-k values that are not a
@@ -64,7 +64,8 @@ def splits_of(B, topk, cfg, dev, waves) -> int:
     """The split count `sparse_mla_gluon` picks for a CONFIGS entry."""
     kw = mla_gluon.config_kwargs(cfg)
     depth = kw["depth"] if kw.get("ws") else 0
-    return mla_gluon.plan_splits(B, topk, cfg[0], dev, None, waves, cfg[2], kw["dsplit"], depth)[0]
+    return mla_gluon.plan_splits(B, topk, cfg[0], dev, None, waves, cfg[2], kw["dsplit"], depth, kw.get("maxnreg"),
+                                 cfg[1])[0]
 
 
 def main(argv=None) -> int:
@@ -79,6 +80,8 @@ def main(argv=None) -> int:
     print(json.dumps(info), flush=True)
     if "--only-ws" in argv:
         cfgs = [mla_gluon.DEFAULT] + mla_gluon.WS_CONFIGS
+    elif "--only-nbuf1" in argv:  # the single-slot ring (3 programs per SM under a register cap)
+        cfgs = [mla_gluon.DEFAULT] + [c for c in mla_gluon.CONFIGS if c[2] == 1]
     elif quick:
         cfgs = [c for c in mla_gluon.CONFIGS if c[:3] == (32, 4, 2)]
     else:
@@ -131,10 +134,10 @@ def main(argv=None) -> int:
         runs += [("gluon " + mla_gluon.config_name(c), c, None) for c in cfgs if mla_gluon.config_name(c) not in broken]
         if B > 1:  # the split rule's waves, tried around each 32-key, 2-buffer config's own
             for c in cfgs:
-                if c[0] == 32 and c[2] == 2 and mla_gluon.config_name(c) not in broken:
+                if c[0] == 32 and c[2] <= 2 and mla_gluon.config_name(c) not in broken:
                     kw = mla_gluon.config_kwargs(c)
                     own = mla_gluon.programs_per_sm(c[0], c[2], mla.smem_class(dev), kw["dsplit"],
-                                                    kw["depth"] if kw.get("ws") else 0)
+                                                    kw["depth"] if kw.get("ws") else 0, kw.get("maxnreg"), c[1])
                     runs += [(f"gluon {mla_gluon.config_name(c)} waves{w}", c, w) for w in (1, 2, 3, 4) if w != own]
         for kname, c, wv in runs:
             if c is None:

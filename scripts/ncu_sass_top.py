@@ -18,6 +18,8 @@ def main(argv=None) -> int:
     n = int(argv[1]) if len(argv) > 1 else 40
     with open(argv[0], newline="") as f:
         lines = [ln for ln in f if ln.strip() and not ln.startswith("==")]
+    # the page starts with a "Kernel Name" line; the table's header is the first line naming "Source"
+    lines = lines[next(i for i, ln in enumerate(lines) if '"Source"' in ln):]
     rows = list(csv.DictReader(lines))
     if not rows:
         print("no rows")

@@ -74,7 +74,7 @@ LOG2E = 1.4426950408889634
 # takes only block_n 32, nbuf 2 of the first two kernels.
 CONFIGS = [(32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, False), (64, 8, 2, False), (64, 4, 3, False),
            (64, 8, 3, False), (32, 4, 2, True), (32, 4, 3, True), (32, 4, 2, "ws"), (32, 4, 3, "ws"),
-           (32, 4, 2, "ws3")]
+           (32, 4, 2, "ws3"), (32, 4, 1, False), (32, 4, 1, False, 168), (32, 4, 1, False, 160)]
 WS_CONFIGS = [c for c in CONFIGS if isinstance(c[3], str)]
 DEFAULT = (32, 4, 2, False)
 WS_PRODUCER_WARPS = 4
@@ -83,19 +83,22 @@ WS_PRODUCER_REGS = 128  # setmaxnreg for the producer (it compiles without spill
 
 
 def config_kwargs(cfg) -> dict:
-    """`sparse_mla_gluon` keywords of a CONFIGS entry."""
-    bn, nw, nb, v = cfg
+    """`sparse_mla_gluon` keywords of a CONFIGS entry (an optional 5th element: the register cap per thread)."""
+    bn, nw, nb, v = cfg[:4]
     kw = {"block_n": bn, "num_warps": nw, "nbuf": nb, "dsplit": v is True}
     if isinstance(v, str):
         kw.update(ws=True, depth=int(v[2:] or 2))
+    if len(cfg) > 4 and cfg[4]:
+        kw["maxnreg"] = cfg[4]
     return kw
 
 
 def config_name(cfg) -> str:
-    bn, nw, nb, v = cfg
+    bn, nw, nb, v = cfg[:4]
+    cap = f"-r{cfg[4]}" if len(cfg) > 4 and cfg[4] else ""
     if isinstance(v, str):
-        return f"W{v[2:] or 2}-BN{bn}-w{nw}-nbuf{nb}"
-    return f"{'D' if v else 'N'}-BN{bn}-w{nw}-nbuf{nb}"
+        return f"W{v[2:] or 2}-BN{bn}-w{nw}-nbuf{nb}{cap}"
+    return f"{'D' if v else 'N'}-BN{bn}-w{nw}-nbuf{nb}{cap}"
 
 
 def smem_bytes_estimate(block_n: int, nbuf: int, dsplit: bool = False, scratch: bool = True, depth: int = 0) -> int:
@@ -177,7 +180,8 @@ if HAVE_GLUON:
 
         PROBE (stage timing, scripts/gluon_mla_probe.py): 1 runs only the gathers (cp.async, wait, barrier), 2 adds
         the e4m3 -> fp16 tile, 4 adds S = q k^T (summed elementwise, no softmax), 3 S and the softmax statistics
-        (cross-warp max and sum); 0 is the kernel."""
+        (cross-warp max and sum); 0 is the kernel. The probes take NBUF >= 2 (a single slot is refilled after
+        the conversion, which PROBE 1 skips)."""
         BH: gl.constexpr = 16
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
@@ -225,15 +229,16 @@ if HAVE_GLUON:
         n_tiles = gl.cdiv(k_end - k_start, BLOCK_N)
         idx_row = IDX + t.to(gl.int64) * stride_it
 
-        # the first NBUF - 1 gathers go out before q is staged
-        for j in gl.static_range(NBUF - 1):
+        # the first NBUF - 1 gathers (one with a single slot) go out before q is staged
+        PRO: gl.constexpr = NBUF - 1 if NBUF > 1 else 1
+        for j in gl.static_range(PRO):
             s0 = k_start + j * BLOCK_N
             _issue_gather(KVW, KVH, KVF, _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW)),
                           _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR)),
                           _tile_idx(idx_row, s0, k_end, BLOCK_N, COL),
-                          N_ROWS, stride_kv, lat_s, rope_s, sc0, sc1, sc2, sc3, j, LW, LR)
+                          N_ROWS, stride_kv, lat_s, rope_s, sc0, sc1, sc2, sc3, j % NBUF, LW, LR)
             cp.commit_group()
-        s0 = k_start + (NBUF - 1) * BLOCK_N
+        s0 = k_start + PRO * BLOCK_N
         nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW))
         nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
         nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, COL)
@@ -260,15 +265,17 @@ if HAVE_GLUON:
         offs_col = gl.arange(0, BLOCK_N, layout=COL)
 
         for i in range(n_tiles):
-            # 1. gather tile i + NBUF - 1 into the slot tile i - 1 used (read before last iteration's barrier 3)
-            slot_w = (i + NBUF - 1) % NBUF
-            _issue_gather(KVW, KVH, KVF, nxt_w, nxt_r, nxt_s, N_ROWS, stride_kv, lat_s, rope_s,
-                          sc0, sc1, sc2, sc3, slot_w, LW, LR)
-            cp.commit_group()
-            s0 = k_start + (i + NBUF) * BLOCK_N
-            nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW))
-            nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
-            nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, COL)
+            # 1. gather tile i + NBUF - 1 into the slot tile i - 1 used (read before last iteration's barrier 3);
+            #    with a single slot (NBUF 1) tile i + 1 goes out after barrier 3 instead, once tile i is converted
+            if NBUF > 1:
+                slot_w = (i + NBUF - 1) % NBUF
+                _issue_gather(KVW, KVH, KVF, nxt_w, nxt_r, nxt_s, N_ROWS, stride_kv, lat_s, rope_s,
+                              sc0, sc1, sc2, sc3, slot_w, LW, LR)
+                cp.commit_group()
+                s0 = k_start + (i + NBUF) * BLOCK_N
+                nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW))
+                nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
+                nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, COL)
             start = k_start + i * BLOCK_N
             cur = _tile_idx(idx_row, start, k_end, BLOCK_N, COL)
             valid = (cur >= 0) & (cur < N_ROWS)
@@ -289,6 +296,14 @@ if HAVE_GLUON:
                 s_3 = sc3.index(slot).load(COL)
                 # 3. the fp16 tile is complete
                 _barrier()
+                if NBUF == 1:  # the slot is read out: the next tile's gather overlaps this tile's products
+                    _issue_gather(KVW, KVH, KVF, nxt_w, nxt_r, nxt_s, N_ROWS, stride_kv, lat_s, rope_s,
+                                  sc0, sc1, sc2, sc3, 0, LW, LR)
+                    cp.commit_group()
+                    s0 = k_start + (i + 2) * BLOCK_N
+                    nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LW))
+                    nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
+                    nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, COL)
 
                 if PROBE != 2:
                     s = mma_v2(q_s.slice(0 * CH, CH, 1).load(DA), k16.slice(0 * CH, CH, 1).permute([1, 0]).load(DB),
@@ -756,22 +771,26 @@ if HAVE_GLUON:
 SMEM_PER_SM = {"big": 228 * 1024, "small": 100 * 1024}  # sm_90 / sm_120 class, per SM (1 KB of it per block reserved)
 
 
-def programs_per_sm(block_n: int, nbuf: int, smem: str = "big", dsplit: bool = False, depth: int = 0) -> int:
-    """Programs that fit on one SM by shared memory (at most 2: the split rule's `waves`); depth: `ws` kernel."""
-    need = smem_bytes_estimate(block_n, nbuf, dsplit, depth=depth) + 2048  # + conversion scratch and the per-block reserve
-    return max(1, min(2, SMEM_PER_SM[smem] // need))
+def programs_per_sm(block_n: int, nbuf: int, smem: str = "big", dsplit: bool = False, depth: int = 0,
+                    maxnreg: int | None = None, num_warps: int = 4) -> int:
+    """Programs that fit on one SM by shared memory and registers (the split rule's `waves`); depth: `ws` kernel.
+    Without a register cap the kernels take 186-255 registers a thread: 2 programs of 4 warps at most."""
+    # + the compiler's scratch (256 B in the sm_90 builds) and the 1 KB the driver reserves per block, of 228 KB
+    need = smem_bytes_estimate(block_n, nbuf, dsplit, depth=depth) + 1536
+    by_regs = 65536 // (maxnreg * 32 * num_warps) if maxnreg else 2
+    return max(1, min(by_regs, SMEM_PER_SM[smem] // need))
 
 
 def plan_splits(T: int, topk: int, block_n: int, device: torch.device, num_splits: int | None = None,
                 waves: int | None = None, nbuf: int = DEFAULT[2], dsplit: bool = False,
-                depth: int = 0) -> tuple[int, int]:
+                depth: int = 0, maxnreg: int | None = None, num_warps: int = 4) -> tuple[int, int]:
     """(split count, keys per split): `mla.pick_num_splits` with the shipped fp8 decode config's fit rule and, as
     waves, the programs per SM this config's shared memory allows (unless given), rounded like `mla._plan` (every
     split non-empty). depth > 0: the warp-specialized kernel with that fp16 ring depth."""
     smem = mla.smem_class(device)
     cfg = mla.CONFIGS[("small", "fp8_ds_mla", smem)]
     if num_splits is None:
-        waves = waves or programs_per_sm(block_n, nbuf, smem, dsplit, depth)
+        waves = waves or programs_per_sm(block_n, nbuf, smem, dsplit, depth, maxnreg, num_warps)
         num_splits = mla.pick_num_splits(T, 1, topk, block_n, num_sms(device), waves, cfg.fit)
     keys_per_split = -(-(-(-max(topk, 1) // num_splits)) // block_n) * block_n
     return max(1, -(-topk // keys_per_split)), keys_per_split
@@ -779,12 +798,13 @@ def plan_splits(T: int, topk: int, block_n: int, device: torch.device, num_split
 
 def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n=DEFAULT[0],
                      num_warps=DEFAULT[1], nbuf=DEFAULT[2], dsplit=DEFAULT[3], waves=None, out=None, ws=False,
-                     depth=2, probe=0):
+                     depth=2, probe=0, maxnreg=None):
     """Sparse MLA forward over an fp8_ds_mla cache for H <= 16 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf
     for a token without a valid key. dsplit: the chunk-split kernel (warps over the 4 latent chunks; num_warps is
     4 whatever is asked). ws: the warp-specialized kernel (num_warps consumer warps, 4 producer warps, an fp16
-    ring of `depth` tiles). probe: a stage-timing build of the key-split kernel (`PROBE` in its docstring)."""
+    ring of `depth` tiles). probe: a stage-timing build of the key-split kernel (`PROBE` in its docstring).
+    maxnreg: cap registers per thread (more programs per SM when shared memory allows them)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -811,7 +831,8 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
         return out, lse
     if ws and dsplit:
         raise ValueError("ws and dsplit are different kernels")
-    splits, keys_per_split = plan_splits(T, topk, block_n, dev, num_splits, waves, nbuf, dsplit, depth if ws else 0)
+    splits, keys_per_split = plan_splits(T, topk, block_n, dev, num_splits, waves, nbuf, dsplit, depth if ws else 0,
+                                         maxnreg, num_warps)
     part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
     args = (q, kv_cache, indices, out, lse, part,
             q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
@@ -823,7 +844,8 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
     else:
         kernel = _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
         kernel[(T, splits)](*args, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, num_warps=4 if dsplit else num_warps,
-                            **({"PROBE": probe} if probe else {}))  # a stage-timing build (key-split kernel only)
+                            **({"PROBE": probe} if probe else {}),  # a stage-timing build (key-split kernel only)
+                            **({"maxnreg": maxnreg} if maxnreg else {}))
     if splits > 1:
         sp, bh, bd = mla.merge_tile(splits, H)
         mla._merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
@@ -836,7 +858,7 @@ SMEM_LIMIT = {90: 227 * 1024, 120: 99 * 1024}  # per block, opt-in maximum (as c
 
 
 def aot_compile(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1], nbuf: int = DEFAULT[2],
-                dsplit=DEFAULT[3], split: bool = True):
+                dsplit=DEFAULT[3], split: bool = True, maxnreg: int | None = None):
     """Compile the kernel (dsplit: the chunk-split one; "ws" / "ws<depth>": the warp-specialized one, as in a
     CONFIGS entry) for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
     from triton.backends.compiler import GPUTarget
@@ -845,6 +867,8 @@ def aot_compile(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1
     ws = isinstance(dsplit, str)
     fn = _sparse_mla_gluon_ws_kernel if ws else _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
     consts = {"SPLIT": split, "BLOCK_N": block_n, "NBUF": nbuf}
+    if "PROBE" in fn.arg_names:
+        consts["PROBE"] = 0  # a constexpr with a default is still a constexpr of the signature
     if ws:
         consts.update(DEPTH=int(dsplit[2:] or 2), PRODUCER_WARPS=WS_PRODUCER_WARPS, PRODUCER_REGS=WS_PRODUCER_REGS)
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
@@ -855,11 +879,12 @@ def aot_compile(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1
            "stride_oh")  # what the launcher specialises for GLM-5 shapes (all multiples of 16)
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
     return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": 4 if dsplit is True else num_warps})
+                          options={"num_warps": 4 if dsplit is True else num_warps,
+                                   **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1], nbuf: int = DEFAULT[2],
-                  dsplit=DEFAULT[3], split: bool = True) -> dict:
+                  dsplit=DEFAULT[3], split: bool = True, maxnreg: int | None = None) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, and registers / stack / local memory per thread from
     `cuobjdump -res-usage` when the Triton install ships it (None otherwise)."""
     import os
@@ -867,8 +892,8 @@ def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT
     import subprocess
     import tempfile
 
-    k = aot_compile(arch, block_n, num_warps, nbuf, dsplit, split)
-    row = {"config": config_name((block_n, num_warps, nbuf, dsplit)), "arch": arch, "block_n": block_n,
+    k = aot_compile(arch, block_n, num_warps, nbuf, dsplit, split, maxnreg)
+    row = {"config": config_name((block_n, num_warps, nbuf, dsplit, maxnreg)), "arch": arch, "block_n": block_n,
            "num_warps": num_warps, "nbuf": nbuf, "split": split, "dsplit": dsplit,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch], "regs": None, "stack": None, "local": None,
            "depth": int(dsplit[2:] or 2) if isinstance(dsplit, str) else 0}
