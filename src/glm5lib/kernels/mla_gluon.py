@@ -71,10 +71,13 @@ LOG2E = 1.4426950408889634
 # (block_n, num_warps, nbuf, variant) the device script times; variant: False the key-split kernel, True the
 # chunk-split one (4 warps), "ws" / "ws<depth>" the warp-specialized one (num_warps: its consumer; fp16 ring depth
 # 2 unless given). DEFAULT is what `sparse_mla_gluon` takes unless told. All compile without spills; sm_120 (99 KB)
-# takes only block_n 32, nbuf 2 of the first two kernels.
-CONFIGS = [(32, 4, 2, False), (32, 4, 3, False), (64, 4, 2, False), (64, 8, 2, False), (64, 4, 3, False),
-           (64, 8, 3, False), (32, 4, 2, True), (32, 4, 3, True), (32, 4, 2, "ws"), (32, 4, 3, "ws"),
-           (32, 4, 2, "ws3"), (32, 4, 1, False), (32, 4, 1, False, 168), (32, 4, 1, False, 160)]
+# takes only block_n 32 with nbuf 1-2 of the first two kernels. nbuf 1 (single-slot ring) was the fastest on the
+# H200 (NOTES.md v8e).
+CONFIGS = [(32, 4, 2, False), (32, 4, 1, False), (64, 8, 2, False), (32, 4, 2, True), (32, 4, 2, "ws"),
+           (32, 4, 2, "ws3")]
+# Timed on the H200 and dropped (no faster; outputs/bench/gluon_*_h200.json): nbuf 3, 64-key tiles on 4 warps
+# (these spill when built by Triton 3.9), 3-deep warp-specialized rings, and register caps (a 5th element:
+# (32, 4, 1, False, 160) ran three programs per SM, no faster than two).
 WS_CONFIGS = [c for c in CONFIGS if isinstance(c[3], str)]
 DEFAULT = (32, 4, 2, False)
 WS_PRODUCER_WARPS = 4
