@@ -325,8 +325,9 @@ if h200_path.is_file():
 # with per-row lengths read on the GPU, in one launch. In GPU time it is close to torch.topk up to 32K keys (1.25x
 # at 9K, 0.9x at 32K) and 3x slower over 128K (one program per row runs out of parallelism); called eagerly, as the
 # indexer calls it, it is about 1.7-5x faster up to 32K keys, since torch.topk's cost there is mostly its launches.
-# Past 32K keys the plugin uses torch.topk: the select split over several programs per row (the same picks) cuts
-# 128K keys from 460 to 124 us but torch.topk takes 62 us there. The MLA forward's GPU work is the kernel plus under 5 % (the one-launch
+# Past 32K keys each row is split over several programs (the same picks): eagerly, 128K keys take 125 us against
+# 460 with one program and 146-174 with torch.topk at 1-4 rows; calls of more than 6M scores (64 x 128K: 261 against
+# 173 us) take torch.topk. The MLA forward's GPU work is the kernel plus under 5 % (the one-launch
 # row conversion); its eager call costs 1.3-2.1x the graph replay at 8-16 heads per GPU (GLM-5 at TP 8) and at most
 # 1.05x at 64-128 heads, now that the launch plan is cached per shape and the launches skip Triton's binder
 # (`kernels.common.Prebound`). At decode the call path still sets the pace at small head counts until the backend

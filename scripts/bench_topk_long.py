@@ -7,7 +7,9 @@ Checks, per shape: on random scores (no ties) the split select picks torch.topk'
 program per row writes; on tie-heavy scores (few distinct values, -0.0 among the zeros, random row lengths)
 exactly what one program per row writes. Times: `serving.harness.cuda_timings` for every path (the same call
 replayed from a CUDA graph: GPU time; and back-to-back eager calls). Top-k 2048, every row given its length
-(as the indexer calls it). A failing case is recorded with its error and the sweep goes on.
+(as the indexer calls it). Then the CUDA-graph decode path's shape: rows WIDE = 202752 wide read up to a context
+of 4K-128K, one program per row against the split. A failing case is recorded with its error and the sweep goes
+on.
 """
 
 import json
@@ -26,6 +28,10 @@ SHAPES = [(1, 32768), (4, 32768), (64, 32768), (128, 32768), (1, 65536), (4, 655
           (1, 131072), (4, 131072), (64, 131072)]
 CHUNKS = (8192, 16384, 32768)
 REPEATS = 50
+# the CUDA-graph decode path (`paged.decode_topk`): rows as wide as max_model_len (GLM-5: 202752), each read up to
+# its context; beyond it the workspace holds whatever an earlier step left (random here)
+WIDE = 202752
+WIDE_SHAPES = [(T, L) for T in (1, 64) for L in (4096, 32768, 131072)]
 
 
 def check(T: int, n: int, dev: str) -> dict:
@@ -76,6 +82,29 @@ def timings(T: int, n: int, dev: str) -> dict:
     return res
 
 
+def wide(T: int, L: int, dev: str) -> dict:
+    """One program per row (`chunk=WIDE`, the path before rows were split) against the default split, on
+    `[T, WIDE]` rows read up to L: the same picks, and both times."""
+    x = torch.randn(T, WIDE, device=dev)
+    lens = torch.full((T,), L, dtype=torch.int32, device=dev)
+    out = torch.empty(T, K, dtype=torch.int32, device=dev)
+    one = topk_select(x, K, lengths=lens, chunk=WIDE).clone()
+    res = {"default_equals_one_program": bool(torch.equal(topk_select(x, K, lengths=lens), one)),
+           "set_equals_torch_topk_of_the_prefix": bool(torch.equal(one.sort(1).values,
+                                                                   topk_indices(x[:, :L], K).sort(1).values))}
+    for name, fn in {"one_program": lambda: topk_select(x, K, lengths=lens, out=out, chunk=WIDE),
+                     "default": lambda: topk_select(x, K, lengths=lens, out=out)}.items():
+        try:
+            t = cuda_timings(fn, REPEATS)
+            res[f"{name}_graph_us"] = t.get("graph_us")
+            res[f"{name}_eager_us"] = t["eager_us"]
+            if "graph_error" in t:
+                res[f"{name}_graph_error"] = t["graph_error"]
+        except Exception as e:  # noqa: BLE001
+            res[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return res
+
+
 def main(path: str) -> None:
     dev = "cuda"
     t0 = time.time()
@@ -92,6 +121,17 @@ def main(path: str) -> None:
         cells = " ".join(f"{name}={row.get(f'{name}_graph_us') or float('nan'):7.1f}"
                          for name in ("one_program", "torch_topk", "default", *(f"chunk{c}" for c in CHUNKS)))
         print(f"T{T:<4} N{n:<7} checks {'ok ' if oks and all(oks) else 'BAD'} graph us: {cells}", flush=True)
+    for T, L in WIDE_SHAPES:
+        row = {"T": T, "n": WIDE, "length": L, "k": K, "wide": True}
+        try:
+            row.update(wide(T, L, dev))
+        except Exception as e:  # noqa: BLE001
+            row["wide_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        rows.append(row)
+        print(f"wide T{T:<3} W{WIDE} L{L:<7} same {row.get('default_equals_one_program')} graph us: one_program="
+              f"{row.get('one_program_graph_us') or float('nan'):7.1f} default={row.get('default_graph_us') or float('nan'):7.1f}"
+              f"  eager: {row.get('one_program_eager_us') or float('nan'):7.1f} / {row.get('default_eager_us') or float('nan'):7.1f}",
+              flush=True)
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "triton": __import__("triton").__version__, "select_config": topk.SELECT_CONFIG,
             "select_max_n": topk.SELECT_MAX_N, "select_chunk": topk.SELECT_CHUNK, "repeats": REPEATS,

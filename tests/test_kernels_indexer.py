@@ -227,7 +227,7 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case):
 
 def test_topk_select_splits_long_rows_by_default(monkeypatch):
     """`topk_select` splits rows longer than SELECT_MAX_N without being asked, shorter rows one program each;
-    `topk_fast` takes torch.topk past SELECT_MAX_N (faster there on the H200) and the select below it."""
+    `topk_fast` takes the split select past SELECT_MAX_N up to TOPK_FAST_TORCH_ABOVE scores, torch.topk beyond."""
     import glm5lib.kernels.topk as topk
 
     grids = []
@@ -243,10 +243,14 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
     topk.topk_select(x[:, :256], 50)
     assert grids == [(2,)]
     grids.clear()
+    assert [r.tolist() for r in topk.topk_fast(x, 50)] == _stable_picks(x, 50)  # few scores: the split select
+    assert grids == [(2, 3), (2,)]
+    grids.clear()
+    monkeypatch.setattr(topk, "TOPK_FAST_TORCH_ABOVE", 599)  # 2 x 300 scores: torch.topk
     fast = topk.topk_fast(x, 50)
-    assert grids == []  # torch.topk
+    assert grids == []
     assert sorted(fast[0].tolist()) == sorted(topk.topk_indices(x, 50)[0].tolist())
-    topk.topk_fast(x[:, :256], 50)
+    topk.topk_fast(x[:, :256], 50)  # rows up to SELECT_MAX_N: the select whatever the count
     assert grids == [(2,)]
     with pytest.raises(ValueError):
         topk.topk_select(x, 50, chunk=0)

@@ -143,12 +143,17 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, c
 SELECT_CONFIG = (4096, 8, 8)
 # Rows longer than SELECT_MAX_N are split into chunks of SELECT_CHUNK keys, one program each, then merged by one
 # program per row over ceil(N / SELECT_CHUNK) * min(k, SELECT_CHUNK) candidates (16K at 128K keys, 26K at GLM-5's
-# 202752). H200, CUDA-graph replay, top-k 2048 (scripts/bench_topk_long.py, outputs/bench/topk_long_h200.json):
-# 128K keys 460 -> 124 us at 1-4 rows and 462 -> 260 us at 64 rows against one program per row; 64K keys
-# 232 -> 97 us. torch.topk is faster still past 32K (62 / 150 us at 1 / 64 rows of 128K), so `topk_fast` takes it
-# there; the split select is for callers that need the stable tie order at any length.
+# 202752). H200, top-k 2048 (scripts/bench_topk_long.py, outputs/bench/topk_long_h200.json), split select against
+# one program per row and torch.topk:
+#   eager (how `topk_fast`'s caller, the indexer step, runs): 128K keys 125 us at 1-4 rows against 460 and
+#   146-174; 64K keys 98 us at 1-4 rows against 232 and 143-197, 136 at 64 rows against 233 and 148; but 64 rows of
+#   128K 261 against torch.topk's 173;
+#   CUDA-graph replay: torch.topk is faster at every shape past 32K (62 against 124 us at 1 row of 128K).
+# `topk_fast` therefore takes the split select past 32K keys up to TOPK_FAST_TORCH_ABOVE scores per call and
+# torch.topk beyond (measured: 4.2M scores select, 8.4M torch.topk).
 SELECT_MAX_N = 32768
 SELECT_CHUNK = 16384
+TOPK_FAST_TORCH_ABOVE = 6_000_000
 
 
 _SELECT = common.Prebound(_topk_select_kernel)
@@ -236,12 +241,14 @@ def topk_indices(logits: torch.Tensor, k: int = 2048, *, ks: torch.Tensor | None
 
 def topk_fast(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor:
-    """The faster of the two on the H200 for this row length: `topk_select` up to `SELECT_MAX_N` columns (ties to
-    the earlier position), `topk_indices` beyond (torch.topk's tie order; faster there than the split select, see
-    the note at `SELECT_CHUNK`). Both -1 pad; neither waits on the host."""
-    if logits.shape[-1] <= SELECT_MAX_N:
+    """The faster of the two on the H200 when called eagerly (as the indexer step calls it): `topk_select` (ties to
+    the earlier position) up to `SELECT_MAX_N` columns, and past that while the call holds at most
+    `TOPK_FAST_TORCH_ABOVE` scores; `topk_indices` beyond (torch.topk's tie order). See the note at
+    `SELECT_CHUNK`. Both -1 pad; neither waits on the host."""
+    T, n = logits.shape
+    if n <= SELECT_MAX_N or T * n <= TOPK_FAST_TORCH_ABOVE:
         return topk_select(logits, k, lengths=lengths, out=out)
     return topk_indices(logits, k, out=out)
 
 
-__all__ = ["topk_indices", "topk_select", "topk_fast"]
+__all__ = ["topk_indices", "topk_select", "topk_fast", "SELECT_MAX_N", "SELECT_CHUNK", "TOPK_FAST_TORCH_ABOVE"]
