@@ -160,12 +160,12 @@ record("topk_select_equals_stable_sort", same)
 # bf16 on the GPU rel <= 1e-2, cos diff <= 1e-4, lse <= 1e-3 (P and the output are the only bf16 roundings);
 # fp32 in the interpreter rel <= 1e-5.
 #
-# The committed H200 evidence: the full matrix (`outputs/bench/checks_h200_full.json`), `compute-sanitizer --tool
-# memcheck` on the invalid-index cases (`outputs/bench/sanitizer_h200.log`) and the vLLM backend's call path
-# (`outputs/bench/vllm_harness_h200.json`, notebook 05) ran the sm_90 kernels shipped now; the same matrix ran with
-# the sm_89/sm_120 configs forced on the H200 (`checks_h200_full_small.json`, `checks --smem-class small`); the v5
-# decode verification (`outputs/bench/sweeps/verify_v5_decode.log`) comes from the commit that introduced those
-# configs, and the benchmark records its commit. The table below is read from those files (`glm5lib.bench.evidence`): which config
+# The committed H200 evidence: the full matrix (`outputs/bench/checks_h200_full.json`) and `compute-sanitizer --tool
+# memcheck` on the invalid-index cases (`outputs/bench/sanitizer_h200.log`), each also with the sm_89/sm_120 configs
+# forced on the H200 (`checks --smem-class small`), record the config every case ran; the v5 decode verification
+# (`outputs/bench/sweeps/verify_v5_decode.log`) and the benchmark name theirs too. The vLLM backend's call path
+# (`outputs/bench/vllm_harness_h200.json`, notebook 05) predates that record: its configs are inferred from the
+# shapes and it credits none. The table below is read from those files (`glm5lib.bench.evidence`): which config
 # each piece ran, and for each config the H200 runs now, which pieces ran exactly that config.
 
 # %%

@@ -128,11 +128,13 @@ def main(path: str) -> None:
         except Exception as e:  # noqa: BLE001
             row["wide_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         rows.append(row)
+        us = {k: row.get(k) or float("nan") for k in ("one_program_graph_us", "default_graph_us",
+                                                        "one_program_eager_us", "default_eager_us")}
         print(f"wide T{T:<3} W{WIDE} L{L:<7} same {row.get('default_equals_one_program')} graph us: one_program="
-              f"{row.get('one_program_graph_us') or float('nan'):7.1f} default={row.get('default_graph_us') or float('nan'):7.1f}"
-              f"  eager: {row.get('one_program_eager_us') or float('nan'):7.1f} / {row.get('default_eager_us') or float('nan'):7.1f}",
-              flush=True)
-    meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              f"{us['one_program_graph_us']:7.1f} default={us['default_graph_us']:7.1f}  eager: "
+              f"{us['one_program_eager_us']:7.1f} / {us['default_eager_us']:7.1f}", flush=True)
+    meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
             "triton": __import__("triton").__version__, "select_config": topk.SELECT_CONFIG,
             "select_max_n": topk.SELECT_MAX_N, "select_chunk": topk.SELECT_CHUNK, "repeats": REPEATS,
             "seconds": time.time() - t0}

@@ -8,9 +8,8 @@ multiple of BLOCK_N. Every Gluon config is checked against `naive.sparse_mla_ref
 and against `mla.sparse_mla_launch`; then the regular cases are timed, Triton and every Gluon config in the same
 process with the same method (`triton.testing.do_bench_cudagraph`: CUDA-graph replay, no host time).
 A config that fails to compile or run is recorded with its error and the run goes on. `--quick`: only the
-32-key, 2-buffer configs; `--only-ws`: the warp-specialized configs, with the default Gluon config (and Triton, as
-always) for reference. GLUON_MLA_DEVICE=cpu runs the plumbing without a GPU when the kernels are replaced by
-stand-ins (Gluon itself needs a GPU).
+32-key, 2-buffer configs; `--only-ws`: the warp-specialized configs, `--only-nbuf1`: the single-slot ring, each
+with the default Gluon config (and Triton, as always) for reference. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
@@ -72,7 +71,9 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out_path = argv[0] if argv else "gluon_mla_device.json"
     quick = "--quick" in argv
-    dev = torch.device(os.environ.get("GLUON_MLA_DEVICE", "cuda"))  # "cpu": a dry run of the plumbing (tests)
+    if not torch.cuda.is_available():
+        sys.exit("gluon_mla_device: needs a CUDA GPU (Gluon kernels do not run on the CPU or in the interpreter)")
+    dev = torch.device("cuda")
     t0 = time.time()
     info = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(dev),
             "torch": torch.__version__, "triton": triton.__version__,
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
     print(json.dumps(info), flush=True)
     if "--only-ws" in argv:
         cfgs = [mla_gluon.DEFAULT] + mla_gluon.WS_CONFIGS
-    elif "--only-nbuf1" in argv:  # the single-slot ring (3 programs per SM under a register cap)
+    elif "--only-nbuf1" in argv:  # the single-slot ring (and register-capped builds, when listed in CONFIGS)
         cfgs = [mla_gluon.DEFAULT] + [c for c in mla_gluon.CONFIGS if c[2] == 1]
     elif quick:
         cfgs = [c for c in mla_gluon.CONFIGS if c[:3] == (32, 4, 2)]

@@ -15,18 +15,20 @@ from collections import Counter
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        sys.exit("usage: ncu_sass_top.py SASS.csv [N]")
     n = int(argv[1]) if len(argv) > 1 else 40
     with open(argv[0], newline="") as f:
         lines = [ln for ln in f if ln.strip() and not ln.startswith("==")]
     # the page starts with a "Kernel Name" line; the table's header is the first line naming "Source"
-    lines = lines[next(i for i, ln in enumerate(lines) if '"Source"' in ln):]
-    rows = list(csv.DictReader(lines))
-    if not rows:
-        print("no rows")
-        return 1
-    cols = list(rows[0])
-    src = next(c for c in cols if c.strip().lower() == "source")
-    samp = next(c for c in cols if "Warp Stall Sampling (All" in c)
+    head = next((i for i, ln in enumerate(lines) if '"Source"' in ln), None)
+    rows = list(csv.DictReader(lines[head:])) if head is not None else []
+    cols = list(rows[0]) if rows else []
+    src = next((c for c in cols if c and c.strip().lower() == "source"), None)
+    samp = next((c for c in cols if c and "Warp Stall Sampling (All" in c), None)
+    if not (rows and src and samp):
+        sys.exit(f"ncu_sass_top: {argv[0]} is not a source-page CSV with stall samples "
+                 "(ncu -i REPORT --page source --print-source sass --csv)")
     addr = next((c for c in cols if c.strip().lower() == "address"), None)
 
     def num(v):

@@ -140,4 +140,10 @@ def test_evidence_topk_long_rows_split_select():
     for r in rows.values():
         assert all(v for k, v in r.items() if "equals" in k), r  # same picks as one program / torch.topk's set
         if r["n"] > 32768:
-            assert r["default_graph_us"] < r["one_program_graph_us"] and r["torch_topk_graph_us"] < r["default_graph_us"]
+            assert r["default_graph_us"] < r["one_program_graph_us"]
+            assert r["torch_topk_graph_us"] < r["default_graph_us"]
+    # paged.decode_topk: rows 202752 wide (the graph decode path) read up to the context; the same picks
+    wide = {(r["T"], r["length"]): r for r in load("topk_long_h200.json")["rows"] if r.get("wide")}
+    assert len(wide) == 6 and all(r["default_equals_one_program"] and r["set_equals_torch_topk_of_the_prefix"]
+                                  for r in wide.values())
+    assert round(wide[(1, 131072)]["default_graph_us"]) == 124 and round(wide[(1, 4096)]["default_graph_us"]) == 29

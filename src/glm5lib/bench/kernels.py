@@ -399,12 +399,13 @@ def bench_prefill_case(H, ceil, s_q=4096, s_kv=32768, topk=TOPK, flashmla=True, 
         try:
             out.fill_(float("nan"))
             o, _ = sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format=kv_format, out=out, config=cfg, num_splits=1)
-            rel_c = float("nan") if torch.isnan(o).any() else (
-                None if ro is None else float((o[sl].float() - ro).norm() / ro.norm()))
+            unwritten = bool(torch.isnan(o).any())  # NaN is not JSON: an unwritten output is its own field
+            rel_c = None if unwritten or ro is None else float((o[sl].float() - ro).norm() / ro.norm())
             ms_c = _median_ms(lambda: sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format=kv_format, out=out,
                                                         config=cfg, num_splits=1))
-            rows.append(_row("prefill-sweep", f"triton:{cfg.name}", s_q, H, topk, kv_format, ms_c, flops, kv_bytes, ceil,
-                             {"rel_err": rel_c}))
+            rows.append(_row("prefill-sweep", f"triton:{cfg.name}", s_q, H, topk, kv_format, ms_c, flops,
+                             kv_bytes, ceil, {"rel_err": rel_c, **({"error": "unwritten output (NaN)"}
+                                                                    if unwritten else {})}))
         except Exception as exc:
             rows.append({"kind": "prefill-sweep", "impl": f"triton:{cfg.name}", "H": H, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
     if flashmla:
@@ -534,9 +535,10 @@ SWEEP_DECODE_SMALL = [C(16, 32, 4, 2, True, True), C(16, 32, 4, 2, True, False, 
                       C(16, 64, 4, 2, False, False, True), C(16, 32, 4, 3, False, False, True)]
 SWEEP_DECODE_LARGE = [C(64, 64, 8, 3), C(64, 64, 8, 3, False, False, True), C(64, 64, 8, 2, False, False, True),
                       C(64, 32, 8, 2, False, False, True), C(64, 64, 8, 2, True, False, True)]
-# fp8_ds_mla prefill at 8-16 heads (`bench_prefill_case(..., configs=...)`): the shipped v4 register-prefetch config
-# against the decode loop's int32-word tile (v7c) with and without the index read-ahead, and 64-row tiles on 8 warps
-SWEEP_PREFILL_FP8_SMALL = [C(16, 32, 4, 2, prefetch=2, nope_f16=True), C(16, 32, 4, 2, prefetch=2, nope_f16=True, idx_ahead=True),
+# fp8_ds_mla prefill at 8-16 heads (`bench_prefill_case(..., configs=...)`), against the shipped config: the decode
+# loop's int32-word tile (v7c) with and without the index read-ahead, 64-row tiles on 8 warps (shipped since v8d)
+SWEEP_PREFILL_FP8_SMALL = [C(16, 32, 4, 2, prefetch=2, nope_f16=True),
+                           C(16, 32, 4, 2, prefetch=2, nope_f16=True, idx_ahead=True),
                            C(16, 64, 8, 2, prefetch=2, nope_f16=True, idx_ahead=True),
                            C(16, 64, 8, 2, prefetch=True, nope_f16=True, idx_ahead=True),
                            C(16, 32, 4, 3, nope_f16=True, idx_ahead=True)]

@@ -122,6 +122,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     # one program per row: decode (row lengths), prefill (lengths and ks); split rows: the chunk launch, the merge
     for tag, has_len, has_ks, split, merge in (("len", True, False, False, False), ("len+ks", True, True, False, False),
                                                ("split:len", True, False, True, False),
+                                               ("merge:len", True, False, False, True),
                                                ("merge:len+ks", True, True, False, True)):
         consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": block,
                   "OUT_BLOCK": 1024, "DIGIT": digit}

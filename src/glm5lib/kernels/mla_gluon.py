@@ -12,8 +12,9 @@ tensor lives and when memory moves:
 - q (pre-scaled to fp16, below) sits in shared memory and is read into the mma operand layout only while a dot
   runs;
 - the gathered rows go global -> shared with `cp.async` (a pointer tensor and a mask, so gathers by index work)
-  into a ring of `NBUF` slots: tile i + NBUF - 1 is in flight while tile i is computed, and the index tile for
-  the next gather is read one iteration ahead;
+  into a ring of `NBUF` slots: tile i + NBUF - 1 is in flight while tile i is computed (with a single slot, tile
+  i + 1 is issued as soon as tile i has been converted out of it), and the index tile for the next gather is read
+  one iteration ahead;
 - each tile's e4m3 bytes are converted once, as int32 words (one `cvt.rn.f16x2.e4m3x2` per half word, exact),
   into an fp16 shared tile that is B of both products: `K^T` as a transposed view for `S = q k^T`, `V` as is for
   `acc += P V` (`mma_v2`, ldmatrix from swizzled shared memory).
@@ -41,8 +42,9 @@ fp8 decode config's rule and as many waves as programs fit on an SM by shared me
 
 Shared memory per program: NBUF * BLOCK_N * 656 (ring) + BLOCK_N * 1024 (fp16 tile) + 18 KB (q) + 2 or 4 KB per
 32 keys (P tiles / S reduction); the ws kernel holds `depth` fp16 tiles, each with its rope and scales, instead of
-one (one program per SM on sm_90; it does not fit sm_120); `tests/test_mla_gluon.py` checks it against the sm_90 / sm_120 limits. Gluon
-does not run in Triton's interpreter: the numeric checks are `scripts/gluon_mla_device.py`, on a GPU.
+one (one program per SM on sm_90; it does not fit sm_120); `tests/test_mla_gluon.py` checks it against the sm_90
+/ sm_120 limits. Gluon does not run in Triton's interpreter: the numeric checks are `scripts/gluon_mla_device.py`,
+on a GPU. Not dispatched by `mla.sparse_mla` (NOTES.md v8a-v8e: measured, and why).
 """
 
 from __future__ import annotations
@@ -71,13 +73,14 @@ LOG2E = 1.4426950408889634
 # (block_n, num_warps, nbuf, variant) the device script times; variant: False the key-split kernel, True the
 # chunk-split one (4 warps), "ws" / "ws<depth>" the warp-specialized one (num_warps: its consumer; fp16 ring depth
 # 2 unless given). DEFAULT is what `sparse_mla_gluon` takes unless told. All compile without spills; sm_120 (99 KB)
-# takes only block_n 32 with nbuf 1-2 of the first two kernels. nbuf 1 (single-slot ring) was the fastest on the
-# H200 (NOTES.md v8e).
+# takes only block_n 32 with nbuf 1-2 of the first two kernels. On the H200 (NOTES.md v8a-v8e) nbuf 1 (single-slot
+# ring) was the fastest at B128 H8 (0.88x the Triton kernel), the warp-specialized one at B128 H16 and B32
+# (0.86-0.92x). DEFAULT keeps nbuf 2: the stage probes (`probe`) need a second slot.
 CONFIGS = [(32, 4, 2, False), (32, 4, 1, False), (64, 8, 2, False), (32, 4, 2, True), (32, 4, 2, "ws"),
            (32, 4, 2, "ws3")]
-# Timed on the H200 and dropped (no faster; outputs/bench/gluon_*_h200.json): nbuf 3, 64-key tiles on 4 warps
-# (these spill when built by Triton 3.9), 3-deep warp-specialized rings, and register caps (a 5th element:
-# (32, 4, 1, False, 160) ran three programs per SM, no faster than two).
+# Timed on the H200 and dropped (no faster; outputs/bench/gluon_*_h200.json): a 3-slot fp8 ring (nbuf 3) in every
+# kernel, 64-key tiles on 4 warps (these spill when built by Triton 3.9), and register caps (a 5th element,
+# `maxnreg`: (32, 4, 1, False, 160) ran three programs per SM at f4e4745, no faster than two; re-add it to time it).
 WS_CONFIGS = [c for c in CONFIGS if isinstance(c[3], str)]
 DEFAULT = (32, 4, 2, False)
 WS_PRODUCER_WARPS = 4
@@ -330,7 +333,7 @@ if HAVE_GLUON:
                         m_i = m_new
                     if PROBE != 3 and PROBE != 4:
                         p = p * 256.0
-                        # P scaled per chunk goes to shared memory once (one barrier instead of one layout conversion each)
+                        # P scaled per chunk goes to shared memory once (one barrier, not one layout conversion each)
                         p0.store((p * s_0[None, :]).to(gl.float16))
                         p1.store((p * s_1[None, :]).to(gl.float16))
                         p2.store((p * s_2[None, :]).to(gl.float16))
@@ -810,6 +813,11 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
     maxnreg: cap registers per thread (more programs per SM when shared memory allows them)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
+    if probe and (ws or dsplit or nbuf < 2):
+        raise ValueError(f"probe builds exist for the key-split kernel with nbuf >= 2, got ws={ws} dsplit={dsplit} "
+                         f"nbuf={nbuf}")
+    if maxnreg and ws:
+        raise ValueError("maxnreg does not apply to the warp-specialized kernel (its partitions set their registers)")
     T, H, d = q.shape
     if d != D_QK or not 1 <= H <= BLOCK_H:
         raise ValueError(f"q must be [T, H <= {BLOCK_H}, {D_QK}], got {tuple(q.shape)}")
@@ -915,8 +923,8 @@ def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT
     return row
 
 
-__all__ = ["sparse_mla_gluon", "CONFIGS", "WS_CONFIGS", "DEFAULT", "config_name", "config_kwargs", "HAVE_GLUON", "plan_splits", "smem_bytes_estimate",
-           "aot_compile", "compile_stats", "SMEM_LIMIT"]
+__all__ = ["sparse_mla_gluon", "CONFIGS", "WS_CONFIGS", "DEFAULT", "config_name", "config_kwargs",
+           "HAVE_GLUON", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats", "SMEM_LIMIT"]
 
 
 if __name__ == "__main__":  # compile-only report: `TRITON_INTERPRET=0 python -m glm5lib.kernels.mla_gluon [ARCH ...]`

@@ -378,9 +378,14 @@ def decode_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, 
     `R = seq_lens.shape[0]` requests of `next_n` tokens (T = R * next_n rows of q), scores from the fp8 paged
     cache into `logits[:T, :W]` (W = the workspace width, max_model_len: the launch never depends on this step's
     longest request; a fixed grid whose programs loop over each row's tiles up to its context, so the work follows
-    the contexts and the rest of the workspace is never written), then `kernels.topk.topk_select` reads each row up to `token_lens[t]` on the device and
-    writes `out[:T, :topk]` (request-local positions, ties to the earlier key, -1 padded). A padding request
-    (context 0) scores nothing and picks nothing."""
+    the contexts and the rest of the workspace is never written), then `kernels.topk.topk_select` reads each row up
+    to `token_lens[t]` on the device and writes `out[:T, :topk]` (request-local positions, ties to the earlier key,
+    -1 padded). A padding request (context 0) scores nothing and picks nothing.
+
+    W past 32K (GLM-5: 202752) splits each row over 16K-key programs whatever the contexts, since the graph is
+    captured once for every context length. H200 graph replay (`outputs/bench/topk_long_h200.json`, rows 202752
+    wide): 460 -> 124 us at a 128K context (465 -> 260 at 64 rows), 113 -> 83 at 32K, but 18 -> 29 us at 4K: the
+    long contexts DSA exists for gain far more than the short ones lose."""
     from glm5lib.kernels.indexer import indexer_logits
     from glm5lib.kernels.topk import topk_select
 
