@@ -150,7 +150,9 @@ SELECT_CONFIG = (4096, 8, 8)
 #   128K 261 against torch.topk's 173;
 #   CUDA-graph replay: torch.topk is faster at every shape past 32K (62 against 124 us at 1 row of 128K).
 # `topk_fast` therefore takes the split select past 32K keys up to TOPK_FAST_TORCH_ABOVE scores per call and
-# torch.topk beyond (measured: 4.2M scores select, 8.4M torch.topk).
+# torch.topk beyond (measured: 4.2M scores select, 8.4M torch.topk). Left as measured, not tuned: at exactly 32K
+# keys 8K-key chunks would beat one program at 1-64 rows (68-85 against 113-114 us, graph replay) but not at 128
+# rows (132 against 114).
 SELECT_MAX_N = 32768
 SELECT_CHUNK = 16384
 TOPK_FAST_TORCH_ABOVE = 6_000_000
