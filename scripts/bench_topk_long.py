@@ -59,16 +59,8 @@ def check(T: int, n: int, dev: str) -> dict:
     return res
 
 
-def timings(T: int, n: int, dev: str) -> dict:
-    x = torch.randn(T, n, device=dev)
-    L = torch.full((T,), n, dtype=torch.int32, device=dev)
-    out = torch.empty(T, K, dtype=torch.int32, device=dev)
-    paths = {"one_program": lambda: topk_select(x, K, lengths=L, out=out, chunk=n),
-             "default": lambda: topk_select(x, K, lengths=L, out=out),
-             "torch_topk": lambda: topk_indices(x, K, out=out)}
-    for c in CHUNKS:
-        if c < n:
-            paths[f"chunk{c}"] = lambda c=c: topk_select(x, K, lengths=L, out=out, chunk=c)
+def time_paths(paths: dict) -> dict:
+    """`{name}_graph_us` / `{name}_eager_us` per path (`cuda_timings`); a failing path is recorded, not fatal."""
     res = {}
     for name, fn in paths.items():
         try:
@@ -82,6 +74,19 @@ def timings(T: int, n: int, dev: str) -> dict:
     return res
 
 
+def timings(T: int, n: int, dev: str) -> dict:
+    x = torch.randn(T, n, device=dev)
+    L = torch.full((T,), n, dtype=torch.int32, device=dev)
+    out = torch.empty(T, K, dtype=torch.int32, device=dev)
+    paths = {"one_program": lambda: topk_select(x, K, lengths=L, out=out, chunk=n),
+             "default": lambda: topk_select(x, K, lengths=L, out=out),
+             "torch_topk": lambda: topk_indices(x, K, out=out)}
+    for c in CHUNKS:
+        if c < n:
+            paths[f"chunk{c}"] = lambda c=c: topk_select(x, K, lengths=L, out=out, chunk=c)
+    return time_paths(paths)
+
+
 def wide(T: int, L: int, dev: str) -> dict:
     """One program per row (`chunk=WIDE`, the path before rows were split) against the default split, on
     `[T, WIDE]` rows read up to L: the same picks, and both times."""
@@ -92,16 +97,8 @@ def wide(T: int, L: int, dev: str) -> dict:
     res = {"default_equals_one_program": bool(torch.equal(topk_select(x, K, lengths=lens), one)),
            "set_equals_torch_topk_of_the_prefix": bool(torch.equal(one.sort(1).values,
                                                                    topk_indices(x[:, :L], K).sort(1).values))}
-    for name, fn in {"one_program": lambda: topk_select(x, K, lengths=lens, out=out, chunk=WIDE),
-                     "default": lambda: topk_select(x, K, lengths=lens, out=out)}.items():
-        try:
-            t = cuda_timings(fn, REPEATS)
-            res[f"{name}_graph_us"] = t.get("graph_us")
-            res[f"{name}_eager_us"] = t["eager_us"]
-            if "graph_error" in t:
-                res[f"{name}_graph_error"] = t["graph_error"]
-        except Exception as e:  # noqa: BLE001
-            res[f"{name}_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    res.update(time_paths({"one_program": lambda: topk_select(x, K, lengths=lens, out=out, chunk=WIDE),
+                           "default": lambda: topk_select(x, K, lengths=lens, out=out)}))
     return res
 
 

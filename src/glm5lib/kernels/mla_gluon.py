@@ -176,6 +176,86 @@ if HAVE_GLUON:
         _async_copy(sc3.index(slot), KVF + f_off + 3, mask=v)
 
     @gluon.jit
+    def _scores(q_s, qr_s, k16, kr, s_0, s_1, s_2, s_3, valid, zero_s, qk_scale, DA: gl.constexpr,
+                DB: gl.constexpr):
+        """S = q k^T of one fp16 tile in the log2 domain, -inf for invalid keys: one product per 128-column chunk
+        (q from shared memory, K^T a transposed view of the tile) scaled by that chunk's per-key scale, then 2^8 (q
+        was pre-scaled by 2^-8) and the bf16 rope product."""
+        CH: gl.constexpr = 128
+        s = mma_v2(q_s.slice(0 * CH, CH, 1).load(DA), k16.slice(0 * CH, CH, 1).permute([1, 0]).load(DB),
+                   zero_s) * s_0[None, :]
+        s += mma_v2(q_s.slice(1 * CH, CH, 1).load(DA), k16.slice(1 * CH, CH, 1).permute([1, 0]).load(DB),
+                    zero_s) * s_1[None, :]
+        s += mma_v2(q_s.slice(2 * CH, CH, 1).load(DA), k16.slice(2 * CH, CH, 1).permute([1, 0]).load(DB),
+                    zero_s) * s_2[None, :]
+        s += mma_v2(q_s.slice(3 * CH, CH, 1).load(DA), k16.slice(3 * CH, CH, 1).permute([1, 0]).load(DB),
+                    zero_s) * s_3[None, :]
+        s = mma_v2(qr_s.load(DA), kr, s * 256.0)
+        return gl.where(valid[None, :], s * qk_scale, float("-inf"))
+
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i):
+        """Online-softmax update for a tile of log2 logits: (P, the accumulator's rescale alpha, new m, new l)."""
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+    @gluon.jit
+    def _pv(p, alpha, s_0, s_1, s_2, s_3, p0, p1, p2, p3, k16, acc0, acc1, acc2, acc3, DA: gl.constexpr,
+            DB: gl.constexpr):
+        """acc_c = alpha acc_c + (2^8 P * scale_c) V_c per chunk: the scaled P goes to shared memory once (one
+        barrier instead of one layout conversion per chunk), V_c is the tile's chunk as it is."""
+        CH: gl.constexpr = 128
+        p = p * 256.0
+        p0.store((p * s_0[None, :]).to(gl.float16))
+        p1.store((p * s_1[None, :]).to(gl.float16))
+        p2.store((p * s_2[None, :]).to(gl.float16))
+        p3.store((p * s_3[None, :]).to(gl.float16))
+        _barrier()
+        a2 = alpha[:, None]
+        acc0 = mma_v2(p0.load(DA), k16.slice(0 * CH, CH, 1).load(DB), acc0 * a2)
+        acc1 = mma_v2(p1.load(DA), k16.slice(1 * CH, CH, 1).load(DB), acc1 * a2)
+        acc2 = mma_v2(p2.load(DA), k16.slice(2 * CH, CH, 1).load(DB), acc2 * a2)
+        acc3 = mma_v2(p3.load(DA), k16.slice(3 * CH, CH, 1).load(DB), acc3 * a2)
+        return acc0, acc1, acc2, acc3
+
+    @gluon.jit
+    def _store_outputs(O, LSE, PART, t, sp, H, stride_ot, stride_oh, stride_lt, m_i, l_i, acc0, acc1, acc2, acc3,
+                       SPLIT: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
+        """Normalise and write: O [T, H, 512] and the natural-log LSE, or (SPLIT) the fp32 partial and its log2 lse
+        in `mla._part_rows`'s layout. A head with no key gets zeros and -inf."""
+        CH: gl.constexpr = 128
+        DN: gl.constexpr = 512
+        BH: gl.constexpr = 16
+        has_key = l_i > 0
+        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * (1.0 / 256.0)
+        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+        offs_h = gl.arange(0, BH, layout=ROW)
+        h_mask = offs_h < H
+        offs_c = gl.arange(0, CH, layout=COL)
+        il = inv_l[:, None]
+        if not SPLIT:
+            o_ty: gl.constexpr = O.dtype.element_ty
+            o_row = O + t.to(gl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
+            gl.store(o_row + 0 * CH, (acc0 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + 1 * CH, (acc1 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + 2 * CH, (acc2 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + 3 * CH, (acc3 * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
+        else:
+            n_t = gl.num_programs(0)
+            n_sp = gl.num_programs(1)
+            rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
+            o_part = PART + rows[:, None] * DN + offs_c[None, :]
+            gl.store(o_part + 0 * CH, acc0 * il, mask=h_mask[:, None])
+            gl.store(o_part + 1 * CH, acc1 * il, mask=h_mask[:, None])
+            gl.store(o_part + 2 * CH, acc2 * il, mask=h_mask[:, None])
+            gl.store(o_part + 3 * CH, acc3 * il, mask=h_mask[:, None])
+            gl.store(PART + n_sp.to(gl.int64) * n_t * H * DN + rows, lse2, mask=h_mask)
+
+    @gluon.jit
     def _sparse_mla_gluon_kernel(
         Q, KV, IDX, O, LSE, PART,
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
@@ -312,67 +392,20 @@ if HAVE_GLUON:
                     nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, COL)
 
                 if PROBE != 2:
-                    s = mma_v2(q_s.slice(0 * CH, CH, 1).load(DA), k16.slice(0 * CH, CH, 1).permute([1, 0]).load(DB),
-                               zero_s) * s_0[None, :]
-                    s += mma_v2(q_s.slice(1 * CH, CH, 1).load(DA), k16.slice(1 * CH, CH, 1).permute([1, 0]).load(DB),
-                                zero_s) * s_1[None, :]
-                    s += mma_v2(q_s.slice(2 * CH, CH, 1).load(DA), k16.slice(2 * CH, CH, 1).permute([1, 0]).load(DB),
-                                zero_s) * s_2[None, :]
-                    s += mma_v2(q_s.slice(3 * CH, CH, 1).load(DA), k16.slice(3 * CH, CH, 1).permute([1, 0]).load(DB),
-                                zero_s) * s_3[None, :]
-                    s = mma_v2(qr_s.load(DA), kr, s * 256.0)
-                    s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
+                    s = _scores(q_s, qr_s, k16, kr, s_0, s_1, s_2, s_3, valid, zero_s, qk_scale, DA, DB)
                     if PROBE == 4:  # S only: kept elementwise, reduced once after the loop
                         s_sink = s_sink + gl.where(valid[None, :], s, 0.0)
                     else:
-                        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-                        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
-                        alpha = gl.exp2(m_i - m_use)
-                        p = gl.exp2(s - m_use[:, None])
-                        l_i = l_i * alpha + gl.sum(p, axis=1)
-                        m_i = m_new
+                        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
                     if PROBE != 3 and PROBE != 4:
-                        p = p * 256.0
-                        # P scaled per chunk goes to shared memory once (one barrier, not one layout conversion each)
-                        p0.store((p * s_0[None, :]).to(gl.float16))
-                        p1.store((p * s_1[None, :]).to(gl.float16))
-                        p2.store((p * s_2[None, :]).to(gl.float16))
-                        p3.store((p * s_3[None, :]).to(gl.float16))
-                        _barrier()
-                        a2 = alpha[:, None]
-                        acc0 = mma_v2(p0.load(DA), k16.slice(0 * CH, CH, 1).load(DB), acc0 * a2)
-                        acc1 = mma_v2(p1.load(DA), k16.slice(1 * CH, CH, 1).load(DB), acc1 * a2)
-                        acc2 = mma_v2(p2.load(DA), k16.slice(2 * CH, CH, 1).load(DB), acc2 * a2)
-                        acc3 = mma_v2(p3.load(DA), k16.slice(3 * CH, CH, 1).load(DB), acc3 * a2)
+                        acc0, acc1, acc2, acc3 = _pv(p, alpha, s_0, s_1, s_2, s_3, p0, p1, p2, p3, k16,
+                                                     acc0, acc1, acc2, acc3, DA, DB)
         cp.wait_group(0)
         if PROBE == 4:
             l_i = l_i + gl.sum(s_sink, axis=1)
 
-        has_key = l_i > 0
-        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * (1.0 / 256.0)
-        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
-        offs_h = gl.arange(0, BH, layout=ROW)
-        h_mask = offs_h < H
-        offs_c = gl.arange(0, CH, layout=COL)
-        il = inv_l[:, None]
-        if not SPLIT:
-            o_ty: gl.constexpr = O.dtype.element_ty
-            o_row = O + t.to(gl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
-            gl.store(o_row + 0 * CH, (acc0 * il).to(o_ty), mask=h_mask[:, None])
-            gl.store(o_row + 1 * CH, (acc1 * il).to(o_ty), mask=h_mask[:, None])
-            gl.store(o_row + 2 * CH, (acc2 * il).to(o_ty), mask=h_mask[:, None])
-            gl.store(o_row + 3 * CH, (acc3 * il).to(o_ty), mask=h_mask[:, None])
-            gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
-        else:
-            n_t = gl.num_programs(0)
-            n_sp = gl.num_programs(1)
-            rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
-            o_part = PART + rows[:, None] * DN + offs_c[None, :]
-            gl.store(o_part + 0 * CH, acc0 * il, mask=h_mask[:, None])
-            gl.store(o_part + 1 * CH, acc1 * il, mask=h_mask[:, None])
-            gl.store(o_part + 2 * CH, acc2 * il, mask=h_mask[:, None])
-            gl.store(o_part + 3 * CH, acc3 * il, mask=h_mask[:, None])
-            gl.store(PART + n_sp.to(gl.int64) * n_t * H * DN + rows, lse2, mask=h_mask)
+        _store_outputs(O, LSE, PART, t, sp, H, stride_ot, stride_oh, stride_lt, m_i, l_i, acc0, acc1, acc2, acc3,
+                       SPLIT, ROW, COL)
 
 
     @gluon.jit
@@ -654,63 +687,16 @@ if HAVE_GLUON:
             s_2 = t2.index(ks).load(COL)
             s_3 = t3.index(ks).load(COL)
 
-            s = mma_v2(q_s.slice(0 * CH, CH, 1).load(DA), k16.slice(0 * CH, CH, 1).permute([1, 0]).load(DB),
-                       zero_s) * s_0[None, :]
-            s += mma_v2(q_s.slice(1 * CH, CH, 1).load(DA), k16.slice(1 * CH, CH, 1).permute([1, 0]).load(DB),
-                        zero_s) * s_1[None, :]
-            s += mma_v2(q_s.slice(2 * CH, CH, 1).load(DA), k16.slice(2 * CH, CH, 1).permute([1, 0]).load(DB),
-                        zero_s) * s_2[None, :]
-            s += mma_v2(q_s.slice(3 * CH, CH, 1).load(DA), k16.slice(3 * CH, CH, 1).permute([1, 0]).load(DB),
-                        zero_s) * s_3[None, :]
-            s = mma_v2(qr_s.load(DA), kr, s * 256.0)
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
-
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            p = p * 256.0
-            p0.store((p * s_0[None, :]).to(gl.float16))
-            p1.store((p * s_1[None, :]).to(gl.float16))
-            p2.store((p * s_2[None, :]).to(gl.float16))
-            p3.store((p * s_3[None, :]).to(gl.float16))
-            _barrier()  # P visible to every consumer warp
-            a2 = alpha[:, None]
-            acc0 = mma_v2(p0.load(DA), k16.slice(0 * CH, CH, 1).load(DB), acc0 * a2)
-            acc1 = mma_v2(p1.load(DA), k16.slice(1 * CH, CH, 1).load(DB), acc1 * a2)
-            acc2 = mma_v2(p2.load(DA), k16.slice(2 * CH, CH, 1).load(DB), acc2 * a2)
-            acc3 = mma_v2(p3.load(DA), k16.slice(3 * CH, CH, 1).load(DB), acc3 * a2)
+            s = _scores(q_s, qr_s, k16, kr, s_0, s_1, s_2, s_3, valid, zero_s, qk_scale, DA, DB)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
+            acc0, acc1, acc2, acc3 = _pv(p, alpha, s_0, s_1, s_2, s_3, p0, p1, p2, p3, k16, acc0, acc1, acc2, acc3,
+                                         DA, DB)
             # every consumer warp is done with slot ks and with P (arrive is one thread's; P is rewritten next)
             _barrier()
             mbarrier.arrive(free.index(ks))
 
-        has_key = l_i > 0
-        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * (1.0 / 256.0)
-        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
-        offs_h = gl.arange(0, BH, layout=ROW)
-        h_mask = offs_h < H
-        offs_c = gl.arange(0, CH, layout=COL)
-        il = inv_l[:, None]
-        if not SPLIT:
-            o_ty: gl.constexpr = O.dtype.element_ty
-            o_row = O + t.to(gl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
-            gl.store(o_row + 0 * CH, (acc0 * il).to(o_ty), mask=h_mask[:, None])
-            gl.store(o_row + 1 * CH, (acc1 * il).to(o_ty), mask=h_mask[:, None])
-            gl.store(o_row + 2 * CH, (acc2 * il).to(o_ty), mask=h_mask[:, None])
-            gl.store(o_row + 3 * CH, (acc3 * il).to(o_ty), mask=h_mask[:, None])
-            gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
-        else:
-            n_t = gl.num_programs(0)
-            n_sp = gl.num_programs(1)
-            rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
-            o_part = PART + rows[:, None] * DN + offs_c[None, :]
-            gl.store(o_part + 0 * CH, acc0 * il, mask=h_mask[:, None])
-            gl.store(o_part + 1 * CH, acc1 * il, mask=h_mask[:, None])
-            gl.store(o_part + 2 * CH, acc2 * il, mask=h_mask[:, None])
-            gl.store(o_part + 3 * CH, acc3 * il, mask=h_mask[:, None])
-            gl.store(PART + n_sp.to(gl.int64) * n_t * H * DN + rows, lse2, mask=h_mask)
+        _store_outputs(O, LSE, PART, t, sp, H, stride_ot, stride_oh, stride_lt, m_i, l_i, acc0, acc1, acc2, acc3,
+                       SPLIT, ROW, COL)
 
     @gluon.jit
     def _sparse_mla_gluon_ws_kernel(
