@@ -413,8 +413,9 @@ def step_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, bl
     per layer: a decode batch of 64 is 64 indexer launches and 64 selections per layer without the batch.
     With the Triton kernel the selection is `kernels.topk.topk_fast`: a Triton radix select that picks what
     `stable_topk` picks (listed in position order), rows past 32K keys split over several programs, and torch.topk
-    for calls of more than 6M scores past 32K keys (faster there, called eagerly, on the H200). Otherwise
-    `stable_topk` (descending score).
+    for calls of more than 6M scores past 32K keys (faster there, called eagerly, on the H200; its order among
+    exactly tied scores is its own, so there a request's tied picks can depend on the longest request in its
+    batch). Otherwise `stable_topk` (descending score).
     """
     T, R = query_start_loc[-1], len(seq_lens)
     out[:T] = -1
