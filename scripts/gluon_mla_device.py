@@ -63,8 +63,7 @@ def splits_of(B, topk, cfg, dev, waves) -> int:
     """The split count `sparse_mla_gluon` picks for a CONFIGS entry."""
     kw = mla_gluon.config_kwargs(cfg)
     depth = kw["depth"] if kw.get("ws") else 0
-    return mla_gluon.plan_splits(B, topk, cfg[0], dev, None, waves, cfg[2], kw["dsplit"], depth, kw.get("maxnreg"),
-                                 cfg[1])[0]
+    return mla_gluon.plan_splits(B, topk, cfg[0], dev, None, waves, cfg[2], depth, kw.get("maxnreg"), cfg[1])[0]
 
 
 def main(argv=None) -> int:
@@ -137,8 +136,8 @@ def main(argv=None) -> int:
             for c in cfgs:
                 if c[0] == 32 and c[2] <= 2 and mla_gluon.config_name(c) not in broken:
                     kw = mla_gluon.config_kwargs(c)
-                    own = mla_gluon.programs_per_sm(c[0], c[2], mla.smem_class(dev), kw["dsplit"],
-                                                    kw["depth"] if kw.get("ws") else 0, kw.get("maxnreg"), c[1])
+                    own = mla_gluon.programs_per_sm(c[0], c[2], mla.smem_class(dev), kw["depth"] if kw.get("ws") else 0,
+                                                    kw.get("maxnreg"), c[1])
                     runs += [(f"gluon {mla_gluon.config_name(c)} waves{w}", c, w) for w in (1, 2, 3, 4) if w != own]
         for kname, c, wv in runs:
             if c is None:

@@ -56,10 +56,9 @@ def test_shared_memory_within_the_class_limit(stats):
     for r in stats:
         if r["arch"] == 90:
             assert r["fits"], f"{_key(r)}: {r['shared']} B > {r['limit']} B"
-        assert r["shared"] >= mla_gluon.smem_bytes_estimate(r["block_n"], r["nbuf"], r["dsplit"] is True,
-                                                            scratch=False, depth=r["depth"])
+        assert r["shared"] >= mla_gluon.smem_bytes_estimate(r["block_n"], r["nbuf"], r["depth"])
     small = [r for r in stats if r["arch"] == 120 and r["block_n"] == 32 and r["nbuf"] <= 2 and not r["depth"]]
-    assert len(small) == 3 and all(r["fits"] for r in small), "the 32-key 1-2 buffer configs must fit sm_120's 99 KB"
+    assert len(small) == 2 and all(r["fits"] for r in small), "the 32-key 1-2 buffer configs must fit sm_120's 99 KB"
 
 
 def test_split_plan_matches_the_triton_rule():

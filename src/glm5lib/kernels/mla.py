@@ -536,8 +536,14 @@ def _plan(T: int, H: int, topk: int, kv_format: str, dev_type: str, dev_index: i
     cfg = cfg or pick_config(T, H, topk, kv_format, smem_class(dev), num_sms(dev))
     if num_splits is None:
         num_splits = config_num_splits(T, H, topk, cfg, dev)
-    keys_per_split = -(-(-(-max(topk, 1) // num_splits)) // cfg.block_n) * cfg.block_n
-    return cfg, max(1, -(-topk // keys_per_split)), keys_per_split
+    return (cfg, *split_keys(topk, num_splits, cfg.block_n))
+
+
+def split_keys(topk: int, num_splits: int, block_n: int) -> tuple[int, int]:
+    """(split count, keys per split) for `num_splits` asked: each split a whole number of BLOCK_N tiles, and no split
+    left empty (the count drops when rounding up to tiles covers the top-k list with fewer)."""
+    keys_per_split = -(-(-(-max(topk, 1) // num_splits)) // block_n) * block_n
+    return max(1, -(-topk // keys_per_split)), keys_per_split
 
 
 @dataclass(frozen=True)

@@ -19,16 +19,16 @@ tensor lives and when memory moves:
   into an fp16 shared tile that is B of both products: `K^T` as a transposed view for `S = q k^T`, `V` as is for
   `acc += P V` (`mma_v2`, ldmatrix from swizzled shared memory).
 
-Three kernels, differing in how the warps share the work:
+Two kernels, sharing their scores, softmax step, P V and epilogue:
 
 - `_sparse_mla_gluon_kernel` (key split): the mma tile `[16, N]` splits the keys across warps, as Triton does;
   every warp reads all of q from shared memory per tile, and the scaled P goes through shared memory once;
-- `_sparse_mla_gluon_dsplit_kernel` (chunk split, `dsplit=True`): warp c owns latent chunk c (columns
-  128c..128c+127) for both products, as one batched mma over `[chunk, head, key]`; each warp reads a quarter of
-  q and of the tile, P reaches the second product by a register shuffle, and S is one cross-warp sum;
 - `_sparse_mla_gluon_ws_kernel` (warp-specialized, `ws=True`): the key-split kernel with the gather and the
   e4m3 -> fp16 conversion moved to a 4-warp producer partition that fills a ring of `depth` fp16 tiles, so that
   they overlap the consumer's products and softmax (per-slot `ready` / `free` mbarriers between the partitions).
+
+(A third, warps split over the latent chunks, was timed on the H200 and removed: 150 against 134 us at B128 H8,
+NOTES.md v8a; the commit that has it is c6a6ee6.)
 
 Numerics are the Triton kernel's NOPE_F16 scheme: e4m3 -> fp16 is exact, the per-128-column fp32 scale goes on
 the `[16, N]` side (to S and to P), q's latent chunks are pre-scaled by 2^-8 and P by 2^8 so both stay inside
@@ -54,6 +54,8 @@ import torch
 from glm5lib.kernels import common  # noqa: F401  (before triton: the interpreter switch)
 from glm5lib.kernels import mla
 from glm5lib.kernels.common import num_sms
+from glm5lib.kernels.compile_report import SMEM_LIMIT
+from glm5lib.kernels.mla import LOG2E
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES, kv_row_geometry
 
 import triton  # noqa: E402
@@ -68,16 +70,14 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
     HAVE_GLUON = False
 
 BLOCK_H = 16  # mma_v2's M: all heads of a token, padded
-LOG2E = 1.4426950408889634
 
-# (block_n, num_warps, nbuf, variant) the device script times; variant: False the key-split kernel, True the
-# chunk-split one (4 warps), "ws" / "ws<depth>" the warp-specialized one (num_warps: its consumer; fp16 ring depth
-# 2 unless given). DEFAULT is what `sparse_mla_gluon` takes unless told. All compile without spills; sm_120 (99 KB)
-# takes only block_n 32 with nbuf 1-2 of the first two kernels. On the H200 (NOTES.md v8a-v8e) nbuf 1 (single-slot
-# ring) was the fastest at B128 H8 (0.88x the Triton kernel), the warp-specialized one at B128 H16 and B32
-# (0.86-0.92x). DEFAULT keeps nbuf 2: the stage probes (`probe`) need a second slot.
-CONFIGS = [(32, 4, 2, False), (32, 4, 1, False), (64, 8, 2, False), (32, 4, 2, True), (32, 4, 2, "ws"),
-           (32, 4, 2, "ws3")]
+# (block_n, num_warps, nbuf, variant) the device script times; variant: False the key-split kernel, "ws" / "ws<depth>"
+# the warp-specialized one (num_warps: its consumer; fp16 ring depth 2 unless given). DEFAULT is what `sparse_mla_gluon`
+# takes unless told. All compile without spills; sm_120 (99 KB) takes only block_n 32 with nbuf 1-2 of the key-split
+# kernel. On the H200 (NOTES.md v8a-v8e) nbuf 1 (single-slot ring) was the fastest at B128 H8 (0.88x the Triton kernel),
+# the warp-specialized one at B128 H16 and B32 (0.86-0.93x). DEFAULT keeps nbuf 2: the stage probes (`probe`) need a
+# second slot.
+CONFIGS = [(32, 4, 2, False), (32, 4, 1, False), (64, 8, 2, False), (32, 4, 2, "ws"), (32, 4, 2, "ws3")]
 # Timed on the H200 and dropped (no faster; outputs/bench/gluon_*_h200.json): a 3-slot fp8 ring (nbuf 3) in every
 # kernel, 64-key tiles on 4 warps (these spill when built by Triton 3.9), and register caps (a 5th element,
 # `maxnreg`: (32, 4, 1, False, 160) ran three programs per SM at f4e4745, no faster than two; re-add it to time it).
@@ -91,7 +91,7 @@ WS_PRODUCER_REGS = 128  # setmaxnreg for the producer (it compiles without spill
 def config_kwargs(cfg) -> dict:
     """`sparse_mla_gluon` keywords of a CONFIGS entry (an optional 5th element: the register cap per thread)."""
     bn, nw, nb, v = cfg[:4]
-    kw = {"block_n": bn, "num_warps": nw, "nbuf": nb, "dsplit": v is True}
+    kw = {"block_n": bn, "num_warps": nw, "nbuf": nb}
     if isinstance(v, str):
         kw.update(ws=True, depth=int(v[2:] or 2))
     if len(cfg) > 4 and cfg[4]:
@@ -104,22 +104,17 @@ def config_name(cfg) -> str:
     cap = f"-r{cfg[4]}" if len(cfg) > 4 and cfg[4] else ""
     if isinstance(v, str):
         return f"W{v[2:] or 2}-BN{bn}-w{nw}-nbuf{nb}{cap}"
-    return f"{'D' if v else 'N'}-BN{bn}-w{nw}-nbuf{nb}{cap}"
+    return f"N-BN{bn}-w{nw}-nbuf{nb}{cap}"
 
 
-def smem_bytes_estimate(block_n: int, nbuf: int, dsplit: bool = False, scratch: bool = True, depth: int = 0) -> int:
-    """Shared memory of one program: the gather ring, the fp16 tile, q, and the P tiles (key-split kernel); with
-    `scratch`, also the chunk-split kernel's cross-warp S reduction buffer as Triton 3.6 allocates it. depth > 0:
+def smem_bytes_estimate(block_n: int, nbuf: int, depth: int = 0) -> int:
+    """Shared memory of one program: the gather ring, the fp16 tile, q, and the P tiles (key-split kernel); depth > 0:
     the warp-specialized kernel, whose fp16 ring holds `depth` tiles with their rope and scales (+ mbarriers)."""
-    ring = nbuf * block_n * (4 * 128 + 2 * D_ROPE + 4 * 4)
+    ring = nbuf * block_n * FP8_DS_MLA_ROW_BYTES
+    p_tiles = 4 * BLOCK_H * block_n * 2
     if depth:
-        return ring + depth * block_n * (2 * D_NOPE + 2 * D_ROPE + 4 * 4) + 4 * BLOCK_H * block_n * 2 \
-            + BLOCK_H * 2 * D_QK + 16 * depth
-    extra = 0 if dsplit else 4 * BLOCK_H * block_n * 2
-    if dsplit and scratch:
-        extra += 4 * BLOCK_H * block_n * 4
-    return ring + block_n * 2 * D_NOPE + BLOCK_H * 2 * D_QK + extra
-
+        return ring + depth * block_n * (2 * D_NOPE + 2 * D_ROPE + 4 * 4) + p_tiles + BLOCK_H * 2 * D_QK + 16 * depth
+    return ring + block_n * 2 * D_NOPE + BLOCK_H * 2 * D_QK + p_tiles
 
 if HAVE_GLUON:
     # names that changed after Triton 3.6 (what the H200 runs): cp.async is `async_load`, the CTA barrier `barrier`
@@ -409,178 +404,6 @@ if HAVE_GLUON:
 
 
     @gluon.jit
-    def _sparse_mla_gluon_dsplit_kernel(
-        Q, KV, IDX, O, LSE, PART,
-        stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
-        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
-        SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
-    ):
-        """`_sparse_mla_gluon_kernel` with the warps split over the 4 latent chunks instead of the keys (4 warps).
-
-        Warp c computes `S_c = q_c k_c^T` and `acc_c += P_c V_c` for its 128 columns only, as one batched mma
-        over [chunk, head, key] tensors: each warp reads its own q chunk and its own quarter of the fp16 tile, and
-        P (in the accumulator layout of S, which is the A layout up to a register shuffle) never goes through
-        shared memory. S is the sum of the 4 chunk products (one cross-warp reduction); the softmax is computed
-        by every warp on the whole [16, N] tile (16 values per thread at N = 32).
-        """
-        BH: gl.constexpr = 16
-        CH: gl.constexpr = 128
-        DN: gl.constexpr = 512
-        DR: gl.constexpr = 64
-        gl.static_assert(gl.num_warps() == 4, "one warp per latent chunk")
-        t = gl.program_id(0)
-        sp = gl.program_id(1)
-
-        M3: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[4, 1, 1], instr_shape=[1, 16, 8])
-        A3: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M3, k_width=2)
-        B3: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M3, k_width=2)
-        S2: gl.constexpr = gl.SliceLayout(0, M3)  # [16, N]: the summed S, every warp holds all of it
-        ROW: gl.constexpr = gl.SliceLayout(1, S2)  # [16]
-        COL: gl.constexpr = gl.SliceLayout(0, S2)  # [N]
-        SC: gl.constexpr = gl.SliceLayout(1, M3)  # [4, N] chunk scales
-        H3: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, M3))  # [16] heads, to broadcast over [4, 16, 128]
-        M2: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
-        A2: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M2, k_width=2)
-        B2: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M2, k_width=2)
-        LW: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 4, 8], [4, 1, 1], [2, 1, 0])  # [4, N, 32] int32 words
-        LWN: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, LW))  # [N] rows of LW
-        LR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])  # [N, 64] bf16 rope
-        LS: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [4, 1], [1, 0])  # [4, N] fp32 scales
-        LQ: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 2, 16], [4, 1, 1], [2, 1, 0])  # [4, 16, 128] q
-
-        SW: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        SW3: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[2, 1, 0])
-        SW3_64: gl.constexpr = gl.SwizzledSharedLayout(vec=2, per_phase=1, max_phase=8, order=[2, 1, 0])  # SW3, 8 B
-        FLAT3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
-        FLAT2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        lat_s = gl.allocate_shared_memory(gl.int32, [NBUF, 4, BLOCK_N, CH // 4], FLAT3)
-        rope_s = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BLOCK_N, DR], SW)
-        sc_s = gl.allocate_shared_memory(gl.float32, [NBUF, 4, BLOCK_N], FLAT2)
-        k16_w = gl.allocate_shared_memory(gl.int64, [4, BLOCK_N, CH // 4], SW3_64)
-        k16 = _as_f16(k16_w, [4, BLOCK_N, CH], SW3)  # [chunk, key, column]: the same bytes
-        q_s = gl.allocate_shared_memory(gl.float16, [4, BH, CH], SW3)
-        qr_s = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], SW)
-
-        KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
-        KVH = KV.to(gl.pointer_type(gl.bfloat16), bitcast=True)
-        KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True)
-        k_start = sp * KEYS_PER_SPLIT
-        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
-        n_tiles = gl.cdiv(k_end - k_start, BLOCK_N)
-        idx_row = IDX + t.to(gl.int64) * stride_it
-        offs_c4w = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, LW)))
-        offs_jw = gl.arange(0, CH // 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, LW)))
-        col_w = (offs_c4w * (CH // 4))[:, None, None] + offs_jw[None, None, :]  # word of (chunk, j) in a row
-        offs_r = gl.arange(0, DR, layout=gl.SliceLayout(0, LR))
-        offs_c4s = gl.arange(0, 4, layout=gl.SliceLayout(1, LS))
-
-        for j in gl.static_range(NBUF - 1):
-            s0 = k_start + j * BLOCK_N
-            _issue_gather3(KVW, KVH, KVF, _tile_idx(idx_row, s0, k_end, BLOCK_N, LWN),
-                           _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR)),
-                           _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(0, LS)),
-                           N_ROWS, stride_kv, lat_s.index(j), rope_s.index(j), sc_s.index(j), col_w, offs_r,
-                           offs_c4s)
-            cp.commit_group()
-        s0 = k_start + (NBUF - 1) * BLOCK_N
-        nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, LWN)
-        nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
-        nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(0, LS))
-
-        # q: chunk c of the latent part at q_s[c], fp16 pre-scaled by 2^-8; rope as bf16; rows past H are zeros
-        offs_qc = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, LQ)))
-        offs_qh = gl.arange(0, BH, layout=gl.SliceLayout(0, gl.SliceLayout(2, LQ)))
-        offs_qj = gl.arange(0, CH, layout=gl.SliceLayout(0, gl.SliceLayout(1, LQ)))
-        q_base = Q + t.to(gl.int64) * stride_qt
-        q_off = offs_qh[None, :, None] * stride_qh + (offs_qc * CH)[:, None, None] + offs_qj[None, None, :]
-        qn = gl.load(q_base + q_off, mask=(offs_qh < H)[None, :, None], other=0.0)
-        q_s.store((qn.to(gl.float32) * (1.0 / 256.0)).to(gl.float16))
-        offs_rh = gl.arange(0, BH, layout=gl.SliceLayout(1, LR))
-        qr = gl.load(q_base + offs_rh[:, None] * stride_qh + DN + offs_r[None, :], mask=(offs_rh < H)[:, None],
-                     other=0.0)
-        qr_s.store(qr.to(gl.bfloat16))
-
-        m_i = gl.full([BH], float("-inf"), gl.float32, ROW)
-        l_i = gl.full([BH], 0.0, gl.float32, ROW)
-        acc = gl.full([4, BH, CH], 0.0, gl.float32, M3)
-        zero3 = gl.full([4, BH, BLOCK_N], 0.0, gl.float32, M3)
-        zero2 = gl.full([BH, BLOCK_N], 0.0, gl.float32, M2)
-
-        for i in range(n_tiles):
-            slot_w = (i + NBUF - 1) % NBUF
-            _issue_gather3(KVW, KVH, KVF, nxt_w, nxt_r, nxt_s, N_ROWS, stride_kv, lat_s.index(slot_w),
-                           rope_s.index(slot_w), sc_s.index(slot_w), col_w, offs_r, offs_c4s)
-            cp.commit_group()
-            s0 = k_start + (i + NBUF) * BLOCK_N
-            nxt_w = _tile_idx(idx_row, s0, k_end, BLOCK_N, LWN)
-            nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(1, LR))
-            nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, gl.SliceLayout(0, LS))
-            cur = _tile_idx(idx_row, k_start + i * BLOCK_N, k_end, BLOCK_N, COL)
-            valid = (cur >= 0) & (cur < N_ROWS)
-
-            cp.wait_group(NBUF - 1)
-            _barrier()  # tile i landed (all threads' copies); last iteration's reads of the fp16 tile are done
-            slot = i % NBUF
-            k16_w.store(_e4m3_words_f16(lat_s.index(slot).load(LW)))
-            kr = rope_s.index(slot).permute([1, 0]).load(B2)  # [64, N] bf16
-            sc = sc_s.index(slot).load(SC)  # [4, N]
-            _barrier()  # the fp16 tile is complete; the slot may be refilled from here on
-
-            s3 = mma_v2(q_s.load(A3), k16.permute([0, 2, 1]).load(B3), zero3)  # [4, 16, N], warp c: chunk c
-            s = gl.sum(s3 * sc[:, None, :], axis=0) * 256.0
-            s_r = mma_v2(qr_s.load(A2), kr, zero2)
-            s = s + gl.convert_layout(s_r, S2)
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
-
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            p3 = (gl.expand_dims(p * 256.0, 0) * sc[:, None, :]).to(gl.float16)  # [4, 16, N] in M3
-            a3 = gl.expand_dims(gl.expand_dims(gl.convert_layout(alpha, H3), 0), 2)
-            acc = mma_v2(gl.convert_layout(p3, A3), k16.load(B3), acc * a3)
-        cp.wait_group(0)
-
-        has_key = l_i > 0
-        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * (1.0 / 256.0)
-        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
-        out = acc * gl.expand_dims(gl.expand_dims(gl.convert_layout(inv_l, H3), 0), 2)
-        offs_c = gl.arange(0, 4, layout=gl.SliceLayout(1, gl.SliceLayout(2, M3)))
-        offs_h = gl.arange(0, BH, layout=gl.SliceLayout(0, gl.SliceLayout(2, M3)))
-        offs_j = gl.arange(0, CH, layout=gl.SliceLayout(0, gl.SliceLayout(1, M3)))
-        h_mask3 = (offs_h < H)[None, :, None]
-        col3 = (offs_c * CH)[:, None, None] + offs_j[None, None, :]
-        offs_hl = gl.arange(0, BH, layout=ROW)
-        if not SPLIT:
-            o_ty: gl.constexpr = O.dtype.element_ty
-            gl.store(O + t.to(gl.int64) * stride_ot + offs_h[None, :, None] * stride_oh + col3, out.to(o_ty),
-                     mask=h_mask3)
-            gl.store(LSE + t * stride_lt + offs_hl, lse2 * 0.6931471805599453, mask=offs_hl < H)
-        else:
-            n_t = gl.num_programs(0)
-            n_sp = gl.num_programs(1)
-            base = (sp * n_t + t).to(gl.int64) * H  # mla._part_rows
-            gl.store(PART + (base + offs_h)[None, :, None] * DN + col3, out, mask=h_mask3)
-            gl.store(PART + n_sp.to(gl.int64) * n_t * H * DN + base + offs_hl, lse2, mask=offs_hl < H)
-
-    @gluon.jit
-    def _issue_gather3(KVW, KVH, KVF, idx_w, idx_r, idx_s, N_ROWS, stride_kv, lat_buf, rope_buf, sc_buf, col_w,
-                       offs_r, offs_c4s):
-        """`_issue_gather` for the chunk-split kernel: latent words as [4, N, 32], scales as [4, N]."""
-        v = (idx_w >= 0) & (idx_w < N_ROWS)
-        w_off = gl.multiple_of(gl.where(v, idx_w, 0).to(gl.int64) * stride_kv // 4, 4)
-        _async_copy(lat_buf, KVW + w_off[None, :, None] + col_w, mask=v[None, :, None])
-        v = (idx_r >= 0) & (idx_r < N_ROWS)
-        h_off = gl.multiple_of((gl.where(v, idx_r, 0).to(gl.int64) * stride_kv + 528) // 2, 8)
-        _async_copy(rope_buf, KVH + h_off[:, None] + offs_r[None, :], mask=v[:, None])
-        v = (idx_s >= 0) & (idx_s < N_ROWS)
-        f_off = (gl.where(v, idx_s, 0).to(gl.int64) * stride_kv + 512) // 4
-        _async_copy(sc_buf, KVF + f_off[None, :] + offs_c4s[:, None], mask=v[None, :])
-
-
-    @gluon.jit
     def _ws_producer(KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, lat_s, rope_s, sc0, sc1, sc2, sc3,
                      k16_w, rope16, t0, t1, t2, t3, ready, free, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
                      DEPTH: gl.constexpr):
@@ -763,45 +586,42 @@ if HAVE_GLUON:
 SMEM_PER_SM = {"big": 228 * 1024, "small": 100 * 1024}  # sm_90 / sm_120 class, per SM (1 KB of it per block reserved)
 
 
-def programs_per_sm(block_n: int, nbuf: int, smem: str = "big", dsplit: bool = False, depth: int = 0,
-                    maxnreg: int | None = None, num_warps: int = 4) -> int:
+def programs_per_sm(block_n: int, nbuf: int, smem: str = "big", depth: int = 0, maxnreg: int | None = None,
+                    num_warps: int = 4) -> int:
     """Programs that fit on one SM by shared memory and registers (the split rule's `waves`); depth: `ws` kernel.
     Without a register cap the kernels take 186-255 registers a thread: 2 programs of 4 warps at most."""
     # + the compiler's scratch (256 B in the sm_90 builds) and the 1 KB the driver reserves per block, of 228 KB
-    need = smem_bytes_estimate(block_n, nbuf, dsplit, depth=depth) + 1536
+    need = smem_bytes_estimate(block_n, nbuf, depth) + 1536
     by_regs = 65536 // (maxnreg * 32 * num_warps) if maxnreg else 2
     return max(1, min(by_regs, SMEM_PER_SM[smem] // need))
 
 
 def plan_splits(T: int, topk: int, block_n: int, device: torch.device, num_splits: int | None = None,
-                waves: int | None = None, nbuf: int = DEFAULT[2], dsplit: bool = False,
-                depth: int = 0, maxnreg: int | None = None, num_warps: int = 4) -> tuple[int, int]:
+                waves: int | None = None, nbuf: int = DEFAULT[2], depth: int = 0, maxnreg: int | None = None,
+                num_warps: int = 4) -> tuple[int, int]:
     """(split count, keys per split): `mla.pick_num_splits` with the shipped fp8 decode config's fit rule and, as
-    waves, the programs per SM this config's shared memory allows (unless given), rounded like `mla._plan` (every
-    split non-empty). depth > 0: the warp-specialized kernel with that fp16 ring depth."""
+    waves, the programs per SM this config allows (unless given), rounded by `mla.split_keys`. depth > 0: the
+    warp-specialized kernel with that fp16 ring depth."""
     smem = mla.smem_class(device)
     cfg = mla.CONFIGS[("small", "fp8_ds_mla", smem)]
     if num_splits is None:
-        waves = waves or programs_per_sm(block_n, nbuf, smem, dsplit, depth, maxnreg, num_warps)
+        waves = waves or programs_per_sm(block_n, nbuf, smem, depth, maxnreg, num_warps)
         num_splits = mla.pick_num_splits(T, 1, topk, block_n, num_sms(device), waves, cfg.fit)
-    keys_per_split = -(-(-(-max(topk, 1) // num_splits)) // block_n) * block_n
-    return max(1, -(-topk // keys_per_split)), keys_per_split
+    return mla.split_keys(topk, num_splits, block_n)
 
 
 def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n=DEFAULT[0],
-                     num_warps=DEFAULT[1], nbuf=DEFAULT[2], dsplit=DEFAULT[3], waves=None, out=None, ws=False,
-                     depth=2, probe=0, maxnreg=None):
+                     num_warps=DEFAULT[1], nbuf=DEFAULT[2], waves=None, out=None, ws=False, depth=2, probe=0,
+                     maxnreg=None):
     """Sparse MLA forward over an fp8_ds_mla cache for H <= 16 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf
-    for a token without a valid key. dsplit: the chunk-split kernel (warps over the 4 latent chunks; num_warps is
-    4 whatever is asked). ws: the warp-specialized kernel (num_warps consumer warps, 4 producer warps, an fp16
-    ring of `depth` tiles). probe: a stage-timing build of the key-split kernel (`PROBE` in its docstring).
-    maxnreg: cap registers per thread (more programs per SM when shared memory allows them)."""
+    for a token without a valid key. ws: the warp-specialized kernel (num_warps consumer warps, 4 producer warps,
+    an fp16 ring of `depth` tiles). probe: a stage-timing build of the key-split kernel (`PROBE` in its
+    docstring). maxnreg: cap registers per thread (more programs per SM when shared memory allows them)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
-    if probe and (ws or dsplit or nbuf < 2):
-        raise ValueError(f"probe builds exist for the key-split kernel with nbuf >= 2, got ws={ws} dsplit={dsplit} "
-                         f"nbuf={nbuf}")
+    if probe and (ws or nbuf < 2):
+        raise ValueError(f"probe builds exist for the key-split kernel with nbuf >= 2, got ws={ws} nbuf={nbuf}")
     if maxnreg and ws:
         raise ValueError("maxnreg does not apply to the warp-specialized kernel (its partitions set their registers)")
     T, H, d = q.shape
@@ -826,9 +646,7 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if T == 0:
         return out, lse
-    if ws and dsplit:
-        raise ValueError("ws and dsplit are different kernels")
-    splits, keys_per_split = plan_splits(T, topk, block_n, dev, num_splits, waves, nbuf, dsplit, depth if ws else 0,
+    splits, keys_per_split = plan_splits(T, topk, block_n, dev, num_splits, waves, nbuf, depth if ws else 0,
                                          maxnreg, num_warps)
     part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
     args = (q, kv_cache, indices, out, lse, part,
@@ -839,10 +657,10 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
             *args, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, DEPTH=depth, PRODUCER_WARPS=WS_PRODUCER_WARPS,
             PRODUCER_REGS=WS_PRODUCER_REGS, num_warps=num_warps)
     else:
-        kernel = _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
-        kernel[(T, splits)](*args, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, num_warps=4 if dsplit else num_warps,
-                            **({"PROBE": probe} if probe else {}),  # a stage-timing build (key-split kernel only)
-                            **({"maxnreg": maxnreg} if maxnreg else {}))
+        _sparse_mla_gluon_kernel[(T, splits)](
+            *args, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, num_warps=num_warps,
+            **({"PROBE": probe} if probe else {}),  # a stage-timing build
+            **({"maxnreg": maxnreg} if maxnreg else {}))
     if splits > 1:
         sp, bh, bd = mla.merge_tile(splits, H)
         mla._merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
@@ -851,23 +669,20 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
     return out, lse
 
 
-SMEM_LIMIT = {90: 227 * 1024, 120: 99 * 1024}  # per block, opt-in maximum (as compile_report)
-
-
 def aot_compile(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1], nbuf: int = DEFAULT[2],
-                dsplit=DEFAULT[3], split: bool = True, maxnreg: int | None = None):
-    """Compile the kernel (dsplit: the chunk-split one; "ws" / "ws<depth>": the warp-specialized one, as in a
-    CONFIGS entry) for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
+                variant=DEFAULT[3], split: bool = True, maxnreg: int | None = None):
+    """Compile the key-split kernel (variant False) or the warp-specialized one ("ws" / "ws<depth>", as in a CONFIGS
+    entry) for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    ws = isinstance(dsplit, str)
-    fn = _sparse_mla_gluon_ws_kernel if ws else _sparse_mla_gluon_dsplit_kernel if dsplit else _sparse_mla_gluon_kernel
+    ws = isinstance(variant, str)
+    fn = _sparse_mla_gluon_ws_kernel if ws else _sparse_mla_gluon_kernel
     consts = {"SPLIT": split, "BLOCK_N": block_n, "NBUF": nbuf}
     if "PROBE" in fn.arg_names:
         consts["PROBE"] = 0  # a constexpr with a default is still a constexpr of the signature
     if ws:
-        consts.update(DEPTH=int(dsplit[2:] or 2), PRODUCER_WARPS=WS_PRODUCER_WARPS, PRODUCER_REGS=WS_PRODUCER_REGS)
+        consts.update(DEPTH=int(variant[2:] or 2), PRODUCER_WARPS=WS_PRODUCER_WARPS, PRODUCER_REGS=WS_PRODUCER_REGS)
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -876,12 +691,12 @@ def aot_compile(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1
            "stride_oh")  # what the launcher specialises for GLM-5 shapes (all multiples of 16)
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
     return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": 4 if dsplit is True else num_warps,
+                          options={"num_warps": num_warps,
                                    **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT[1], nbuf: int = DEFAULT[2],
-                  dsplit=DEFAULT[3], split: bool = True, maxnreg: int | None = None) -> dict:
+                  variant=DEFAULT[3], split: bool = True, maxnreg: int | None = None) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, and registers / stack / local memory per thread from
     `cuobjdump -res-usage` when the Triton install ships it (None otherwise)."""
     import os
@@ -889,11 +704,11 @@ def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT
     import subprocess
     import tempfile
 
-    k = aot_compile(arch, block_n, num_warps, nbuf, dsplit, split, maxnreg)
-    row = {"config": config_name((block_n, num_warps, nbuf, dsplit, maxnreg)), "arch": arch, "block_n": block_n,
-           "num_warps": num_warps, "nbuf": nbuf, "split": split, "dsplit": dsplit,
+    k = aot_compile(arch, block_n, num_warps, nbuf, variant, split, maxnreg)
+    row = {"config": config_name((block_n, num_warps, nbuf, variant, maxnreg)), "arch": arch, "block_n": block_n,
+           "num_warps": num_warps, "nbuf": nbuf, "split": split, "variant": variant,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch], "regs": None, "stack": None, "local": None,
-           "depth": int(dsplit[2:] or 2) if isinstance(dsplit, str) else 0}
+           "depth": int(variant[2:] or 2) if isinstance(variant, str) else 0}
     row["fits"] = row["shared"] <= row["limit"]
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if os.path.exists(tool):
@@ -910,7 +725,7 @@ def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT
 
 
 __all__ = ["sparse_mla_gluon", "CONFIGS", "WS_CONFIGS", "DEFAULT", "config_name", "config_kwargs",
-           "HAVE_GLUON", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats", "SMEM_LIMIT"]
+           "HAVE_GLUON", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats"]
 
 
 if __name__ == "__main__":  # compile-only report: `TRITON_INTERPRET=0 python -m glm5lib.kernels.mla_gluon [ARCH ...]`
