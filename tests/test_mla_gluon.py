@@ -77,3 +77,86 @@ def test_config_names_and_keywords():
     assert mla_gluon.WS_CONFIGS and all(mla_gluon.config_kwargs(c)["ws"] for c in mla_gluon.WS_CONFIGS)
     assert mla_gluon.config_kwargs((32, 4, 2, "ws3"))["depth"] == 3
     assert "ws" not in mla_gluon.config_kwargs(mla_gluon.DEFAULT)
+
+
+# --- the wgmma kernel for 64-128 heads (kernels.mla_gluon_large): sm_90 only ---------------------------------------
+
+_SCRIPT_LARGE = """
+import json
+from glm5lib.kernels import mla_gluon_large as m
+for fmt in ("bf16", "fp8_ds_mla"):
+    for cfg in m.configs_for(fmt):
+        for split in (False, True):
+            try:
+                r = m.compile_stats(fmt, cfg, split)
+            except Exception as exc:
+                r = {"config": m.config_name(cfg), "kv_format": fmt, "split": split, "error": str(exc)[-400:]}
+            print(json.dumps(r), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def large_stats():
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", _SCRIPT_LARGE], capture_output=True, text=True, env=env, timeout=900)
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        pytest.fail(f"no compile results: {p.stderr[-2000:]}")
+    return rows
+
+
+def test_large_kernel_compiles_for_sm90_within_shared_memory_without_spills(large_stats):
+    from glm5lib.kernels import mla_gluon_large as m
+
+    assert len(large_stats) == 2 * (len(m.configs_for("bf16")) + len(m.configs_for("fp8_ds_mla")))
+    bad = [f"{r['kv_format']} {r['config']}: {r['error']}" for r in large_stats if "error" in r]
+    assert not bad, "; ".join(bad)
+    for r in large_stats:
+        name = f"{r['kv_format']} {r['config']} split={r['split']}"
+        assert r["fits"], f"{name}: {r['shared']} B > {r['limit']} B"
+        assert not r["local"] and not r["stack"], f"{name}: register spill"
+        # the estimate counts every buffer the kernel allocates; the compiler adds scratch for the cross-warpgroup
+        # reductions and P's layout conversion
+        assert 0 <= r["shared"] - r["estimate"] <= 8192, name
+
+
+def test_large_kernel_rejects_bad_input_before_launching():
+    import torch
+
+    from glm5lib.kernels import mla_gluon_large as m
+
+    q = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(100, 576, dtype=torch.bfloat16)
+    idx = torch.zeros(2, 64, dtype=torch.int32)
+    cases = [
+        (dict(q=q.float()), "bf16"),
+        (dict(q=torch.zeros(2, 129, 576, dtype=torch.bfloat16)), "H <= 128"),
+        (dict(kv=kv.half()), "bf16 cache"),
+        (dict(kv_format="fp8_ds_mla"), "fp8_ds_mla cache"),
+        (dict(kv_format="fp16"), "kv_format"),
+        (dict(idx=idx.long()), "int32"),
+        (dict(nbuf=1), "nbuf"),
+        (dict(async_mma=2, kv_format="fp8_ds_mla", kv=torch.zeros(100, 656, dtype=torch.uint8)), "async_mma"),
+        (dict(out=torch.zeros(2, 64, 256, dtype=torch.bfloat16)), "out"),
+    ]
+    for over, msg in cases:
+        a = dict(q=q, kv=kv, idx=idx, kv_format="bf16")
+        a.update(over)
+        kw = {k: v for k, v in a.items() if k not in ("q", "kv", "idx")}
+        with pytest.raises(ValueError, match=msg):
+            m.sparse_mla_gluon_large(a["q"], a["kv"], a["idx"], 0.0625, **kw)
+
+
+def test_large_kernel_split_plan():
+    import torch
+
+    from glm5lib.kernels import mla_gluon_large as m
+
+    cpu = torch.device("cpu")  # 132 SMs assumed off-GPU
+    assert m.plan_splits(4096, 64, 2048, 64, cpu)[0] == 1  # prefill fills the GPU
+    assert m.plan_splits(128, 128, 2048, 64, cpu)[0] == 1  # 256 programs: one per SM at least
+    splits, kps = m.plan_splits(128, 64, 2048, 64, cpu)
+    assert splits == 2 and kps == 1024  # 128 programs < 132 SMs: split once (one program per SM by shared memory)
+    splits, kps = m.plan_splits(1, 64, 2048, 64, cpu)
+    assert splits * kps >= 2048 and kps % 64 == 0 and splits > 8

@@ -218,16 +218,18 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _store_outputs(O, LSE, PART, t, sp, H, stride_ot, stride_oh, stride_lt, m_i, l_i, acc0, acc1, acc2, acc3,
-                       SPLIT: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
+                       SPLIT: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr, BH: gl.constexpr = 16, h0=0,
+                       SP_AXIS: gl.constexpr = 1, ACC_SCALE: gl.constexpr = 1.0 / 256.0):
         """Normalise and write: O [T, H, 512] and the natural-log LSE, or (SPLIT) the fp32 partial and its log2 lse
-        in `mla._part_rows`'s layout. A head with no key gets zeros and -inf."""
+        in `mla._part_rows`'s layout. A head with no key gets zeros and -inf. The program's heads are h0 + [0, BH);
+        its split is program id SP_AXIS; the accumulator holds ACC_SCALE^-1 times the output (2^8: the fp16
+        scheme)."""
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
-        BH: gl.constexpr = 16
         has_key = l_i > 0
-        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * (1.0 / 256.0)
+        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * ACC_SCALE
         lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
-        offs_h = gl.arange(0, BH, layout=ROW)
+        offs_h = h0 + gl.arange(0, BH, layout=ROW)
         h_mask = offs_h < H
         offs_c = gl.arange(0, CH, layout=COL)
         il = inv_l[:, None]
@@ -241,7 +243,7 @@ if HAVE_GLUON:
             gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
         else:
             n_t = gl.num_programs(0)
-            n_sp = gl.num_programs(1)
+            n_sp = gl.num_programs(SP_AXIS)
             rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
             o_part = PART + rows[:, None] * DN + offs_c[None, :]
             gl.store(o_part + 0 * CH, acc0 * il, mask=h_mask[:, None])
@@ -699,29 +701,37 @@ def compile_stats(arch: int, block_n: int = DEFAULT[0], num_warps: int = DEFAULT
                   variant=DEFAULT[3], split: bool = True, maxnreg: int | None = None) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, and registers / stack / local memory per thread from
     `cuobjdump -res-usage` when the Triton install ships it (None otherwise)."""
+    k = aot_compile(arch, block_n, num_warps, nbuf, variant, split, maxnreg)
+    row = {"config": config_name((block_n, num_warps, nbuf, variant, maxnreg)), "arch": arch, "block_n": block_n,
+           "num_warps": num_warps, "nbuf": nbuf, "split": split, "variant": variant,
+           "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
+           "depth": int(variant[2:] or 2) if isinstance(variant, str) else 0}
+    row["fits"] = row["shared"] <= row["limit"]
+    row.update(cubin_usage(k.asm["cubin"]))
+    return row
+
+
+def cubin_usage(cubin: bytes) -> dict:
+    """{"regs", "stack", "local"} per thread from `cuobjdump -res-usage` when the Triton install ships it (None
+    values otherwise)."""
     import os
     import re
     import subprocess
     import tempfile
 
-    k = aot_compile(arch, block_n, num_warps, nbuf, variant, split, maxnreg)
-    row = {"config": config_name((block_n, num_warps, nbuf, variant, maxnreg)), "arch": arch, "block_n": block_n,
-           "num_warps": num_warps, "nbuf": nbuf, "split": split, "variant": variant,
-           "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch], "regs": None, "stack": None, "local": None,
-           "depth": int(variant[2:] or 2) if isinstance(variant, str) else 0}
-    row["fits"] = row["shared"] <= row["limit"]
+    out = {"regs": None, "stack": None, "local": None}
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     if os.path.exists(tool):
         with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-            f.write(k.asm["cubin"])
+            f.write(cubin)
         try:
             res = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
         finally:
             os.unlink(f.name)
         m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", res)
         if m:
-            row["regs"], row["stack"], row["local"] = (int(x) for x in m.groups())
-    return row
+            out["regs"], out["stack"], out["local"] = (int(x) for x in m.groups())
+    return out
 
 
 __all__ = ["sparse_mla_gluon", "CONFIGS", "WS_CONFIGS", "DEFAULT", "config_name", "config_kwargs",

@@ -1,0 +1,433 @@
+"""Gluon sparse MLA forward for 64-128 heads on sm_90 (Hopper wgmma): prefill and decode, bf16 or fp8_ds_mla cache.
+
+`sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, kv_format=...)` -> `(out [T, H, 512], lse [T, H])`, the
+contract of `mla.sparse_mla_launch`; the fp32 twin is `naive.sparse_mla_ref`.
+
+Why. The Triton kernel (`mla._sparse_mla_fwd_kernel`, `BLOCK_H` 64 on 8 warps) computes `S = q k^T` twice: its
+wgmma layout for S is chosen by Triton's heuristic for a dot whose result feeds another dot (flash attention), which
+puts all 8 warps along the 64 head rows (`warpsPerCTA = [8, 1]`, TTGIR of the sm_90 build); a warpgroup covers 64
+rows, so the second warpgroup holds a copy of the first's S. The 576-wide product is done twice for every tile, and
+the tensor cores do 1664 units of work per key and head where 1088 (576 + 512) are needed. Gluon takes the layouts
+from the kernel:
+
+- S `[64 heads, BLOCK_N keys]`: warps `[4, 2]`, each warpgroup the products for half of the keys (no copy);
+- the accumulator `[64, 512]` as four `[64, 128]` chunks, warps `[4, 2]`: each warpgroup half the columns
+  (128 fp32 registers per thread), as in the Triton kernel;
+- the row max and sum cross the two warpgroups (the compiler's reduction through shared memory), and P goes to the
+  wgmma A-operand layout in registers (each warpgroup needs all keys' P for its half of the columns).
+
+Rows are gathered by `cp.async` (a pointer tensor and a mask) into a ring of `NBUF` shared tiles in the wgmma
+(128-byte swizzled) layout: tile i + NBUF - 1 is in flight while tile i is computed; q sits in shared memory.
+bf16 caches: the rows go straight into the tile. fp8_ds_mla caches: the e4m3 bytes go into a raw ring and every
+thread converts its share of each tile once, `e4m3 * scale` rounded to bf16 (exact for power-of-two scales, as
+FlashMLA's; the Triton kernel's `DEQUANT`), into the bf16 tile; the rope part (bf16 in the row) goes straight in.
+
+One program owns (token, 64-head block, split). Split-K partials (decode) use `mla._part_rows`'s layout and are
+merged by `mla._merge_splits_kernel`; the split count is `mla.pick_num_splits` with one program per SM (shared
+memory: about 221 KB for bf16 at 64-key tiles and NBUF 2). Gluon does not run in Triton's interpreter: numeric
+checks are `scripts/gluon_mla_large_device.py`, on an sm_90 GPU; `tests/test_mla_gluon.py` compiles it for sm_90.
+Not dispatched by `mla.sparse_mla` (NOTES.md, round 4).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glm5lib.kernels import common  # noqa: F401  (before triton: the interpreter switch)
+from glm5lib.kernels import mla
+from glm5lib.kernels.common import num_sms
+from glm5lib.kernels.compile_report import SMEM_LIMIT
+from glm5lib.kernels.mla import LOG2E
+from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES, kv_row_geometry
+
+import triton  # noqa: E402
+
+from glm5lib.kernels.mla_gluon import HAVE_GLUON  # noqa: E402
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
+
+    from glm5lib.kernels.mla_gluon import _async_copy, _barrier, _softmax_step, _store_outputs, _tile_idx
+
+BLOCK_H = 64  # wgmma's M: one warpgroup covers 64 rows
+NUM_WARPS = 8  # two warpgroups, splitting S by keys and the accumulator by columns
+# (block_n, nbuf, async_mma) the device script times; DEFAULT is what `sparse_mla_gluon_large` takes unless told.
+# async_mma: the kernel's ASYNC (its docstring): 0 one wait per wgmma, 1 one wait per tile's S and one per its P V,
+# 2 (bf16 caches only) P V waited for behind the next tile's S
+CONFIGS = [(64, 2, 1), (64, 2, 0), (64, 2, 2), (32, 2, 1)]
+DEFAULT = (64, 2, 1)
+
+
+def configs_for(kv_format: str) -> list:
+    """The CONFIGS entries that apply to a cache format (ASYNC 2 needs the bf16 tile ring)."""
+    return [c for c in CONFIGS if kv_format == "bf16" or c[2] != 2]
+
+
+def config_name(cfg) -> str:
+    return f"BN{cfg[0]}-nbuf{cfg[1]}-a{cfg[2]}"
+
+
+def smem_bytes_estimate(block_n: int, nbuf: int, kv_format: str = "bf16") -> int:
+    """Shared memory of one program: q, the bf16 tile ring, and (fp8) the raw gather ring with its scales."""
+    q = BLOCK_H * D_QK * 2
+    if kv_format == "fp8_ds_mla":  # one bf16 latent tile, a ring of rope tiles and of raw rows (e4m3 + scales)
+        return q + block_n * D_NOPE * 2 + nbuf * block_n * (D_ROPE * 2 + D_NOPE + 16)
+    return q + nbuf * block_n * D_QK * 2
+
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _gather_bf16(KV, idx_g, idx_r, N_ROWS, stride_kv, k0, k1, k2, k3, kr, slot, LG: gl.constexpr,
+                     LGR: gl.constexpr):
+        """cp.async one tile of bf16 rows into ring slot `slot` of the four latent chunks and the rope tile;
+        invalid rows are masked copies of row 0 (zero-filled)."""
+        CH: gl.constexpr = 128
+        v = (idx_g >= 0) & (idx_g < N_ROWS)
+        rb = gl.multiple_of(gl.where(v, idx_g, 0).to(gl.int64) * stride_kv, 8)  # elements
+        offs = gl.arange(0, CH, layout=gl.SliceLayout(0, LG))
+        m = v[:, None]
+        _async_copy(k0.index(slot), KV + rb[:, None] + 0 * CH + offs[None, :], mask=m)
+        _async_copy(k1.index(slot), KV + rb[:, None] + 1 * CH + offs[None, :], mask=m)
+        _async_copy(k2.index(slot), KV + rb[:, None] + 2 * CH + offs[None, :], mask=m)
+        _async_copy(k3.index(slot), KV + rb[:, None] + 3 * CH + offs[None, :], mask=m)
+        v = (idx_r >= 0) & (idx_r < N_ROWS)
+        rb = gl.multiple_of(gl.where(v, idx_r, 0).to(gl.int64) * stride_kv, 8)
+        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LGR))
+        _async_copy(kr.index(slot), KV + rb[:, None] + 4 * CH + offs_r[None, :], mask=v[:, None])
+
+    @gluon.jit
+    def _gather_fp8(KV, idx_g, idx_r, idx_s, N_ROWS, stride_kv, raw, sc, kr, slot, LW: gl.constexpr,
+                    LGR: gl.constexpr, LSC: gl.constexpr):
+        """cp.async one tile of fp8_ds_mla rows: the 512 e4m3 bytes as int32 words into raw ring slot `slot`, the
+        4 fp32 scales into `sc`, and the bf16 rope part straight into the rope tile (zero-filled when invalid)."""
+        v = (idx_g >= 0) & (idx_g < N_ROWS)
+        w_off = gl.multiple_of(gl.where(v, idx_g, 0).to(gl.int64) * (stride_kv // 4), 4)
+        offs_w = gl.arange(0, 128, layout=gl.SliceLayout(0, LW))
+        KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
+        _async_copy(raw.index(slot), KVW + w_off[:, None] + offs_w[None, :], mask=v[:, None])
+        v = (idx_r >= 0) & (idx_r < N_ROWS)
+        h_off = gl.multiple_of((gl.where(v, idx_r, 0).to(gl.int64) * stride_kv + 528) // 2, 8)
+        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LGR))
+        KVH = KV.to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        _async_copy(kr.index(slot), KVH + h_off[:, None] + offs_r[None, :], mask=v[:, None])
+        v = (idx_s >= 0) & (idx_s < N_ROWS)
+        f_off = gl.multiple_of((gl.where(v, idx_s, 0).to(gl.int64) * stride_kv + 512) // 4, 4)
+        offs_s = gl.arange(0, 4, layout=gl.SliceLayout(0, LSC))
+        KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True)
+        _async_copy(sc.index(slot), KVF + f_off[:, None] + offs_s[None, :], mask=v[:, None])
+
+    @gluon.jit
+    def _dequant_chunk(raw, sc, slot, c: gl.constexpr, dst, LW: gl.constexpr, LSC: gl.constexpr):
+        """Latent chunk c (128 columns = 32 words) of raw slot `slot`: e4m3 * the row's chunk scale -> bf16 into
+        `dst` ([BLOCK_N, 128] in the wgmma layout)."""
+        w = raw.index(slot).slice(c * 32, 32, 1).load(LW)  # [N, 32] int32
+        s = sc.index(slot).load(LSC)  # [N, 4]
+        col = gl.arange(0, 4, layout=gl.SliceLayout(0, LSC))
+        N: gl.constexpr = w.shape[0]
+        NW: gl.constexpr = gl.num_warps()
+        LX: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])  # what the word unpacking gives
+        s_c = gl.convert_layout(gl.sum(gl.where(col[None, :] == c, s, 0.0), axis=1), gl.SliceLayout(1, LX))
+        # e4m3 -> fp16 is exact: two cvt.rn.f16x2.e4m3x2 per word, bytes in memory order e0..e3
+        e0, e1, e2, e3 = gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; .reg .b32 a, b;\n mov.b32 {lo, hi}, $4;\n cvt.rn.f16x2.e4m3x2 a, lo;\n"
+            " cvt.rn.f16x2.e4m3x2 b, hi;\n mov.b32 {$0, $1}, a;\n mov.b32 {$2, $3}, b; }",
+            "=h,=h,=h,=h,r", [w], dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=1)
+        # join(join(e0, e2), join(e1, e3))[n, j, a, b] = e_(2a + b): memory order after the reshape
+        x = gl.convert_layout(gl.reshape(gl.join(gl.join(e0, e2), gl.join(e1, e3)), [N, 128]), LX).to(gl.float32)
+        dst.store((x * s_c[:, None]).to(gl.bfloat16))
+
+    @gluon.jit
+    def _scores_wgmma(q0, q1, q2, q3, qr, k0, k1, k2, k3, kr, zero_s, IS_ASYNC: gl.constexpr):
+        """S = q k^T of one tile: the four latent chunks and the rope part, K^T as transposed views of the tile
+        (IS_ASYNC: issued without waiting; the caller waits)."""
+        s = warpgroup_mma(q0, k0.permute([1, 0]), zero_s, use_acc=False, is_async=IS_ASYNC)
+        s = warpgroup_mma(q1, k1.permute([1, 0]), s, is_async=IS_ASYNC)
+        s = warpgroup_mma(q2, k2.permute([1, 0]), s, is_async=IS_ASYNC)
+        s = warpgroup_mma(q3, k3.permute([1, 0]), s, is_async=IS_ASYNC)
+        return warpgroup_mma(qr, kr.permute([1, 0]), s, is_async=IS_ASYNC)
+
+    @gluon.jit
+    def _sparse_mla_wgmma_kernel(
+        Q, KV, IDX, O, LSE, PART,
+        stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
+        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+        KV_FP8: gl.constexpr, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
+        ASYNC: gl.constexpr = 1, PROBE: gl.constexpr = 0,
+    ):
+        """One program: token t, head block hb (64 heads), split sp of the top-k list (module docstring).
+
+        ASYNC: 0 every wgmma waited for on its own; 1 a tile's five S products issued together and waited for once,
+        its four P V products likewise; 2 (bf16 caches) as 1, with each tile's P V waited for only after the next
+        tile's S has been issued.
+        PROBE (stage timing, `scripts/gluon_mla_large_device.py --probe`; the outputs are meaningless): 1 only the
+        gathers (fp8: not converted), 2 no gathers (the products on whatever the tiles hold), 3 (fp8) the gathers and
+        the conversion, no products."""
+        gl.static_assert(not (KV_FP8 and ASYNC == 2), "ASYNC 2 needs a tile ring (bf16 caches)")
+        BH: gl.constexpr = 64
+        CH: gl.constexpr = 128
+        DN: gl.constexpr = 512
+        DR: gl.constexpr = 64
+        NW: gl.constexpr = gl.num_warps()
+        WN: gl.constexpr = NW // 4  # warpgroups, side by side along the keys (S) and the columns (acc)
+        t = gl.program_id(0)
+        hb = gl.program_id(1)
+        sp = gl.program_id(2)
+
+        S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WN],
+                                                      instr_shape=[16, BLOCK_N // WN, 16])
+        O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, WN],
+                                                      instr_shape=[16, CH // WN, 16])
+        PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+        ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+        COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+        ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+        COL_O: gl.constexpr = gl.SliceLayout(0, O_L)
+        LG: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [N, 128] bf16, 16 B per copy
+        LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # [N, 64] bf16
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])  # [N, 32] int32 words of a chunk
+        LWG: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NW, 1], [1, 0])  # [N, 128] words: the raw gather
+        LSC: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [NW, 1], [1, 0])  # [N, 4] fp32 scales
+
+        # the wgmma operand layout (128-byte swizzle); a ring [NBUF, N, C] takes the rank-2 layout of its slots
+        SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        # bf16 rows are gathered into the tile ring itself; fp8 rows into a raw ring, then converted into one tile
+        TS: gl.constexpr = 1 if KV_FP8 else NBUF
+        k0 = gl.allocate_shared_memory(gl.bfloat16, [TS, BLOCK_N, CH], SH)
+        k1 = gl.allocate_shared_memory(gl.bfloat16, [TS, BLOCK_N, CH], SH)
+        k2 = gl.allocate_shared_memory(gl.bfloat16, [TS, BLOCK_N, CH], SH)
+        k3 = gl.allocate_shared_memory(gl.bfloat16, [TS, BLOCK_N, CH], SH)
+        kr = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BLOCK_N, DR], SH)
+        q0 = gl.allocate_shared_memory(gl.bfloat16, [BH, CH], SH)
+        q1 = gl.allocate_shared_memory(gl.bfloat16, [BH, CH], SH)
+        q2 = gl.allocate_shared_memory(gl.bfloat16, [BH, CH], SH)
+        q3 = gl.allocate_shared_memory(gl.bfloat16, [BH, CH], SH)
+        qr = gl.allocate_shared_memory(gl.bfloat16, [BH, DR], SH)
+        if KV_FP8:
+            FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+            raw = gl.allocate_shared_memory(gl.int32, [NBUF, BLOCK_N, CH], FLAT)
+            sc = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N, 4], FLAT)
+
+        k_start = sp * KEYS_PER_SPLIT
+        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+        n_tiles = gl.cdiv(k_end - k_start, BLOCK_N)
+        idx_row = IDX + t.to(gl.int64) * stride_it
+        IG: gl.constexpr = gl.SliceLayout(1, LWG) if KV_FP8 else gl.SliceLayout(1, LG)
+        IR: gl.constexpr = gl.SliceLayout(1, LGR)
+        IS: gl.constexpr = gl.SliceLayout(1, LSC)
+
+        # the first NBUF - 1 tiles' gathers go out before q is staged
+        for j in gl.static_range(NBUF - 1):
+            s0 = k_start + j * BLOCK_N
+            if KV_FP8:
+                _gather_fp8(KV, _tile_idx(idx_row, s0, k_end, BLOCK_N, IG), _tile_idx(idx_row, s0, k_end, BLOCK_N, IR),
+                            _tile_idx(idx_row, s0, k_end, BLOCK_N, IS), N_ROWS, stride_kv, raw, sc, kr, j, LWG, LGR,
+                            LSC)
+            else:
+                _gather_bf16(KV, _tile_idx(idx_row, s0, k_end, BLOCK_N, IG),
+                             _tile_idx(idx_row, s0, k_end, BLOCK_N, IR), N_ROWS, stride_kv, k0, k1, k2, k3, kr, j,
+                             LG, LGR)
+            cp.commit_group()
+        s0 = k_start + (NBUF - 1) * BLOCK_N
+        nxt_g = _tile_idx(idx_row, s0, k_end, BLOCK_N, IG)
+        nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, IR)
+        nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, IS)
+
+        # q rows of this head block (rows past H are zeros) into shared memory, the wgmma A operand
+        offs_qh = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LG))
+        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
+        qm = (offs_qh < H)[:, None]
+        offs_q = gl.arange(0, CH, layout=gl.SliceLayout(0, LG))
+        q0.store(gl.load(q_row + 0 * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        q1.store(gl.load(q_row + 1 * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        q2.store(gl.load(q_row + 2 * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        q3.store(gl.load(q_row + 3 * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        offs_qhr = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LGR))
+        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LGR))
+        qr.store(gl.load(Q + t.to(gl.int64) * stride_qt + offs_qhr[:, None] * stride_qh + DN + offs_qr[None, :],
+                         mask=(offs_qhr < H)[:, None], other=0.0).to(gl.bfloat16))
+
+        m_i = gl.full([BH], float("-inf"), gl.float32, ROW_S)
+        l_i = gl.full([BH], 0.0, gl.float32, ROW_S)
+        acc0 = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        acc1 = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        acc2 = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        acc3 = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        zero_s = gl.full([BH, BLOCK_N], 0.0, gl.float32, S_L)
+
+        if ASYNC == 2:  # the P V products of a tile are waited for in the next iteration: carried as in flight
+            acc0 = warpgroup_mma_init(acc0)
+            acc1 = warpgroup_mma_init(acc1)
+            acc2 = warpgroup_mma_init(acc2)
+            acc3 = warpgroup_mma_init(acc3)
+            pa = gl.full([BH, BLOCK_N], 0.0, gl.bfloat16, PA)
+        for i in range(n_tiles):
+            # 1. tile i has landed (every thread's copies, then the barrier, which also ends every warpgroup's reads
+            #    of tile i - 1 unless its P V is still in flight (ASYNC 2): its slot is refilled next)
+            cp.wait_group(NBUF - 2)
+            _barrier()
+            slot = i % NBUF
+            ts = slot  # the bf16 tile's slot
+            if KV_FP8:  # the raw slot -> the one bf16 tile, converted once for all heads
+                ts = 0
+                if PROBE != 1:
+                    _dequant_chunk(raw, sc, slot, 0, k0.index(0), LW, LSC)
+                    _dequant_chunk(raw, sc, slot, 1, k1.index(0), LW, LSC)
+                    _dequant_chunk(raw, sc, slot, 2, k2.index(0), LW, LSC)
+                    _dequant_chunk(raw, sc, slot, 3, k3.index(0), LW, LSC)
+                    _barrier()
+            fence_async_shared()  # generic-proxy writes (cp.async, stores) before the wgmma reads
+            if ASYNC == 2:
+                # 2a. S of tile i goes out behind tile i - 1's P V; then that P V is waited for (5 groups, tile i's
+                #     products, stay in flight) and a barrier ends both warpgroups' reads of tile i - 1's slot
+                s = _scores_wgmma(q0, q1, q2, q3, qr, k0.index(ts), k1.index(ts), k2.index(ts), k3.index(ts),
+                                  kr.index(slot), zero_s, True)
+                acc0, acc1, acc2, acc3, pa = warpgroup_mma_wait(5, deps=[acc0, acc1, acc2, acc3, pa])
+                _barrier()
+            # 2. the gather of tile i + NBUF - 1 into the slot tile i - 1 used
+            slot_w = (i + NBUF - 1) % NBUF
+            if PROBE != 2:
+                if KV_FP8:
+                    _gather_fp8(KV, nxt_g, nxt_r, nxt_s, N_ROWS, stride_kv, raw, sc, kr, slot_w, LWG, LGR, LSC)
+                else:
+                    _gather_bf16(KV, nxt_g, nxt_r, N_ROWS, stride_kv, k0, k1, k2, k3, kr, slot_w, LG, LGR)
+            cp.commit_group()
+            s0 = k_start + (i + NBUF) * BLOCK_N
+            nxt_g = _tile_idx(idx_row, s0, k_end, BLOCK_N, IG)
+            nxt_r = _tile_idx(idx_row, s0, k_end, BLOCK_N, IR)
+            nxt_s = _tile_idx(idx_row, s0, k_end, BLOCK_N, IS)
+
+            if PROBE != 1 and PROBE != 3:
+                # 3. S = q k^T: each warpgroup its half of the keys
+                cur = _tile_idx(idx_row, k_start + i * BLOCK_N, k_end, BLOCK_N, COL_S)
+                valid = (cur >= 0) & (cur < N_ROWS)
+                if ASYNC != 2:
+                    s = _scores_wgmma(q0, q1, q2, q3, qr, k0.index(ts), k1.index(ts), k2.index(ts), k3.index(ts),
+                                      kr.index(slot), zero_s, ASYNC == 1)
+                if ASYNC:  # the five products in flight together, one wait
+                    s = warpgroup_mma_wait(0, deps=[s])
+                s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
+
+                # 4. online softmax (row statistics across both warpgroups) and acc += P V
+                p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
+                pa = gl.convert_layout(p.to(gl.bfloat16), PA)
+                a2 = gl.convert_layout(alpha, ROW_O)[:, None]
+                acc0 = warpgroup_mma(pa, k0.index(ts), acc0 * a2, is_async=ASYNC > 0)
+                acc1 = warpgroup_mma(pa, k1.index(ts), acc1 * a2, is_async=ASYNC > 0)
+                acc2 = warpgroup_mma(pa, k2.index(ts), acc2 * a2, is_async=ASYNC > 0)
+                acc3 = warpgroup_mma(pa, k3.index(ts), acc3 * a2, is_async=ASYNC > 0)
+                if ASYNC == 1:  # P (registers) stays alive until the four products are done
+                    acc0, acc1, acc2, acc3, pa = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3, pa])
+        if ASYNC == 2:
+            acc0, acc1, acc2, acc3, pa = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3, pa])
+        cp.wait_group(0)
+
+        _store_outputs(O, LSE, PART, t, sp, H, stride_ot, stride_oh, stride_lt, gl.convert_layout(m_i, ROW_O),
+                       gl.convert_layout(l_i, ROW_O), acc0, acc1, acc2, acc3, SPLIT, ROW_O, COL_O, BH, hb * BH, 2, 1.0)
+
+
+def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
+                num_splits: int | None = None) -> tuple[int, int]:
+    """(split count, keys per split): `mla.pick_num_splits` at one program per SM (shared memory), rounded by
+    `mla.split_keys`."""
+    if num_splits is None:
+        num_splits = mla.pick_num_splits(T, -(-H // BLOCK_H), topk, block_n, num_sms(device), waves=1)
+    return mla.split_keys(topk, num_splits, block_n)
+
+
+def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", num_splits=None,
+                           block_n=DEFAULT[0], nbuf=DEFAULT[1], async_mma=DEFAULT[2], probe=0, out=None):
+    """Sparse MLA forward for 17-128 heads on sm_90 (module docstring); returns `(out, lse)` as
+    `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
+    token without a valid key. probe: a stage-timing build (`PROBE` in the kernel's docstring)."""
+    if not HAVE_GLUON:
+        raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
+    T, H, d = q.shape
+    if d != D_QK or not 1 <= H <= 128:
+        raise ValueError(f"q must be [T, H <= 128, {D_QK}], got {tuple(q.shape)}")
+    if q.dtype != torch.bfloat16:
+        raise ValueError(f"q must be bf16 (wgmma with the bf16 tile), got {q.dtype}")
+    if nbuf < 2:
+        raise ValueError(f"nbuf must be >= 2 (the next tile's gather overlaps this tile), got {nbuf}")
+    if async_mma not in (0, 1, 2) or (async_mma == 2 and kv_format != "bf16"):
+        raise ValueError(f"async_mma must be 0, 1 or 2 (2: bf16 caches only), got {async_mma} for {kv_format}")
+    fp8 = kv_format == "fp8_ds_mla"
+    if fp8:
+        if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
+            raise ValueError(f"fp8_ds_mla cache must be uint8 rows of {FP8_DS_MLA_ROW_BYTES}, got {kv_cache.dtype} "
+                             f"{tuple(kv_cache.shape)}")
+    elif kv_format == "bf16":
+        if kv_cache.dtype != torch.bfloat16 or kv_cache.shape[-1] != D_QK:
+            raise ValueError(f"bf16 cache must be bf16 rows of {D_QK}, got {kv_cache.dtype} {tuple(kv_cache.shape)}")
+    else:
+        raise ValueError(f"kv_format must be 'bf16' or 'fp8_ds_mla', got {kv_format!r}")
+    if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != T:
+        raise ValueError(f"indices must be int32 [T, topk] with T = {T}, got {indices.dtype} {tuple(indices.shape)}")
+    stride_kv, n_rows = kv_row_geometry(kv_cache)
+    if (stride_kv * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16:  # every gather is 16-byte cp.async
+        raise ValueError("cache rows must start on 16-byte boundaries")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    topk = indices.shape[1]
+    dev = q.device
+    if out is None:
+        out = torch.empty(T, H, D_NOPE, dtype=q.dtype, device=dev)
+    elif out.shape != (T, H, D_NOPE) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [T, H, {D_NOPE}] with contiguous rows, got {tuple(out.shape)}")
+    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
+    if T == 0:
+        return out, lse
+    splits, keys_per_split = plan_splits(T, H, topk, block_n, dev, num_splits)
+    part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
+    hb = -(-H // BLOCK_H)
+    _sparse_mla_wgmma_kernel[(T, hb, splits)](
+        q, kv_cache, indices, out, lse, part,
+        q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
+        H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
+        KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, ASYNC=async_mma, PROBE=probe, num_warps=NUM_WARPS)
+    if splits > 1:
+        sp, bh, bd = mla.merge_tile(splits, H)
+        mla._merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
+            part, out, lse, out.stride(0), out.stride(1), H, H, splits,
+            D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4)
+    return out, lse
+
+
+def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1], kv_format: str = "bf16",
+                split: bool = False, async_mma: int = DEFAULT[2], probe: int = 0):
+    """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _sparse_mla_wgmma_kernel
+    fp8 = kv_format == "fp8_ds_mla"
+    consts = {"KV_FP8": fp8, "SPLIT": split, "BLOCK_N": block_n, "NBUF": nbuf, "ASYNC": async_mma, "PROBE": probe}
+    types = {"Q": "*bf16", "KV": "*u8" if fp8 else "*bf16", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32",
+             "PART": "*fp32", "qk_scale": "fp32"}
+    sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
+    c = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    div = ("Q", "KV", "IDX", "O", "LSE", "PART", "stride_qt", "stride_qh", "stride_kv", "stride_it", "stride_ot",
+           "stride_oh")
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
+    return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": NUM_WARPS})
+
+
+def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 90) -> dict:
+    """`aot_compile` plus what the cubin says (shared memory; registers, stack and local memory per thread)."""
+    from glm5lib.kernels.mla_gluon import cubin_usage
+
+    k = aot_compile(arch, cfg[0], cfg[1], kv_format, split, cfg[2])
+    row = {"config": config_name(cfg), "kv_format": kv_format, "split": split, "arch": arch,
+           "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
+           "estimate": smem_bytes_estimate(cfg[0], cfg[1], kv_format)}
+    row["fits"] = row["shared"] <= row["limit"]
+    row.update(cubin_usage(k.asm["cubin"]))
+    return row
+
+
+__all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for", "plan_splits", "smem_bytes_estimate", "aot_compile"]
