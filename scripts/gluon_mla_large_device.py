@@ -63,7 +63,7 @@ def run_checks(dev, rows):
             rows.append(r)
             print(json.dumps(r), flush=True)
             for cfg in gl_large.configs_for(fmt):
-                bn, nb, am = cfg
+                bn, nb, mode = cfg
                 name = f"{fmt}:{gl_large.config_name(cfg)}"
                 r = {"case": case, "kernel": "gluon-wgmma", "config": name}
                 if name in broken:
@@ -71,13 +71,14 @@ def run_checks(dev, rows):
                 else:
                     try:
                         o, lse = gl_large.sparse_mla_gluon_large(q, cache, idx, SM_SCALE, kv_format=fmt,
-                                                                 block_n=bn, nbuf=nb, async_mma=am,
+                                                                 block_n=bn, nbuf=nb, mode=mode,
                                                                  num_splits=splits)
                         torch.cuda.synchronize()
                         r.update(compare(o, lse, ro, rlse))
                         vt = compare(o, lse, to.float(), tlse)
                         r.update(rel_vs_triton=vt["rel"], lse_vs_triton=vt["lse_abs"],
-                                 splits=gl_large.plan_splits(T, H, topk, bn, dev, splits)[0])
+                                 splits=gl_large.plan_splits(T, H, topk, 2 * bn if mode == "pingpong" else bn, dev,
+                                                                    splits)[0])
                     except Exception as exc:  # noqa: BLE001
                         r.update(ok=False, error=_err(exc))
                         broken[name] = r["error"].splitlines()[-1][:300]
@@ -124,11 +125,18 @@ def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False):
     for cfg in gl_large.configs_for(fmt):
         if f"{fmt}:{gl_large.config_name(cfg)}" not in broken:
             add(f"gluon-wgmma:{gl_large.config_name(cfg)}", lambda c=cfg: gl_large.sparse_mla_gluon_large(
-                q, cache, idx, SM_SCALE, kv_format=fmt, block_n=c[0], nbuf=c[1], async_mma=c[2], out=out))
+                q, cache, idx, SM_SCALE, kv_format=fmt, block_n=c[0], nbuf=c[1], mode=c[2], out=out))
     if probe:  # stage builds of the default config (outputs meaningless: timing only)
         for pr in (1, 2, 3) if fmt == "fp8_ds_mla" else (1, 2):
             add_time(f"gluon-wgmma-probe{pr}", lambda pr=pr: gl_large.sparse_mla_gluon_large(
                 q, cache, idx, SM_SCALE, kv_format=fmt, out=out, probe=pr), bench_ms=bk._median_ms)
+        if fmt == "bf16":  # the ping-pong kernel: its producer alone, its consumers alone
+            for pr in (1, 2):
+                add_time(f"gluon-pingpong-probe{pr}", lambda pr=pr: gl_large.sparse_mla_gluon_large(
+                    q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", probe=pr), bench_ms=bk._median_ms)
+            for regs in ((216, 72), (200, 104)):  # the partitions' register split (the default is PP_*_REGS)
+                add(f"gluon-pingpong-regs{regs[0]}-{regs[1]}", lambda regs=regs: gl_large.sparse_mla_gluon_large(
+                    q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", pp_regs=regs))
     if have_fm:  # FlashMLA's sparse prefill reads bf16 rows (the fp8 cache's values, dequantized: exact in bf16)
         add("flashmla", lambda: bk.flashmla_prefill(q, kv_bf16.unsqueeze(1), idx.unsqueeze(1)),
             {"reads": "bf16"})
@@ -161,8 +169,9 @@ def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False):
     for cfg in gl_large.configs_for(fmt):
         if f"{fmt}:{gl_large.config_name(cfg)}" not in broken:
             add(f"gluon-wgmma:{gl_large.config_name(cfg)}", lambda i, c=cfg: gl_large.sparse_mla_gluon_large(
-                q, flat, i, SM_SCALE, kv_format=fmt, block_n=c[0], nbuf=c[1], async_mma=c[2], out=out),
-                {"splits": gl_large.plan_splits(B, H, TOPK, cfg[0], q.device)[0]})
+                q, flat, i, SM_SCALE, kv_format=fmt, block_n=c[0], nbuf=c[1], mode=c[2], out=out),
+                {"splits": gl_large.plan_splits(B, H, TOPK, 2 * cfg[0] if cfg[2] == "pingpong" else cfg[0],
+                                                 q.device)[0]})
     if probe:  # stage builds of the default config (outputs meaningless: timing only)
         for pr in (1, 2, 3) if fmt == "fp8_ds_mla" else (1, 2):
             try:

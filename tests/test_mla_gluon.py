@@ -115,7 +115,10 @@ def test_large_kernel_compiles_for_sm90_within_shared_memory_without_spills(larg
     for r in large_stats:
         name = f"{r['kv_format']} {r['config']} split={r['split']}"
         assert r["fits"], f"{name}: {r['shared']} B > {r['limit']} B"
-        assert not r["local"] and not r["stack"], f"{name}: register spill"
+        assert not r["local"], f"{name}: local memory"
+        # the ping-pong kernel's partitions run under setmaxnreg (PP_*_REGS): a few words spill there (8 bytes a
+        # thread, the producer's, in Triton 3.6's sm_90 build that the H200 ran; 64 in Triton 3.9's); nothing else may
+        assert r["stack"] <= (64 if r["config"].endswith("pingpong") else 0), f"{name}: register spill"
         # the estimate counts every buffer the kernel allocates; the compiler adds scratch for the cross-warpgroup
         # reductions and P's layout conversion
         assert 0 <= r["shared"] - r["estimate"] <= 8192, name
@@ -137,7 +140,10 @@ def test_large_kernel_rejects_bad_input_before_launching():
         (dict(kv_format="fp16"), "kv_format"),
         (dict(idx=idx.long()), "int32"),
         (dict(nbuf=1), "nbuf"),
-        (dict(async_mma=2, kv_format="fp8_ds_mla", kv=torch.zeros(100, 656, dtype=torch.uint8)), "async_mma"),
+        (dict(mode="defer", kv_format="fp8_ds_mla", kv=torch.zeros(100, 656, dtype=torch.uint8)), "mode"),
+        (dict(mode="pingpong", kv_format="fp8_ds_mla", kv=torch.zeros(100, 656, dtype=torch.uint8)), "mode"),
+        (dict(mode="fast"), "mode"),
+        (dict(mode="pingpong", block_n=32), "ping-pong"),
         (dict(out=torch.zeros(2, 64, 256, dtype=torch.bfloat16)), "out"),
     ]
     for over, msg in cases:
@@ -160,3 +166,32 @@ def test_large_kernel_split_plan():
     assert splits == 2 and kps == 1024  # 128 programs < 132 SMs: split once (one program per SM by shared memory)
     splits, kps = m.plan_splits(1, 64, 2048, 64, cpu)
     assert splits * kps >= 2048 and kps % 64 == 0 and splits > 8
+
+
+def test_dispatch_rule_for_the_large_kernel():
+    import torch
+
+    from glm5lib.kernels import mla
+
+    assert mla.gluon_large_mode(128, 64, "bf16") == "pingpong"
+    assert mla.gluon_large_mode(4096, 128, "fp8_ds_mla") == "async"
+    assert mla.gluon_large_mode(4096, 17, "bf16") == "pingpong"
+    assert mla.gluon_large_mode(127, 64, "bf16") is None  # fewer tokens than were measured
+    assert mla.gluon_large_mode(4096, 16, "bf16") is None  # small heads: the Triton kernel
+    assert mla.gluon_large_mode(4096, 64, "bf16", smem="small") is None  # sm_89 / sm_120 class
+    assert mla.gluon_large_mode(4096, 64, "bf16", sm90_gluon=False) is None
+    cpu = torch.device("cpu")
+    assert not mla.gluon_large_ready(cpu)
+    key, name = mla.dispatched(4096, 64, "bf16", cpu)  # the CPU never takes the Gluon kernel
+    assert key == ("large", "bf16", "big") and name == mla.CONFIGS[key].name
+    assert mla.gluon_large_name("bf16") == "gluon-BN64-nbuf2-pingpong"
+
+
+def test_evidence_keys_follow_the_dispatch():
+    from glm5lib.bench import evidence
+
+    assert evidence._key("prefill:T300-H64-K2048-N32768-bf16-none") == ("large-gluon", "bf16", "big")
+    assert evidence._key("invalid:T33-H64-K2048-N4096-bf16-mixed") == ("large", "bf16", "big")
+    assert evidence._key("invalid:T160-H64-K2048-N4096-fp8_ds_mla-mixed", "small") == ("large", "fp8_ds_mla", "small")
+    shipped = evidence.shipped_configs()
+    assert shipped["large-gluon/fp8_ds_mla/big"] == "gluon-BN64-nbuf2-async"

@@ -22,7 +22,7 @@ import json
 import re
 from pathlib import Path
 
-from glm5lib.kernels.mla import CONFIGS, config_key
+from glm5lib.kernels.mla import CONFIGS, config_key, gluon_large_mode, gluon_large_name
 from glm5lib.paths import repo_root
 
 H200_SMS = 132
@@ -44,15 +44,28 @@ _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fm
 
 
 def _key(name: str, smem: str = SMEM) -> tuple[str, str, str] | None:
-    """The config key a sparse-MLA case name ran under on the H200 (None for indexer cases)."""
+    """The config key a sparse-MLA case name runs under on the H200 today (None for indexer cases): a `CONFIGS` key,
+    or ("large-gluon", format, "big") where `sparse_mla` takes the Gluon kernels (`mla.gluon_large_mode`)."""
     m = _CASE.match(name)
     if m is None:
         return None
-    return config_key(int(m["T"]), int(m["H"]), m["fmt"], smem, H200_SMS)
+    T, H, fmt = int(m["T"]), int(m["H"]), m["fmt"]
+    if gluon_large_mode(T, H, fmt, smem):
+        return ("large-gluon", fmt, smem)
+    return config_key(T, H, fmt, smem, H200_SMS)
+
+
+def shipped_configs() -> dict[str, str]:
+    """{key: config name} of everything `sparse_mla` dispatches to on the H200 and on sm_89 / sm_120."""
+    out = {"/".join(k): cfg.name for k, cfg in CONFIGS.items()}
+    for fmt in ("bf16", "fp8_ds_mla"):
+        out[f"large-gluon/{fmt}/{SMEM}"] = gluon_large_name(fmt)
+    return out
 
 
 def _names(keys, table: dict) -> dict[str, str]:
-    return {"/".join(k): table[k].name for k in sorted(set(keys))}
+    shipped = shipped_configs()
+    return {"/".join(k): table[k].name if k in table else shipped["/".join(k)] for k in sorted(set(keys))}
 
 
 def _configs(named: list[tuple[str, str | None]], smem: str) -> tuple[dict[str, str], bool]:
@@ -121,11 +134,10 @@ def coverage(root: str | Path | None = None) -> dict:
                "h200_vllm_harness": (HARNESS, _harness)}
     pieces = {name: read(root / rel) for name, (rel, read) in readers.items() if (root / rel).is_file()}
     shipped = {}
-    for k, cfg in CONFIGS.items():
-        key = "/".join(k)
-        shipped[key] = {"config": cfg.name,
+    for key, name in shipped_configs().items():
+        shipped[key] = {"config": name,
                         "covered_by": [n for n, p in pieces.items()
-                                       if p["recorded"] and p["configs"].get(key) == cfg.name]}
+                                       if p["recorded"] and p["configs"].get(key) == name]}
     return {"pieces": pieces, "shipped": shipped}
 
 
@@ -145,4 +157,4 @@ def format_coverage(cov: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["coverage", "format_coverage"]
+__all__ = ["coverage", "format_coverage", "shipped_configs"]

@@ -221,12 +221,24 @@ def _launch_facts(fn) -> dict:
 
 
 def _shipped(T: int, H: int, kv_format: str, device) -> dict:
-    """The config `sparse_mla` runs for this shape on this GPU."""
-    from glm5lib.kernels.mla import smem_class
-    from glm5lib.kernels.common import num_sms
+    """The config `sparse_mla` runs for this shape on this GPU (`mla.dispatched`: a Triton config or the Gluon
+    kernel)."""
+    from glm5lib.kernels.mla import dispatched
 
-    key = config_key(T, H, kv_format, smem_class(device), num_sms(device))
-    return {"config_key": "/".join(key), "config": CONFIGS[key].name}
+    key, name = dispatched(T, H, kv_format, device)
+    return {"config_key": "/".join(key), "config": name}
+
+
+def _dispatch_table(device) -> dict[str, str]:
+    """{key: config name} `sparse_mla` can run on this GPU: every `CONFIGS` entry, and the Gluon kernels where the
+    device takes them (`mla.gluon_large_ready`)."""
+    from glm5lib.kernels.mla import gluon_large_name, gluon_large_ready, smem_class
+
+    out = {"/".join(k): v.name for k, v in CONFIGS.items()}
+    if gluon_large_ready(device) and smem_class(device) == "big":
+        for fmt in ("bf16", "fp8_ds_mla"):
+            out[f"large-gluon/{fmt}/big"] = gluon_large_name(fmt)
+    return out
 
 
 def _small_config(T: int, H: int, kv_format: str, device) -> tuple[str, MLAConfig]:
@@ -600,7 +612,7 @@ def run(what: str = "all", out_dir: str = "outputs/bench", vendor: str = ".vendo
         "gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
         "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
         "shapes": {"d_qk": GLM5.mla_qk_dim, "d_v": D_V, "topk": TOPK, "sm_scale": SM_SCALE},
-        "configs": {"/".join(k): v.name for k, v in CONFIGS.items()},
+        "configs": _dispatch_table(torch.device("cuda")),
         "commit": source_commit(commit), "quick": quick, "argv": sys.argv[1:],
     }}
     t_start = time.time()

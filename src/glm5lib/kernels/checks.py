@@ -30,7 +30,7 @@ import torch
 from glm5lib.kernels import naive
 from glm5lib.kernels.indexer import indexer_logits
 from glm5lib.kernels.naive import cos_diff  # lives in naive (cheap to import); checks.cos_diff stays valid
-from glm5lib.kernels.mla import num_sms, pick_config, smem_class, sparse_mla
+from glm5lib.kernels.mla import dispatched, sparse_mla
 from glm5lib.kernels.topk import topk_indices
 from glm5lib.model.spec import GLM5Config
 
@@ -65,7 +65,7 @@ class Result:
     cos_diff: float
     lse_abs: float
     notes: list[str] = field(default_factory=list)
-    config: str | None = None  # sparse-MLA cases: the `mla.CONFIGS` entry the dispatcher ran (evidence reads it)
+    config: str | None = None  # sparse-MLA cases: what the dispatcher ran (`mla.dispatched`; evidence reads it)
 
 
 def make_indices(T: int, topk: int, n_kv: int, invalid: str, gen: torch.Generator, device) -> torch.Tensor:
@@ -157,9 +157,8 @@ def run_mla_case(case: MLACase, device: str = "cpu", dtype: torch.dtype = torch.
     if rel > rel_tol or cd > cos_tol or lse_abs > lse_tol:
         ok = False
         notes.append(f"tolerance (rel {rel_tol}, cos {cos_tol}, lse {lse_tol})")
-    dev = torch.device(device)
-    cfg = pick_config(T, H, case.topk, case.kv_format, smem_class(dev), num_sms(dev))
-    return Result(case.name, ok, max_abs, rel, cd, lse_abs, notes, cfg.name)
+    _, ran = dispatched(T, H, case.kv_format, torch.device(device), dtype)
+    return Result(case.name, ok, max_abs, rel, cd, lse_abs, notes, ran)
 
 
 def mla_cases(profile: str) -> list[MLACase]:
@@ -196,7 +195,12 @@ def mla_cases(profile: str) -> list[MLACase]:
         for inv in ("neg", "dup", "oob", "allinv", "mixed"):
             for H in (8, 64, 128):
                 cases.append(MLACase(T=33, H=H, topk=2048, n_kv=4096, kv_format=fmt, invalid=inv, group="invalid"))
+        # enough tokens for the Gluon kernels on sm_90 (mla.GLUON_LARGE_MIN_T)
+        for inv, H in (("mixed", 64), ("oob", 128), ("allinv", 40)):
+            cases.append(MLACase(T=160, H=H, topk=2048, n_kv=4096, kv_format=fmt, invalid=inv, group="invalid"))
         cases.append(MLACase(T=16, H=16, topk=2048, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64, group="paged"))
+        cases.append(MLACase(T=130, H=128, topk=1000, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64,
+                             group="paged"))
     return cases
 
 
@@ -208,8 +212,11 @@ def sanitize_cases() -> list[MLACase]:
             for H in (8, 128):
                 out.append(MLACase(T=4, H=H, topk=2048, n_kv=3000, kv_format=fmt, invalid=inv, group="sanitize"))
         out.append(MLACase(T=4, H=16, topk=512, n_kv=1000, kv_format=fmt, invalid="mixed", paged=64, group="sanitize"))
-        # enough tokens for the prefill configs (4 x 132 SMs on the H200)
+        # enough tokens for the prefill configs (4 x 132 SMs on the H200) and for the Gluon kernels on sm_90
         out.append(MLACase(T=600, H=16, topk=512, n_kv=3000, kv_format=fmt, invalid="mixed", group="sanitize"))
+        out.append(MLACase(T=130, H=128, topk=2048, n_kv=3000, kv_format=fmt, invalid="mixed", group="sanitize"))
+        out.append(MLACase(T=130, H=64, topk=1000, n_kv=3000, kv_format=fmt, invalid="oob", paged=64,
+                           group="sanitize"))
     return out
 
 

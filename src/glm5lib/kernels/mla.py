@@ -487,6 +487,62 @@ def config_key(T: int, H: int, kv_format: str, smem: str = "big", n_sms: int = 1
     return ("prefill-small" if T >= 4 * n_sms else "small", fmt, smem)
 
 
+# sm_90 with Gluon: 17-128 heads and at least GLUON_LARGE_MIN_T tokens go to the Gluon wgmma kernels
+# (`mla_gluon_large`, NOTES.md round 4): bf16 caches to the ping-pong kernel, fp8_ds_mla to the key-split one. Measured
+# on the H200 at 128-token decode and 4096-token prefill (1.4-1.8x the Triton kernel); fewer tokens were not timed and
+# stay on Triton, as does everything the CPU CI runs (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns it off.
+GLUON_LARGE_MIN_T = 128
+GLUON_LARGE_MODES = {"bf16": "pingpong", "fp8_ds_mla": "async"}
+GLUON_LARGE = os.environ.get("GLM5LIB_GLUON_LARGE", "1") != "0"
+
+
+def gluon_large_mode(T: int, H: int, kv_format: str, smem: str = "big", sm90_gluon: bool = True) -> str | None:
+    """The `mla_gluon_large` mode `sparse_mla` takes for a shape (None: the Triton kernel); sm90_gluon: the device is
+    sm_90 and this Triton has Gluon (`gluon_large_ready`)."""
+    if not (GLUON_LARGE and sm90_gluon and smem == "big" and 16 < H <= 128 and T >= GLUON_LARGE_MIN_T):
+        return None
+    return GLUON_LARGE_MODES.get("fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16")
+
+
+def gluon_large_name(kv_format: str) -> str:
+    """The config name checks and the benchmark record for a case the Gluon kernel ran."""
+    from glm5lib.kernels.mla_gluon_large import config_name
+
+    fmt = "fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16"
+    return "gluon-" + config_name((64, 2, GLUON_LARGE_MODES[fmt]))
+
+
+@functools.lru_cache(maxsize=16)
+def _gluon_large_ready(dev_type: str, dev_index: int | None) -> bool:
+    if dev_type != "cuda" or common.INTERPRETED or common.FP8_SOFTWARE:
+        return False
+    if capability(torch.device(dev_type, dev_index)) != (9, 0):
+        return False
+    try:
+        from glm5lib.kernels import mla_gluon_large
+    except ImportError:  # pragma: no cover - depends on the installed Triton
+        return False
+    return mla_gluon_large.HAVE_GLUON
+
+
+def gluon_large_ready(device: torch.device) -> bool:
+    """This device runs the Gluon wgmma kernels: sm_90, Gluon in this Triton, not interpreted, hardware e4m3."""
+    return _gluon_large_ready(device.type, device.index)
+
+
+def dispatched(T: int, H: int, kv_format: str, device: torch.device,
+               q_dtype: torch.dtype = torch.bfloat16) -> tuple[tuple[str, str, str], str]:
+    """(key, config name) of what `sparse_mla` runs for a shape on a device (q and a bf16 cache in q_dtype, 16-byte
+    aligned rows): a `CONFIGS` entry, or (("large-gluon", format, "big"), `gluon_large_name`) for the Gluon kernel.
+    Checks and the benchmark record it."""
+    smem = smem_class(device)
+    fmt = "fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16"
+    if q_dtype == torch.bfloat16 and gluon_large_mode(T, H, fmt, smem, gluon_large_ready(device)):
+        return ("large-gluon", fmt, smem), gluon_large_name(fmt)
+    key = config_key(T, H, fmt, smem, num_sms(device))
+    return key, CONFIGS[key].name
+
+
 def pick_num_splits(T: int, n_hblk: int, topk: int, block_n: int, n_sms: int, waves: int = 2, fit: bool = False) -> int:
     """Split the top-k list until about `waves` programs per SM are in flight (1 when T*heads already fill it).
 
@@ -645,11 +701,23 @@ def sparse_mla(
     indices: int32 `[T, topk]` physical rows; -1 or >= N (or beyond the last block) means "no key".
     Returns `(out [T, H, 512] in q's dtype, lse [T, H] fp32 natural log)`; a row with no key gives zeros
     and lse = -inf.
+
+    On sm_90 with Gluon, 17-128 heads and at least `GLUON_LARGE_MIN_T` tokens (bf16 q, 16-byte aligned rows) run the
+    Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_mode`); everything else the Triton kernel below.
     """
     fmt = "bf16" if kv_format == "fp16" else kv_format
     _check_inputs(q, kv_cache, indices, d_v, kv_format)
     if block_size is not None and kv_cache.dim() >= 3 and kv_cache.shape[1] != block_size:
         raise ValueError(f"block_size {block_size} does not match the cache view's {kv_cache.shape[1]}")
+    T, H, _ = q.shape
+    if (H > 16 and T >= GLUON_LARGE_MIN_T and q.dtype == torch.bfloat16 and q.is_cuda
+            and (fmt == "fp8_ds_mla" or kv_cache.dtype == torch.bfloat16)
+            and kv_cache.data_ptr() % 16 == 0 and (kv_row_geometry(kv_cache)[0] * kv_cache.element_size()) % 16 == 0):
+        mode = gluon_large_mode(T, H, fmt, smem_class(q.device), gluon_large_ready(q.device))
+        if mode:
+            from glm5lib.kernels.mla_gluon_large import sparse_mla_gluon_large
+
+            return sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, kv_format=fmt, mode=mode, out=out)
     return sparse_mla_launch(q, kv_cache, indices, sm_scale, kv_format=fmt, out=out)
 
 
@@ -665,4 +733,5 @@ def sparse_mla_kv_bytes(T: int, topk: int, kv_format: str) -> float:
 
 
 __all__ = ["sparse_mla", "sparse_mla_launch", "CONFIGS", "MLAConfig", "pick_config", "pick_num_splits",
+           "dispatched", "gluon_large_mode", "gluon_large_ready", "gluon_large_name", "GLUON_LARGE_MIN_T",
            "config_num_splits", "sparse_mla_flops", "sparse_mla_kv_bytes"]

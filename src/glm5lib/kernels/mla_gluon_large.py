@@ -48,26 +48,35 @@ if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.ampere import mbarrier
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
 
     from glm5lib.kernels.mla_gluon import _async_copy, _barrier, _softmax_step, _store_outputs, _tile_idx
 
 BLOCK_H = 64  # wgmma's M: one warpgroup covers 64 rows
 NUM_WARPS = 8  # two warpgroups, splitting S by keys and the accumulator by columns
-# (block_n, nbuf, async_mma) the device script times; DEFAULT is what `sparse_mla_gluon_large` takes unless told.
-# async_mma: the kernel's ASYNC (its docstring): 0 one wait per wgmma, 1 one wait per tile's S and one per its P V,
-# 2 (bf16 caches only) P V waited for behind the next tile's S
-CONFIGS = [(64, 2, 1), (64, 2, 0), (64, 2, 2), (32, 2, 1)]
-DEFAULT = (64, 2, 1)
+# (block_n, nbuf, mode) the device script times; DEFAULT is what `sparse_mla_gluon_large` takes unless told. mode:
+# "sync" / "async" / "defer" the key-split kernel with its ASYNC 0 / 1 / 2 (its docstring: one wait per wgmma, one per
+# tile's S and one per its P V, P V waited for behind the next tile's S), "pingpong" the three-warpgroup kernel
+# (`_sparse_mla_pingpong_kernel`, nbuf must be 2). "defer" and "pingpong" take bf16 caches only.
+CONFIGS = [(64, 2, "async"), (64, 2, "sync"), (64, 2, "defer"), (32, 2, "async"), (64, 2, "pingpong")]
+DEFAULT = (64, 2, "async")
+ASYNC = {"sync": 0, "async": 1, "defer": 2}
+BF16_ONLY = ("defer", "pingpong")
+# setmaxnreg of the ping-pong kernel's second consumer and of its producer (the first consumer, the default partition,
+# gets the same as the second). sm_90 builds: the consumers spill nothing down to 208, the producer (which holds two
+# pairs' index tiles) spills 4 words at 88 and more below
+PP_CONSUMER_REGS = 208
+PP_PRODUCER_REGS = 88
 
 
 def configs_for(kv_format: str) -> list:
-    """The CONFIGS entries that apply to a cache format (ASYNC 2 needs the bf16 tile ring)."""
-    return [c for c in CONFIGS if kv_format == "bf16" or c[2] != 2]
+    """The CONFIGS entries that apply to a cache format."""
+    return [c for c in CONFIGS if kv_format == "bf16" or c[2] not in BF16_ONLY]
 
 
 def config_name(cfg) -> str:
-    return f"BN{cfg[0]}-nbuf{cfg[1]}-a{cfg[2]}"
+    return f"BN{cfg[0]}-nbuf{cfg[1]}-{cfg[2]}"
 
 
 def smem_bytes_estimate(block_n: int, nbuf: int, kv_format: str = "bf16") -> int:
@@ -328,6 +337,352 @@ if HAVE_GLUON:
                        gl.convert_layout(l_i, ROW_O), acc0, acc1, acc2, acc3, SPLIT, ROW_O, COL_O, BH, hb * BH, 2, 1.0)
 
 
+    # ---- ping-pong kernel (bf16 caches): the two warpgroups take alternate tiles (FlashMLA's sm_90 prefill plan) ----
+
+    @gluon.jit
+    def _opaque_zero(x):
+        """0, computed from x at run time (the compiler cannot fold it)."""
+        return gl.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [x], dtype=gl.int32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def _pp_gather(KV, idx_g, idx_r, N_ROWS, stride_kv, ka, kb, kr, slot, RIGHT: gl.constexpr, LG: gl.constexpr,
+                   LGR: gl.constexpr):
+        """cp.async one half of a tile's rows (indices idx_g / idx_r in the two copy layouts) into buffer `slot`: the
+        latent chunks 0-1 (left) or 2-3 and the rope part (right); invalid rows are masked copies of row 0
+        (zero-filled)."""
+        CH: gl.constexpr = 128
+        v = (idx_g >= 0) & (idx_g < N_ROWS)
+        rb = gl.multiple_of(gl.where(v, idx_g, 0).to(gl.int64) * stride_kv + 2 * RIGHT * CH, 8)  # elements
+        offs = gl.arange(0, CH, layout=gl.SliceLayout(0, LG))
+        _async_copy(ka.index(slot), KV + rb[:, None] + offs[None, :], mask=v[:, None])
+        _async_copy(kb.index(slot), KV + rb[:, None] + CH + offs[None, :], mask=v[:, None])
+        if RIGHT:
+            v = (idx_r >= 0) & (idx_r < N_ROWS)
+            rb = gl.multiple_of(gl.where(v, idx_r, 0).to(gl.int64) * stride_kv, 8)
+            offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LGR))
+            _async_copy(kr.index(slot), KV + rb[:, None] + 4 * CH + offs_r[None, :], mask=v[:, None])
+
+    @gluon.jit
+    def _pp_producer(KV, idx_row, k_start, k_end, n_pairs, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
+                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
+        """Worker partition: per pair r, the halves of tiles 2r (buffer 0) and 2r + 1 (buffer 1) in the order their
+        warpgroups free and need them (FlashMLA's): 0-left, 1-right, 0-right, 1-left. A half (barrier 2 * buffer +
+        side) is refilled once `free` says its readers are done; each thread's copies arrive on `ready` when they
+        land (cp.async.mbarrier.arrive, count = this partition's threads). The next pair's index tiles are read one
+        pair ahead, so no copy waits on an index load."""
+        PW: gl.constexpr = gl.num_warps()
+        LG: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [PW, 1], [1, 0])
+        LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
+        IG: gl.constexpr = gl.SliceLayout(1, LG)
+        IR: gl.constexpr = gl.SliceLayout(1, LGR)
+        n_g0 = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IG)
+        n_g1 = _tile_idx(idx_row, k_start + BLOCK_N, k_end, BLOCK_N, IG)
+        n_r0 = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IR)
+        n_r1 = _tile_idx(idx_row, k_start + BLOCK_N, k_end, BLOCK_N, IR)
+        for r in range(n_pairs):
+            ph = (r & 1) ^ 1  # the first use of each half passes at once
+            g0 = n_g0
+            g1 = n_g1
+            r0 = n_r0
+            r1 = n_r1
+            s2 = k_start + (2 * r + 2) * BLOCK_N  # past the split: -1 (masked), nothing is loaded
+            n_g0 = _tile_idx(idx_row, s2, k_end, BLOCK_N, IG)
+            n_g1 = _tile_idx(idx_row, s2 + BLOCK_N, k_end, BLOCK_N, IG)
+            n_r0 = _tile_idx(idx_row, s2, k_end, BLOCK_N, IR)
+            n_r1 = _tile_idx(idx_row, s2 + BLOCK_N, k_end, BLOCK_N, IR)
+            b0 = _opaque_zero(r)  # as in `_pp_consumer`: shared addresses computed in the loop, not hoisted
+            b1 = b0 + 1
+            mbarrier.wait(free.index(0), ph)
+            if PROBE != 2:
+                _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k0, k1, kr, b0, False, LG, LGR)
+            cp.mbarrier_arrive(ready.index(0), increment_count=False)
+            mbarrier.wait(free.index(3), ph)
+            if PROBE != 2:
+                _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k2, k3, kr, b1, True, LG, LGR)
+            cp.mbarrier_arrive(ready.index(3), increment_count=False)
+            mbarrier.wait(free.index(1), ph)
+            if PROBE != 2:
+                _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k2, k3, kr, b0, True, LG, LGR)
+            cp.mbarrier_arrive(ready.index(1), increment_count=False)
+            mbarrier.wait(free.index(2), ph)
+            if PROBE != 2:
+                _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k0, k1, kr, b1, False, LG, LGR)
+            cp.mbarrier_arrive(ready.index(2), increment_count=False)
+        cp.wait_group(0)
+
+    @gluon.jit
+    def _pp_consumer(W: gl.constexpr, O, LSE, PART, t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale,
+                     idx_row, k_start, k_end, n_pairs, qa, qr, k0, k1, k2, k3, kr, sm0, sm1, sl0, sl1,
+                     ready, free, bar_a, bar_b, bar_l, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr,
+                     PROBE: gl.constexpr):
+        """Warpgroup W (0: the default partition, 1: a worker) of the ping-pong kernel: S of tiles 2r + W, and P V
+        for every tile on its half of the value columns (chunks 2W, 2W + 1): its own P from registers, the other
+        warpgroup's from shared memory. Per pair of tiles r, with m the running max after tile 2r - 1:
+
+        WG0: S0; m0 = max(m, rowmax S0); acc, l to m0; P0 (to m0) -> sS0, m0 -> sM0, arrive `a`; acc += P0 V0;
+             frees buffer 0; waits `b`; acc, l from m0 to m1; acc += sS1 V1; frees buffer 1.
+        WG1: S1; waits `a`; m1 = max(m0, rowmax S1); l to m1 plus its P1; P1 -> sS1, m1 -> sM1; acc to m0;
+             acc += sS0 V0; (sS0 read) arrive `b`, frees buffer 0; acc from m0 to m1; acc += P1 V1; frees buffer 1.
+
+        sS0 / sS1 are the rope parts of the tile buffers (free once that tile's S is done; FlashMLA does the same).
+        Each warpgroup's l sums its own tiles' P; the two are added at the end. Every shared buffer is rewritten
+        only after the barrier that follows its last read: sS0 / sM0 after `b`, sS1 / sM1 after the next `a`."""
+        BH: gl.constexpr = 64
+        CH: gl.constexpr = 128
+        S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH, 16])
+        PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+        ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+        COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+        ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+        COL_O: gl.constexpr = gl.SliceLayout(0, O_L)
+        if W == 0:  # this warpgroup's value columns
+            va = k0
+            vb = k1
+        else:
+            va = k2
+            vb = k3
+
+        m_run = gl.full([BH], float("-inf"), gl.float32, ROW_S)
+        l_i = gl.full([BH], 0.0, gl.float32, ROW_S)
+        acc_a = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        acc_b = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        zero_s = gl.full([BH, BLOCK_N], 0.0, gl.float32, S_L)
+        n_main = n_pairs
+        if PROBE == 1:  # the producer alone: every half handed back unread by the warpgroups that free it
+            for r in range(n_pairs):
+                mbarrier.wait(ready.index(2 * W), r & 1)
+                mbarrier.wait(ready.index(2 * W + 1), r & 1)
+                _barrier()
+                if W == 0:
+                    mbarrier.arrive(free.index(0))
+                    mbarrier.arrive(free.index(2))
+                else:
+                    mbarrier.arrive(free.index(1))
+                mbarrier.arrive(free.index(3))
+            n_main = 0
+        for r in range(n_main):
+            ph = r & 1
+            # buffer indices the compiler cannot fold: with constant ones it hoists every wgmma's shared-memory
+            # descriptor (one 64-bit value per 16-column step) out of the loop, and they spill
+            b0 = _opaque_zero(r)
+            b1 = b0 + 1
+            bw = b0 + W
+            # S of tile 2r + W, a half of the tile as it lands: WG0 the left half first, WG1 the right (the order
+            # the producer fills them in)
+            mbarrier.wait(ready.index(2 * W + W), ph)
+            fence_async_shared()  # the producer's cp.async writes before this warpgroup's wgmma reads
+            if W == 0:
+                s = warpgroup_mma(qa.index(b0), k0.index(bw).permute([1, 0]), zero_s, use_acc=False, is_async=True)
+                s = warpgroup_mma(qa.index(b0 + 1), k1.index(bw).permute([1, 0]), s, is_async=True)
+            else:
+                s = warpgroup_mma(qa.index(b0 + 2), k2.index(bw).permute([1, 0]), zero_s, use_acc=False,
+                                  is_async=True)
+                s = warpgroup_mma(qa.index(b0 + 3), k3.index(bw).permute([1, 0]), s, is_async=True)
+                s = warpgroup_mma(qr.index(b0), kr.index(bw).permute([1, 0]), s, is_async=True)
+            mbarrier.wait(ready.index(2 * W + 1 - W), ph)
+            fence_async_shared()
+            if W == 0:
+                s = warpgroup_mma(qa.index(b0 + 2), k2.index(bw).permute([1, 0]), s, is_async=True)
+                s = warpgroup_mma(qa.index(b0 + 3), k3.index(bw).permute([1, 0]), s, is_async=True)
+                s = warpgroup_mma(qr.index(b0), kr.index(bw).permute([1, 0]), s, is_async=True)
+            else:
+                s = warpgroup_mma(qa.index(b0), k0.index(bw).permute([1, 0]), s, is_async=True)
+                s = warpgroup_mma(qa.index(b0 + 1), k1.index(bw).permute([1, 0]), s, is_async=True)
+            cur = _tile_idx(idx_row, k_start + (2 * r + W) * BLOCK_N, k_end, BLOCK_N, COL_S)
+            s = warpgroup_mma_wait(0, deps=[s])
+            s = gl.where(((cur >= 0) & (cur < N_ROWS))[None, :], s * qk_scale, float("-inf"))  # log2 domain
+            if W == 0:
+                m0 = gl.maximum(m_run, gl.max(s, axis=1))
+                m0u = gl.where(m0 == float("-inf"), 0.0, m0)  # rows with no key yet: keep exp2 finite
+                alpha = gl.exp2(m_run - m0u)
+                p = gl.exp2(s - m0u[:, None])
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                pb = p.to(gl.bfloat16)
+                kr.index(b0).store(pb)  # sS0
+                sm0.store(m0)
+                fence_async_shared()
+                _barrier()  # every thread's stores before the (one-thread) arrive
+                mbarrier.arrive(bar_a)
+                a2 = gl.convert_layout(alpha, ROW_O)[:, None]
+                pa = gl.convert_layout(pb, PA)
+                acc_a = warpgroup_mma(pa, va.index(b0), acc_a * a2, is_async=True)
+                acc_b = warpgroup_mma(pa, vb.index(b0), acc_b * a2, is_async=True)
+                acc_a, acc_b, pa = warpgroup_mma_wait(0, deps=[acc_a, acc_b, pa])
+                _barrier()
+                mbarrier.arrive(free.index(0))  # buffer 0, left half: S and P0 V0 done
+                mbarrier.wait(bar_b, ph)
+                m1 = sm1.load(ROW_S)
+                sc = gl.exp2(m0 - gl.where(m1 == float("-inf"), 0.0, m1))
+                l_i = l_i * sc
+                a2 = gl.convert_layout(sc, ROW_O)[:, None]
+                acc_a = warpgroup_mma(kr.index(b1), va.index(b1), acc_a * a2, is_async=True)
+                acc_b = warpgroup_mma(kr.index(b1), vb.index(b1), acc_b * a2, is_async=True)
+                acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
+                _barrier()
+                mbarrier.arrive(free.index(2))  # buffer 1, left half: sS1 V1 done
+                mbarrier.arrive(free.index(3))  # buffer 1, right half: sS1 (its rope part) read
+                m_run = m1
+            else:
+                mbarrier.wait(bar_a, ph)
+                m0 = sm0.load(ROW_S)
+                m0u = gl.where(m0 == float("-inf"), 0.0, m0)
+                m1 = gl.maximum(m0, gl.max(s, axis=1))
+                m1u = gl.where(m1 == float("-inf"), 0.0, m1)
+                p = gl.exp2(s - m1u[:, None])
+                l_i = l_i * gl.exp2(m_run - m1u) + gl.sum(p, axis=1)
+                pb = p.to(gl.bfloat16)
+                kr.index(b1).store(pb)  # sS1
+                sm1.store(m1)
+                # P1 is out of the fp32 registers before the products that hold the accumulators start
+                a2 = gl.convert_layout(gl.exp2(m_run - m0u), ROW_O)[:, None]
+                acc_a = warpgroup_mma(kr.index(b0), va.index(b0), acc_a * a2, is_async=True)
+                acc_b = warpgroup_mma(kr.index(b0), vb.index(b0), acc_b * a2, is_async=True)
+                acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])  # sS0 and buffer 0 read
+                fence_async_shared()
+                _barrier()
+                mbarrier.arrive(bar_b)
+                mbarrier.arrive(free.index(1))  # buffer 0, right half: sS0 V0 done (WG0's S was before `a`)
+                a2 = gl.convert_layout(gl.exp2(m0 - m1u), ROW_O)[:, None]
+                pa = gl.convert_layout(pb, PA)
+                acc_a = warpgroup_mma(pa, va.index(b1), acc_a * a2, is_async=True)
+                acc_b = warpgroup_mma(pa, vb.index(b1), acc_b * a2, is_async=True)
+                acc_a, acc_b, pa = warpgroup_mma_wait(0, deps=[acc_a, acc_b, pa])
+                _barrier()
+                mbarrier.arrive(free.index(3))  # buffer 1, right half: S and P1 V1 done
+                m_run = m1
+
+        # the row sum over both warpgroups' tiles; both hold the same final max
+        if W == 0:
+            sl_own = sl0
+            sl_other = sl1
+        else:
+            sl_own = sl1
+            sl_other = sl0
+        sl_own.store(l_i)
+        _barrier()
+        mbarrier.arrive(bar_l.index(W))
+        mbarrier.wait(bar_l.index(1 - W), 0)
+        l_all = l_i + sl_other.load(ROW_S)
+        _store_half(O, LSE, PART, t, sp, H, stride_ot, stride_oh, stride_lt, gl.convert_layout(m_run, ROW_O),
+                    gl.convert_layout(l_all, ROW_O), acc_a, acc_b, hb * BH, W, SPLIT, ROW_O, COL_O)
+
+    @gluon.jit
+    def _store_half(O, LSE, PART, t, sp, H, stride_ot, stride_oh, stride_lt, m_i, l_i, acc_a, acc_b, h0,
+                    W: gl.constexpr, SPLIT: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
+        """`mla_gluon._store_outputs` for one warpgroup's half of the columns (256 W + [0, 256)); WG0 writes the
+        lse. Split program id: axis 2."""
+        CH: gl.constexpr = 128
+        DN: gl.constexpr = 512
+        BH: gl.constexpr = 64
+        has_key = l_i > 0
+        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
+        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+        offs_h = h0 + gl.arange(0, BH, layout=ROW)
+        h_mask = offs_h < H
+        offs_c = 2 * W * CH + gl.arange(0, CH, layout=COL)
+        il = inv_l[:, None]
+        if not SPLIT:
+            o_ty: gl.constexpr = O.dtype.element_ty
+            o_row = O + t.to(gl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_c[None, :]
+            gl.store(o_row, (acc_a * il).to(o_ty), mask=h_mask[:, None])
+            gl.store(o_row + CH, (acc_b * il).to(o_ty), mask=h_mask[:, None])
+            if W == 0:
+                gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
+        else:
+            n_t = gl.num_programs(0)
+            n_sp = gl.num_programs(2)
+            rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
+            o_part = PART + rows[:, None] * DN + offs_c[None, :]
+            gl.store(o_part, acc_a * il, mask=h_mask[:, None])
+            gl.store(o_part + CH, acc_b * il, mask=h_mask[:, None])
+            if W == 0:
+                gl.store(PART + n_sp.to(gl.int64) * n_t * H * DN + rows, lse2, mask=h_mask)
+
+    @gluon.jit
+    def _sparse_mla_pingpong_kernel(
+        Q, KV, IDX, O, LSE, PART,
+        stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
+        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+        SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        PROBE: gl.constexpr = 0,
+    ):
+        """bf16 caches: one program = (token t, 64-head block hb, split sp), 3 warpgroups: the default partition and a
+        worker are the two consumers (`_pp_consumer`), a third gathers (`_pp_producer`). Tiles 2r and 2r + 1 go to
+        buffers 0 and 1, each in two halves (left: latent chunks 0-1; right: chunks 2-3 and the rope part). Barriers,
+        per half (2 * buffer + side): `ready` (producer -> consumers: the producer's 128 threads' copies landed),
+        `free` (its readers are done); `a` / `b` (the per-pair handshake in
+        `_pp_consumer`), `l[w]` (the final row sums). PROBE (stage timing; outputs meaningless): 1 the producer alone
+        (the consumers hand buffers back unread), 2 the consumers alone (the producer gathers nothing)."""
+        BH: gl.constexpr = 64
+        CH: gl.constexpr = 128
+        DR: gl.constexpr = 64
+        NW: gl.constexpr = gl.num_warps()
+        t = gl.program_id(0)
+        hb = gl.program_id(1)
+        sp = gl.program_id(2)
+        SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        k0 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        k1 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        k2 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        k3 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        kr = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DR], SH)
+        qa = gl.allocate_shared_memory(gl.bfloat16, [4, BH, CH], SH)  # q's latent chunks
+        qr = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], SH)
+        FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        sm0 = gl.allocate_shared_memory(gl.float32, [BH], FLAT1)  # the running max after tile 2r / 2r + 1
+        sm1 = gl.allocate_shared_memory(gl.float32, [BH], FLAT1)
+        sl0 = gl.allocate_shared_memory(gl.float32, [BH], FLAT1)  # the two warpgroups' row sums
+        sl1 = gl.allocate_shared_memory(gl.float32, [BH], FLAT1)
+        ready = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # 2 * buffer + side
+        free = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+        bar_l = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        bar_a = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        bar_b = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(4):
+            mbarrier.init(ready.index(j), count=4 * 32)  # the producer's threads (4 warps)
+            # each half's readers: WG0 alone (0-left, 1-left), WG1 alone (0-right), both (1-right: WG1's P1 V1 and
+            # WG0's read of sS1, the rope part)
+            mbarrier.init(free.index(j), count=2 if j == 3 else 1)
+        for j in gl.static_range(2):
+            mbarrier.init(bar_l.index(j), count=1)
+        mbarrier.init(bar_a, count=1)
+        mbarrier.init(bar_b, count=1)
+
+        # q rows of this head block (rows past H are zeros) into shared memory, by the default partition's warps
+        LG: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+        LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        offs_qh = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LG))
+        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
+        qm = (offs_qh < H)[:, None]
+        offs_q = gl.arange(0, CH, layout=gl.SliceLayout(0, LG))
+        for c in gl.static_range(4):
+            qa.index(c).store(gl.load(q_row + c * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        offs_qhr = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LGR))
+        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LGR))
+        qr.index(0).store(gl.load(Q + t.to(gl.int64) * stride_qt + offs_qhr[:, None] * stride_qh + 4 * CH + offs_qr[None, :],
+                         mask=(offs_qhr < H)[:, None], other=0.0).to(gl.bfloat16))
+        fence_async_shared()
+        _barrier()  # barriers initialised and q staged before any partition runs
+
+        k_start = sp * KEYS_PER_SPLIT
+        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+        n_pairs = gl.cdiv(k_end - k_start, 2 * BLOCK_N)
+        idx_row = IDX + t.to(gl.int64) * stride_it
+        gl.warp_specialize([
+            (_pp_consumer, (0, O, LSE, PART, t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale, idx_row,
+                            k_start, k_end, n_pairs, qa, qr, k0, k1, k2, k3, kr, sm0, sm1, sl0, sl1, ready,
+                            free, bar_a, bar_b, bar_l, SPLIT, BLOCK_N, PROBE)),
+            (_pp_consumer, (1, O, LSE, PART, t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale, idx_row,
+                            k_start, k_end, n_pairs, qa, qr, k0, k1, k2, k3, kr, sm0, sm1, sl0, sl1, ready,
+                            free, bar_a, bar_b, bar_l, SPLIT, BLOCK_N, PROBE)),
+            (_pp_producer, (KV, idx_row, k_start, k_end, n_pairs, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
+                            BLOCK_N, PROBE)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
                 num_splits: int | None = None) -> tuple[int, int]:
     """(split count, keys per split): `mla.pick_num_splits` at one program per SM (shared memory), rounded by
@@ -338,10 +693,13 @@ def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
 
 
 def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", num_splits=None,
-                           block_n=DEFAULT[0], nbuf=DEFAULT[1], async_mma=DEFAULT[2], probe=0, out=None):
+                           block_n=DEFAULT[0], nbuf=DEFAULT[1], mode=DEFAULT[2], probe=0, out=None,
+                           pp_regs=None):
     """Sparse MLA forward for 17-128 heads on sm_90 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
-    token without a valid key. probe: a stage-timing build (`PROBE` in the kernel's docstring)."""
+    token without a valid key. mode: a CONFIGS mode ("pingpong": the three-warpgroup kernel, 64-key tiles, two
+    buffers). probe: a stage-timing build (`PROBE` in the kernels' docstrings). pp_regs: (consumer, producer)
+    registers of the ping-pong kernel's worker partitions (default `PP_CONSUMER_REGS`, `PP_PRODUCER_REGS`)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -351,8 +709,12 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         raise ValueError(f"q must be bf16 (wgmma with the bf16 tile), got {q.dtype}")
     if nbuf < 2:
         raise ValueError(f"nbuf must be >= 2 (the next tile's gather overlaps this tile), got {nbuf}")
-    if async_mma not in (0, 1, 2) or (async_mma == 2 and kv_format != "bf16"):
-        raise ValueError(f"async_mma must be 0, 1 or 2 (2: bf16 caches only), got {async_mma} for {kv_format}")
+    if mode not in ASYNC and mode != "pingpong" or (mode in BF16_ONLY and kv_format != "bf16"):
+        raise ValueError(f"mode must be one of {sorted(ASYNC) + ['pingpong']} ({', '.join(BF16_ONLY)}: bf16 caches "
+                         f"only), got {mode!r} for {kv_format}")
+    if mode == "pingpong" and ((block_n, nbuf) != (64, 2) or probe not in (0, 1, 2)):
+        raise ValueError(f"the ping-pong kernel takes 64-key tiles, two buffers and probes 1-2, got block_n={block_n} "
+                         f"nbuf={nbuf} probe={probe}")
     fp8 = kv_format == "fp8_ds_mla"
     if fp8:
         if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
@@ -381,14 +743,20 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if T == 0:
         return out, lse
-    splits, keys_per_split = plan_splits(T, H, topk, block_n, dev, num_splits)
+    # the ping-pong kernel takes tiles in pairs: its splits are whole pairs
+    splits, keys_per_split = plan_splits(T, H, topk, 2 * block_n if mode == "pingpong" else block_n, dev, num_splits)
     part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
-    hb = -(-H // BLOCK_H)
-    _sparse_mla_wgmma_kernel[(T, hb, splits)](
-        q, kv_cache, indices, out, lse, part,
-        q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
-        H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
-        KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf, ASYNC=async_mma, PROBE=probe, num_warps=NUM_WARPS)
+    grid = (T, -(-H // BLOCK_H), splits)
+    args = (q, kv_cache, indices, out, lse, part,
+            q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
+            H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E)
+    if mode == "pingpong":
+        cr, pr = pp_regs or (PP_CONSUMER_REGS, PP_PRODUCER_REGS)
+        _sparse_mla_pingpong_kernel[grid](*args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr,
+                                          PROBE=probe, num_warps=4)
+    else:
+        _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
+                                       ASYNC=ASYNC[mode], PROBE=probe, num_warps=NUM_WARPS)
     if splits > 1:
         sp, bh, bd = mla.merge_tile(splits, H)
         mla._merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
@@ -398,14 +766,22 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
 
 
 def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1], kv_format: str = "bf16",
-                split: bool = False, async_mma: int = DEFAULT[2], probe: int = 0):
-    """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
+                split: bool = False, mode: str = DEFAULT[2], probe: int = 0):
+    """Compile a config for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = _sparse_mla_wgmma_kernel
     fp8 = kv_format == "fp8_ds_mla"
-    consts = {"KV_FP8": fp8, "SPLIT": split, "BLOCK_N": block_n, "NBUF": nbuf, "ASYNC": async_mma, "PROBE": probe}
+    if mode == "pingpong":
+        fn = _sparse_mla_pingpong_kernel
+        consts = {"SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": PP_CONSUMER_REGS,
+                  "PRODUCER_REGS": PP_PRODUCER_REGS, "PROBE": probe}
+        nw = 4
+    else:
+        fn = _sparse_mla_wgmma_kernel
+        consts = {"KV_FP8": fp8, "SPLIT": split, "BLOCK_N": block_n, "NBUF": nbuf, "ASYNC": ASYNC[mode],
+                  "PROBE": probe}
+        nw = NUM_WARPS
     types = {"Q": "*bf16", "KV": "*u8" if fp8 else "*bf16", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32",
              "PART": "*fp32", "qk_scale": "fp32"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -414,7 +790,7 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
            "stride_oh")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
     return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": NUM_WARPS})
+                          options={"num_warps": nw})
 
 
 def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 90) -> dict:
@@ -430,4 +806,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
     return row
 
 
-__all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for", "plan_splits", "smem_bytes_estimate", "aot_compile"]
+__all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
+           "plan_splits", "smem_bytes_estimate", "aot_compile"]
