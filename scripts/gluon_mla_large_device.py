@@ -6,7 +6,8 @@ beside the Triton kernel and FlashMLA, in one process.
 Checks (cache of 32768 rows, bf16 and fp8_ds_mla): H in {64, 128, 40}, top-k 2048, 1000 and 777, invalid indices
 (-1, out of range, duplicates, a token with none valid), with and without split-K; every config against the fp32
 reference `naive.sparse_mla_ref` with `checks`' bf16 tolerances, and against `mla.sparse_mla_launch`.
-Timing (the bench's method and shapes): prefill s_q 4096 over 32K rows, top-k 2048, H64 / H128, bf16 and fp8 caches
+Timing (the bench's method and shapes; "triton" is `mla.sparse_mla_launch`, the Triton kernel, which `sparse_mla` no
+longer takes for these shapes on sm_90): prefill s_q 4096 over 32K rows, top-k 2048, H64 / H128, bf16 and fp8 caches
 (`triton.testing.do_bench`, median), and decode B128 H64 / H128 over a paged fp8 cache (CUDA-graph replay over
 rotated index sets); FlashMLA (`_flashmla_C.abi3.so` under --vendor) on the same inputs where it runs. A config that
 fails is recorded with its error and the run goes on. `--probe` also times the default config's stage builds (the
@@ -59,7 +60,8 @@ def run_checks(dev, rows):
             ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, SM_SCALE, kv_format=fmt, chunk=8)
             case = f"{fmt}-T{T}-H{H}-K{topk}-{invalid}-splits{splits or 'auto'}"
             to, tlse = mla.sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format=fmt)
-            r = {"case": case, "kernel": "triton", "config": "shipped", **compare(to, tlse, ro, rlse)}
+            r = {"case": case, "kernel": "triton", "config": mla.pick_config(T, H, topk, fmt).name,
+                 **compare(to, tlse, ro, rlse)}
             rows.append(r)
             print(json.dumps(r), flush=True)
             for cfg in gl_large.configs_for(fmt):
@@ -121,7 +123,9 @@ def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False):
         print(json.dumps(r), flush=True)
 
     out = torch.empty(s_q, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
-    add("triton", lambda: mla.sparse_mla(q, cache, idx, SM_SCALE, kv_format=fmt, out=out))
+    # the Triton kernel with its own config (`sparse_mla` itself takes the Gluon kernel for these shapes on sm_90)
+    add("triton", lambda: mla.sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format=fmt, out=out),
+        {"config": mla.pick_config(s_q, H, TOPK, fmt).name})
     for cfg in gl_large.configs_for(fmt):
         if f"{fmt}:{gl_large.config_name(cfg)}" not in broken:
             add(f"gluon-wgmma:{gl_large.config_name(cfg)}", lambda c=cfg: gl_large.sparse_mla_gluon_large(
@@ -165,7 +169,8 @@ def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False):
         rows.append(r)
         print(json.dumps(r), flush=True)
 
-    add("triton", lambda i: mla.sparse_mla(q, flat, i, SM_SCALE, kv_format=fmt, out=out))
+    add("triton", lambda i: mla.sparse_mla_launch(q, flat, i, SM_SCALE, kv_format=fmt, out=out),
+        {"config": mla.pick_config(B, H, TOPK, fmt).name})
     for cfg in gl_large.configs_for(fmt):
         if f"{fmt}:{gl_large.config_name(cfg)}" not in broken:
             add(f"gluon-wgmma:{gl_large.config_name(cfg)}", lambda i, c=cfg: gl_large.sparse_mla_gluon_large(
@@ -199,6 +204,27 @@ def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False):
     torch.cuda.empty_cache()
 
 
+def summarize(bench) -> list[str]:
+    """Per case: the Triton kernel, each Gluon config and FlashMLA, with time ratios from this run (FlashMLA / ours,
+    the issue's measure; Triton / Gluon)."""
+    lines = ["| case | impl | time | FlashMLA / it | Triton / it |", "|---|---|---|---|---|"]
+    cases = {}
+    for r in bench:
+        if "error" not in r and not r["impl"].startswith(("gluon-wgmma-probe", "gluon-pingpong-probe")):
+            cases.setdefault((r["kind"], r["kv_format"], r["H"]), []).append(r)
+    for (kind, fmt, H), rows in cases.items():
+        t = {r["impl"]: r.get("ms") or r.get("us") / 1e3 for r in rows}
+        unit = "ms" if kind == "prefill" else "us"
+        for impl, ms in t.items():
+            fm = t.get("flashmla")
+            tri = t.get("triton")
+            shown = ms if unit == "ms" else ms * 1e3
+            lines.append(f"| {kind} {fmt} H{H} | {impl} | {shown:.3f} {unit} | "
+                         f"{fm / ms:.2f} | {tri / ms:.2f} |" if fm and tri else
+                         f"| {kind} {fmt} H{H} | {impl} | {shown:.3f} {unit} | - | - |")
+    return lines
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out_path = argv[0] if argv and not argv[0].startswith("--") else "gluon_mla_large_device.json"
@@ -221,11 +247,14 @@ def main(argv=None) -> int:
                 time_prefill(H, fmt, broken, fm_err is None, bench, probe=probe and H == 64)
         for H in (64, 128):
             time_decode(H, "fp8_ds_mla", broken, fm_err is None, bench, probe=probe and H == 64)
+    summary = summarize(bench)
+    for line in summary:
+        print(line)
     info["elapsed_s"] = time.time() - t0
     info["checks_ok"] = sum(bool(r.get("ok")) for r in checks)
     info["checks"] = len(checks)
     with open(out_path, "w") as f:
-        json.dump({"meta": info, "checks": checks, "bench": bench}, f, indent=1)
+        json.dump({"meta": info, "checks": checks, "bench": bench, "summary": summary}, f, indent=1)
     print(f"checks {info['checks_ok']}/{info['checks']}; {len(bench)} timings; {info['elapsed_s']:.0f} s -> {out_path}")
     return 0 if info["checks_ok"] == info["checks"] else 1
 
