@@ -35,7 +35,7 @@ def test_evidence_bench_h200_rows_agree_with_the_reference_and_verdicts_recomput
     committed = {t["target"]: t["met"] for t in res["targets"]}
     assert res["meta"]["commit"]  # a run of the issue-#13 bench: the same targets, the same verdicts
     assert again == committed  # the verdicts follow from the rows
-    assert sum(bool(m) for m in committed.values()) == 4 and len(committed) == 22  # README: "4 of 22 met"
+    assert sum(bool(m) for m in committed.values()) == 5 and len(committed) == 22  # README: "5 of 22 met"
 
 
 def test_evidence_case_matrix_h200_passed():
@@ -62,7 +62,8 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
     from glm5lib.bench import evidence
 
     cov = evidence.coverage()
-    assert len(cov["shipped"]) == len(evidence.CONFIGS)  # both shared-memory classes
+    # both shared-memory classes, and the Gluon kernels sm_90 takes for 17-128 heads
+    assert len(cov["shipped"]) == len(evidence.CONFIGS) + 2 == len(evidence.shipped_configs())
     for key, s in cov["shipped"].items():
         ran = set(s["covered_by"])
         assert ran & {"h200_full_matrix", "h200_full_matrix_smem_small"}, key
@@ -175,3 +176,38 @@ def test_evidence_fp8_prefill_config_is_the_sweeps_fastest():
     h8 = {r["impl"]: r["us"] for r in rows if r["H"] == 8}
     assert round(h8["triton"] / 1e3, 2) == 4.35 and round(h8[f"triton:{shipped}"] / 1e3, 2) == 4.05
     assert load("bench_h200.json")["meta"]["configs"]["prefill-small/fp8_ds_mla/big"] == shipped
+
+
+def test_evidence_gluon_large_h200_checks_and_ratios():
+    """`scripts/gluon_mla_large_device.py` at 7e11d76: the Gluon kernels for 64-128 heads beside the Triton kernel
+    and FlashMLA in one process (NOTES.md round 4, docs/kernels.md v9)."""
+    from glm5lib.kernels import mla
+
+    res = load("gluon_large_h200.json")
+    meta = res["meta"]
+    assert meta["device"] == "NVIDIA H200" and meta["flashmla"] == "loaded" and meta["commit"] == "7e11d76"
+    assert meta["checks"] == meta["checks_ok"] == len(res["checks"]) == 80 and all(r["ok"] for r in res["checks"])
+    t = {(r["kind"], r["kv_format"], r["H"], r["impl"]): r.get("ms") or r["us"] / 1e3
+         for r in res["bench"] if "error" not in r}
+    pp, key_split = "gluon-wgmma:BN64-nbuf2-pingpong", "gluon-wgmma:BN64-nbuf2-async"
+    assert mla.gluon_large_name("bf16") == "gluon-" + pp.split(":")[1]  # what sparse_mla dispatches
+    assert mla.gluon_large_name("fp8_ds_mla") == "gluon-" + key_split.split(":")[1]
+
+    def ratio(case, impl, over="flashmla"):
+        return round(t[case + (over,)] / t[case + (impl,)], 2)
+
+    # NOTES.md: prefill bf16 0.81x / 0.80x FlashMLA (Triton 0.46x), 1.77x / 1.75x the Triton kernel
+    assert ratio(("prefill", "bf16", 64), pp) == 0.81 and ratio(("prefill", "bf16", 128), pp) == 0.80
+    assert ratio(("prefill", "bf16", 64), pp, "triton") == 1.77 and ratio(("prefill", "bf16", 128), pp, "triton") == 1.75
+    assert ratio(("prefill", "bf16", 64), "triton") == 0.46
+    # fp8 decode B128: 0.60x / 0.66x FlashMLA, 1.52x / 1.76x the Triton kernel
+    assert ratio(("decode", "fp8_ds_mla", 64), key_split) == 0.60
+    assert ratio(("decode", "fp8_ds_mla", 128), key_split) == 0.66
+    assert ratio(("decode", "fp8_ds_mla", 128), key_split, "triton") == 1.76
+    # the stage probes bound the ping-pong kernel: its producer alone and its consumers alone each take less than the
+    # kernel, the consumers alone less than FlashMLA's whole kernel; the key-split kernel's compute alone more
+    whole = t[("prefill", "bf16", 64, pp)]
+    producer, consumers = (t[("prefill", "bf16", 64, f"gluon-pingpong-probe{i}")] for i in (1, 2))
+    assert producer < consumers < t[("prefill", "bf16", 64, "flashmla")] < whole
+    assert round(consumers, 2) == 2.12 and round(producer, 2) == 1.33
+    assert t[("prefill", "bf16", 64, "gluon-wgmma-probe2")] > t[("prefill", "bf16", 64, "flashmla")]

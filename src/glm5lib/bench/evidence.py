@@ -1,11 +1,12 @@
 """Which sparse-MLA configs each committed piece of H200 evidence exercised, against the configs shipped now.
 
-The H200 files were produced at different commits: the v5 decode verification at febd9ab; the full case matrix,
-the same matrix with the sm_89/sm_120 ("small" shared-memory class) configs forced on the H200, compute-sanitizer
-with both classes and the benchmark at 4bea5da (the benchmark records its commit in the JSON); the vLLM call-path
-harness at 836d561. The configs of a commit are its `CONFIGS`
-(`git show REV:src/glm5lib/kernels/mla.py`); a case's config follows from its shape by `config_key` on the H200
-(132 SMs) in the class the run used ("big" unless forced).
+The H200 files were produced at different commits: the v5 decode verification at febd9ab; the matrix and
+compute-sanitizer with the sm_89/sm_120 ("small" shared-memory class) configs forced on the H200 at 4bea5da; the full
+case matrix, compute-sanitizer and the benchmark at abe8edf, the first with the Gluon kernels for 17-128 heads
+dispatched on sm_90 (the benchmark records its commit in the JSON); the vLLM call-path harness at 836d561. The configs
+of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config follows from its shape by
+`config_key` on the H200 (132 SMs) in the class the run used ("big" unless forced), or is the Gluon kernel's
+("large-gluon" keys) where `mla.gluon_large_mode` sends the shape there.
 
 Files written since the case matrix records each case's config (`checks` adds `config` to a JSON row and
 `config=NAME` to a log line) name what ran; for older files the names are inferred from the shapes with today's
@@ -35,9 +36,9 @@ SANITIZER_SMALL = "outputs/bench/sanitizer_h200_small.log"
 VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
 HARNESS = "outputs/bench/vllm_harness_h200.json"
-RUN_COMMIT = "4bea5da"  # the case matrix, both classes (each case records its config)
-SMALL_COMMIT = "4bea5da"  # the matrix with the sm_89/sm_120 configs forced
-SANITIZER_COMMIT = "4bea5da"  # compute-sanitizer, both classes
+RUN_COMMIT = "abe8edf"  # the case matrix (each case records its config), with the Gluon kernels dispatched
+SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
+SANITIZER_COMMIT = "abe8edf"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
@@ -129,7 +130,7 @@ def coverage(root: str | Path | None = None) -> dict:
     readers = {"h200_full_matrix": (FULL_MATRIX, _matrix),
                "h200_full_matrix_smem_small": (FULL_MATRIX_SMALL, lambda p: _matrix(p, "small", SMALL_COMMIT)),
                "h200_sanitizer": (SANITIZER, _sanitizer),
-               "h200_sanitizer_smem_small": (SANITIZER_SMALL, lambda p: _sanitizer(p, "small")),
+               "h200_sanitizer_smem_small": (SANITIZER_SMALL, lambda p: _sanitizer(p, "small", SMALL_COMMIT)),
                "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench),
                "h200_vllm_harness": (HARNESS, _harness)}
     pieces = {name: read(root / rel) for name, (rel, read) in readers.items() if (root / rel).is_file()}

@@ -1,32 +1,46 @@
-"""Gluon sparse MLA forward for 64-128 heads on sm_90 (Hopper wgmma): prefill and decode, bf16 or fp8_ds_mla cache.
+"""Gluon sparse MLA forward for 17-128 heads on sm_90 (Hopper wgmma): prefill and decode, bf16 or fp8_ds_mla cache.
 
-`sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, kv_format=...)` -> `(out [T, H, 512], lse [T, H])`, the
-contract of `mla.sparse_mla_launch`; the fp32 twin is `naive.sparse_mla_ref`.
+`sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, kv_format=..., mode=...)` -> `(out [T, H, 512], lse [T, H])`,
+the contract of `mla.sparse_mla_launch`; the fp32 twin is `naive.sparse_mla_ref`. `mla.sparse_mla` takes it on sm_90
+for 17-128 heads and at least `mla.GLUON_LARGE_MIN_T` tokens (`mla.gluon_large_mode`): bf16 caches -> "pingpong",
+fp8_ds_mla -> "async".
 
 Why. The Triton kernel (`mla._sparse_mla_fwd_kernel`, `BLOCK_H` 64 on 8 warps) computes `S = q k^T` twice: its
 wgmma layout for S is chosen by Triton's heuristic for a dot whose result feeds another dot (flash attention), which
 puts all 8 warps along the 64 head rows (`warpsPerCTA = [8, 1]`, TTGIR of the sm_90 build); a warpgroup covers 64
 rows, so the second warpgroup holds a copy of the first's S. The 576-wide product is done twice for every tile, and
 the tensor cores do 1664 units of work per key and head where 1088 (576 + 512) are needed. Gluon takes the layouts
-from the kernel:
+from the kernel. Two kernels:
 
-- S `[64 heads, BLOCK_N keys]`: warps `[4, 2]`, each warpgroup the products for half of the keys (no copy);
-- the accumulator `[64, 512]` as four `[64, 128]` chunks, warps `[4, 2]`: each warpgroup half the columns
-  (128 fp32 registers per thread), as in the Triton kernel;
-- the row max and sum cross the two warpgroups (the compiler's reduction through shared memory), and P goes to the
-  wgmma A-operand layout in registers (each warpgroup needs all keys' P for its half of the columns).
-
-Rows are gathered by `cp.async` (a pointer tensor and a mask) into a ring of `NBUF` shared tiles in the wgmma
-(128-byte swizzled) layout: tile i + NBUF - 1 is in flight while tile i is computed; q sits in shared memory.
-bf16 caches: the rows go straight into the tile. fp8_ds_mla caches: the e4m3 bytes go into a raw ring and every
-thread converts its share of each tile once, `e4m3 * scale` rounded to bf16 (exact for power-of-two scales, as
-FlashMLA's; the Triton kernel's `DEQUANT`), into the bf16 tile; the rope part (bf16 in the row) goes straight in.
+- key-split (`_sparse_mla_wgmma_kernel`, modes "sync" / "async" / "defer"; 8 warps, no specialisation):
+  - S `[64 heads, BLOCK_N keys]`: warps `[4, 2]`, each warpgroup the products for half of the keys (no copy);
+  - the accumulator `[64, 512]` as four `[64, 128]` chunks, warps `[4, 2]`: each warpgroup half the columns (128
+    fp32 registers per thread), as in the Triton kernel;
+  - the row max and sum cross the two warpgroups (the compiler's reduction through shared memory), and P goes to the
+    wgmma A-operand layout in registers (each warpgroup needs all keys' P for its half of the columns);
+  - rows gathered by `cp.async` (a pointer tensor and a mask) into a ring of `NBUF` tiles in the wgmma (128-byte
+    swizzled) layout, tile i + NBUF - 1 in flight while tile i is computed; q in shared memory. fp8_ds_mla rows go
+    into a raw ring and every thread converts its share of each tile once, `e4m3 * scale` rounded to bf16 (exact
+    for power-of-two scales, as FlashMLA's; the Triton kernel's `DEQUANT`), into one bf16 tile; the rope part
+    (bf16 in the row) goes straight in.
+  Measured (NOTES.md v9a-v9b): each warpgroup's S at N = 32 reads all of q from shared memory per tile, so S is bound
+  by shared-memory bandwidth, not the tensor cores: its compute alone (no gathers) takes longer than FlashMLA's whole
+  kernel.
+- ping-pong (`_sparse_mla_pingpong_kernel`, mode "pingpong", bf16 caches; FlashMLA's sm_90 sparse prefill plan):
+  three warpgroups. The two consumers take alternate 64-key tiles, each computing its tile's whole S (N = 64: q and
+  the tile read at the tensor cores' pace) and P V on its half of the value columns for every tile, its own P from
+  registers and the other's from shared memory (written into its tile's rope part, free once S is done); the running
+  max passes between them through shared memory. A producer warpgroup gathers each tile in two halves (latent chunks
+  0-1 and 2-3 + rope), each refilled as soon as its readers are done, with the next pair's index tiles read ahead.
+  Buffer indices are computed at run time so that the compiler does not hoist (and spill) every wgmma's
+  shared-memory descriptor; the partitions' registers (`PP_*_REGS`) are split so that none spills (8 bytes in the
+  producer with Triton 3.6).
 
 One program owns (token, 64-head block, split). Split-K partials (decode) use `mla._part_rows`'s layout and are
 merged by `mla._merge_splits_kernel`; the split count is `mla.pick_num_splits` with one program per SM (shared
-memory: about 221 KB for bf16 at 64-key tiles and NBUF 2). Gluon does not run in Triton's interpreter: numeric
-checks are `scripts/gluon_mla_large_device.py`, on an sm_90 GPU; `tests/test_mla_gluon.py` compiles it for sm_90.
-Not dispatched by `mla.sparse_mla` (NOTES.md, round 4).
+memory: about 221 KB at 64-key tiles). Gluon does not run in Triton's interpreter: the numeric checks are
+`scripts/gluon_mla_large_device.py` and `checks --profile full` (whose large-head cases with >= 128 tokens reach this
+module on sm_90), on an H200; `tests/test_mla_gluon.py` compiles every config for sm_90.
 """
 
 from __future__ import annotations
