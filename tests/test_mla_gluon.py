@@ -30,15 +30,20 @@ for arch in (90, 120):
 """
 
 
-@pytest.fixture(scope="module")
-def stats():
+def _compile_rows(script: str) -> list[dict]:
+    """The JSON rows a compile script prints, run in a child process with the interpreter off."""
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=900)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
     if not rows:
         pytest.fail(f"no compile results: {p.stderr[-2000:]}")
     return rows
+
+
+@pytest.fixture(scope="module")
+def stats():
+    return _compile_rows(_SCRIPT)
 
 
 def _key(r):
@@ -97,13 +102,7 @@ for fmt in ("bf16", "fp8_ds_mla"):
 
 @pytest.fixture(scope="module")
 def large_stats():
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", _SCRIPT_LARGE], capture_output=True, text=True, env=env, timeout=900)
-    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    if not rows:
-        pytest.fail(f"no compile results: {p.stderr[-2000:]}")
-    return rows
+    return _compile_rows(_SCRIPT_LARGE)
 
 
 def test_large_kernel_compiles_for_sm90_within_shared_memory_without_spills(large_stats):

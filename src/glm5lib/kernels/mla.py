@@ -432,6 +432,16 @@ def _merge_splits_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NUM_S
         tl.store(LSE + t * stride_lt + offs_h, lse, mask=h_mask)
 
 
+def merge_splits(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int) -> None:
+    """Combine `splits` fp32 partials in `part` (`_part_rows`'s layout) into out `[T, H, 512]` and a fresh lse
+    `[T, H]`: one plain launch of `_merge_splits_kernel` (the Gluon launchers'; `sparse_mla_launch` pre-binds its own)."""
+    T, H, _ = out.shape
+    sp, bh, bd = merge_tile(splits, H)
+    _merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
+        part, out, lse, out.stride(0), out.stride(1), H, H, splits,
+        D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4)
+
+
 MAX_SPLITS = 32  # keeps the merge's [splits, heads, columns] tile small; >= 64 keys per split at top-k 2048
 
 

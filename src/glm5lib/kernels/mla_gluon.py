@@ -612,6 +612,24 @@ def plan_splits(T: int, topk: int, block_n: int, device: torch.device, num_split
     return mla.split_keys(topk, num_splits, block_n)
 
 
+def prepare_call(q, kv_cache, indices, out):
+    """What the Gluon launchers share after checking shapes and dtypes: (q, indices with unit last stride, the cache's
+    row stride and row count, out (allocated, or checked), a fresh lse `[T, H]`)."""
+    T, H, _ = q.shape
+    stride_kv, n_rows = kv_row_geometry(kv_cache)
+    if (stride_kv * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16:  # every gather is 16-byte cp.async
+        raise ValueError("cache rows must start on 16-byte boundaries")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if indices.stride(-1) != 1:
+        indices = indices.contiguous()
+    if out is None:
+        out = torch.empty(T, H, D_NOPE, dtype=q.dtype, device=q.device)
+    elif out.shape != (T, H, D_NOPE) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [T, H, {D_NOPE}] with contiguous rows, got {tuple(out.shape)}")
+    return q, indices, stride_kv, n_rows, out, torch.empty(T, H, dtype=torch.float32, device=q.device)
+
+
 def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n=DEFAULT[0],
                      num_warps=DEFAULT[1], nbuf=DEFAULT[2], waves=None, out=None, ws=False, depth=2, probe=0,
                      maxnreg=None):
@@ -634,18 +652,9 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
                          f"{tuple(kv_cache.shape)}")
     if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != T:
         raise ValueError(f"indices must be int32 [T, topk] with T = {T}, got {indices.dtype} {tuple(indices.shape)}")
-    stride_kv, n_rows = kv_row_geometry(kv_cache)
-    if stride_kv % 16 or kv_cache.data_ptr() % 16:  # every gather is 16-byte cp.async
-        raise ValueError("fp8_ds_mla rows must start on 16-byte boundaries")
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if indices.stride(-1) != 1:
-        indices = indices.contiguous()
+    q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
-    if out is None:
-        out = torch.empty(T, H, D_NOPE, dtype=q.dtype, device=dev)
-    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if T == 0:
         return out, lse
     splits, keys_per_split = plan_splits(T, topk, block_n, dev, num_splits, waves, nbuf, depth if ws else 0,
@@ -664,10 +673,7 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
             **({"PROBE": probe} if probe else {}),  # a stage-timing build
             **({"maxnreg": maxnreg} if maxnreg else {}))
     if splits > 1:
-        sp, bh, bd = mla.merge_tile(splits, H)
-        mla._merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
-            part, out, lse, out.stride(0), out.stride(1), H, H, splits,
-            D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4)
+        mla.merge_splits(part, out, lse, splits)
     return out, lse
 
 
@@ -734,7 +740,7 @@ def cubin_usage(cubin: bytes) -> dict:
     return out
 
 
-__all__ = ["sparse_mla_gluon", "CONFIGS", "WS_CONFIGS", "DEFAULT", "config_name", "config_kwargs",
+__all__ = ["sparse_mla_gluon", "prepare_call", "CONFIGS", "WS_CONFIGS", "DEFAULT", "config_name", "config_kwargs",
            "HAVE_GLUON", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats"]
 
 

@@ -52,18 +52,19 @@ from glm5lib.kernels import mla
 from glm5lib.kernels.common import num_sms
 from glm5lib.kernels.compile_report import SMEM_LIMIT
 from glm5lib.kernels.mla import LOG2E
-from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES, kv_row_geometry
+from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES
 
 import triton  # noqa: E402
 
-from glm5lib.kernels.mla_gluon import HAVE_GLUON  # noqa: E402
+from glm5lib.kernels.mla_gluon import HAVE_GLUON, prepare_call  # noqa: E402
 
 if HAVE_GLUON:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.ampere import mbarrier
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma, warpgroup_mma_init,
+                                                                   warpgroup_mma_wait)
 
     from glm5lib.kernels.mla_gluon import _async_copy, _barrier, _softmax_step, _store_outputs, _tile_idx
 
@@ -675,8 +676,8 @@ if HAVE_GLUON:
             qa.index(c).store(gl.load(q_row + c * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
         offs_qhr = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LGR))
         offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LGR))
-        qr.index(0).store(gl.load(Q + t.to(gl.int64) * stride_qt + offs_qhr[:, None] * stride_qh + 4 * CH + offs_qr[None, :],
-                         mask=(offs_qhr < H)[:, None], other=0.0).to(gl.bfloat16))
+        q_rope = Q + t.to(gl.int64) * stride_qt + offs_qhr[:, None] * stride_qh + 4 * CH + offs_qr[None, :]
+        qr.index(0).store(gl.load(q_rope, mask=(offs_qhr < H)[:, None], other=0.0).to(gl.bfloat16))
         fence_async_shared()
         _barrier()  # barriers initialised and q staged before any partition runs
 
@@ -741,20 +742,9 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         raise ValueError(f"kv_format must be 'bf16' or 'fp8_ds_mla', got {kv_format!r}")
     if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != T:
         raise ValueError(f"indices must be int32 [T, topk] with T = {T}, got {indices.dtype} {tuple(indices.shape)}")
-    stride_kv, n_rows = kv_row_geometry(kv_cache)
-    if (stride_kv * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16:  # every gather is 16-byte cp.async
-        raise ValueError("cache rows must start on 16-byte boundaries")
-    if q.stride(-1) != 1:
-        q = q.contiguous()
-    if indices.stride(-1) != 1:
-        indices = indices.contiguous()
+    q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
-    if out is None:
-        out = torch.empty(T, H, D_NOPE, dtype=q.dtype, device=dev)
-    elif out.shape != (T, H, D_NOPE) or out.stride(-1) != 1:
-        raise ValueError(f"out must be [T, H, {D_NOPE}] with contiguous rows, got {tuple(out.shape)}")
-    lse = torch.empty(T, H, dtype=torch.float32, device=dev)
     if T == 0:
         return out, lse
     # the ping-pong kernel takes tiles in pairs: its splits are whole pairs
@@ -772,10 +762,7 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
                                        ASYNC=ASYNC[mode], PROBE=probe, num_warps=NUM_WARPS)
     if splits > 1:
-        sp, bh, bd = mla.merge_tile(splits, H)
-        mla._merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
-            part, out, lse, out.stride(0), out.stride(1), H, H, splits,
-            D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4)
+        mla.merge_splits(part, out, lse, splits)
     return out, lse
 
 
