@@ -1,4 +1,4 @@
-"""GPU check and timing of the Gluon wgmma sparse-MLA kernel for 64-128 heads (`glm5lib.kernels.mla_gluon_large`)
+"""GPU check and timing of the Gluon wgmma sparse-MLA kernels for 17-128 heads (`glm5lib.kernels.mla_gluon_large`)
 beside the Triton kernel and FlashMLA, in one process.
 
 `PYTHONPATH=src python scripts/gluon_mla_large_device.py OUT.json [--vendor .vendor] [--no-time] [--no-check] [--probe]`

@@ -84,7 +84,7 @@ def test_config_names_and_keywords():
     assert "ws" not in mla_gluon.config_kwargs(mla_gluon.DEFAULT)
 
 
-# --- the wgmma kernel for 64-128 heads (kernels.mla_gluon_large): sm_90 only ---------------------------------------
+# --- the wgmma kernels for 17-128 heads (kernels.mla_gluon_large): sm_90 only --------------------------------------
 
 _SCRIPT_LARGE = """
 import json
@@ -105,7 +105,7 @@ def large_stats():
     return _compile_rows(_SCRIPT_LARGE)
 
 
-def test_large_kernel_compiles_for_sm90_within_shared_memory_without_spills(large_stats):
+def test_large_kernel_compiles_for_sm90_within_shared_memory_and_spills_only_where_allowed(large_stats):
     from glm5lib.kernels import mla_gluon_large as m
 
     assert len(large_stats) == 2 * (len(m.configs_for("bf16")) + len(m.configs_for("fp8_ds_mla")))
@@ -167,28 +167,36 @@ def test_large_kernel_split_plan():
     assert splits * kps >= 2048 and kps % 64 == 0 and splits > 8
 
 
-def test_dispatch_rule_for_the_large_kernel():
+def test_dispatch_rule_for_the_large_kernel(monkeypatch):
     import torch
 
     from glm5lib.kernels import mla
 
-    assert mla.gluon_large_mode(128, 64, "bf16") == "pingpong"
-    assert mla.gluon_large_mode(4096, 128, "fp8_ds_mla") == "async"
-    assert mla.gluon_large_mode(4096, 17, "bf16") == "pingpong"
-    assert mla.gluon_large_mode(127, 64, "bf16") is None  # fewer tokens than were measured
-    assert mla.gluon_large_mode(4096, 16, "bf16") is None  # small heads: the Triton kernel
-    assert mla.gluon_large_mode(4096, 64, "bf16", smem="small") is None  # sm_89 / sm_120 class
-    assert mla.gluon_large_mode(4096, 64, "bf16", sm90_gluon=False) is None
+    assert mla.gluon_large_shape(128, 64, "bf16") == "pingpong"
+    assert mla.gluon_large_shape(4096, 128, "fp8_ds_mla") == "async"
+    assert mla.gluon_large_shape(4096, 17, "bf16") == "pingpong"
+    assert mla.gluon_large_shape(127, 64, "bf16") is None  # fewer tokens than were measured
+    assert mla.gluon_large_shape(4096, 16, "bf16") is None  # small heads: the Triton kernel
+    assert mla.gluon_large_shape(4096, 64, "bf16", smem="small") is None  # sm_89 / sm_120 class
+    assert mla.gluon_large_shape(4096, 64, "fp32") is None  # fp32 rows (the interpreter's exact path)
     cpu = torch.device("cpu")
     assert not mla.gluon_large_ready(cpu)
+    assert mla.gluon_large_route(4096, 64, "bf16", cpu, torch.bfloat16, torch.bfloat16) is None
     key, name = mla.dispatched(4096, 64, "bf16", cpu)  # the CPU never takes the Gluon kernel
     assert key == ("large", "bf16", "big") and name == mla.CONFIGS[key].name
     assert mla.gluon_large_name("bf16") == "gluon-BN64-nbuf2-pingpong"
+    for value, on in (("0", False), ("off", False), ("1", True), ("ON", True), ("", True)):
+        monkeypatch.setenv("GLM5LIB_GLUON_LARGE", value)
+        assert mla.gluon_large_enabled() is on
+    monkeypatch.setenv("GLM5LIB_GLUON_LARGE", "maybe")
+    with pytest.raises(ValueError, match="GLM5LIB_GLUON_LARGE"):
+        mla.gluon_large_enabled()
 
 
-def test_evidence_keys_follow_the_dispatch():
+def test_evidence_keys_follow_the_dispatch(monkeypatch):
     from glm5lib.bench import evidence
 
+    monkeypatch.setenv("GLM5LIB_GLUON_LARGE", "0")  # the rule, not this process's switch, names what the H200 ran
     assert evidence._key("prefill:T300-H64-K2048-N32768-bf16-none") == ("large-gluon", "bf16", "big")
     assert evidence._key("invalid:T33-H64-K2048-N4096-bf16-mixed") == ("large", "bf16", "big")
     assert evidence._key("invalid:T160-H64-K2048-N4096-fp8_ds_mla-mixed", "small") == ("large", "fp8_ds_mla", "small")

@@ -6,7 +6,7 @@ case matrix, compute-sanitizer and the benchmark at abe8edf, the first with the 
 dispatched on sm_90 (the benchmark records its commit in the JSON); the vLLM call-path harness at 836d561. The configs
 of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config follows from its shape by
 `config_key` on the H200 (132 SMs) in the class the run used ("big" unless forced), or is the Gluon kernel's
-("large-gluon" keys) where `mla.gluon_large_mode` sends the shape there.
+("large-gluon" keys) where the dispatch rule (`mla.gluon_large_shape`) sends the shape there.
 
 Files written since the case matrix records each case's config (`checks` adds `config` to a JSON row and
 `config=NAME` to a log line) name what ran; for older files the names are inferred from the shapes with today's
@@ -23,7 +23,7 @@ import json
 import re
 from pathlib import Path
 
-from glm5lib.kernels.mla import CONFIGS, config_key, gluon_large_mode, gluon_large_name
+from glm5lib.kernels.mla import CONFIGS, config_key, gluon_large_name, gluon_large_shape
 from glm5lib.paths import repo_root
 
 H200_SMS = 132
@@ -46,12 +46,13 @@ _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fm
 
 def _key(name: str, smem: str = SMEM) -> tuple[str, str, str] | None:
     """The config key a sparse-MLA case name runs under on the H200 today (None for indexer cases): a `CONFIGS` key,
-    or ("large-gluon", format, "big") where `sparse_mla` takes the Gluon kernels (`mla.gluon_large_mode`)."""
+    or ("large-gluon", format, "big") where `sparse_mla` takes the Gluon kernels on sm_90 (`mla.gluon_large_shape`:
+    the rule itself, whatever GLM5LIB_GLUON_LARGE says in this process)."""
     m = _CASE.match(name)
     if m is None:
         return None
     T, H, fmt = int(m["T"]), int(m["H"]), m["fmt"]
-    if gluon_large_mode(T, H, fmt, smem):
+    if gluon_large_shape(T, H, fmt, smem):
         return ("large-gluon", fmt, smem)
     return config_key(T, H, fmt, smem, H200_SMS)
 
@@ -74,7 +75,11 @@ def _configs(named: list[tuple[str, str | None]], smem: str) -> tuple[dict[str, 
     recorded when every sparse-MLA case has one, else the shapes' configs in today's `CONFIGS`."""
     keyed = [(k, c) for k, c in ((_key(n, smem), c) for n, c in named) if k]
     if keyed and all(c for _, c in keyed):
-        return {"/".join(k): c for k, c in sorted(keyed)}, True
+        ran: dict[str, set] = {}
+        for k, c in keyed:
+            ran.setdefault("/".join(k), set()).add(c)
+        # a key whose cases ran different configs is named by all of them: it then matches no single shipped config
+        return {k: " + ".join(sorted(names)) for k, names in sorted(ran.items())}, True
     return _names([k for k, _ in keyed], CONFIGS), False
 
 
@@ -106,10 +111,15 @@ def _verify(path: Path) -> dict:
 
 
 def _bench(path: Path) -> dict:
-    meta = json.loads(path.read_text())["meta"]
+    res = json.loads(path.read_text())
+    meta = res["meta"]
+    # the configs its own rows ran (each records its key and config); files without them: the table in meta
+    rows = [r for r in res.get("rows", []) if r.get("config_key", "").endswith("/" + SMEM) and r.get("config")]
+    configs = {r["config_key"]: r["config"] for r in rows} if rows else \
+        {k: v for k, v in meta["configs"].items() if k.endswith("/" + SMEM)}
     return {"file": str(path), "commit": meta.get("commit") or "febd9ab",
             "what": "benchmark (rows with rel_err checked against fp32)", "recorded": True,
-            "date": meta["date"], "configs": {k: v for k, v in meta["configs"].items() if k.endswith("/" + SMEM)}}
+            "date": meta["date"], "configs": dict(sorted(configs.items()))}
 
 
 def _harness(path: Path) -> dict:

@@ -196,7 +196,7 @@ def mla_cases(profile: str) -> list[MLACase]:
             for H in (8, 64, 128):
                 cases.append(MLACase(T=33, H=H, topk=2048, n_kv=4096, kv_format=fmt, invalid=inv, group="invalid"))
         # enough tokens for the Gluon kernels on sm_90 (mla.GLUON_LARGE_MIN_T)
-        for inv, H in (("mixed", 64), ("oob", 128), ("allinv", 40)):
+        for inv, H in (("mixed", 64), ("oob", 128), ("mixed", 40)):
             cases.append(MLACase(T=160, H=H, topk=2048, n_kv=4096, kv_format=fmt, invalid=inv, group="invalid"))
         cases.append(MLACase(T=16, H=16, topk=2048, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64, group="paged"))
         cases.append(MLACase(T=130, H=128, topk=1000, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64,
@@ -375,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="ci", choices=["ci", "full"])
     ap.add_argument("--sanitize", action="store_true", help="only the invalid-index cases (for compute-sanitizer)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--only", metavar="TEXT", help="with --sanitize: only the cases whose name contains TEXT")
     ap.add_argument("--smem-class", choices=["small", "big"],
                     help="run the configs of this shared-memory class whatever the GPU (small: sm_89 / sm_120's)")
     a = ap.parse_args(argv)
@@ -385,7 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.sanitize:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        res = [run_mla_case(c, device, dtype, seed=i) for i, c in enumerate(sanitize_cases())]
+        cases = [(i, c) for i, c in enumerate(sanitize_cases()) if not a.only or a.only in c.name]
+        if not cases:
+            ap.error(f"no sanitize case name contains {a.only!r}")
+        res = [run_mla_case(c, device, dtype, seed=i) for i, c in cases]
     else:
         res = run_all(a.profile, device)
     print(format_table(res))

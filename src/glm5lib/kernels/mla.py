@@ -434,7 +434,8 @@ def _merge_splits_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NUM_S
 
 def merge_splits(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int) -> None:
     """Combine `splits` fp32 partials in `part` (`_part_rows`'s layout) into out `[T, H, 512]` and a fresh lse
-    `[T, H]`: one plain launch of `_merge_splits_kernel` (the Gluon launchers'; `sparse_mla_launch` pre-binds its own)."""
+    `[T, H]`: one plain launch of `_merge_splits_kernel` (the Gluon launchers'; `sparse_mla_launch` pre-binds
+    its own)."""
     T, H, _ = out.shape
     sp, bh, bd = merge_tile(splits, H)
     _merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
@@ -499,27 +500,35 @@ def config_key(T: int, H: int, kv_format: str, smem: str = "big", n_sms: int = 1
 
 # sm_90 with Gluon: 17-128 heads and at least GLUON_LARGE_MIN_T tokens go to the Gluon wgmma kernels
 # (`mla_gluon_large`, NOTES.md round 4): bf16 caches to the ping-pong kernel, fp8_ds_mla to the key-split one. Measured
-# on the H200 at 128-token decode and 4096-token prefill (1.4-1.8x the Triton kernel); fewer tokens were not timed and
+# on the H200 at 128-token decode and 4096-token prefill (1.5-1.8x the Triton kernel); fewer tokens were not timed and
 # stay on Triton, as does everything the CPU CI runs (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns it off.
 GLUON_LARGE_MIN_T = 128
 GLUON_LARGE_MODES = {"bf16": "pingpong", "fp8_ds_mla": "async"}
-GLUON_LARGE = os.environ.get("GLM5LIB_GLUON_LARGE", "1") != "0"
 
 
-def gluon_large_mode(T: int, H: int, kv_format: str, smem: str = "big", sm90_gluon: bool = True) -> str | None:
-    """The `mla_gluon_large` mode `sparse_mla` takes for a shape (None: the Triton kernel); sm90_gluon: the device is
-    sm_90 and this Triton has Gluon (`gluon_large_ready`)."""
-    if not (GLUON_LARGE and sm90_gluon and smem == "big" and 16 < H <= 128 and T >= GLUON_LARGE_MIN_T):
+def gluon_large_shape(T: int, H: int, kv_format: str, smem: str = "big") -> str | None:
+    """The rule alone: the `mla_gluon_large` mode for a shape on an sm_90 GPU with Gluon (None: the Triton kernel).
+    kv_format: "bf16" (bf16 rows) or "fp8_ds_mla"; anything else stays on Triton."""
+    if smem != "big" or not 16 < H <= 128 or T < GLUON_LARGE_MIN_T:
         return None
-    return GLUON_LARGE_MODES.get("fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16")
+    return GLUON_LARGE_MODES.get(kv_format)
+
+
+def gluon_large_enabled() -> bool:
+    """GLM5LIB_GLUON_LARGE: 1 / on (the default) or 0 / off, read at each call."""
+    value = os.environ.get("GLM5LIB_GLUON_LARGE", "1").strip().lower()
+    if value in ("1", "on", "true", "yes", ""):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    raise ValueError(f"GLM5LIB_GLUON_LARGE must be 0 / off or 1 / on, got {value!r}")
 
 
 def gluon_large_name(kv_format: str) -> str:
     """The config name checks and the benchmark record for a case the Gluon kernel ran."""
     from glm5lib.kernels.mla_gluon_large import config_name
 
-    fmt = "fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16"
-    return "gluon-" + config_name((64, 2, GLUON_LARGE_MODES[fmt]))
+    return "gluon-" + config_name((64, 2, GLUON_LARGE_MODES[kv_format]))
 
 
 @functools.lru_cache(maxsize=16)
@@ -540,14 +549,27 @@ def gluon_large_ready(device: torch.device) -> bool:
     return _gluon_large_ready(device.type, device.index)
 
 
+def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dtype: torch.dtype,
+                      kv_dtype: torch.dtype, aligned: bool = True) -> str | None:
+    """What `sparse_mla` decides for a call: the Gluon mode, or None for the Triton kernel. kv_format as
+    `sparse_mla` normalises it ("bf16" for bf16 / fp16 rows, "fp32", "fp8_ds_mla"); kv_dtype: the cache's element
+    type; aligned: cache base and row stride are multiples of 16 bytes (every gather is a 16-byte cp.async)."""
+    if q_dtype != torch.bfloat16 or not aligned or (kv_format == "bf16" and kv_dtype != torch.bfloat16):
+        return None
+    mode = gluon_large_shape(T, H, kv_format, smem_class(device))
+    if mode is None or not gluon_large_ready(device) or not gluon_large_enabled():
+        return None
+    return mode
+
+
 def dispatched(T: int, H: int, kv_format: str, device: torch.device,
                q_dtype: torch.dtype = torch.bfloat16) -> tuple[tuple[str, str, str], str]:
-    """(key, config name) of what `sparse_mla` runs for a shape on a device (q and a bf16 cache in q_dtype, 16-byte
-    aligned rows): a `CONFIGS` entry, or (("large-gluon", format, "big"), `gluon_large_name`) for the Gluon kernel.
-    Checks and the benchmark record it."""
+    """(key, config name) of what `sparse_mla` runs for a shape on a device, for q (and a bf16-format cache) in
+    q_dtype with 16-byte aligned rows, as the case matrix and the benchmark build them: a `CONFIGS` entry, or
+    (("large-gluon", format, "big"), `gluon_large_name`) for the Gluon kernel (`gluon_large_route`)."""
     smem = smem_class(device)
     fmt = "fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16"
-    if q_dtype == torch.bfloat16 and gluon_large_mode(T, H, fmt, smem, gluon_large_ready(device)):
+    if gluon_large_route(T, H, fmt, device, q_dtype, q_dtype if fmt == "bf16" else torch.uint8):
         return ("large-gluon", fmt, smem), gluon_large_name(fmt)
     key = config_key(T, H, fmt, smem, num_sms(device))
     return key, CONFIGS[key].name
@@ -712,18 +734,18 @@ def sparse_mla(
     Returns `(out [T, H, 512] in q's dtype, lse [T, H] fp32 natural log)`; a row with no key gives zeros
     and lse = -inf.
 
-    On sm_90 with Gluon, 17-128 heads and at least `GLUON_LARGE_MIN_T` tokens (bf16 q, 16-byte aligned rows) run the
-    Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_mode`); everything else the Triton kernel below.
+    On sm_90 with Gluon, 17-128 heads and at least `GLUON_LARGE_MIN_T` tokens (bf16 q, bf16 or fp8_ds_mla rows on
+    16-byte boundaries) run the Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_route`); everything else the
+    Triton kernel below.
     """
     fmt = "bf16" if kv_format == "fp16" else kv_format
     _check_inputs(q, kv_cache, indices, d_v, kv_format)
     if block_size is not None and kv_cache.dim() >= 3 and kv_cache.shape[1] != block_size:
         raise ValueError(f"block_size {block_size} does not match the cache view's {kv_cache.shape[1]}")
     T, H, _ = q.shape
-    if (H > 16 and T >= GLUON_LARGE_MIN_T and q.dtype == torch.bfloat16 and q.is_cuda
-            and (fmt == "fp8_ds_mla" or kv_cache.dtype == torch.bfloat16)
-            and kv_cache.data_ptr() % 16 == 0 and (kv_row_geometry(kv_cache)[0] * kv_cache.element_size()) % 16 == 0):
-        mode = gluon_large_mode(T, H, fmt, smem_class(q.device), gluon_large_ready(q.device))
+    if H > 16 and T >= GLUON_LARGE_MIN_T and q.is_cuda:
+        aligned = kv_cache.data_ptr() % 16 == 0 and (kv_row_geometry(kv_cache)[0] * kv_cache.element_size()) % 16 == 0
+        mode = gluon_large_route(T, H, fmt, q.device, q.dtype, kv_cache.dtype, aligned)
         if mode:
             from glm5lib.kernels.mla_gluon_large import sparse_mla_gluon_large
 
@@ -743,5 +765,6 @@ def sparse_mla_kv_bytes(T: int, topk: int, kv_format: str) -> float:
 
 
 __all__ = ["sparse_mla", "sparse_mla_launch", "CONFIGS", "MLAConfig", "pick_config", "pick_num_splits",
-           "dispatched", "gluon_large_mode", "gluon_large_ready", "gluon_large_name", "GLUON_LARGE_MIN_T",
+           "dispatched", "gluon_large_shape", "gluon_large_route", "gluon_large_ready", "gluon_large_enabled",
+           "gluon_large_name", "GLUON_LARGE_MIN_T",
            "config_num_splits", "sparse_mla_flops", "sparse_mla_kv_bytes"]

@@ -33,8 +33,8 @@ from the kernel. Two kernels:
   max passes between them through shared memory. A producer warpgroup gathers each tile in two halves (latent chunks
   0-1 and 2-3 + rope), each refilled as soon as its readers are done, with the next pair's index tiles read ahead.
   Buffer indices are computed at run time so that the compiler does not hoist (and spill) every wgmma's
-  shared-memory descriptor; the partitions' registers (`PP_*_REGS`) are split so that none spills (8 bytes in the
-  producer with Triton 3.6).
+  shared-memory descriptor; the partitions' registers (`PP_*_REGS`) are split so that the consumers spill nothing
+  (the producer keeps 8 bytes of stack in Triton 3.6's sm_90 build).
 
 One program owns (token, 64-head block, split). Split-K partials (decode) use `mla._part_rows`'s layout and are
 merged by `mla._merge_splits_kernel`; the split count is `mla.pick_num_splits` with one program per SM (shared
@@ -79,8 +79,8 @@ DEFAULT = (64, 2, "async")
 ASYNC = {"sync": 0, "async": 1, "defer": 2}
 BF16_ONLY = ("defer", "pingpong")
 # setmaxnreg of the ping-pong kernel's second consumer and of its producer (the first consumer, the default partition,
-# gets the same as the second). sm_90 builds: the consumers spill nothing down to 208, the producer (which holds two
-# pairs' index tiles) spills 4 words at 88 and more below
+# gets the same as the second). Triton 3.6's sm_90 builds: the consumers spill nothing down to 208; the producer (which
+# holds two pairs' index tiles) keeps 8 bytes of stack at 88 and more below
 PP_CONSUMER_REGS = 208
 PP_PRODUCER_REGS = 88
 
@@ -435,9 +435,11 @@ if HAVE_GLUON:
         warpgroup's from shared memory. Per pair of tiles r, with m the running max after tile 2r - 1:
 
         WG0: S0; m0 = max(m, rowmax S0); acc, l to m0; P0 (to m0) -> sS0, m0 -> sM0, arrive `a`; acc += P0 V0;
-             frees buffer 0; waits `b`; acc, l from m0 to m1; acc += sS1 V1; frees buffer 1.
+             frees buffer 0's left half; waits `b`; acc, l from m0 to m1; acc += sS1 V1; frees buffer 1's left half
+             and (with WG1) its right half, where sS1 lives.
         WG1: S1; waits `a`; m1 = max(m0, rowmax S1); l to m1 plus its P1; P1 -> sS1, m1 -> sM1; acc to m0;
-             acc += sS0 V0; (sS0 read) arrive `b`, frees buffer 0; acc from m0 to m1; acc += P1 V1; frees buffer 1.
+             acc += sS0 V0; (sS0 read) arrive `b`, frees buffer 0's right half; acc from m0 to m1; acc += P1 V1;
+             frees (with WG0) buffer 1's right half.
 
         sS0 / sS1 are the rope parts of the tile buffers (free once that tile's S is done; FlashMLA does the same).
         Each warpgroup's l sums its own tiles' P; the two are added at the end. Every shared buffer is rewritten
