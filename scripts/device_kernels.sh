@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
-# usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [racecheck] [sanitize-small] [harness] [harness-graphs] [bench] [bench-targets] [bounds] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep] [topk-long] [tune] [verify] [compile]
+# usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [racecheck] [sanitize-small] [harness]
+#   [harness-graphs] [bench] [bench-targets] [bounds] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
+#   [topk-long] [tune] [verify] [compile]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -9,7 +11,8 @@
 # bench-targets: issue #13's targets in one run (`bench all --quick --no-scaling --sweep-indexer`: B32/B128, fp8 prefill against
 #   FlashMLA's bf16 prefill, the sm_89/sm_120 configs forced on the H200 with their compiled shared memory);
 #   writes bench_h200.json/.png and bench.log under $OUT
-# racecheck: compute-sanitizer racecheck and synccheck on the sanitize cases that reach the Gluon kernels on sm_90 (T130)
+# racecheck: compute-sanitizer racecheck and synccheck on the sanitize cases that reach the Gluon kernels on sm_90
+#   (the T130 ones)
 # checks-small / sanitize-small: the case matrix / compute-sanitizer with the sm_89/sm_120 (99 KB) configs forced
 # prefill-fp8-sweep: fp8_ds_mla prefill at 8/16 heads, shipped config vs bench.kernels.SWEEP_PREFILL_FP8_SMALL
 # bounds: the small-head decode kernel taken apart (gather / gather+convert / kernel), glm5lib.bench.bounds
@@ -30,7 +33,7 @@ for step in "$@"; do
             echo "checks-small rc=$?"; grep -v " ok " "$OUT/checks_full_small.log" | tail -20 ;;
     sanitize) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize > "$OUT/sanitizer.log" 2>&1
             echo "sanitizer rc=$?"; tail -6 "$OUT/sanitizer.log" ;;
-    racecheck) for tool in racecheck synccheck; do  # the Gluon kernels' mbarrier / shared-memory protocol (sm_90 cases)
+    racecheck) for tool in racecheck synccheck; do  # the Gluon kernels' mbarrier / shared-memory protocol
                  timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize \
                    --only T130 > "$OUT/${tool}.log" 2>&1; echo "$tool rc=$?"; tail -3 "$OUT/${tool}.log"; done ;;
     sanitize-small) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize --smem-class small > "$OUT/sanitizer_small.log" 2>&1

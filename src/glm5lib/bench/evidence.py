@@ -3,10 +3,10 @@
 The H200 files were produced at different commits: the v5 decode verification at febd9ab; the matrix and
 compute-sanitizer with the sm_89/sm_120 ("small" shared-memory class) configs forced on the H200 at 4bea5da;
 compute-sanitizer and the benchmark at abe8edf and the full case matrix at c2a8f1e, with the Gluon kernels for
-17-128 heads dispatched on sm_90 (the benchmark records its commit in the JSON); the vLLM call-path harness at 836d561. The configs
-of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config follows from its shape by
-`config_key` on the H200 (132 SMs) in the class the run used ("big" unless forced), or is the Gluon kernel's
-("large-gluon" keys) where the dispatch rule (`mla.gluon_large_shape`) sends the shape there.
+17-128 heads dispatched on sm_90 (the benchmark records its commit in the JSON); the vLLM call-path harness at
+836d561. The configs of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config
+follows from its shape by `config_key` on the H200 (132 SMs) in the class the run used ("big" unless forced), or is
+the Gluon kernel's ("large-gluon" keys) where the dispatch rule (`mla.gluon_large_shape`) sends the shape there.
 
 Files written since the case matrix records each case's config (`checks` adds `config` to a JSON row and
 `config=NAME` to a log line) name what ran; for older files the names are inferred from the shapes with today's

@@ -79,7 +79,7 @@ DEFAULT = (64, 2, "async")
 ASYNC = {"sync": 0, "async": 1, "defer": 2}
 BF16_ONLY = ("defer", "pingpong")
 # setmaxnreg of the ping-pong kernel's second consumer and of its producer (the first consumer, the default partition,
-# gets the same as the second). Triton 3.6's sm_90 builds: the consumers spill nothing down to 208; the producer (which
+# takes what the launch leaves). Triton 3.6's sm_90 builds: the consumers spill nothing down to 208; the producer (which
 # holds two pairs' index tiles) keeps 8 bytes of stack at 88 and more below
 PP_CONSUMER_REGS = 208
 PP_PRODUCER_REGS = 88
