@@ -1,7 +1,8 @@
 """GPU check and timing of the Gluon wgmma sparse-MLA kernels for 17-128 heads (`glm5lib.kernels.mla_gluon_large`)
 beside the Triton kernel and FlashMLA, in one process.
 
-`PYTHONPATH=src python scripts/gluon_mla_large_device.py OUT.json [--vendor .vendor] [--no-time] [--no-check] [--probe]`
+`PYTHONPATH=src python scripts/gluon_mla_large_device.py OUT.json [--vendor .vendor] [--no-time] [--no-check] [--probe]
+[--variants]`
 
 Checks (cache of 32768 rows, bf16 and fp8_ds_mla): H in {64, 128, 40}, top-k 2048, 1000 and 777, invalid indices
 (-1, out of range, duplicates, a token with none valid), with and without split-K; every config against the fp32
@@ -91,7 +92,7 @@ def run_checks(dev, rows):
     return broken
 
 
-def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False):
+def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False, variants=False):
     kv = torch.randn(N_ROWS, naive.D_QK, device="cuda", dtype=torch.bfloat16)
     cache = naive.quantize_fp8_ds_mla(kv) if fmt == "fp8_ds_mla" else kv
     kv_bf16 = naive.dequantize_fp8_ds_mla(cache).to(torch.bfloat16) if fmt == "fp8_ds_mla" else kv
@@ -141,6 +142,9 @@ def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False):
             for regs in ((216, 72), (200, 104)):  # the partitions' register split (the default is PP_*_REGS)
                 add(f"gluon-pingpong-regs{regs[0]}-{regs[1]}", lambda regs=regs: gl_large.sparse_mla_gluon_large(
                     q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", pp_regs=regs))
+    if variants and fmt == "bf16":  # the ping-pong kernel's gathers with an L2 evict-last policy
+        add("gluon-pingpong-evict", lambda: gl_large.sparse_mla_gluon_large(
+            q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", consts={"EVICT": 1}))
     if have_fm:  # FlashMLA's sparse prefill reads bf16 rows (the fp8 cache's values, dequantized: exact in bf16)
         add("flashmla", lambda: bk.flashmla_prefill(q, kv_bf16.unsqueeze(1), idx.unsqueeze(1)),
             {"reads": "bf16"})
@@ -148,7 +152,7 @@ def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False):
     torch.cuda.empty_cache()
 
 
-def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False):
+def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False, variants=False):
     q, cache, base_rows = bk._make_decode(B, H, ctx, TOPK, fmt)
     flat = cache.view(-1, cache.shape[-1])
     R = bk._rotations(bk.sparse_mla_kv_bytes(B, TOPK, fmt))
@@ -187,6 +191,21 @@ def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False):
                 r = {**base, "impl": f"gluon-wgmma-probe{pr}", "error": _err(exc)}
             rows.append(r)
             print(json.dumps(r), flush=True)
+    if variants and fmt == "fp8_ds_mla":  # the fp8 ping-pong producer: loads before / after the free wait, registers
+        for early, regs in ((1, (208, 88)), (1, (192, 120)), (0, (208, 88)), (0, (200, 104))):
+            add(f"gluon-pingpong-early{early}-regs{regs[0]}-{regs[1]}", lambda i, e=early, rg=regs:
+                gl_large.sparse_mla_gluon_large(q, flat, i, SM_SCALE, kv_format=fmt, out=out, mode="pingpong",
+                                                pp_regs=rg, consts={"EARLY": e}))
+        if probe:
+            for pr in (1, 2):
+                try:
+                    ms = bk._graph_ms([lambda i=i, pr=pr: gl_large.sparse_mla_gluon_large(
+                        q, flat, i, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", probe=pr) for i in idx_sets])
+                    r = {**base, "impl": f"gluon-pingpong-probe{pr}", "us": ms * 1e3}
+                except Exception as exc:  # noqa: BLE001
+                    r = {**base, "impl": f"gluon-pingpong-probe{pr}", "error": _err(exc)}
+                rows.append(r)
+                print(json.dumps(r), flush=True)
     if have_fm and fmt == "fp8_ds_mla":
         q4 = q.unsqueeze(1).contiguous()
         kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
@@ -240,13 +259,14 @@ def main(argv=None) -> int:
     print(json.dumps(info), flush=True)
     checks, bench = [], []
     probe = "--probe" in argv
+    variants = "--variants" in argv
     broken = run_checks(dev, checks) if "--no-check" not in argv else {}
     if "--no-time" not in argv:
         for fmt in ("bf16", "fp8_ds_mla"):
             for H in (64, 128):
-                time_prefill(H, fmt, broken, fm_err is None, bench, probe=probe and H == 64)
+                time_prefill(H, fmt, broken, fm_err is None, bench, probe=probe and H == 64, variants=variants)
         for H in (64, 128):
-            time_decode(H, "fp8_ds_mla", broken, fm_err is None, bench, probe=probe and H == 64)
+            time_decode(H, "fp8_ds_mla", broken, fm_err is None, bench, probe=probe and H == 64, variants=variants)
     summary = summarize(bench)
     for line in summary:
         print(line)

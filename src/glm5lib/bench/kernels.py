@@ -489,18 +489,23 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
             ms8 = _median_ms(lambda: indexer_logits(q8, cache, w8, out=o8, **kw))
             rows.append(_row("indexer-decode", "triton-q8", B, HI, ctx, fmt, ms8, flops, byts, ceil,
                              {"rel_err_vs_bf16_q": rel8, "ctx": ctx}))
-        if sweep:
-            keep = ix.INDEXER_CONFIGS["paged"]
-            for cfg in ((0, 128, 4, 2), (0, 128, 8, 2), (0, 256, 8, 2), (0, 64, 4, 3), (0, 128, 4, 3)):
+        if sweep:  # configs, and the looping grid (`row_bound_only`, what CUDA-graph decode launches) per SM count
+            keep = ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM
+            qs = [("", q, w, r)] + ([("q8:", q8, w8, o8[:2].clone())] if fmt == "fp8" else [])  # ref: the shipped
+            for cfg, loop in [(c, None) for c in SWEEP_INDEXER_PAGED] + [(keep[0], p) for p in (4, 8, 16, 32)]:
                 ix.INDEXER_CONFIGS["paged"] = cfg
-                try:
-                    ok = bool(torch.allclose(indexer_logits(q, cache, w, **kw)[:2], r, rtol=1e-3, atol=1e-3))
-                    ms_c = _median_ms(lambda: indexer_logits(q, cache, w, out=o, **kw))
-                    rows.append(_row("indexer-decode-sweep", f"triton:N{cfg[1]}-w{cfg[2]}-s{cfg[3]}", B, HI, ctx, fmt, ms_c,
-                                     flops, byts, ceil, {"ok": ok}))
-                except Exception as exc:
-                    rows.append({"kind": "indexer-decode-sweep", "impl": str(cfg), "error": str(exc)[:200]})
-            ix.INDEXER_CONFIGS["paged"] = keep
+                ix.PAGED_LOOP_PROGRAMS_PER_SM = loop or keep[1]
+                kw_c = {**kw, "row_bound_only": loop is not None}
+                for tag, qq, ww, ref in qs:
+                    name = f"triton:{tag}N{cfg[1]}-w{cfg[2]}-s{cfg[3]}" + (f"-loop{loop}" if loop else "")
+                    try:
+                        ok = bool(torch.allclose(indexer_logits(qq, cache, ww, **kw_c)[:2], ref, rtol=1e-3, atol=1e-3))
+                        ms_c = _median_ms(lambda: indexer_logits(qq, cache, ww, out=o, **kw_c))
+                        rows.append(_row("indexer-decode-sweep", name, B, HI, ctx, fmt, ms_c, flops, byts, ceil,
+                                         {"ok": ok}))
+                    except Exception as exc:
+                        rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
+            ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM = keep
         ms_t = _median_ms(lambda: topk_indices(o, topk))
         rows.append(_row("topk-decode", "torch.topk", B, HI, topk, fmt, ms_t, 0.0, B * ctx * 4, ceil, {"ctx": ctx}))
         rows.append(_topk_select_row("topk-decode", o, topk, dict(lengths=ctxs), B, HI, fmt, ceil, ctx))
@@ -554,6 +559,9 @@ SWEEP_PREFILL_FP8_SMALL = [C(16, 32, 4, 2, prefetch=2, nope_f16=True),
                            C(16, 64, 8, 2, prefetch=2, nope_f16=True, idx_ahead=True),
                            C(16, 64, 8, 2, prefetch=True, nope_f16=True, idx_ahead=True),
                            C(16, 32, 4, 3, nope_f16=True, idx_ahead=True)]
+# the paged indexer (decode): (0, BLOCK_N, num_warps, num_stages), `indexer.INDEXER_CONFIGS["paged"]`'s form
+SWEEP_INDEXER_PAGED = [(0, 128, 4, 2), (0, 128, 8, 2), (0, 256, 8, 2), (0, 64, 4, 3), (0, 128, 4, 3), (0, 256, 4, 2),
+                       (0, 64, 2, 2)]
 SWEEP_PREFILL = [C(64, 64, 8, 2), C(64, 64, 8, 3), C(64, 64, 8, 2, True), C(64, 64, 8, 1, True), C(64, 32, 8, 1),
                  C(32, 32, 4, 2), C(16, 32, 4, 2), C(16, 64, 4, 2, True)]
 
