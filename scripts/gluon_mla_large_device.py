@@ -142,9 +142,10 @@ def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False, variants=
             for regs in ((216, 72), (200, 104)):  # the partitions' register split (the default is PP_*_REGS)
                 add(f"gluon-pingpong-regs{regs[0]}-{regs[1]}", lambda regs=regs: gl_large.sparse_mla_gluon_large(
                     q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", pp_regs=regs))
-    if variants and fmt == "bf16":  # the ping-pong kernel's gathers with an L2 evict-last policy
-        add("gluon-pingpong-evict", lambda: gl_large.sparse_mla_gluon_large(
-            q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", consts={"EVICT": 1}))
+    if variants and fmt == "bf16" and H > 64:  # the ping-pong kernel's grid: token-major (each token's head blocks
+        # far apart in launch order) against the shipped head-block-fastest order
+        add("gluon-pingpong-token-major", lambda: gl_large.sparse_mla_gluon_large(
+            q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", consts={"HB_FAST": 0}))
     if have_fm:  # FlashMLA's sparse prefill reads bf16 rows (the fp8 cache's values, dequantized: exact in bf16)
         add("flashmla", lambda: bk.flashmla_prefill(q, kv_bf16.unsqueeze(1), idx.unsqueeze(1)),
             {"reads": "bf16"})
@@ -191,21 +192,6 @@ def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False, va
                 r = {**base, "impl": f"gluon-wgmma-probe{pr}", "error": _err(exc)}
             rows.append(r)
             print(json.dumps(r), flush=True)
-    if variants and fmt == "fp8_ds_mla":  # the fp8 ping-pong producer: loads before / after the free wait, registers
-        for early, regs in ((1, (208, 88)), (1, (192, 120)), (0, (208, 88)), (0, (200, 104))):
-            add(f"gluon-pingpong-early{early}-regs{regs[0]}-{regs[1]}", lambda i, e=early, rg=regs:
-                gl_large.sparse_mla_gluon_large(q, flat, i, SM_SCALE, kv_format=fmt, out=out, mode="pingpong",
-                                                pp_regs=rg, consts={"EARLY": e}))
-        if probe:
-            for pr in (1, 2):
-                try:
-                    ms = bk._graph_ms([lambda i=i, pr=pr: gl_large.sparse_mla_gluon_large(
-                        q, flat, i, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", probe=pr) for i in idx_sets])
-                    r = {**base, "impl": f"gluon-pingpong-probe{pr}", "us": ms * 1e3}
-                except Exception as exc:  # noqa: BLE001
-                    r = {**base, "impl": f"gluon-pingpong-probe{pr}", "error": _err(exc)}
-                rows.append(r)
-                print(json.dumps(r), flush=True)
     if have_fm and fmt == "fp8_ds_mla":
         q4 = q.unsqueeze(1).contiguous()
         kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)

@@ -77,7 +77,7 @@ NUM_WARPS = 8  # two warpgroups, splitting S by keys and the accumulator by colu
 CONFIGS = [(64, 2, "async"), (64, 2, "sync"), (64, 2, "defer"), (32, 2, "async"), (64, 2, "pingpong")]
 DEFAULT = (64, 2, "async")
 ASYNC = {"sync": 0, "async": 1, "defer": 2}
-BF16_ONLY = ("defer",)
+BF16_ONLY = ("defer", "pingpong")
 # setmaxnreg of the ping-pong kernel's second consumer and of its producer (the first consumer, the default partition,
 # takes what the launch leaves). Triton 3.6's sm_90 builds: the consumers spill nothing down to 208; the producer (which
 # holds two pairs' index tiles) keeps 8 bytes of stack at 88 and more below
@@ -150,31 +150,18 @@ if HAVE_GLUON:
         w = raw.index(slot).slice(c * 32, 32, 1).load(LW)  # [N, 32] int32
         s = sc.index(slot).load(LSC)  # [N, 4]
         col = gl.arange(0, 4, layout=gl.SliceLayout(0, LSC))
+        N: gl.constexpr = w.shape[0]
         NW: gl.constexpr = gl.num_warps()
         LX: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])  # what the word unpacking gives
         s_c = gl.convert_layout(gl.sum(gl.where(col[None, :] == c, s, 0.0), axis=1), gl.SliceLayout(1, LX))
-        dst.store(_e4m3_words_bf16(w, s_c, LX))
-
-    @gluon.jit
-    def _e4m3_words_bf16(w, s_c, LX: gl.constexpr):
-        """[N, 32] int32 words of one latent chunk (4 e4m3 bytes each, in `[1, 4] x [4, 8]` per warp) and the rows'
-        chunk scales `s_c` (in `SliceLayout(1, LX)`) -> `[N, 128]` bf16 `e4m3 * scale`, in LX."""
-        N: gl.constexpr = w.shape[0]
-        s_w = gl.convert_layout(s_c, gl.SliceLayout(1, w.type.layout))[:, None] + gl.zeros_like(w).to(gl.float32)
-        # per word: e4m3 -> fp16 (exact, two cvt.rn.f16x2.e4m3x2) -> fp32, times the scale, rounded to bf16; all in
-        # one asm block so that the compiler holds 4 bf16 values per word, never 4 fp32 (bytes in memory order)
+        # e4m3 -> fp16 is exact: two cvt.rn.f16x2.e4m3x2 per word, bytes in memory order e0..e3
         e0, e1, e2, e3 = gl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi, h0, h1, h2, h3; .reg .b32 a, b, c, d;\n .reg .f32 f0, f1, f2, f3;\n"
-            " mov.b32 {lo, hi}, $4;\n cvt.rn.f16x2.e4m3x2 a, lo;\n cvt.rn.f16x2.e4m3x2 b, hi;\n"
-            " mov.b32 {h0, h1}, a;\n mov.b32 {h2, h3}, b;\n"
-            " cvt.f32.f16 f0, h0;\n cvt.f32.f16 f1, h1;\n cvt.f32.f16 f2, h2;\n cvt.f32.f16 f3, h3;\n"
-            " mul.rn.f32 f0, f0, $5;\n mul.rn.f32 f1, f1, $5;\n mul.rn.f32 f2, f2, $5;\n mul.rn.f32 f3, f3, $5;\n"
-            " cvt.rn.bf16x2.f32 c, f1, f0;\n cvt.rn.bf16x2.f32 d, f3, f2;\n"
-            " mov.b32 {$0, $1}, c;\n mov.b32 {$2, $3}, d; }",
-            "=h,=h,=h,=h,r,f", [w, s_w], dtype=(gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16), is_pure=True,
-            pack=1)
+            "{ .reg .b16 lo, hi; .reg .b32 a, b;\n mov.b32 {lo, hi}, $4;\n cvt.rn.f16x2.e4m3x2 a, lo;\n"
+            " cvt.rn.f16x2.e4m3x2 b, hi;\n mov.b32 {$0, $1}, a;\n mov.b32 {$2, $3}, b; }",
+            "=h,=h,=h,=h,r", [w], dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=1)
         # join(join(e0, e2), join(e1, e3))[n, j, a, b] = e_(2a + b): memory order after the reshape
-        return gl.convert_layout(gl.reshape(gl.join(gl.join(e0, e2), gl.join(e1, e3)), [N, 128]), LX)
+        x = gl.convert_layout(gl.reshape(gl.join(gl.join(e0, e2), gl.join(e1, e3)), [N, 128]), LX).to(gl.float32)
+        dst.store((x * s_c[:, None]).to(gl.bfloat16))
 
     @gluon.jit
     def _scores_wgmma(q0, q1, q2, q3, qr, k0, k1, k2, k3, kr, zero_s, IS_ASYNC: gl.constexpr):
@@ -374,7 +361,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pp_gather(KV, idx_g, idx_r, N_ROWS, stride_kv, ka, kb, kr, slot, RIGHT: gl.constexpr, LG: gl.constexpr,
-                   LGR: gl.constexpr, EVICT: gl.constexpr = 0):
+                   LGR: gl.constexpr):
         """cp.async one half of a tile's rows (indices idx_g / idx_r in the two copy layouts) into buffer `slot`: the
         latent chunks 0-1 (left) or 2-3 and the rope part (right); invalid rows are masked copies of row 0
         (zero-filled)."""
@@ -382,62 +369,17 @@ if HAVE_GLUON:
         v = (idx_g >= 0) & (idx_g < N_ROWS)
         rb = gl.multiple_of(gl.where(v, idx_g, 0).to(gl.int64) * stride_kv + 2 * RIGHT * CH, 8)  # elements
         offs = gl.arange(0, CH, layout=gl.SliceLayout(0, LG))
-        EP: gl.constexpr = "evict_last" if EVICT else ""
-        _async_copy(ka.index(slot), KV + rb[:, None] + offs[None, :], mask=v[:, None], eviction_policy=EP)
-        _async_copy(kb.index(slot), KV + rb[:, None] + CH + offs[None, :], mask=v[:, None], eviction_policy=EP)
+        _async_copy(ka.index(slot), KV + rb[:, None] + offs[None, :], mask=v[:, None])
+        _async_copy(kb.index(slot), KV + rb[:, None] + CH + offs[None, :], mask=v[:, None])
         if RIGHT:
             v = (idx_r >= 0) & (idx_r < N_ROWS)
             rb = gl.multiple_of(gl.where(v, idx_r, 0).to(gl.int64) * stride_kv, 8)
             offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LGR))
-            _async_copy(kr.index(slot), KV + rb[:, None] + 4 * CH + offs_r[None, :], mask=v[:, None],
-                        eviction_policy=EP)
-
-    @gluon.jit
-    def _pp_fill_fp8(KV, idx, N_ROWS, stride_kv, free_bar, ph, ready_bar, ka, kb, kr, slot, RIGHT: gl.constexpr,
-                     PROBE: gl.constexpr, EARLY: gl.constexpr, LW: gl.constexpr, LX: gl.constexpr,
-                     LGR: gl.constexpr):
-        """One half of a tile of fp8_ds_mla rows (indices `idx` in `SliceLayout(1, LGR)`): latent chunks 0-1 (left)
-        or 2-3 and the bf16 rope part (right). The rows are loaded into registers before waiting for the half's
-        readers (the loads do not touch the buffer), then every thread writes its share of `e4m3 * scale` as bf16
-        into the tile; one arrive on `ready` after all 128 threads' stores. Invalid rows read as zeros."""
-        C0: gl.constexpr = 2 * RIGHT
-        if not EARLY:
-            mbarrier.wait(free_bar, ph)
-        if PROBE != 2:
-            v = (idx >= 0) & (idx < N_ROWS)
-            rb = gl.where(v, idx, 0).to(gl.int64) * stride_kv  # bytes
-            w_off = gl.multiple_of(gl.convert_layout(rb, gl.SliceLayout(1, LW)) // 4, 4)
-            vw = gl.convert_layout(v, gl.SliceLayout(1, LW))[:, None]
-            offs_w = gl.arange(0, 32, layout=gl.SliceLayout(0, LW))
-            KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
-            wa = gl.load(KVW + w_off[:, None] + C0 * 32 + offs_w[None, :], mask=vw, other=0)
-            wb = gl.load(KVW + w_off[:, None] + (C0 + 1) * 32 + offs_w[None, :], mask=vw, other=0)
-            f_off = gl.convert_layout(rb // 4 + 128 + C0, gl.SliceLayout(1, LX))  # the chunk scales at byte 512
-            vf = gl.convert_layout(v, gl.SliceLayout(1, LX))
-            KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True)
-            sa = gl.load(KVF + f_off, mask=vf, other=0.0)
-            sb = gl.load(KVF + f_off + 1, mask=vf, other=0.0)
-        if EARLY:
-            mbarrier.wait(free_bar, ph)
-        if PROBE != 2:
-            if RIGHT:  # the rope part is bf16 in the row: copied as it is, landing while the chunks are converted
-                offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LGR))
-                KVH = KV.to(gl.pointer_type(gl.bfloat16), bitcast=True)
-                h_off = gl.multiple_of((rb + 528) // 2, 8)
-                _async_copy(kr.index(slot), KVH + h_off[:, None] + offs_r[None, :], mask=v[:, None])
-                cp.commit_group()
-            ka.index(slot).store(_e4m3_words_bf16(wa, sa, LX))
-            kb.index(slot).store(_e4m3_words_bf16(wb, sb, LX))
-            if RIGHT:
-                cp.wait_group(0)
-        fence_async_shared()  # generic-proxy stores before the consumers' wgmma (async proxy) reads
-        _barrier()
-        mbarrier.arrive(ready_bar)
+            _async_copy(kr.index(slot), KV + rb[:, None] + 4 * CH + offs_r[None, :], mask=v[:, None])
 
     @gluon.jit
     def _pp_producer(KV, idx_row, k_start, k_end, n_pairs, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
-                     KV_FP8: gl.constexpr, BLOCK_N: gl.constexpr, PROBE: gl.constexpr, EARLY: gl.constexpr,
-                     EVICT: gl.constexpr):
+                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
         """Worker partition: per pair r, the halves of tiles 2r (buffer 0) and 2r + 1 (buffer 1) in the order their
         warpgroups free and need them (FlashMLA's): 0-left, 1-right, 0-right, 1-left. A half (barrier 2 * buffer +
         side) is refilled once `free` says its readers are done; each thread's copies arrive on `ready` when they
@@ -448,66 +390,43 @@ if HAVE_GLUON:
         LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
         IG: gl.constexpr = gl.SliceLayout(1, LG)
         IR: gl.constexpr = gl.SliceLayout(1, LGR)
-        if KV_FP8:  # loads into registers, conversion, stores (no room for a raw ring beside two bf16 tiles)
-            LW: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [PW, 1], [1, 0])  # [N, 32] words of a chunk
-            LX: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [PW, 1], [1, 0])  # its bf16 values
-            n_i0 = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IR)
-            n_i1 = _tile_idx(idx_row, k_start + BLOCK_N, k_end, BLOCK_N, IR)
-            for r in range(n_pairs):
-                ph = (r & 1) ^ 1
-                i0 = n_i0
-                i1 = n_i1
-                s2 = k_start + (2 * r + 2) * BLOCK_N
-                n_i0 = _tile_idx(idx_row, s2, k_end, BLOCK_N, IR)
-                n_i1 = _tile_idx(idx_row, s2 + BLOCK_N, k_end, BLOCK_N, IR)
-                b0 = _opaque_zero(r)
-                b1 = b0 + 1
-                _pp_fill_fp8(KV, i0, N_ROWS, stride_kv, free.index(0), ph, ready.index(0), k0, k1, kr, b0, False,
-                             PROBE, EARLY, LW, LX, LGR)
-                _pp_fill_fp8(KV, i1, N_ROWS, stride_kv, free.index(3), ph, ready.index(3), k2, k3, kr, b1, True,
-                             PROBE, EARLY, LW, LX, LGR)
-                _pp_fill_fp8(KV, i0, N_ROWS, stride_kv, free.index(1), ph, ready.index(1), k2, k3, kr, b0, True,
-                             PROBE, EARLY, LW, LX, LGR)
-                _pp_fill_fp8(KV, i1, N_ROWS, stride_kv, free.index(2), ph, ready.index(2), k0, k1, kr, b1, False,
-                             PROBE, EARLY, LW, LX, LGR)
-        else:
-            n_g0 = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IG)
-            n_g1 = _tile_idx(idx_row, k_start + BLOCK_N, k_end, BLOCK_N, IG)
-            n_r0 = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IR)
-            n_r1 = _tile_idx(idx_row, k_start + BLOCK_N, k_end, BLOCK_N, IR)
-            for r in range(n_pairs):
-                ph = (r & 1) ^ 1  # the first use of each half passes at once
-                g0 = n_g0
-                g1 = n_g1
-                r0 = n_r0
-                r1 = n_r1
-                s2 = k_start + (2 * r + 2) * BLOCK_N  # past the split: -1 (masked), nothing is loaded
-                n_g0 = _tile_idx(idx_row, s2, k_end, BLOCK_N, IG)
-                n_g1 = _tile_idx(idx_row, s2 + BLOCK_N, k_end, BLOCK_N, IG)
-                n_r0 = _tile_idx(idx_row, s2, k_end, BLOCK_N, IR)
-                n_r1 = _tile_idx(idx_row, s2 + BLOCK_N, k_end, BLOCK_N, IR)
-                b0 = _opaque_zero(r)  # as in `_pp_consumer`: shared addresses computed in the loop, not hoisted
-                b1 = b0 + 1
-                mbarrier.wait(free.index(0), ph)
-                if PROBE != 2:
-                    _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k0, k1, kr, b0, False, LG, LGR, EVICT)
-                cp.mbarrier_arrive(ready.index(0), increment_count=False)
-                mbarrier.wait(free.index(3), ph)
-                if PROBE != 2:
-                    _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k2, k3, kr, b1, True, LG, LGR, EVICT)
-                cp.mbarrier_arrive(ready.index(3), increment_count=False)
-                mbarrier.wait(free.index(1), ph)
-                if PROBE != 2:
-                    _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k2, k3, kr, b0, True, LG, LGR, EVICT)
-                cp.mbarrier_arrive(ready.index(1), increment_count=False)
-                mbarrier.wait(free.index(2), ph)
-                if PROBE != 2:
-                    _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k0, k1, kr, b1, False, LG, LGR, EVICT)
-                cp.mbarrier_arrive(ready.index(2), increment_count=False)
+        n_g0 = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IG)
+        n_g1 = _tile_idx(idx_row, k_start + BLOCK_N, k_end, BLOCK_N, IG)
+        n_r0 = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IR)
+        n_r1 = _tile_idx(idx_row, k_start + BLOCK_N, k_end, BLOCK_N, IR)
+        for r in range(n_pairs):
+            ph = (r & 1) ^ 1  # the first use of each half passes at once
+            g0 = n_g0
+            g1 = n_g1
+            r0 = n_r0
+            r1 = n_r1
+            s2 = k_start + (2 * r + 2) * BLOCK_N  # past the split: -1 (masked), nothing is loaded
+            n_g0 = _tile_idx(idx_row, s2, k_end, BLOCK_N, IG)
+            n_g1 = _tile_idx(idx_row, s2 + BLOCK_N, k_end, BLOCK_N, IG)
+            n_r0 = _tile_idx(idx_row, s2, k_end, BLOCK_N, IR)
+            n_r1 = _tile_idx(idx_row, s2 + BLOCK_N, k_end, BLOCK_N, IR)
+            b0 = _opaque_zero(r)  # as in `_pp_consumer`: shared addresses computed in the loop, not hoisted
+            b1 = b0 + 1
+            mbarrier.wait(free.index(0), ph)
+            if PROBE != 2:
+                _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k0, k1, kr, b0, False, LG, LGR)
+            cp.mbarrier_arrive(ready.index(0), increment_count=False)
+            mbarrier.wait(free.index(3), ph)
+            if PROBE != 2:
+                _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k2, k3, kr, b1, True, LG, LGR)
+            cp.mbarrier_arrive(ready.index(3), increment_count=False)
+            mbarrier.wait(free.index(1), ph)
+            if PROBE != 2:
+                _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k2, k3, kr, b0, True, LG, LGR)
+            cp.mbarrier_arrive(ready.index(1), increment_count=False)
+            mbarrier.wait(free.index(2), ph)
+            if PROBE != 2:
+                _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k0, k1, kr, b1, False, LG, LGR)
+            cp.mbarrier_arrive(ready.index(2), increment_count=False)
         cp.wait_group(0)
 
     @gluon.jit
-    def _pp_consumer(W: gl.constexpr, O, LSE, PART, t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale,
+    def _pp_consumer(W: gl.constexpr, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale,
                      idx_row, k_start, k_end, n_pairs, qa, qr, k0, k1, k2, k3, kr, sm0, sm1, sl0, sl1,
                      ready, free, bar_a, bar_b, bar_l, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr,
                      PROBE: gl.constexpr):
@@ -663,11 +582,11 @@ if HAVE_GLUON:
         mbarrier.arrive(bar_l.index(W))
         mbarrier.wait(bar_l.index(1 - W), 0)
         l_all = l_i + sl_other.load(ROW_S)
-        _store_half(O, LSE, PART, t, sp, H, stride_ot, stride_oh, stride_lt, gl.convert_layout(m_run, ROW_O),
+        _store_half(O, LSE, PART, t, n_t, sp, H, stride_ot, stride_oh, stride_lt, gl.convert_layout(m_run, ROW_O),
                     gl.convert_layout(l_all, ROW_O), acc_a, acc_b, hb * BH, W, SPLIT, ROW_O, COL_O)
 
     @gluon.jit
-    def _store_half(O, LSE, PART, t, sp, H, stride_ot, stride_oh, stride_lt, m_i, l_i, acc_a, acc_b, h0,
+    def _store_half(O, LSE, PART, t, n_t, sp, H, stride_ot, stride_oh, stride_lt, m_i, l_i, acc_a, acc_b, h0,
                     W: gl.constexpr, SPLIT: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
         """`mla_gluon._store_outputs` for one warpgroup's half of the columns (256 W + [0, 256)); WG0 writes the
         lse. Split program id: axis 2."""
@@ -689,7 +608,6 @@ if HAVE_GLUON:
             if W == 0:
                 gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
         else:
-            n_t = gl.num_programs(0)
             n_sp = gl.num_programs(2)
             rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
             o_part = PART + rows[:, None] * DN + offs_c[None, :]
@@ -703,8 +621,8 @@ if HAVE_GLUON:
         Q, KV, IDX, O, LSE, PART,
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
-        KV_FP8: gl.constexpr, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr, PROBE: gl.constexpr = 0, EARLY: gl.constexpr = 1, EVICT: gl.constexpr = 0,
+        SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        PROBE: gl.constexpr = 0, HB_FAST: gl.constexpr = 1,
     ):
         """bf16 caches: one program = (token t, 64-head block hb, split sp), 3 warpgroups: the default partition and a
         worker are the two consumers (`_pp_consumer`), a third gathers (`_pp_producer`). Tiles 2r and 2r + 1 go to
@@ -717,8 +635,15 @@ if HAVE_GLUON:
         CH: gl.constexpr = 128
         DR: gl.constexpr = 64
         NW: gl.constexpr = gl.num_warps()
-        t = gl.program_id(0)
-        hb = gl.program_id(1)
+        if HB_FAST:
+            n_hb = gl.cdiv(H, BH)
+            t = gl.program_id(0) // n_hb
+            hb = gl.program_id(0) % n_hb
+            n_t = gl.num_programs(0) // n_hb
+        else:
+            t = gl.program_id(0)
+            hb = gl.program_id(1)
+            n_t = gl.num_programs(0)
         sp = gl.program_id(2)
         SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         k0 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
@@ -739,8 +664,7 @@ if HAVE_GLUON:
         bar_a = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         bar_b = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for j in gl.static_range(4):
-            # bf16: each of the producer's 128 threads when its copies land; fp8: one arrive after its stores
-            mbarrier.init(ready.index(j), count=1 if KV_FP8 else 4 * 32)
+            mbarrier.init(ready.index(j), count=4 * 32)  # the producer's threads (4 warps)
             # each half's readers: WG0 alone (0-left, 1-left), WG1 alone (0-right), both (1-right: WG1's P1 V1 and
             # WG0's read of sS1, the rope part)
             mbarrier.init(free.index(j), count=2 if j == 3 else 1)
@@ -770,14 +694,14 @@ if HAVE_GLUON:
         n_pairs = gl.cdiv(k_end - k_start, 2 * BLOCK_N)
         idx_row = IDX + t.to(gl.int64) * stride_it
         gl.warp_specialize([
-            (_pp_consumer, (0, O, LSE, PART, t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale, idx_row,
+            (_pp_consumer, (0, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale, idx_row,
                             k_start, k_end, n_pairs, qa, qr, k0, k1, k2, k3, kr, sm0, sm1, sl0, sl1, ready,
                             free, bar_a, bar_b, bar_l, SPLIT, BLOCK_N, PROBE)),
-            (_pp_consumer, (1, O, LSE, PART, t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale, idx_row,
+            (_pp_consumer, (1, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale, idx_row,
                             k_start, k_end, n_pairs, qa, qr, k0, k1, k2, k3, kr, sm0, sm1, sl0, sl1, ready,
                             free, bar_a, bar_b, bar_l, SPLIT, BLOCK_N, PROBE)),
             (_pp_producer, (KV, idx_row, k_start, k_end, n_pairs, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
-                            KV_FP8, BLOCK_N, PROBE, EARLY, EVICT)),
+                            BLOCK_N, PROBE)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -840,8 +764,11 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
             H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E)
     if mode == "pingpong":
         cr, pr = pp_regs or (PP_CONSUMER_REGS, PP_PRODUCER_REGS)
-        _sparse_mla_pingpong_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr,
-                                          PRODUCER_REGS=pr, PROBE=probe, num_warps=4, **(consts or {}))
+        consts = {"HB_FAST": 1, **(consts or {})}
+        if consts["HB_FAST"]:
+            grid = (T * grid[1], 1, splits)
+        _sparse_mla_pingpong_kernel[grid](*args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr,
+                                          PROBE=probe, num_warps=4, **consts)
     else:
         _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
                                        ASYNC=ASYNC[mode], PROBE=probe, num_warps=NUM_WARPS)
@@ -859,8 +786,8 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
     fp8 = kv_format == "fp8_ds_mla"
     if mode == "pingpong":
         fn = _sparse_mla_pingpong_kernel
-        consts = {"KV_FP8": fp8, "SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": PP_CONSUMER_REGS,
-                  "PRODUCER_REGS": PP_PRODUCER_REGS, "PROBE": probe, "EARLY": 1, "EVICT": 0, **(consts or {})}
+        consts = {"SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": PP_CONSUMER_REGS,
+                  "PRODUCER_REGS": PP_PRODUCER_REGS, "PROBE": probe, "HB_FAST": 1, **(consts or {})}
         nw = 4
     else:
         fn = _sparse_mla_wgmma_kernel
