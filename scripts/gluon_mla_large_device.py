@@ -142,6 +142,12 @@ def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False, variants=
             for regs in ((216, 72), (200, 104)):  # the partitions' register split (the default is PP_*_REGS)
                 add(f"gluon-pingpong-regs{regs[0]}-{regs[1]}", lambda regs=regs: gl_large.sparse_mla_gluon_large(
                     q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", pp_regs=regs))
+    if variants and fmt == "bf16":  # the ping-pong producer in FlashMLA's order (0-left, 1-right, 0-right, 1-left)
+        for rep in range(2):  # twice, interleaved with the shipped build: the run's own noise
+            add(f"gluon-pingpong-order0-{rep}", lambda: gl_large.sparse_mla_gluon_large(
+                q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", consts={"ORDER": 0}))
+            add(f"gluon-pingpong-{rep}", lambda: gl_large.sparse_mla_gluon_large(
+                q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong"))
     if variants and fmt == "bf16" and H > 64:  # the ping-pong kernel's grid: token-major (each token's head blocks
         # far apart in launch order) against the shipped head-block-fastest order
         add("gluon-pingpong-token-major", lambda: gl_large.sparse_mla_gluon_large(

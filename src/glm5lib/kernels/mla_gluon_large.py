@@ -379,7 +379,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pp_producer(KV, idx_row, k_start, k_end, n_pairs, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
-                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
+                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr, ORDER: gl.constexpr):
         """Worker partition: per pair r, the halves of tiles 2r (buffer 0) and 2r + 1 (buffer 1) in the order their
         warpgroups free and need them (FlashMLA's): 0-left, 1-right, 0-right, 1-left. A half (barrier 2 * buffer +
         side) is refilled once `free` says its readers are done; each thread's copies arrive on `ready` when they
@@ -411,14 +411,20 @@ if HAVE_GLUON:
             if PROBE != 2:
                 _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k0, k1, kr, b0, False, LG, LGR)
             cp.mbarrier_arrive(ready.index(0), increment_count=False)
-            mbarrier.wait(free.index(3), ph)
-            if PROBE != 2:
-                _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k2, k3, kr, b1, True, LG, LGR)
-            cp.mbarrier_arrive(ready.index(3), increment_count=False)
+            if ORDER == 0:
+                mbarrier.wait(free.index(3), ph)
+                if PROBE != 2:
+                    _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k2, k3, kr, b1, True, LG, LGR)
+                cp.mbarrier_arrive(ready.index(3), increment_count=False)
             mbarrier.wait(free.index(1), ph)
             if PROBE != 2:
                 _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k2, k3, kr, b0, True, LG, LGR)
             cp.mbarrier_arrive(ready.index(1), increment_count=False)
+            if ORDER == 1:
+                mbarrier.wait(free.index(3), ph)
+                if PROBE != 2:
+                    _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k2, k3, kr, b1, True, LG, LGR)
+                cp.mbarrier_arrive(ready.index(3), increment_count=False)
             mbarrier.wait(free.index(2), ph)
             if PROBE != 2:
                 _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k0, k1, kr, b1, False, LG, LGR)
@@ -622,7 +628,7 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        PROBE: gl.constexpr = 0, HB_FAST: gl.constexpr = 1,
+        PROBE: gl.constexpr = 0, HB_FAST: gl.constexpr = 1, ORDER: gl.constexpr = 1,
     ):
         """bf16 caches: one program = (token t, 64-head block hb, split sp), 3 warpgroups: the default partition and a
         worker are the two consumers (`_pp_consumer`), a third gathers (`_pp_producer`). Tiles 2r and 2r + 1 go to
@@ -701,7 +707,7 @@ if HAVE_GLUON:
                             k_start, k_end, n_pairs, qa, qr, k0, k1, k2, k3, kr, sm0, sm1, sl0, sl1, ready,
                             free, bar_a, bar_b, bar_l, SPLIT, BLOCK_N, PROBE)),
             (_pp_producer, (KV, idx_row, k_start, k_end, n_pairs, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
-                            BLOCK_N, PROBE)),
+                            BLOCK_N, PROBE, ORDER)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -764,7 +770,7 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
             H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E)
     if mode == "pingpong":
         cr, pr = pp_regs or (PP_CONSUMER_REGS, PP_PRODUCER_REGS)
-        consts = {"HB_FAST": 1, **(consts or {})}
+        consts = {"HB_FAST": 1, "ORDER": 1, **(consts or {})}
         if consts["HB_FAST"]:
             grid = (T * grid[1], 1, splits)
         _sparse_mla_pingpong_kernel[grid](*args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr,
@@ -787,7 +793,7 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
     if mode == "pingpong":
         fn = _sparse_mla_pingpong_kernel
         consts = {"SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": PP_CONSUMER_REGS,
-                  "PRODUCER_REGS": PP_PRODUCER_REGS, "PROBE": probe, "HB_FAST": 1, **(consts or {})}
+                  "PRODUCER_REGS": PP_PRODUCER_REGS, "PROBE": probe, "HB_FAST": 1, "ORDER": 1, **(consts or {})}
         nw = 4
     else:
         fn = _sparse_mla_wgmma_kernel
