@@ -1,8 +1,7 @@
 """GPU check and timing of the Gluon wgmma sparse-MLA kernels for 17-128 heads (`glm5lib.kernels.mla_gluon_large`)
 beside the Triton kernel and FlashMLA, in one process.
 
-`PYTHONPATH=src python scripts/gluon_mla_large_device.py OUT.json [--vendor .vendor] [--no-time] [--no-check] [--probe]
-[--variants]`
+`PYTHONPATH=src python scripts/gluon_mla_large_device.py OUT.json [--vendor .vendor] [--no-time] [--no-check] [--probe]`
 
 Checks (cache of 32768 rows, bf16 and fp8_ds_mla): H in {64, 128, 40}, top-k 2048, 1000 and 777, invalid indices
 (-1, out of range, duplicates, a token with none valid), with and without split-K; every config against the fp32
@@ -92,7 +91,7 @@ def run_checks(dev, rows):
     return broken
 
 
-def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False, variants=False):
+def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False):
     kv = torch.randn(N_ROWS, naive.D_QK, device="cuda", dtype=torch.bfloat16)
     cache = naive.quantize_fp8_ds_mla(kv) if fmt == "fp8_ds_mla" else kv
     kv_bf16 = naive.dequantize_fp8_ds_mla(cache).to(torch.bfloat16) if fmt == "fp8_ds_mla" else kv
@@ -142,16 +141,6 @@ def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False, variants=
             for regs in ((216, 72), (200, 104)):  # the partitions' register split (the default is PP_*_REGS)
                 add(f"gluon-pingpong-regs{regs[0]}-{regs[1]}", lambda regs=regs: gl_large.sparse_mla_gluon_large(
                     q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", pp_regs=regs))
-    if variants and fmt == "bf16":  # the ping-pong producer in FlashMLA's order (0-left, 1-right, 0-right, 1-left)
-        for rep in range(2):  # twice, interleaved with the shipped build: the run's own noise
-            add(f"gluon-pingpong-order0-{rep}", lambda: gl_large.sparse_mla_gluon_large(
-                q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", consts={"ORDER": 0}))
-            add(f"gluon-pingpong-{rep}", lambda: gl_large.sparse_mla_gluon_large(
-                q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong"))
-    if variants and fmt == "bf16" and H > 64:  # the ping-pong kernel's grid: token-major (each token's head blocks
-        # far apart in launch order) against the shipped head-block-fastest order
-        add("gluon-pingpong-token-major", lambda: gl_large.sparse_mla_gluon_large(
-            q, cache, idx, SM_SCALE, kv_format=fmt, out=out, mode="pingpong", consts={"HB_FAST": 0}))
     if have_fm:  # FlashMLA's sparse prefill reads bf16 rows (the fp8 cache's values, dequantized: exact in bf16)
         add("flashmla", lambda: bk.flashmla_prefill(q, kv_bf16.unsqueeze(1), idx.unsqueeze(1)),
             {"reads": "bf16"})
@@ -159,7 +148,7 @@ def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False, variants=
     torch.cuda.empty_cache()
 
 
-def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False, variants=False):
+def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False):
     q, cache, base_rows = bk._make_decode(B, H, ctx, TOPK, fmt)
     flat = cache.view(-1, cache.shape[-1])
     R = bk._rotations(bk.sparse_mla_kv_bytes(B, TOPK, fmt))
@@ -251,14 +240,13 @@ def main(argv=None) -> int:
     print(json.dumps(info), flush=True)
     checks, bench = [], []
     probe = "--probe" in argv
-    variants = "--variants" in argv
     broken = run_checks(dev, checks) if "--no-check" not in argv else {}
     if "--no-time" not in argv:
         for fmt in ("bf16", "fp8_ds_mla"):
             for H in (64, 128):
-                time_prefill(H, fmt, broken, fm_err is None, bench, probe=probe and H == 64, variants=variants)
+                time_prefill(H, fmt, broken, fm_err is None, bench, probe=probe and H == 64)
         for H in (64, 128):
-            time_decode(H, "fp8_ds_mla", broken, fm_err is None, bench, probe=probe and H == 64, variants=variants)
+            time_decode(H, "fp8_ds_mla", broken, fm_err is None, bench, probe=probe and H == 64)
     summary = summarize(bench)
     for line in summary:
         print(line)

@@ -31,7 +31,8 @@ from the kernel. Two kernels:
   the tile read at the tensor cores' pace) and P V on its half of the value columns for every tile, its own P from
   registers and the other's from shared memory (written into its tile's rope part, free once S is done); the running
   max passes between them through shared memory. A producer warpgroup gathers each tile in two halves (latent chunks
-  0-1 and 2-3 + rope), each refilled as soon as its readers are done, with the next pair's index tiles read ahead.
+  0-1 and 2-3 + rope), each refilled as soon as its readers are done and in the order they are freed, with the next
+  pair's index tiles read ahead.
   Buffer indices are computed at run time so that the compiler does not hoist (and spill) every wgmma's
   shared-memory descriptor; the partitions' registers (`PP_*_REGS`) are split so that the consumers spill nothing
   (the producer keeps 8 bytes of stack in Triton 3.6's sm_90 build).
@@ -379,12 +380,14 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pp_producer(KV, idx_row, k_start, k_end, n_pairs, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
-                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr, ORDER: gl.constexpr):
-        """Worker partition: per pair r, the halves of tiles 2r (buffer 0) and 2r + 1 (buffer 1) in the order their
-        warpgroups free and need them (FlashMLA's): 0-left, 1-right, 0-right, 1-left. A half (barrier 2 * buffer +
-        side) is refilled once `free` says its readers are done; each thread's copies arrive on `ready` when they
-        land (cp.async.mbarrier.arrive, count = this partition's threads). The next pair's index tiles are read one
-        pair ahead, so no copy waits on an index load."""
+                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
+        """Worker partition: per pair r, the halves of tiles 2r (buffer 0) and 2r + 1 (buffer 1) in the order the
+        consumers free them: 0-left (WG0 after P0 V0), 0-right (WG1 after sS0 V0, mid-pair), 1-right and 1-left (at
+        the end of the pair). FlashMLA's order, 0-left, 1-right, 0-right, 1-left, would hold buffer 0's right half
+        back until the end of the pair, and WG0 then waits for it at the start of the next: 8 % slower at H64 (NOTES.md
+        v10b). A half (barrier 2 * buffer + side) is refilled once `free` says its readers are done; each thread's
+        copies arrive on `ready` when they land (cp.async.mbarrier.arrive, count = this partition's threads). The next
+        pair's index tiles are read one pair ahead, so no copy waits on an index load."""
         PW: gl.constexpr = gl.num_warps()
         LG: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [PW, 1], [1, 0])
         LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
@@ -411,20 +414,14 @@ if HAVE_GLUON:
             if PROBE != 2:
                 _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k0, k1, kr, b0, False, LG, LGR)
             cp.mbarrier_arrive(ready.index(0), increment_count=False)
-            if ORDER == 0:
-                mbarrier.wait(free.index(3), ph)
-                if PROBE != 2:
-                    _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k2, k3, kr, b1, True, LG, LGR)
-                cp.mbarrier_arrive(ready.index(3), increment_count=False)
             mbarrier.wait(free.index(1), ph)
             if PROBE != 2:
                 _pp_gather(KV, g0, r0, N_ROWS, stride_kv, k2, k3, kr, b0, True, LG, LGR)
             cp.mbarrier_arrive(ready.index(1), increment_count=False)
-            if ORDER == 1:
-                mbarrier.wait(free.index(3), ph)
-                if PROBE != 2:
-                    _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k2, k3, kr, b1, True, LG, LGR)
-                cp.mbarrier_arrive(ready.index(3), increment_count=False)
+            mbarrier.wait(free.index(3), ph)
+            if PROBE != 2:
+                _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k2, k3, kr, b1, True, LG, LGR)
+            cp.mbarrier_arrive(ready.index(3), increment_count=False)
             mbarrier.wait(free.index(2), ph)
             if PROBE != 2:
                 _pp_gather(KV, g1, r1, N_ROWS, stride_kv, k0, k1, kr, b1, False, LG, LGR)
@@ -628,9 +625,10 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        PROBE: gl.constexpr = 0, HB_FAST: gl.constexpr = 1, ORDER: gl.constexpr = 1,
+        PROBE: gl.constexpr = 0,
     ):
-        """bf16 caches: one program = (token t, 64-head block hb, split sp), 3 warpgroups: the default partition and a
+        """bf16 caches: one program = (token t, 64-head block hb, split sp), grid axis 0 = t * head blocks + hb (a
+        token's head blocks side by side), axis 2 = sp; 3 warpgroups: the default partition and a
         worker are the two consumers (`_pp_consumer`), a third gathers (`_pp_producer`). Tiles 2r and 2r + 1 go to
         buffers 0 and 1, each in two halves (left: latent chunks 0-1; right: chunks 2-3 and the rope part). Barriers,
         per half (2 * buffer + side): `ready` (producer -> consumers: the producer's 128 threads' copies landed),
@@ -641,15 +639,11 @@ if HAVE_GLUON:
         CH: gl.constexpr = 128
         DR: gl.constexpr = 64
         NW: gl.constexpr = gl.num_warps()
-        if HB_FAST:
-            n_hb = gl.cdiv(H, BH)
-            t = gl.program_id(0) // n_hb
-            hb = gl.program_id(0) % n_hb
-            n_t = gl.num_programs(0) // n_hb
-        else:
-            t = gl.program_id(0)
-            hb = gl.program_id(1)
-            n_t = gl.num_programs(0)
+        # axis 0 runs over (token, head block), head blocks fastest: a token's head blocks run side by side
+        n_hb = gl.cdiv(H, BH)
+        t = gl.program_id(0) // n_hb
+        hb = gl.program_id(0) % n_hb
+        n_t = gl.num_programs(0) // n_hb
         sp = gl.program_id(2)
         SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
         k0 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
@@ -707,7 +701,7 @@ if HAVE_GLUON:
                             k_start, k_end, n_pairs, qa, qr, k0, k1, k2, k3, kr, sm0, sm1, sl0, sl1, ready,
                             free, bar_a, bar_b, bar_l, SPLIT, BLOCK_N, PROBE)),
             (_pp_producer, (KV, idx_row, k_start, k_end, n_pairs, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
-                            BLOCK_N, PROBE, ORDER)),
+                            BLOCK_N, PROBE)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -723,7 +717,7 @@ def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
 
 def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", num_splits=None,
                            block_n=DEFAULT[0], nbuf=DEFAULT[1], mode=DEFAULT[2], probe=0, out=None,
-                           pp_regs=None, consts=None):
+                           pp_regs=None):
     """Sparse MLA forward for 17-128 heads on sm_90 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. mode: a CONFIGS mode ("pingpong": the three-warpgroup kernel, 64-key tiles, two
@@ -770,11 +764,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
             H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E)
     if mode == "pingpong":
         cr, pr = pp_regs or (PP_CONSUMER_REGS, PP_PRODUCER_REGS)
-        consts = {"HB_FAST": 1, "ORDER": 1, **(consts or {})}
-        if consts["HB_FAST"]:
-            grid = (T * grid[1], 1, splits)
-        _sparse_mla_pingpong_kernel[grid](*args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr,
-                                          PROBE=probe, num_warps=4, **consts)
+        _sparse_mla_pingpong_kernel[(T * grid[1], 1, splits)](
+            *args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4)
     else:
         _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
                                        ASYNC=ASYNC[mode], PROBE=probe, num_warps=NUM_WARPS)
@@ -784,7 +775,7 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
 
 
 def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1], kv_format: str = "bf16",
-                split: bool = False, mode: str = DEFAULT[2], probe: int = 0, consts=None):
+                split: bool = False, mode: str = DEFAULT[2], probe: int = 0):
     """Compile a config for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -793,7 +784,7 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
     if mode == "pingpong":
         fn = _sparse_mla_pingpong_kernel
         consts = {"SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": PP_CONSUMER_REGS,
-                  "PRODUCER_REGS": PP_PRODUCER_REGS, "PROBE": probe, "HB_FAST": 1, "ORDER": 1, **(consts or {})}
+                  "PRODUCER_REGS": PP_PRODUCER_REGS, "PROBE": probe}
         nw = 4
     else:
         fn = _sparse_mla_wgmma_kernel
