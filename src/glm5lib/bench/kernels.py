@@ -490,14 +490,18 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
             rows.append(_row("indexer-decode", "triton-q8", B, HI, ctx, fmt, ms8, flops, byts, ceil,
                              {"rel_err_vs_bf16_q": rel8, "ctx": ctx}))
         if sweep:  # configs, and the looping grid (`row_bound_only`, what CUDA-graph decode launches) per SM count
-            keep = ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM
+            keep = ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M
             qs = [("", q, w, r)] + ([("q8:", q8, w8, o8[:2].clone())] if fmt == "fp8" else [])  # ref: the shipped
-            for cfg, loop in [(c, None) for c in SWEEP_INDEXER_PAGED] + [(keep[0], p) for p in (4, 8, 16, 32)]:
+            runs = ([(c, None, km) for km in (False, True) for c in SWEEP_INDEXER_PAGED]
+                    + [(keep[0], p, False) for p in (8, 32)])
+            for cfg, loop, keys_m in runs:
                 ix.INDEXER_CONFIGS["paged"] = cfg
                 ix.PAGED_LOOP_PROGRAMS_PER_SM = loop or keep[1]
+                ix.PAGED_KEYS_M = keys_m
                 kw_c = {**kw, "row_bound_only": loop is not None}
                 for tag, qq, ww, ref in qs:
-                    name = f"triton:{tag}N{cfg[1]}-w{cfg[2]}-s{cfg[3]}" + (f"-loop{loop}" if loop else "")
+                    name = (f"triton:{tag}N{cfg[1]}-w{cfg[2]}-s{cfg[3]}" + (f"-loop{loop}" if loop else "")
+                            + ("-keysM" if keys_m else ""))
                     try:
                         ok = bool(torch.allclose(indexer_logits(qq, cache, ww, **kw_c)[:2], ref, rtol=1e-3, atol=1e-3))
                         ms_c = _median_ms(lambda: indexer_logits(qq, cache, ww, out=o, **kw_c))
@@ -505,7 +509,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
                                          {"ok": ok}))
                     except Exception as exc:
                         rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
-            ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM = keep
+            ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M = keep
         ms_t = _median_ms(lambda: topk_indices(o, topk))
         rows.append(_row("topk-decode", "torch.topk", B, HI, topk, fmt, ms_t, 0.0, B * ctx * 4, ceil, {"ctx": ctx}))
         rows.append(_topk_select_row("topk-decode", o, topk, dict(lengths=ctxs), B, HI, fmt, ceil, ctx))

@@ -33,6 +33,8 @@ INDEXER_CONFIGS = {
 }
 # row_bound_only launches (the CUDA-graph decode path, rows as wide as max_model_len): programs per SM in all
 PAGED_LOOP_PROGRAMS_PER_SM = 8
+# the paged kernel's dot with the keys as M (experiment: `bench.kernels.bench_indexer(sweep=True)` times both)
+PAGED_KEYS_M = False
 
 
 @triton.jit
@@ -83,8 +85,9 @@ def _indexer_ragged_kernel(
 def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
                 stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
                 KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr,
-                D: tl.constexpr):
-    """Scores of query t against positions [tile * BLOCK_N, +BLOCK_N): -inf past its own position `last`."""
+                D: tl.constexpr, KEYS_M: tl.constexpr):
+    """Scores of query t against positions [tile * BLOCK_N, +BLOCK_N): -inf past its own position `last`. KEYS_M: the
+    dot with the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads."""
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     see = (offs_n <= last) & (offs_n < MAX_LEN)
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -102,8 +105,12 @@ def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, s
         q = tl.load(Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
                     mask=h_mask[:, None], other=0.0)
         w = tl.load(W + t.to(tl.int64) * stride_wt + offs_h, mask=h_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k))  # [BLOCK_HI, BLOCK_N]
-        acc = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
+        if KEYS_M:
+            s = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_HI]
+            acc = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
+        else:
+            s = tl.dot(q, tl.trans(k))  # [BLOCK_HI, BLOCK_N]
+            acc = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
         if KV_FP8:
             ksc = tl.load(KF + (base + scale_base + off * stride_sc) // 4, mask=see, other=0.0)
             acc = acc * ksc * (scale * f8)
@@ -120,7 +127,7 @@ def _indexer_paged_kernel(
     stride_blk, stride_val, scale_base, stride_sc,
     HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale,
     KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-    TILE_LOOP: tl.constexpr,
+    TILE_LOOP: tl.constexpr, KEYS_M: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -135,11 +142,11 @@ def _indexer_paged_kernel(
         for tile in range(pid_n, n_tiles, tl.num_programs(1)):
             _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_wt, stride_bt,
                         stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
-                        KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D)
+                        KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M)
     else:
         _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, pid_n, stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
                     stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
-                    KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D)
+                    KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M)
 
 
 _PAGED = Prebound(_indexer_paged_kernel)
@@ -250,7 +257,7 @@ def indexer_logits(
         k_cache.stride(0), stride_val, scale_base, stride_sc,
         HI, max_len, next_n, bs, float(scale),
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
-        TILE_LOOP=row_bound_only, num_warps=nw, num_stages=ns,
+        TILE_LOOP=row_bound_only, KEYS_M=PAGED_KEYS_M, num_warps=nw, num_stages=ns,
     )
     return out
 
