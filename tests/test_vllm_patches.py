@@ -168,12 +168,18 @@ def test_cpu_config_gives_sparse_models_block_64_and_native_rope(registered):
 
     def fake_original(cls, vllm_config):
         calls.append(vllm_config)
-        vllm_config.cache_config.block_size = 16  # what vLLM's CPU platform does to MLA models
+        cache = vllm_config.cache_config
+        # what vLLM's CPU platform does to MLA models: 16 without AMX tiles, 128 with them unless the user chose
+        if not vllm_config.amx:
+            cache.block_size = 16
+        elif not cache.user_specified_block_size:
+            cache.block_size = 128
 
-    def config(model_type, ops):
+    def config(model_type, ops, amx=False, user_block=None):
         return SimpleNamespace(model_config=SimpleNamespace(hf_text_config=SimpleNamespace(model_type=model_type)),
-                               cache_config=SimpleNamespace(block_size=128),
-                               compilation_config=SimpleNamespace(custom_ops=list(ops)))
+                               cache_config=SimpleNamespace(block_size=user_block or 16,
+                                                            user_specified_block_size=user_block is not None),
+                               compilation_config=SimpleNamespace(custom_ops=list(ops)), amx=amx)
 
     saved = CpuPlatform.__dict__["check_and_update_config"]
     saved_original = patches._originals.pop(patches.CPU_CONFIG)
@@ -182,12 +188,19 @@ def test_cpu_config_gives_sparse_models_block_64_and_native_rope(registered):
         assert cpu.wrap_check_and_update_config()
         sparse, dense, chosen = config("glm_moe_dsa", []), config("deepseek_v3", []), config("glm_moe_dsa",
                                                                                               ["+rotary_embedding"])
+        amx, amx_user, amx_dense = (config("glm_moe_dsa", [], amx=True), config("glm_moe_dsa", [], True, 256),
+                                    config("deepseek_v3", [], amx=True))
         CpuPlatform.check_and_update_config(sparse)
         CpuPlatform.check_and_update_config(vllm_config=dense)
         CpuPlatform.check_and_update_config(chosen)
-        assert calls == [sparse, dense, chosen]  # vLLM's original always runs first
+        for c in (amx, amx_user, amx_dense):
+            CpuPlatform.check_and_update_config(c)
+        assert calls == [sparse, dense, chosen, amx, amx_user, amx_dense]  # vLLM's original always runs first
         assert sparse.cache_config.block_size == 64 and sparse.compilation_config.custom_ops == ["-rotary_embedding"]
         assert dense.cache_config.block_size == 16 and dense.compilation_config.custom_ops == []
+        # on an AMX CPU vLLM's own default (128) is replaced too; a multiple of 64 the user chose is kept
+        assert amx.cache_config.block_size == 64 and amx_user.cache_config.block_size == 256
+        assert amx_dense.cache_config.block_size == 128
         assert chosen.compilation_config.custom_ops == ["+rotary_embedding"]
     finally:
         CpuPlatform.check_and_update_config = saved

@@ -489,11 +489,12 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
             ms8 = _median_ms(lambda: indexer_logits(q8, cache, w8, out=o8, **kw))
             rows.append(_row("indexer-decode", "triton-q8", B, HI, ctx, fmt, ms8, flops, byts, ceil,
                              {"rel_err_vs_bf16_q": rel8, "ctx": ctx}))
-        if sweep:  # configs, and the looping grid (`row_bound_only`, what CUDA-graph decode launches) per SM count
+        if sweep:  # configs in both dot layouts (heads as M; "-keysM"), and the looping grid (`row_bound_only`,
+            # what CUDA-graph decode launches) per SM count with the shipped config and layout rule
             keep = ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M
             qs = [("", q, w, r)] + ([("q8:", q8, w8, o8[:2].clone())] if fmt == "fp8" else [])  # ref: the shipped
             runs = ([(c, None, km) for km in (False, True) for c in SWEEP_INDEXER_PAGED]
-                    + [(keep[0], p, False) for p in (8, 32)])
+                    + [(keep[0], p, None) for p in (8, 32)])
             for cfg, loop, keys_m in runs:
                 ix.INDEXER_CONFIGS["paged"] = cfg
                 ix.PAGED_LOOP_PROGRAMS_PER_SM = loop or keep[1]

@@ -235,10 +235,13 @@ class IndexerCase:
     next_n: int = 1
     block_size: int = 64
     topk: int = 2048
+    q_fp8: bool = False  # q in float8_e4m3fn with its scale folded into the weights (vLLM's fp8 indexer path)
+    row_bound_only: bool = False  # paged: the fixed looping grid CUDA-graph decode launches
 
     @property
     def name(self) -> str:
-        return f"indexer-{self.mode}:T{self.T}-Hi{self.HI}-n{self.n}-{self.k_format}-nn{self.next_n}-K{self.topk}"
+        return (f"indexer-{self.mode}:T{self.T}-Hi{self.HI}-n{self.n}-{self.k_format}-nn{self.next_n}-K{self.topk}"
+                + ("-q8" if self.q_fp8 else "") + ("-loop" if self.row_bound_only else ""))
 
 
 def run_indexer_case(case: IndexerCase, device: str = "cpu", dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Result:
@@ -273,8 +276,15 @@ def run_indexer_case(case: IndexerCase, device: str = "cpu", dtype: torch.dtype 
         kw = dict(block_table=bt, context_lens=ctx.to(device), next_n=case.next_n, max_len=max_blocks * bs)
     q = torch.randn(T, case.HI, naive.INDEXER_DIM, generator=gen).to(dtype).to(device)
     w = (torch.rand(T, case.HI, generator=gen) * case.HI ** -0.5).to(device)
-    o = indexer_logits(q, cache, w, scale=scale, k_format=case.k_format if fp8 or dtype != torch.float32 else "fp32", **kw)
-    r = naive.indexer_logits_ref(q, cache, w, scale=scale, k_format=case.k_format, **kw)
+    if case.q_fp8:  # the reference scores the same e4m3 values (the quantization itself is not under test)
+        q, amax = naive.quantize_indexer_q(q.float())
+        w = w * amax
+    run_kw = dict(kw)
+    if case.row_bound_only:  # writes each row up to the tile holding its context: the rest stays -inf here
+        run_kw.update(row_bound_only=True, out=torch.full((T, kw["max_len"]), float("-inf"), device=device))
+    o = indexer_logits(q, cache, w, scale=scale, k_format=case.k_format if fp8 or dtype != torch.float32 else "fp32",
+                       **run_kw)
+    r = naive.indexer_logits_ref(q.float() if case.q_fp8 else q, cache, w, scale=scale, k_format=case.k_format, **kw)
     notes = []
     ok = True
     if not torch.equal(torch.isinf(o), torch.isinf(r)) or torch.isnan(o).any():
@@ -330,6 +340,9 @@ def indexer_cases(profile: str) -> list[IndexerCase]:
             IndexerCase("ragged", T=80, HI=8, n=80, k_format="fp8", topk=32),
             IndexerCase("paged", T=2, HI=4, n=150, next_n=2, block_size=16, topk=64),
             IndexerCase("paged", T=3, HI=32, n=100, k_format="fp8", block_size=16, topk=64),
+            IndexerCase("paged", T=3, HI=32, n=150, k_format="fp8", next_n=2, block_size=16, topk=64, q_fp8=True),
+            IndexerCase("paged", T=2, HI=32, n=300, k_format="fp8", block_size=16, topk=64, q_fp8=True,
+                        row_bound_only=True),
         ]
     return [
         IndexerCase("ragged", T=4096, HI=32, n=2048, topk=2048),
@@ -337,6 +350,9 @@ def indexer_cases(profile: str) -> list[IndexerCase]:
         IndexerCase("paged", T=16, HI=32, n=9000, next_n=1, topk=2048),
         IndexerCase("paged", T=8, HI=32, n=20000, k_format="fp8", next_n=2, topk=2048),
         IndexerCase("paged", T=5, HI=32, n=1000, k_format="fp8", next_n=1, topk=2048),
+        IndexerCase("paged", T=8, HI=32, n=20000, k_format="fp8", next_n=2, topk=2048, q_fp8=True),
+        IndexerCase("paged", T=16, HI=32, n=9000, k_format="fp8", topk=2048, q_fp8=True, row_bound_only=True),
+        IndexerCase("ragged", T=3000, HI=32, n=1000, k_format="fp8", topk=2048, q_fp8=True),
     ]
 
 

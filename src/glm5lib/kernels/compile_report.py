@@ -61,7 +61,9 @@ def _sig(fn, types: dict, consts: dict) -> dict:
 
 def shipped_kernels(arch: int) -> list[KernelSpec]:
     """Every (kernel, config) the dispatchers can launch on `arch` (fp8 conversion is software before sm_89)."""
-    from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, _indexer_ragged_kernel
+    import torch
+
+    from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, _indexer_ragged_kernel, paged_keys_m
     from glm5lib.kernels.mla import CONFIGS, _merge_splits_kernel, _sparse_mla_fwd_kernel, merge_tile
     from glm5lib.kernels.naive import D_NOPE, D_ROPE, INDEXER_DIM, INDEXER_FP8_ROW_BYTES
 
@@ -95,6 +97,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     variants = [(False, "bf16"), (True, "bf16")] + ([(True, "fp8e4nv")] if fp8_hw else [])
     for fp8, qty in variants:
         qtag = "" if qty == "bf16" else ":q8"
+        qdt = torch.bfloat16 if qty == "bf16" else torch.float8_e4m3fn
         bm, bn, nw, ns = INDEXER_CONFIGS["ragged"]
         fn = _indexer_ragged_kernel
         types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
@@ -109,7 +112,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                  "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
         for loop in (False, True):  # one program per tile; a fixed grid looping over tiles (CUDA-graph decode)
             consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
-                      "TILE_LOOP": loop}
+                      "TILE_LOOP": loop, "KEYS_M": paged_keys_m(qdt)}
             specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}"
                                     f"{':loop' if loop else ''}]", fn, _sig(fn, types, consts), consts, nw, ns,
                                     ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk",
@@ -173,9 +176,12 @@ def compile_one(spec: KernelSpec, arch: int) -> CompileRow:
         return CompileRow(spec.name, arch, True, shared, limit, shared <= limit, mma, local, time.time() - t0,
                           vec16_loads=vec)
     except Exception as exc:  # a config that does not compile is a failed row, not a crash of the report
-        msg = str(exc).strip().splitlines()
+        root = exc  # Triton wraps the real error in CompilationErrors that end with the source and a caret
+        while root.__cause__ is not None:
+            root = root.__cause__
+        msg = [line for line in str(root).strip().splitlines() if line.strip() not in ("", "^")]
         return CompileRow(spec.name, arch, False, None, limit, False, None, None, time.time() - t0,
-                          (msg[-1] if msg else type(exc).__name__)[:300])
+                          f"{type(root).__name__}: {msg[-1] if msg else ''}"[:300])
 
 
 def _interpreted() -> bool:

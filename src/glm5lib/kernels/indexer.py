@@ -10,7 +10,8 @@ bounds. Two kernels behind one function:
 - paged (decode): a vLLM paged cache (`[num_blocks, block_size, 128]` bf16, or fp8 in vLLM/DeepGEMM's
   block-split layout `[num_blocks, block_size, 132]`) read through a block table; query `b * next_n + i`
   sees positions `j <= context_lens[b] - next_n + i`. A program owns one query and `BLOCK_N` positions and
-  does `[Hi, 128] x [128, BLOCK_N]`: every key byte is read once per query, a bandwidth problem.
+  does `[Hi, 128] x [128, BLOCK_N]` (`[BLOCK_N, 128] x [128, Hi]` for fp8 q: `PAGED_KEYS_M`): every key byte is
+  read once per query, a bandwidth problem.
 
 The fp8 per-token scale is positive, so `relu(x * s) = relu(x) * s`: the kernel applies it once after the
 head sum instead of per head.
@@ -33,8 +34,17 @@ INDEXER_CONFIGS = {
 }
 # row_bound_only launches (the CUDA-graph decode path, rows as wide as max_model_len): programs per SM in all
 PAGED_LOOP_PROGRAMS_PER_SM = 8
-# the paged kernel's dot with the keys as M (experiment: `bench.kernels.bench_indexer(sweep=True)` times both)
-PAGED_KEYS_M = False
+# The paged kernel's dot layout. Keys as M (`[BLOCK_N, 128] x [128, Hi]`, the head sum along rows) when q is fp8:
+# the fp8 MMA then takes the key tile as it sits in shared memory (K-contiguous) and only the small q tile as the
+# transposed operand; heads as M (`[Hi, 128] x [128, BLOCK_N]`) otherwise. H200 sweep (B 128, ctx 32K, fp8 keys):
+# fp8 q 179 us keys-as-M against 202 us heads-as-M; bf16 q 313 against 283 (outputs/bench/sweeps/
+# indexer_sweep_v10d_h200.json). None: that rule; True/False force one layout (`bench_indexer(sweep=True)`).
+PAGED_KEYS_M: bool | None = None
+
+
+def paged_keys_m(q_dtype: torch.dtype) -> bool:
+    """Whether the paged kernel puts the keys as the dot's M for queries of this dtype (see PAGED_KEYS_M)."""
+    return q_dtype == torch.float8_e4m3fn if PAGED_KEYS_M is None else PAGED_KEYS_M
 
 
 @triton.jit
@@ -87,7 +97,7 @@ def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, s
                 KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr,
                 D: tl.constexpr, KEYS_M: tl.constexpr):
     """Scores of query t against positions [tile * BLOCK_N, +BLOCK_N): -inf past its own position `last`. KEYS_M: the
-    dot with the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads."""
+    dot with the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads (`paged_keys_m`)."""
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     see = (offs_n <= last) & (offs_n < MAX_LEN)
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -257,7 +267,7 @@ def indexer_logits(
         k_cache.stride(0), stride_val, scale_base, stride_sc,
         HI, max_len, next_n, bs, float(scale),
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
-        TILE_LOOP=row_bound_only, KEYS_M=PAGED_KEYS_M, num_warps=nw, num_stages=ns,
+        TILE_LOOP=row_bound_only, KEYS_M=paged_keys_m(q.dtype), num_warps=nw, num_stages=ns,
     )
     return out
 
@@ -267,4 +277,4 @@ def indexer_flops(T: int, n_keys: float, HI: int) -> float:
     return 2.0 * T * n_keys * HI * INDEXER_DIM
 
 
-__all__ = ["indexer_logits", "indexer_flops", "INDEXER_CONFIGS"]
+__all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "INDEXER_CONFIGS"]

