@@ -32,8 +32,11 @@ INDEXER_CONFIGS = {
     "ragged": (64, 128, 8, 2),
     "paged": (0, 128, 4, 2),  # H200 sweep: 283 us against 334 us for N=64 (fp8, B=128, ctx 32K)
 }
-# row_bound_only launches (the CUDA-graph decode path, rows as wide as max_model_len): programs per SM in all
-PAGED_LOOP_PROGRAMS_PER_SM = 8
+# row_bound_only launches (the CUDA-graph decode path, rows as wide as max_model_len): programs per SM in all.
+# H200, ctx 32K in 128K-wide rows (outputs/bench/sweeps/indexer_loop_sweep_h200.json): at B 128, 32 per SM is
+# within 1-13 % of the one-tile launch where 8 was 18-38 % behind (fp8 q 204 us against 250); at B 32 every count
+# from 8 to 32 is within 1.5 % of each other.
+PAGED_LOOP_PROGRAMS_PER_SM = 32
 # The paged kernel's dot layout. Keys as M (`[BLOCK_N, 128] x [128, Hi]`, the head sum along rows) when q is fp8:
 # the fp8 MMA then takes the key tile as it sits in shared memory (K-contiguous) and only the small q tile as the
 # transposed operand; heads as M (`[Hi, 128] x [128, BLOCK_N]`) otherwise. H200 sweep (B 128, ctx 32K, fp8 keys):
