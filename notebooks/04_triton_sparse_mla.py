@@ -243,8 +243,9 @@ if INTERACTIVE:
 # reaches about two thirds of the copy bandwidth, short of the 85 % target, and its gather alone about 82 %
 # (`glm5lib.bench.bounds`); the fp8 path at 8-16 heads is bound by the attention stage (dots and online softmax
 # through shared memory: about 95 of 150 us at B=128), not by bytes or the e4m3 conversion; at 64-128 heads the
-# prefill (on sm_90 the Gluon ping-pong kernel of `mla_gluon_large`) reaches about 0.87x FlashMLA's TFLOP/s;
-# H = 8 prefill is bound by L2 bandwidth for both kernels, so the two run at about the same speed.
+# prefill (on sm_90 the Gluon ping-pong kernel of `mla_gluon_large`) reaches about 0.9x FlashMLA's TFLOP/s;
+# H = 8 prefill is bound by L2 bandwidth for both kernels, so the two run at about the same speed. The indexer's
+# decode reads its keys at 75-82 % of the copy bandwidth (fp8 keys with fp8 q, bf16 keys).
 
 # %%
 head = kbench.headline(res)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from glm5lib.bench import kernels as bench
 
 BENCH = Path(__file__).resolve().parents[1] / "outputs" / "bench"
@@ -35,7 +37,7 @@ def test_evidence_bench_h200_rows_agree_with_the_reference_and_verdicts_recomput
     committed = {t["target"]: t["met"] for t in res["targets"]}
     assert res["meta"]["commit"]  # a run of the issue-#13 bench: the same targets, the same verdicts
     assert again == committed  # the verdicts follow from the rows
-    assert sum(bool(m) for m in committed.values()) == 6 and len(committed) == 22  # README: "6 of 22 met"
+    assert sum(bool(m) for m in committed.values()) == 7 and len(committed) == 22  # README: "7 of 22 met"
 
 
 def test_evidence_case_matrix_h200_passed():
@@ -248,6 +250,29 @@ def test_evidence_fp8_pingpong_and_indexer_sweeps_h200():
     ix = load("sweeps/indexer_sweep_v10_h200.json")
     q8 = [r for r in ix["rows"] if r["kind"] == "indexer-decode-sweep" and ":q8:" in r["impl"]]
     assert len(q8) == 11 and all(r["ok"] for r in q8) and max(r["pct_bw"] for r in q8) < 70
+
+
+def test_evidence_indexer_layout_and_loop_sweeps_h200():
+    """Round 6 (NOTES.md v11a, v11b): with fp8 q the paged indexer's dot with the keys as M beats heads as M in the
+    same run (fdcdf23) and is what `paged_keys_m` picks; bf16 q with fp8 keys keeps heads as M. The looping grid at
+    32 programs per SM (the shipped count) is faster than at 8 at B 128 for every format, the same scores."""
+    from glm5lib.kernels import indexer as ix
+
+    rows = load("sweeps/indexer_sweep_v10d_h200.json")["rows"]
+    t = {r["impl"]: r["us"] for r in rows if r["kind"] == "indexer-decode-sweep" and r["kv_format"] == "fp8"}
+    assert all(r["ok"] for r in rows if r["kind"] == "indexer-decode-sweep")
+    assert t["triton:q8:N128-w4-s2-keysM"] < 0.92 * t["triton:q8:N128-w4-s2"]  # 179 us against 202
+    assert t["triton:N128-w4-s2-keysM"] > t["triton:N128-w4-s2"]  # bf16 q: 313 against 283
+    assert ix.paged_keys_m(torch.float8_e4m3fn) and not ix.paged_keys_m(torch.bfloat16)
+    loop = load("sweeps/indexer_loop_sweep_h200.json")
+    assert all(r["same_scores"] for r in loop["rows"] if r["launch"] != "one-tile")
+    us = {(r["B"], r["format"], r["launch"]): r["us"] for r in loop["rows"]}
+    for fmt in ("fp8", "fp8-q8", "bf16"):
+        assert us[(128, fmt, "loop32")] < 0.9 * us[(128, fmt, "loop8")], fmt
+        assert us[(32, fmt, "loop32")] < 1.03 * us[(32, fmt, "loop8")], fmt
+    assert ix.PAGED_LOOP_PROGRAMS_PER_SM == 32 and loop["meta"]["shipped_programs_per_sm"] == 8  # measured before
+    q8 = [r for r in load("checks_h200_full.json") if r["name"].startswith("indexer") and "-q8" in r["name"]]
+    assert len(q8) == 3 and all(r["ok"] for r in q8)  # fp8-q cases, one on the looping grid
 
 
 def test_evidence_gluon_sanitizer_runs_h200():

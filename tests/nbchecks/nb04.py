@@ -41,8 +41,10 @@ def check(report: dict) -> None:
     lo, hi = head["decode_bf16_h8_16_b128_pct_copy"]
     assert 55 < lo <= hi < 85  # "about two thirds of the copy bandwidth, short of the 85 % target"
     ours, theirs = head["prefill_h64_128_TFLOPs"], head["prefill_h64_128_flashmla_TFLOPs"]
-    assert all(0.84 < o / t < 0.9 for o, t in zip(ours, theirs))  # "about 0.87x FlashMLA's TFLOP/s"
+    assert all(0.85 < o / t < 0.95 for o, t in zip(ours, theirs))  # "about 0.9x FlashMLA's TFLOP/s"
     assert 0.8 < head["prefill_h8_speedup_vs_flashmla"] < 1.25  # "about the same speed"
+    lo, hi = head["indexer_decode_fp8q_bf16_pct_copy"]
+    assert 74 < lo <= hi < 83  # "75-82 % of the copy bandwidth"
     # the speed targets recomputed from the committed rows: each verdict follows from its value and goal, the
     # count is theirs, and they agree with the verdicts committed with the H200 results
     targets = report["targets"]

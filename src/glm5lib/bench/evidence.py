@@ -36,9 +36,9 @@ SANITIZER_SMALL = "outputs/bench/sanitizer_h200_small.log"
 VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
 HARNESS = "outputs/bench/vllm_harness_h200.json"
-RUN_COMMIT = "1b78144"  # the case matrix (each case records its config), with the Gluon kernels dispatched
+RUN_COMMIT = "aa571e1"  # the case matrix (each case records its config), with the Gluon kernels dispatched
 SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
-SANITIZER_COMMIT = "1b78144"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
+SANITIZER_COMMIT = "aa571e1"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
