@@ -32,3 +32,31 @@ def test_hopper_uses_wgmma_for_head_tiles(report):
     big = [r for r in report if r.arch == 90 and r.kernel.startswith("sparse_mla[large")]
     assert big and all(r.mma == "wgmma" for r in big)
     assert all(r.mma != "wgmma" for r in report if r.arch in (80, 89, 120))
+
+
+_BROKEN = """
+import dataclasses
+from glm5lib.kernels.compile_report import _sig, compile_one, shipped_kernels
+spec = next(s for s in shipped_kernels(90) if s.name.startswith("indexer_paged"))
+consts = {k: v for k, v in spec.constexprs.items() if k != "KEYS_M"}
+types = {k: v for k, v in spec.signature.items() if v.startswith("*") or k == "scale"}
+row = compile_one(dataclasses.replace(spec, signature=_sig(spec.fn, types, consts), constexprs=consts), 90)
+print(row.ok, row.error)
+"""
+
+
+def test_a_failed_compile_names_its_root_error():
+    """A config that does not compile is a row whose error names Triton's root error and where it happened, not
+    the caret line that ends Triton's message (here: the paged indexer without its KEYS_M constexpr, so both
+    branches of the dot layout are compiled and their shapes clash). In a child: compiling needs the
+    interpreter off."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    r = subprocess.run([sys.executable, "-c", _BROKEN], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ok, error = r.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert ok == "False" and error.startswith("CompilationError at ") and "of _paged_tile" in error, error
+    assert "Mismatched type" in error

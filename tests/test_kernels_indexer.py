@@ -256,6 +256,19 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
         topk.topk_select(x, 50, chunk=0)
 
 
+def test_case_matrix_fp8_q_cases_run_with_software_e4m3(monkeypatch):
+    """Where e4m3 is converted in software (sm_80, GLM5LIB_FP8_SOFTWARE=1) the fp8-q cases widen q the way
+    vLLM's path does instead of stopping the matrix (the kernel refuses fp8 q there)."""
+    from glm5lib.kernels import common
+
+    monkeypatch.setattr(common, "FP8_SOFTWARE", True)
+    cases = [c for c in checks.indexer_cases("ci") if c.q_fp8]
+    assert cases
+    for case in cases:
+        res = checks.run_indexer_case(case, DEVICE, DTYPE)
+        assert res.ok and "fp8 q widened (software e4m3)" in res.notes, res.name
+
+
 def test_validation():
     q = torch.randn(2, 4, 128)
     with pytest.raises(ValueError):
@@ -266,24 +279,32 @@ def test_validation():
         indexer_logits(q, torch.zeros(5, 130, dtype=torch.uint8), torch.rand(2, 4), k_format="fp8")
 
 
-@pytest.mark.parametrize("programs", [1, 64])
-def test_paged_row_bound_only_fixed_grid(monkeypatch, programs):
+@pytest.mark.parametrize("q_fp8", [False, True], ids=["q-float", "q-fp8"])
+@pytest.mark.parametrize("programs", [1, 12, 64])
+def test_paged_row_bound_only_fixed_grid(monkeypatch, programs, q_fp8):
     """`row_bound_only` (the CUDA-graph decode launch, rows as wide as max_model_len): the same scores as the
     per-tile launch within each request's context, -inf up to the end of the tile holding it, nothing written
-    after that tile, whether one program loops over a whole row or each takes one tile."""
+    after that tile, whether one program loops over a whole row (1 per SM), two share a row's tiles by stride (12
+    for 6 queries) or each takes one tile (64). Contexts span up to three 128-key tiles."""
     import glm5lib.kernels.indexer as ix
 
     monkeypatch.setattr(ix, "num_sms", lambda device: 1)
     monkeypatch.setattr(ix, "PAGED_LOOP_PROGRAMS_PER_SM", programs)
     g = torch.Generator().manual_seed(2)
-    bs, nb, HI, n = 16, 12, 4, 2
+    bs, nb, HI, n = 16, 60, 4, 2
     cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(nb * bs, 128, generator=g)), bs)
-    table = torch.randperm(nb, generator=g)[:9].view(3, 3).to(torch.int32)
-    ctx = torch.tensor([40, 0, 17], dtype=torch.int32)  # a padding request (context 0) in the middle
+    table = torch.randperm(nb, generator=g)[:57].view(3, 19).to(torch.int32)
+    ctx = torch.tensor([300, 0, 140], dtype=torch.int32)  # a padding request (context 0) in the middle
     q = torch.randn(3 * n, HI, 128, generator=g).to(DTYPE)
     w = torch.randn(3 * n, HI, generator=g)
-    width = 300  # three 128-key tiles; every context ends in the first
+    if q_fp8:
+        q, amax = naive.quantize_indexer_q(q.float())
+        w = w * amax
+    width = 640  # five 128-key tiles; the longest context ends in the third
     want = indexer_logits(q, cache, w, k_format="fp8", block_table=table, context_lens=ctx, next_n=n, max_len=width)
+    ref = naive.indexer_logits_ref(q.float(), cache, w, k_format="fp8", block_table=table, context_lens=ctx, next_n=n,
+                                   max_len=width)
+    assert torch.allclose(want, ref, rtol=1e-5, atol=1e-5)
     got = torch.full((3 * n, width), 12345.0)
     indexer_logits(q, cache, w, k_format="fp8", block_table=table, context_lens=ctx, next_n=n, max_len=width,
                    out=got, row_bound_only=True)
@@ -293,3 +314,34 @@ def test_paged_row_bound_only_fixed_grid(monkeypatch, programs):
         end = 0 if L == 0 else -(-L // 128) * 128
         assert torch.isinf(got[t, L:end]).all() and (got[t, end:] == 12345.0).all(), t
         assert torch.isinf(want[t, L:]).all()
+
+
+@pytest.mark.parametrize("forced", [None, False, True])
+def test_paged_dot_layout_follows_q_dtype(monkeypatch, forced):
+    """The paged launch takes `paged_keys_m(q.dtype)` (keys as M for fp8 q, heads as M otherwise) unless
+    PAGED_KEYS_M forces a layout, and both layouts score alike for both q dtypes."""
+    import glm5lib.kernels.indexer as ix
+
+    monkeypatch.setattr(ix, "PAGED_KEYS_M", forced)
+    launched = []
+    real = ix._PAGED
+
+    def spy(grid, *args, **kw):
+        launched.append(kw["KEYS_M"])
+        return real(grid, *args, **kw)
+
+    monkeypatch.setattr(ix, "_PAGED", spy)
+    g = torch.Generator().manual_seed(3)
+    cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(8 * 16, 128, generator=g)), 16)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    ctx = torch.tensor([64, 37], dtype=torch.int32)
+    q = torch.randn(2, 8, 128, generator=g)
+    w = torch.rand(2, 8, generator=g)
+    q8, amax = naive.quantize_indexer_q(q)
+    for qq, ww in ((q.to(DTYPE), w), (q8, w * amax)):
+        kw = dict(k_format="fp8", block_table=table, context_lens=ctx, max_len=64)
+        got = indexer_logits(qq, cache, ww, **kw)
+        want = naive.indexer_logits_ref(qq.float(), cache, ww, **kw)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    expect = [False, True] if forced is None else [forced, forced]
+    assert launched == expect

@@ -190,12 +190,15 @@ def test_cpu_config_gives_sparse_models_block_64_and_native_rope(registered):
                                                                                               ["+rotary_embedding"])
         amx, amx_user, amx_dense = (config("glm_moe_dsa", [], amx=True), config("glm_moe_dsa", [], True, 256),
                                     config("deepseek_v3", [], amx=True))
+        user128, user96 = config("glm_moe_dsa", [], False, 128), config("glm_moe_dsa", [], False, 96)
         CpuPlatform.check_and_update_config(sparse)
         CpuPlatform.check_and_update_config(vllm_config=dense)
         CpuPlatform.check_and_update_config(chosen)
-        for c in (amx, amx_user, amx_dense):
+        for c in (amx, amx_user, amx_dense, user128, user96):
             CpuPlatform.check_and_update_config(c)
-        assert calls == [sparse, dense, chosen, amx, amx_user, amx_dense]  # vLLM's original always runs first
+        assert calls == [sparse, dense, chosen, amx, amx_user, amx_dense, user128, user96]  # vLLM's runs first
+        # without AMX vLLM forces 16 over the user's choice: a multiple of 64 the user chose comes back
+        assert user128.cache_config.block_size == 128 and user96.cache_config.block_size == 64
         assert sparse.cache_config.block_size == 64 and sparse.compilation_config.custom_ops == ["-rotary_embedding"]
         assert dense.cache_config.block_size == 16 and dense.compilation_config.custom_ops == []
         # on an AMX CPU vLLM's own default (128) is replaced too; a multiple of 64 the user chose is kept

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from glm5lib.kernels import naive
+from glm5lib.kernels.common import fp8_hw
 from glm5lib.kernels.indexer import indexer_logits
 from glm5lib.kernels.naive import cos_diff  # lives in naive (cheap to import); checks.cos_diff stays valid
 from glm5lib.kernels.mla import dispatched, sparse_mla
@@ -276,16 +277,19 @@ def run_indexer_case(case: IndexerCase, device: str = "cpu", dtype: torch.dtype 
         kw = dict(block_table=bt, context_lens=ctx.to(device), next_n=case.next_n, max_len=max_blocks * bs)
     q = torch.randn(T, case.HI, naive.INDEXER_DIM, generator=gen).to(dtype).to(device)
     w = (torch.rand(T, case.HI, generator=gen) * case.HI ** -0.5).to(device)
+    notes = []
     if case.q_fp8:  # the reference scores the same e4m3 values (the quantization itself is not under test)
         q, amax = naive.quantize_indexer_q(q.float())
         w = w * amax
+        if not fp8_hw(q.device):  # as vLLM's path does without hardware e4m3 (sm_80): widened, exactly
+            q = q.to(dtype)
+            notes.append("fp8 q widened (software e4m3)")
     run_kw = dict(kw)
     if case.row_bound_only:  # writes each row up to the tile holding its context: the rest stays -inf here
         run_kw.update(row_bound_only=True, out=torch.full((T, kw["max_len"]), float("-inf"), device=device))
     o = indexer_logits(q, cache, w, scale=scale, k_format=case.k_format if fp8 or dtype != torch.float32 else "fp32",
                        **run_kw)
     r = naive.indexer_logits_ref(q.float() if case.q_fp8 else q, cache, w, scale=scale, k_format=case.k_format, **kw)
-    notes = []
     ok = True
     if not torch.equal(torch.isinf(o), torch.isinf(r)) or torch.isnan(o).any():
         ok = False
@@ -351,7 +355,8 @@ def indexer_cases(profile: str) -> list[IndexerCase]:
         IndexerCase("paged", T=8, HI=32, n=20000, k_format="fp8", next_n=2, topk=2048),
         IndexerCase("paged", T=5, HI=32, n=1000, k_format="fp8", next_n=1, topk=2048),
         IndexerCase("paged", T=8, HI=32, n=20000, k_format="fp8", next_n=2, topk=2048, q_fp8=True),
-        IndexerCase("paged", T=16, HI=32, n=9000, k_format="fp8", topk=2048, q_fp8=True, row_bound_only=True),
+        # 64 requests of 157 tiles: at 32 programs per SM on 132 SMs each program loops over 2-3 tiles
+        IndexerCase("paged", T=64, HI=32, n=20000, k_format="fp8", topk=2048, q_fp8=True, row_bound_only=True),
         IndexerCase("ragged", T=3000, HI=32, n=1000, k_format="fp8", topk=2048, q_fp8=True),
     ]
 

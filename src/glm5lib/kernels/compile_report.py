@@ -180,8 +180,11 @@ def compile_one(spec: KernelSpec, arch: int) -> CompileRow:
         while root.__cause__ is not None:
             root = root.__cause__
         msg = [line for line in str(root).strip().splitlines() if line.strip() not in ("", "^")]
+        where = ""
+        if msg and msg[0].startswith("at ") and getattr(root, "src", None):  # "at LINE:COL:" of the innermost jit fn
+            where = f" {msg[0].rstrip(':')} of {root.src.split('(')[0].removeprefix('def ').strip()}"
         return CompileRow(spec.name, arch, False, None, limit, False, None, None, time.time() - t0,
-                          f"{type(root).__name__}: {msg[-1] if msg else ''}"[:300])
+                          f"{type(root).__name__}{where}: {msg[-1] if msg else ''}"[:300])
 
 
 def _interpreted() -> bool:

@@ -75,14 +75,19 @@ def wrap_check_and_update_config() -> bool:
     sig = inspect.signature(original)
 
     def check_and_update_config(cls, *args, **kwargs):
-        original(cls, *args, **kwargs)
         vllm_config = _argument(sig, "vllm_config", (cls, *args), kwargs)
+        cache = vllm_config.cache_config
+        # the user's block size, read before vLLM's original overwrites it (16 for MLA models without AMX)
+        user = cache.block_size if getattr(cache, "user_specified_block_size", False) else None
+        original(cls, *args, **kwargs)
         model_config = vllm_config.model_config
         if model_config is None or not is_sparse_model(model_config):
             return
-        cache = vllm_config.cache_config
-        if cache.block_size % KERNEL_BLOCK or not getattr(cache, "user_specified_block_size", False):
-            cache.block_size = KERNEL_BLOCK
+        want = user if user and user % KERNEL_BLOCK == 0 else KERNEL_BLOCK
+        if user and want != user:
+            log.warning("glm5lib: block_size %s is not a multiple of %d (the sparse indexer cache); using %d",
+                        user, KERNEL_BLOCK, want)
+        cache.block_size = want
         ops = vllm_config.compilation_config.custom_ops
         if f"+{ROTARY_OP}" not in ops and f"-{ROTARY_OP}" not in ops:
             ops.append(f"-{ROTARY_OP}")
