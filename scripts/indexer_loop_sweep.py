@@ -8,17 +8,16 @@ usage: python scripts/indexer_loop_sweep.py OUT.json   (on the H200: PYTHONPATH=
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 
 import torch
 
-from glm5lib.bench.kernels import _median_ms, measure_ceilings
+from glm5lib.bench.kernels import _median_ms, _row, measure_ceilings, paged_indexer_case
 from glm5lib.kernels import indexer as ix
 from glm5lib.kernels import naive
 
-CTX, WIDTH, HI, BS = 32768, 131072, 32, 64
+CTX, WIDTH, HI = 32768, 131072, 32
 PROGRAMS = (8, 16, 32, 64, 128)
 
 
@@ -27,29 +26,23 @@ def main(out_path: str) -> int:
     rows = []
     keep = ix.PAGED_LOOP_PROGRAMS_PER_SM
     for B in (32, 128):
-        max_blocks = math.ceil(WIDTH / BS)
-        nb = B * math.ceil(CTX / BS)
         for fmt, q_fp8 in (("fp8", False), ("fp8", True), ("bf16", False)):
             g = torch.Generator(device="cuda").manual_seed(B)
-            keys = torch.randn(nb * BS, naive.INDEXER_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
-            cache = (naive.pack_indexer_cache_paged(naive.quantize_indexer_k(keys), BS) if fmt == "fp8"
-                     else keys.view(nb, BS, naive.INDEXER_DIM))
-            bt = torch.zeros(B, max_blocks, device="cuda", dtype=torch.int32)
-            bt[:, : nb // B] = torch.randperm(nb, device="cuda", generator=g).view(B, -1).to(torch.int32)
-            ctxs = torch.full((B,), CTX, device="cuda", dtype=torch.int32)
-            q = torch.randn(B, HI, naive.INDEXER_DIM, device="cuda", dtype=torch.bfloat16, generator=g)
-            w = torch.rand(B, HI, device="cuda", generator=g) * HI ** -0.5
+            cache, bt, ctxs, q, w = paged_indexer_case(B, CTX, fmt, HI, width=WIDTH, generator=g)
             if q_fp8:
                 q, amax = naive.quantize_indexer_q(q)
                 w = w * amax
             kw = dict(scale=naive.INDEXER_DIM ** -0.5, k_format=fmt, block_table=bt, context_lens=ctxs)
             row_b = naive.INDEXER_FP8_ROW_BYTES if fmt == "fp8" else 2 * naive.INDEXER_DIM
-            byts = B * CTX * (row_b + 4)
+            byts, flops = B * CTX * (row_b + 4), ix.indexer_flops(B, CTX, HI)  # keys read + fp32 scores written
             tag = f"{fmt}{'-q8' if q_fp8 else ''}"
+
+            def row(launch, ms, extra=None):
+                return _row("indexer-decode-loop", launch, B, HI, CTX, fmt, ms, flops, byts, ceil,
+                            {"B": B, "format": tag, "launch": launch, **(extra or {})})
+
             ref = ix.indexer_logits(q, cache, w, max_len=CTX, **kw)
-            ms = _median_ms(lambda: ix.indexer_logits(q, cache, w, max_len=CTX, out=ref, **kw))
-            rows.append({"B": B, "format": tag, "launch": "one-tile", "us": ms * 1e3,
-                         "pct_copy": 100 * byts / (ms * 1e-3) / 1e9 / ceil["copy_GBps"]})
+            rows.append(row("one-tile", _median_ms(lambda: ix.indexer_logits(q, cache, w, max_len=CTX, out=ref, **kw))))
             wide = torch.empty(B, WIDTH, device="cuda")
             for p in PROGRAMS:
                 ix.PAGED_LOOP_PROGRAMS_PER_SM = p
@@ -57,12 +50,11 @@ def main(out_path: str) -> int:
                 same = bool(torch.equal(wide[:, :CTX], ref))
                 ms = _median_ms(lambda: ix.indexer_logits(q, cache, w, max_len=WIDTH, out=wide, row_bound_only=True,
                                                           **kw))
-                rows.append({"B": B, "format": tag, "launch": f"loop{p}", "us": ms * 1e3, "same_scores": same,
-                             "pct_copy": 100 * byts / (ms * 1e-3) / 1e9 / ceil["copy_GBps"]})
+                rows.append(row(f"loop{p}", ms, {"same_scores": same}))
             ix.PAGED_LOOP_PROGRAMS_PER_SM = keep
             for r in rows[-1 - len(PROGRAMS):]:
                 print(json.dumps(r), flush=True)
-            del keys, cache, wide
+            del cache, wide
     res = {"meta": {"commit": os.environ.get("GLM5LIB_COMMIT"), "ctx": CTX, "width": WIDTH, "HI": HI,
                     "shipped_programs_per_sm": keep}, "ceilings": ceil, "rows": rows}
     with open(out_path, "w") as f:

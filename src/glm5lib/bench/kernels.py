@@ -455,22 +455,32 @@ def _topk_select_row(kind, logits, topk, kw, T, HI, fmt, ceil, ctx):
                 {"ctx": ctx, "same_set_as_torch_topk": same})
 
 
+def paged_indexer_case(B: int, ctx: int, fmt: str, HI: int, block_size: int = 64, width: int | None = None,
+                       device: str = "cuda", generator: torch.Generator | None = None):
+    """Decode inputs of the paged indexer: B requests of `ctx` keys each in a shuffled paged cache (fp8 in vLLM's
+    block-split layout, or bf16), their block table (`width` positions wide, default ctx; columns past the context
+    point at block 0), context lengths, bf16 q `[B, HI, 128]` and head weights. -> (cache, table, ctxs, q, w)."""
+    per_req = math.ceil(ctx / block_size)
+    nb = B * per_req
+    keys = torch.randn(nb * block_size, naive.INDEXER_DIM, device=device, dtype=torch.bfloat16, generator=generator)
+    cache = (naive.pack_indexer_cache_paged(naive.quantize_indexer_k(keys), block_size) if fmt == "fp8"
+             else keys.view(nb, block_size, naive.INDEXER_DIM))
+    table = torch.zeros(B, max(per_req, math.ceil((width or ctx) / block_size)), device=device, dtype=torch.int32)
+    table[:, :per_req] = torch.randperm(nb, device=device, generator=generator).view(B, per_req).to(torch.int32)
+    ctxs = torch.full((B,), ctx, device=device, dtype=torch.int32)
+    q = torch.randn(B, HI, naive.INDEXER_DIM, device=device, dtype=torch.bfloat16, generator=generator)
+    w = torch.rand(B, HI, device=device, generator=generator) * HI ** -0.5
+    return cache, table, ctxs, q, w
+
+
 def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size=64, sweep=False):
     from glm5lib.kernels import indexer as ix
 
     rows = []
     scale = naive.INDEXER_DIM ** -0.5
     # decode: B requests of ctx tokens, fp8 paged (block-split) and bf16 paged
-    max_blocks = math.ceil(ctx / block_size)
-    nb = B * max_blocks
     for fmt in ("fp8", "bf16"):
-        keys = torch.randn(nb * block_size, naive.INDEXER_DIM, device="cuda", dtype=torch.bfloat16)
-        cache = (naive.pack_indexer_cache_paged(naive.quantize_indexer_k(keys), block_size) if fmt == "fp8"
-                 else keys.view(nb, block_size, naive.INDEXER_DIM))
-        bt = torch.randperm(nb, device="cuda").view(B, max_blocks).to(torch.int32)
-        ctxs = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
-        q = torch.randn(B, HI, naive.INDEXER_DIM, device="cuda", dtype=torch.bfloat16)
-        w = torch.rand(B, HI, device="cuda") * HI ** -0.5
+        cache, bt, ctxs, q, w = paged_indexer_case(B, ctx, fmt, HI, block_size)
         kw = dict(scale=scale, k_format=fmt, block_table=bt, context_lens=ctxs, max_len=ctx)
         o = indexer_logits(q, cache, w, **kw)
         r = naive.indexer_logits_ref(q[:2], cache, w[:2], **{**kw, "block_table": bt[:2], "context_lens": ctxs[:2]})
@@ -514,7 +524,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
         ms_t = _median_ms(lambda: topk_indices(o, topk))
         rows.append(_row("topk-decode", "torch.topk", B, HI, topk, fmt, ms_t, 0.0, B * ctx * 4, ceil, {"ctx": ctx}))
         rows.append(_topk_select_row("topk-decode", o, topk, dict(lengths=ctxs), B, HI, fmt, ceil, ctx))
-        del keys, cache, q, w, o
+        del cache, q, w, o
     # prefill: the last s_q tokens of one request of ctx tokens, causal
     N = ctx
     for fmt in ("fp8", "bf16"):
