@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [racecheck] [sanitize-small] [harness]
-#   [harness-graphs] [bench] [bench-targets] [bounds] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
+#   [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
 #   [topk-long] [tune] [verify] [compile]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
@@ -16,6 +16,8 @@
 # checks-small / sanitize-small: the case matrix / compute-sanitizer with the sm_89/sm_120 (99 KB) configs forced
 # prefill-fp8-sweep: fp8_ds_mla prefill at 8/16 heads, shipped config vs bench.kernels.SWEEP_PREFILL_FP8_SMALL
 # bounds: the small-head decode kernel taken apart (gather / gather+convert / kernel), glm5lib.bench.bounds
+# gather: the decode's rows gathered with nothing after them (torch / Triton pointers / TMA per row; random, sorted and
+#   contiguous rows), glm5lib.bench.gather: the ceiling under the 8-16-head decode targets
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -49,6 +51,8 @@ for step in "$@"; do
             echo "bench-targets rc=${PIPESTATUS[0]}" ;;
     bounds) timeout 200 python3 -m glm5lib.bench.bounds --json "$OUT/bounds_h200.json" 2>&1 | grep -v Warn | tee "$OUT/bounds.log"
             echo "bounds rc=${PIPESTATUS[0]}" ;;
+    gather) timeout 300 python3 -m glm5lib.bench.gather --json "$OUT/gather_h200.json" 2>&1 | grep -v Warn | tee "$OUT/gather.log" | grep -v "^fp8\|^bf16"
+            echo "gather rc=${PIPESTATUS[0]}" ;;
     bench-sweep) timeout 300 python3 -m glm5lib.bench.cli bench sparse-mla --sweep --quick --no-scaling --name sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
             echo "sweep rc=$?"; tail -30 "$OUT/sweep.log" ;;
     bench-indexer) timeout 150 python3 -m glm5lib.bench.cli bench indexer --name indexer --out "$OUT" > "$OUT/indexer.log" 2>&1

@@ -1,0 +1,336 @@
+"""How fast can the decode's rows be gathered at all? The ceiling under the small-head decode targets (GPU).
+
+Issue #13 states the 8-16-head decode targets against bytes at copy rate: 85 % of the byte floor for fp8_ds_mla,
+85 % of copy for bf16. The rows are not a stream, though: each token reads its top-k (2048) rows scattered over
+its own context, 656 bytes each (fp8_ds_mla: 512 e4m3, 16 of fp32 scales, 128 of bf16 rope) or 1152 (bf16).
+`glm5lib.bench.bounds` timed the kernel's own load path with nothing after it (58-82 % of copy); this module asks
+the question without the kernel: gathers of exactly those rows, with nothing after them, by three methods over
+three index patterns, beside the machine's copy bandwidth in the same run.
+
+Methods:
+- `torch`: `index_select` of the rows into a buffer (PyTorch's CUDA gather). It writes what it reads, so its rate
+  counts both directions, as the copy's does;
+- `triton`: a pointer gather, one `[ROWS, row words]` tile per step (the next tile's loads issued before the
+  current one is summed), over tile rows, warps and keys per program; reads only;
+- `tma` (sm_90+, Gluon): one TMA copy per row into a ring of `STAGES` tiles, one mbarrier per tile, the copies for
+  tile i + STAGES issued as soon as tile i has been summed out of shared memory. A TMA box must be a power of two
+  long, so a row is one `[1, 256]` box over a `[rows, row words]` view (int32 words for 656-byte rows, int64 for
+  1152-byte ones): the words past the row are outside the tensor, filled with zeros and never read.
+
+Patterns:
+- `random`: the benchmark's indices (distinct uniform positions in each token's 32K context, `bench_decode_case`'s);
+- `sorted`: the same rows in ascending order per token (more DRAM page locality, the same bytes);
+- `contiguous`: a run of top-k consecutive rows per token (the same kernel on a stream: its own ceiling).
+
+Every probe sums the words it gathered (int32, wrapping); `probe_sums` checks those sums against torch's on small
+inputs (the Triton probe in the CPU interpreter; the TMA probe only on a GPU, which `main` does before timing).
+Rates are GB/s of row bytes (twice that for `torch`) and % of the copy rate. The question they answer: is 85 % of
+copy reachable for gathers of these rows at all, by any of these routes?
+`python -m glm5lib.bench.gather --json OUT.json` (`scripts/device_kernels.sh gather`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from glm5lib.kernels import common  # noqa: F401  (before triton: the interpreter switch)
+from glm5lib.kernels import naive
+from glm5lib.kernels.common import num_sms
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+try:  # Triton builds without Gluon's Hopper parts leave the TMA probe out
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    HAVE_TMA = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    HAVE_TMA = False
+
+TMA_BOX = 256  # words per TMA box: a power of two >= a row's words (164 int32 / 144 int64)
+PATTERNS = ("random", "sorted", "contiguous")
+# (rows per tile, warps, keys per program) for the pointer gather; (rows per tile, stages, warps, keys per program)
+# for the TMA ring
+TRITON_CONFIGS = [(16, 4, 128), (32, 4, 256), (32, 8, 512), (64, 8, 512), (64, 8, 2048)]
+# (STAGES * ROWS a power of two); a 656-byte row takes a 1 KB slot (int32 box), a 1152-byte row 2 KB (int64)
+TMA_CONFIGS = {False: [(16, 4, 4, 512), (32, 2, 4, 512), (32, 4, 8, 1024), (32, 4, 8, 2048), (64, 2, 8, 2048)],
+               True: [(8, 4, 4, 512), (16, 2, 4, 512), (16, 4, 8, 1024), (16, 4, 8, 2048), (8, 8, 4, 2048)]}
+
+
+@triton.jit
+def _ptr_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PROG, W: tl.constexpr,
+                       WP: tl.constexpr, ROWS: tl.constexpr):
+    """Program (token t, split sp) sums the int32 words of rows IDX[t, sp*K : (sp+1)*K] (K = KEYS_PER_PROG)."""
+    t = tl.program_id(0)
+    sp = tl.program_id(1)
+    k_start = sp * KEYS_PER_PROG
+    k_end = tl.minimum(TOPK, k_start + KEYS_PER_PROG)
+    idx_row = IDX + t.to(tl.int64) * stride_it
+    offs = tl.arange(0, ROWS)
+    cols = tl.arange(0, WP)
+    cmask = cols < W  # a row is W words; the tile is a power of two wide
+    acc = tl.zeros([ROWS, WP], tl.int32)
+    # register prefetch: tile i + 1's loads are issued before tile i is summed
+    k = k_start + offs
+    r = tl.load(idx_row + k, mask=k < k_end, other=0).to(tl.int64)
+    x = tl.load(SRC + r[:, None] * stride_row + cols[None, :], mask=(k < k_end)[:, None] & cmask[None, :], other=0)
+    for start in range(k_start + ROWS, k_end, ROWS):
+        k = start + offs
+        r = tl.load(idx_row + k, mask=k < k_end, other=0).to(tl.int64)
+        y = tl.load(SRC + r[:, None] * stride_row + cols[None, :], mask=(k < k_end)[:, None] & cmask[None, :],
+                    other=0)
+        acc += x
+        x = y
+    acc += x
+    tl.store(OUT + t * tl.num_programs(1) + sp, tl.sum(tl.sum(acc, 1), 0))
+
+
+if HAVE_TMA:
+    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    _barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # the name after Triton 3.6
+        @gluon.jit
+        def _rows_view(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+            return buf.reinterpret(dtype, shape, layout)
+    else:
+        @gluon.jit
+        def _rows_view(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+            return buf._reinterpret(dtype, shape, layout)
+
+    @gluon.jit
+    def _tma_issue(desc, idx_tile, tile, n_tiles, bar, ring, slot, ROWS: gl.constexpr, BOX: gl.constexpr,
+                   WIDE: gl.constexpr):
+        """TMA copies of tile `tile`'s ROWS rows into ring slot `slot`, completing on `bar` (nothing past the end)."""
+        if tile < n_tiles:
+            mbarrier.expect(bar, ROWS * BOX * (8 if WIDE else 4))
+            for j in gl.static_range(ROWS):
+                r = gl.load(idx_tile + tile * ROWS + j)
+                _tma_load(desc, [r, 0], bar, ring.index(slot * ROWS + j))
+
+    @gluon.jit
+    def _tma_gather_kernel(desc, IDX, OUT, stride_it, TOPK, KEYS_PER_PROG, ROWS: gl.constexpr,
+                           STAGES: gl.constexpr, BOX: gl.constexpr, WIDE: gl.constexpr, num_warps: gl.constexpr):
+        """`_ptr_gather_kernel`'s contract (KEYS_PER_PROG a multiple of ROWS) with rows landing by TMA in a ring."""
+        t = gl.program_id(0)
+        sp = gl.program_id(1)
+        k_start = sp * KEYS_PER_PROG
+        n_tiles = gl.cdiv(gl.minimum(TOPK - k_start, KEYS_PER_PROG), ROWS)
+        idx_tile = IDX + t.to(gl.int64) * stride_it + k_start
+        ring = gl.allocate_shared_memory(desc.dtype, [STAGES * ROWS, 1, BOX], desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(bars.index(s), count=1)
+        for s in gl.static_range(STAGES):
+            _tma_issue(desc, idx_tile, s, n_tiles, bars.index(s), ring, s, ROWS, BOX, WIDE)
+        # the same bytes as [rows, BOX] for the loads (a TMA destination is [1, BOX]; a 2-D layout must be read 2-D)
+        LS: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=64 if WIDE else 32, rank=2)
+        flat = _rows_view(ring, desc.dtype, [STAGES * ROWS, BOX], LS)
+        L: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+        acc = gl.zeros([ROWS, BOX], gl.int32, L)
+        for i0 in range(0, n_tiles, STAGES):  # unrolled by STAGES: a slot's slice needs a constant start
+            for s in gl.static_range(STAGES):
+                i = i0 + s
+                if i < n_tiles:
+                    mbarrier.wait(bars.index(s), (i0 // STAGES) & 1)
+                    x = flat.slice(s * ROWS, ROWS).load(L)
+                    if WIDE:  # int64 words: both halves, so the sum is the int32 words' sum
+                        acc += x.to(gl.int32) + (x >> 32).to(gl.int32)
+                    else:
+                        acc += x
+                    _barrier()  # every warp has read slot s before it is refilled
+                    _tma_issue(desc, idx_tile, i + STAGES, n_tiles, bars.index(s), ring, s, ROWS, BOX, WIDE)
+        for s in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(s))
+        gl.store(OUT + t * gl.num_programs(1) + sp, gl.sum(gl.sum(acc, 1), 0))
+
+
+def row_words(cache: torch.Tensor, wide: bool = False) -> torch.Tensor:
+    """The cache's rows as a [rows, words] view: int32 words, or int64 with `wide` (bf16 rows for the TMA box)."""
+    flat, _ = naive.kv_row_view(cache)
+    if flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8)
+    return flat.view(torch.int64 if wide else torch.int32)
+
+
+def run_triton(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.Tensor:
+    """Pointer gather of rows `idx` [T, topk] of `words` (int32 [rows, W]); per (token, split) word sums."""
+    rows, warps, per = cfg
+    T, topk = idx.shape
+    splits = triton.cdiv(topk, per)
+    out = torch.empty(T * splits, dtype=torch.int32, device=idx.device) if out is None else out
+    W = words.shape[1]
+    _ptr_gather_kernel[(T, splits)](words, idx, out, words.stride(0), idx.stride(0), topk, per, W=W,
+                                    WP=triton.next_power_of_2(W), ROWS=rows, num_warps=warps)
+    return out
+
+
+def tma_descriptor(words: torch.Tensor):
+    """A [1, TMA_BOX] box over the [rows, W] view (no swizzle: a 1 KB / 2 KB box row is wider than 128 bytes)."""
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=words.element_size() * 8, rank=2)
+    return TensorDescriptor(words, list(words.shape), list(words.stride()), [1, TMA_BOX], layout)
+
+
+def run_tma(words: torch.Tensor, idx: torch.Tensor, cfg, desc=None, out=None) -> torch.Tensor:
+    """`run_triton`'s contract through TMA (sm_90+); `words` int32 or int64 [rows, W <= TMA_BOX]."""
+    rows, stages, warps, per = cfg
+    T, topk = idx.shape
+    if per % rows or words.shape[1] > TMA_BOX:
+        raise ValueError(f"TMA probe: keys per program {per} not a multiple of {rows} rows, or rows wider than "
+                         f"{TMA_BOX} words ({words.shape[1]})")
+    splits = triton.cdiv(topk, per)
+    out = torch.empty(T * splits, dtype=torch.int32, device=idx.device) if out is None else out
+    desc = tma_descriptor(words) if desc is None else desc
+    _tma_gather_kernel[(T, splits)](desc, idx, out, idx.stride(0), topk, per, ROWS=rows, STAGES=stages,
+                                    BOX=TMA_BOX, WIDE=words.dtype == torch.int64, num_warps=warps)
+    return out
+
+
+def aot_compile_tma(cfg, wide: bool = False, arch: int = 90):
+    """Compile one TMA probe config for `sm_<arch>` without a GPU (tests: it builds, within shared memory)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    rows, stages, warps, _ = cfg
+    fn = _tma_gather_kernel
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=64 if wide else 32, rank=2)
+    consts = {"ROWS": rows, "STAGES": stages, "BOX": TMA_BOX, "WIDE": wide, "num_warps": warps}
+    types = {"desc": f"tensordesc<{'i64' if wide else 'i32'}[1, {TMA_BOX}],{layout!r}>", "IDX": "*i32", "OUT": "*i32"}
+    sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
+    c = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    return triton.compile(GluonASTSource(fn, sig, c, {}), target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": warps})
+
+
+def torch_sums(words32: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Per-token sums of the int32 words of rows `idx`, wrapped to int32 as the probes' sums are."""
+    s = words32[idx.long()].long().sum(dim=(1, 2))
+    return ((s + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def per_token(out: torch.Tensor, T: int) -> torch.Tensor:
+    """A probe's per-(token, split) sums folded per token (int32 wrap-around, as `torch_sums`)."""
+    s = out.view(T, -1).long().sum(1)
+    return ((s + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def make_patterns(idx: torch.Tensor, base: torch.Tensor, ctx: int, shift: int = 0) -> dict[str, torch.Tensor]:
+    """{pattern: indices} from one random set `idx` [T, topk] (rows base[t] + [0, ctx)); `shift` moves the
+    contiguous run so that rotated sets do not reread the same rows."""
+    topk = idx.shape[1]
+    start = shift % max(ctx - topk + 1, 1)
+    run = torch.arange(start, start + topk, device=idx.device, dtype=torch.int32)
+    return {"random": idx, "sorted": idx.sort(dim=1).values.contiguous(), "contiguous": base[:, None] + run[None, :]}
+
+
+def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 2048, tma_ok: bool = True) -> list:
+    from glm5lib.bench import kernels as bench
+
+    _, cache, base = bench._make_decode(B, 8, ctx, topk, kv_format)
+    row = naive.FP8_DS_MLA_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * naive.D_QK
+    words32 = row_words(cache)
+    wide = words32.shape[1] > TMA_BOX
+    words_tma = row_words(cache, wide) if tma_ok else None
+    reps = bench._rotations(B * topk * row)
+    sets = [make_patterns(bench._rand_indices(B, ctx, topk, base), base, ctx, shift=j * topk) for j in range(reps)]
+    gathered = B * topk * row
+    rows = []
+
+    def add(method, pattern, cfg, fns, check=None, traffic=1):
+        res = {"method": method, "pattern": pattern, "config": cfg, "B": B, "kv_format": kv_format,
+               "row_bytes": row, "gathered_bytes": gathered}
+        try:
+            if check is not None:
+                got, want = check()
+                res["sums_match"] = bool(torch.equal(got, want))
+                if not res["sums_match"]:
+                    raise AssertionError("the probe's word sums differ from torch's")
+            ms = bench._graph_ms(fns)
+            gbs = traffic * gathered / ms / 1e6
+            res.update(us=ms * 1e3, GBps=gbs, pct_copy=100 * gbs / ceil["copy_GBps"])
+        except Exception as exc:  # noqa: BLE001  (one failing probe is a row, not a lost run)
+            res["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(res)
+        shown = f"{res['us']:7.1f} us {res['GBps']:6.0f} GB/s {res['pct_copy']:4.0f}% copy" if "us" in res else \
+            res["error"]
+        print(f"{kv_format:10s} B{B:<4d} {method:6s} {pattern:10s} {str(cfg):22s} {shown}", flush=True)
+        return res
+
+    for pattern in PATTERNS:
+        ids = [s[pattern] for s in sets]
+        want = torch_sums(words32, ids[0])
+        buf = torch.empty(B * topk, words32.shape[1], dtype=torch.int32, device="cuda")
+        add("torch", pattern, "index_select", [lambda i=i: torch.index_select(words32, 0, i.view(-1), out=buf)
+                                                for i in ids], traffic=2)
+        for cfg in TRITON_CONFIGS:
+            out = torch.empty(B * triton.cdiv(topk, cfg[2]), dtype=torch.int32, device="cuda")
+            add("triton", pattern, cfg, [lambda i=i, c=cfg, o=out: run_triton(words32, i, c, o) for i in ids],
+                check=lambda c=cfg: (per_token(run_triton(words32, ids[0], c), B), want))
+        if words_tma is None:
+            continue
+        desc = tma_descriptor(words_tma)
+        for cfg in TMA_CONFIGS[wide]:
+            out = torch.empty(B * triton.cdiv(topk, cfg[3]), dtype=torch.int32, device="cuda")
+            add("tma", pattern, cfg, [lambda i=i, c=cfg, o=out: run_tma(words_tma, i, c, desc, o) for i in ids],
+                check=lambda c=cfg: (per_token(run_tma(words_tma, ids[0], c, desc), B), want))
+    del cache
+    torch.cuda.empty_cache()
+    return rows
+
+
+def best(rows: list, **match) -> dict | None:
+    """The fastest row (of those without an error) that matches every `key=value`."""
+    ok = [r for r in rows if "us" in r and all(r.get(k) == v for k, v in match.items())]
+    return max(ok, key=lambda r: r["GBps"]) if ok else None
+
+
+def summary(rows: list) -> list[dict]:
+    """Per (format, B, pattern): the best rate of each method and overall, in % of copy."""
+    out = []
+    for key in sorted({(r["kv_format"], r["B"], r["pattern"]) for r in rows}):
+        fmt, B, pattern = key
+        line = {"kv_format": fmt, "B": B, "pattern": pattern}
+        for m in ("torch", "triton", "tma"):
+            b = best(rows, kv_format=fmt, B=B, pattern=pattern, method=m)
+            line[m] = None if b is None else {"pct_copy": b["pct_copy"], "config": b["config"], "us": b["us"]}
+        out.append(line)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--batch", type=int, nargs="+", default=[128, 32])
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: the gather probes time kernels on a CUDA GPU", file=sys.stderr)
+        return 2
+    from glm5lib.bench import kernels as bench
+
+    tma_ok = HAVE_TMA and torch.cuda.get_device_capability()[0] >= 9
+    ceil = bench.measure_ceilings()
+    print(f"copy {ceil['copy_GBps']:.0f} GB/s (read + write of 1 GiB)", flush=True)
+    rows = []
+    for fmt in ("fp8_ds_mla", "bf16"):
+        for B in args.batch:
+            rows += measure(B, fmt, ceil, tma_ok=tma_ok)
+    summ = summary(rows)
+    for s in summ:
+        print(f"best {s['kv_format']:10s} B{s['B']:<4d} {s['pattern']:10s} " + " | ".join(
+            f"{m} {s[m]['pct_copy']:4.0f}%" if s[m] else f"{m} -" for m in ("torch", "triton", "tma")), flush=True)
+    with open(args.json, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "sms": num_sms(torch.device("cuda")),
+                   "commit": bench.source_commit(args.commit), "ceilings": ceil, "rows": rows, "summary": summ},
+                  f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

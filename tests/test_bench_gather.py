@@ -1,0 +1,103 @@
+"""`glm5lib.bench.gather`: the gather-ceiling probes sum exactly the words of the rows they are given (the
+Triton probe in the CPU interpreter against torch's sums), the index patterns hold the same rows, and the TMA
+probe builds for sm_90 and sm_120 within shared memory (Gluon does not run in the interpreter; its sums are checked
+on the GPU by `main` before anything is timed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from glm5lib.bench import gather
+from glm5lib.kernels import naive
+
+
+def _cache(fmt: str, n_rows: int = 150, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    kv = torch.randn(n_rows, naive.D_QK, generator=g)
+    cache = naive.quantize_fp8_ds_mla(kv) if fmt == "fp8_ds_mla" else kv.to(torch.bfloat16)
+    return cache.view(n_rows // 50, 50, -1)  # a paged cache of 50-row blocks
+
+
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "bf16"])
+@pytest.mark.parametrize("cfg", [(16, 4, 32), (8, 2, 40)])
+def test_triton_probe_sums_the_gathered_words(fmt, cfg):
+    cache = _cache(fmt)
+    words = gather.row_words(cache)
+    assert words.shape == (150, 164 if fmt == "fp8_ds_mla" else 288)
+    g = torch.Generator().manual_seed(1)
+    idx = torch.stack([torch.randperm(150, generator=g)[:70] for _ in range(3)]).to(torch.int32)
+    want = gather.torch_sums(words, idx)
+    got = gather.per_token(gather.run_triton(words, idx, cfg), 3)
+    assert torch.equal(got, want)  # 70 keys over 32- or 40-key programs: tails and several tiles each
+    other = gather.per_token(gather.run_triton(words, (idx + 1) % 150, cfg), 3)
+    assert not torch.equal(other, want)  # the sums depend on which rows were read
+
+
+def test_patterns_hold_the_random_rows_in_order_or_a_run():
+    base = torch.tensor([0, 1000, 2000], dtype=torch.int32)
+    idx = torch.stack([torch.randperm(1000)[:64] for _ in range(3)]).to(torch.int32) + base[:, None]
+    p = gather.make_patterns(idx, base, 1000, shift=100)
+    assert torch.equal(p["sorted"], idx.sort(1).values)
+    assert torch.equal(p["sorted"].sort(1).values, idx.sort(1).values) and not torch.equal(p["sorted"], idx)
+    assert torch.equal(p["contiguous"][1], torch.arange(1100, 1164, dtype=torch.int32))
+    wrapped = gather.make_patterns(idx, base, 1000, shift=2000)["contiguous"]  # the run stays inside the context
+    assert int(wrapped.max()) < 3000 and int((wrapped - base[:, None]).min()) >= 0
+
+
+def test_summary_takes_each_methods_best():
+    rows = [{"method": "triton", "pattern": "random", "B": 128, "kv_format": "bf16", "config": c, "us": u,
+             "GBps": g, "pct_copy": g / 10} for c, u, g in (("a", 2.0, 500.0), ("b", 1.0, 700.0))]
+    rows.append({"method": "tma", "pattern": "random", "B": 128, "kv_format": "bf16", "config": "x", "error": "E"})
+    (s,) = gather.summary(rows)
+    assert s["triton"]["config"] == "b" and s["triton"]["pct_copy"] == 70.0
+    assert s["tma"] is None and s["torch"] is None
+
+
+def test_gather_refuses_without_a_gpu(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert gather.main(["--json", str(tmp_path / "g.json")]) == 2
+    assert "CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "g.json").exists()
+
+
+_SCRIPT = """
+import json
+from glm5lib.bench import gather as g
+from glm5lib.kernels.mla_gluon import cubin_usage
+for arch in (90, 120):
+    for wide, cfgs in g.TMA_CONFIGS.items():
+        for cfg in cfgs:
+            try:
+                k = g.aot_compile_tma(cfg, wide, arch)
+                r = {"shared": int(k.metadata.shared), "tma": k.asm["ptx"].count("cp.async.bulk.tensor"),
+                     **cubin_usage(k.asm["cubin"])}
+            except Exception as exc:
+                r = {"error": str(exc)[-400:]}
+            print(json.dumps({"arch": arch, "wide": wide, "cfg": cfg, **r}), flush=True)
+"""
+
+
+@pytest.mark.skipif(not gather.HAVE_TMA, reason="this Triton has no Gluon TMA")
+def test_tma_probe_builds_with_one_copy_per_row():
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=900)
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 2 * sum(len(c) for c in gather.TMA_CONFIGS.values()), p.stderr[-2000:]
+    bad = [r for r in rows if "error" in r]
+    assert not bad, bad
+    for r in rows:
+        rows_, stages, _, _ = r["cfg"]
+        ring = stages * rows_ * gather.TMA_BOX * (8 if r["wide"] else 4)
+        assert ring <= r["shared"] <= ring + 1024  # the ring and its mbarriers
+        assert r["shared"] <= 227 * 1024
+        # one TMA copy per row of a tile, in the prologue (STAGES tiles) and the loop (unrolled STAGES times)
+        assert r["tma"] == 2 * stages * rows_
+        assert not r["local"]
