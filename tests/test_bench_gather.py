@@ -56,7 +56,7 @@ def test_summary_takes_each_methods_best():
     rows.append({"method": "tma", "pattern": "random", "B": 128, "kv_format": "bf16", "config": "x", "error": "E"})
     (s,) = gather.summary(rows)
     assert s["triton"]["config"] == "b" and s["triton"]["pct_copy"] == 70.0
-    assert s["tma"] is None and s["torch"] is None
+    assert s["tma"] is None and s["torch"] is None and s["stream"] is None
 
 
 def test_gather_refuses_without_a_gpu(tmp_path, capsys):

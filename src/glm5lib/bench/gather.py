@@ -12,6 +12,8 @@ Methods:
   counts both directions, as the copy's does;
 - `triton`: a pointer gather, one `[ROWS, row words]` tile per step (the next tile's loads issued before the
   current one is summed), over tile rows, warps and keys per program; reads only;
+- `stream` (the reference): the same number of bytes read contiguously (`torch.sum`) or copied (`Tensor.copy_`,
+  half read, half written): what a stream of this size reaches, against the 1 GiB copy that sets the rate;
 - `tma` (sm_90+, Gluon): one TMA copy per row into a ring of `STAGES` tiles, one mbarrier per tile, the copies for
   tile i + STAGES issued as soon as tile i has been summed out of shared memory. A TMA box must be a power of two
   long, so a row is one `[1, 256]` box over a `[rows, row words]` view (int32 words for 656-byte rows, int64 for
@@ -57,10 +59,14 @@ TMA_BOX = 256  # words per TMA box: a power of two >= a row's words (164 int32 /
 PATTERNS = ("random", "sorted", "contiguous")
 # (rows per tile, warps, keys per program) for the pointer gather; (rows per tile, stages, warps, keys per program)
 # for the TMA ring
-TRITON_CONFIGS = [(16, 4, 128), (32, 4, 256), (32, 8, 512), (64, 8, 512), (64, 8, 2048)]
+# (per format: a [ROWS, row words rounded up to a power of two] int32 tile over 32 x warps threads, at most 64
+# registers a thread, twice that with the prefetched tile: 656-byte rows take 256 words, 1152-byte rows 512)
+TRITON_CONFIGS = {"fp8_ds_mla": [(8, 2, 64), (16, 2, 128), (16, 4, 64), (16, 4, 128), (32, 4, 256), (32, 8, 512)],
+                  "bf16": [(8, 2, 64), (8, 4, 128), (16, 4, 64), (16, 4, 128), (16, 8, 256), (32, 8, 512)]}
 # (STAGES * ROWS a power of two); a 656-byte row takes a 1 KB slot (int32 box), a 1152-byte row 2 KB (int64)
-TMA_CONFIGS = {False: [(16, 4, 4, 512), (32, 2, 4, 512), (32, 4, 8, 1024), (32, 4, 8, 2048), (64, 2, 8, 2048)],
-               True: [(8, 4, 4, 512), (16, 2, 4, 512), (16, 4, 8, 1024), (16, 4, 8, 2048), (8, 8, 4, 2048)]}
+# (the first H200 run, bc6397a, also timed 128 KB rings at one program per SM: 25-38 % of copy, half the 64 KB ones)
+TMA_CONFIGS = {False: [(16, 4, 4, 512), (32, 2, 4, 512), (16, 4, 4, 256)],
+               True: [(8, 4, 4, 512), (16, 2, 4, 512), (8, 4, 4, 256)]}
 
 
 @triton.jit
@@ -78,13 +84,14 @@ def _ptr_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PROG
     acc = tl.zeros([ROWS, WP], tl.int32)
     # register prefetch: tile i + 1's loads are issued before tile i is summed
     k = k_start + offs
-    r = tl.load(idx_row + k, mask=k < k_end, other=0).to(tl.int64)
-    x = tl.load(SRC + r[:, None] * stride_row + cols[None, :], mask=(k < k_end)[:, None] & cmask[None, :], other=0)
+    # rows start on 16 bytes (656 and 1152 are multiples of 16): said explicitly, since Triton only infers it for
+    # strides divisible by 16 words, and 16-byte loads need it
+    r = tl.multiple_of(tl.load(idx_row + k, mask=k < k_end, other=0).to(tl.int64) * stride_row, 4)
+    x = tl.load(SRC + r[:, None] + cols[None, :], mask=(k < k_end)[:, None] & cmask[None, :], other=0)
     for start in range(k_start + ROWS, k_end, ROWS):
         k = start + offs
-        r = tl.load(idx_row + k, mask=k < k_end, other=0).to(tl.int64)
-        y = tl.load(SRC + r[:, None] * stride_row + cols[None, :], mask=(k < k_end)[:, None] & cmask[None, :],
-                    other=0)
+        r = tl.multiple_of(tl.load(idx_row + k, mask=k < k_end, other=0).to(tl.int64) * stride_row, 4)
+        y = tl.load(SRC + r[:, None] + cols[None, :], mask=(k < k_end)[:, None] & cmask[None, :], other=0)
         acc += x
         x = y
     acc += x
@@ -160,7 +167,10 @@ def row_words(cache: torch.Tensor, wide: bool = False) -> torch.Tensor:
 
 
 def run_triton(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.Tensor:
-    """Pointer gather of rows `idx` [T, topk] of `words` (int32 [rows, W]); per (token, split) word sums."""
+    """Pointer gather of rows `idx` [T, topk] of `words` (int32 [rows, W], W a multiple of 4 words, 16-byte
+    aligned); per (token, split) word sums."""
+    if words.stride(0) % 4 or words.data_ptr() % 16:
+        raise ValueError("the pointer probe loads 16 bytes at a time: rows must start on 16 bytes")
     rows, warps, per = cfg
     T, topk = idx.shape
     splits = triton.cdiv(topk, per)
@@ -262,13 +272,20 @@ def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 20
         print(f"{kv_format:10s} B{B:<4d} {method:6s} {pattern:10s} {str(cfg):22s} {shown}", flush=True)
         return res
 
+    # the same number of bytes as a stream, by torch: read (a sum) and copied (half read, half written)
+    n = gathered // 4
+    bufs = [torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, device="cuda") for _ in range(reps)]
+    half = torch.empty(n // 2, dtype=torch.int32, device="cuda")
+    add("stream", "contiguous", "torch.sum", [lambda b=b: b.sum() for b in bufs])
+    add("stream", "contiguous", "copy", [lambda b=b: half.copy_(b[: n // 2]) for b in bufs])
+    del bufs, half
     for pattern in PATTERNS:
         ids = [s[pattern] for s in sets]
         want = torch_sums(words32, ids[0])
         buf = torch.empty(B * topk, words32.shape[1], dtype=torch.int32, device="cuda")
         add("torch", pattern, "index_select", [lambda i=i: torch.index_select(words32, 0, i.view(-1), out=buf)
                                                 for i in ids], traffic=2)
-        for cfg in TRITON_CONFIGS:
+        for cfg in TRITON_CONFIGS[kv_format]:
             out = torch.empty(B * triton.cdiv(topk, cfg[2]), dtype=torch.int32, device="cuda")
             add("triton", pattern, cfg, [lambda i=i, c=cfg, o=out: run_triton(words32, i, c, o) for i in ids],
                 check=lambda c=cfg: (per_token(run_triton(words32, ids[0], c), B), want))
@@ -296,7 +313,7 @@ def summary(rows: list) -> list[dict]:
     for key in sorted({(r["kv_format"], r["B"], r["pattern"]) for r in rows}):
         fmt, B, pattern = key
         line = {"kv_format": fmt, "B": B, "pattern": pattern}
-        for m in ("torch", "triton", "tma"):
+        for m in ("stream", "torch", "triton", "tma"):
             b = best(rows, kv_format=fmt, B=B, pattern=pattern, method=m)
             line[m] = None if b is None else {"pct_copy": b["pct_copy"], "config": b["config"], "us": b["us"]}
         out.append(line)
@@ -324,7 +341,8 @@ def main(argv=None) -> int:
     summ = summary(rows)
     for s in summ:
         print(f"best {s['kv_format']:10s} B{s['B']:<4d} {s['pattern']:10s} " + " | ".join(
-            f"{m} {s[m]['pct_copy']:4.0f}%" if s[m] else f"{m} -" for m in ("torch", "triton", "tma")), flush=True)
+            f"{m} {s[m]['pct_copy']:4.0f}%" if s[m] else f"{m} -" for m in ("stream", "torch", "triton", "tma")),
+            flush=True)
     with open(args.json, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "sms": num_sms(torch.device("cuda")),
                    "commit": bench.source_commit(args.commit), "ceilings": ceil, "rows": rows, "summary": summ},
