@@ -39,6 +39,21 @@ def test_triton_probe_sums_the_gathered_words(fmt, cfg):
     assert not torch.equal(other, want)  # the sums depend on which rows were read
 
 
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "bf16"])
+@pytest.mark.parametrize("vecs", [256, 512])
+def test_flat_probe_sums_the_gathered_words(fmt, vecs):
+    cache = _cache(fmt)
+    words = gather.row_words(cache)
+    rows = vecs // (words.shape[1] // 4)  # 6 / 12 rows of 656 bytes, 3 / 7 of 1152
+    g = torch.Generator().manual_seed(2)
+    idx = torch.stack([torch.randperm(150, generator=g)[:70] for _ in range(3)]).to(torch.int32)
+    want = gather.torch_sums(words, idx)
+    assert torch.equal(gather.per_token(gather.run_flat(words, idx, (vecs, 4, 4 * rows)), 3), want)
+    assert not torch.equal(gather.per_token(gather.run_flat(words, (idx + 3) % 150, (vecs, 4, 4 * rows)), 3), want)
+    with pytest.raises(ValueError, match="flat probe"):
+        gather.run_flat(words, idx, (vecs, 4, 4 * rows + 1))  # a program must hold whole tiles
+
+
 def test_patterns_hold_the_random_rows_in_order_or_a_run():
     base = torch.tensor([0, 1000, 2000], dtype=torch.int32)
     idx = torch.stack([torch.randperm(1000)[:64] for _ in range(3)]).to(torch.int32) + base[:, None]

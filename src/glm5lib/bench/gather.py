@@ -12,6 +12,8 @@ Methods:
   counts both directions, as the copy's does;
 - `triton`: a pointer gather, one `[ROWS, row words]` tile per step (the next tile's loads issued before the
   current one is summed), over tile rows, warps and keys per program; reads only;
+- `flat`: the pointer gather with the tile laid out as 16-byte vectors, vector v of a tile being vector v % n of
+  row v // n (n vectors a row), so that no lane idles past a row's end;
 - `stream` (the reference): the same number of bytes read contiguously (`torch.sum`) or copied (`Tensor.copy_`,
   half read, half written): what a stream of this size reaches, against the 1 GiB copy that sets the rate;
 - `tma` (sm_90+, Gluon): one TMA copy per row into a ring of `STAGES` tiles, one mbarrier per tile, the copies for
@@ -64,6 +66,10 @@ PATTERNS = ("random", "sorted", "contiguous")
 TRITON_CONFIGS = {"fp8_ds_mla": [(8, 2, 64), (16, 2, 128), (16, 4, 64), (16, 4, 128), (32, 4, 256), (32, 8, 512)],
                   "bf16": [(8, 2, 64), (8, 4, 128), (16, 4, 64), (16, 4, 128), (16, 8, 256), (32, 8, 512)]}
 # (STAGES * ROWS a power of two); a 656-byte row takes a 1 KB slot (int32 box), a 1152-byte row 2 KB (int64)
+# (vectors a tile, warps, keys per program) for the flat tile: 1024 vectors hold 24 rows of 656 bytes (41 vectors
+# each, 96 % of the lanes busy) or 14 of 1152 (72 each, 98 %); 512 hold 12 / 7
+FLAT_CONFIGS = {"fp8_ds_mla": [(512, 4, 120), (1024, 4, 120), (1024, 8, 240), (512, 2, 60)],
+                "bf16": [(512, 4, 70), (1024, 4, 126), (1024, 8, 252), (512, 2, 63)]}
 # (the first H200 run, bc6397a, also timed 128 KB rings at one program per SM: 25-38 % of copy, half the 64 KB ones)
 TMA_CONFIGS = {False: [(16, 4, 4, 512), (32, 2, 4, 512), (16, 4, 4, 256)],
                True: [(8, 4, 4, 512), (16, 2, 4, 512), (8, 4, 4, 256)]}
@@ -92,6 +98,38 @@ def _ptr_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PROG
         k = start + offs
         r = tl.multiple_of(tl.load(idx_row + k, mask=k < k_end, other=0).to(tl.int64) * stride_row, 4)
         y = tl.load(SRC + r[:, None] + cols[None, :], mask=(k < k_end)[:, None] & cmask[None, :], other=0)
+        acc += x
+        x = y
+    acc += x
+    tl.store(OUT + t * tl.num_programs(1) + sp, tl.sum(tl.sum(acc, 1), 0))
+
+
+@triton.jit
+def _flat_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PROG, VPR: tl.constexpr,
+                        V: tl.constexpr, ROWS: tl.constexpr):
+    """`_ptr_gather_kernel`'s contract with the tile laid out flat: V 16-byte vectors, vector v of the tile is
+    vector v % VPR of row v // VPR (VPR vectors a row, ROWS = V // VPR rows a tile), so that every lane loads
+    a vector of some row, where the [ROWS, power of two] tile leaves the lanes past a row's end idle (36 % of
+    them for 656-byte rows)."""
+    t = tl.program_id(0)
+    sp = tl.program_id(1)
+    k_start = sp * KEYS_PER_PROG
+    k_end = tl.minimum(TOPK, k_start + KEYS_PER_PROG)
+    idx_row = IDX + t.to(tl.int64) * stride_it
+    v = tl.arange(0, V)
+    row = v // VPR
+    word = tl.multiple_of((v % VPR) * 4, 4)
+    quad = tl.arange(0, 4)
+    acc = tl.zeros([V, 4], tl.int32)
+    k = k_start + row
+    ok = (row < ROWS) & (k < k_end)
+    r = tl.multiple_of(tl.load(idx_row + k, mask=ok, other=0).to(tl.int64) * stride_row, 4)
+    x = tl.load(SRC + (r + word)[:, None] + quad[None, :], mask=ok[:, None], other=0)
+    for start in range(k_start + ROWS, k_end, ROWS):
+        k = start + row
+        ok = (row < ROWS) & (k < k_end)
+        r = tl.multiple_of(tl.load(idx_row + k, mask=ok, other=0).to(tl.int64) * stride_row, 4)
+        y = tl.load(SRC + (r + word)[:, None] + quad[None, :], mask=ok[:, None], other=0)
         acc += x
         x = y
     acc += x
@@ -178,6 +216,23 @@ def run_triton(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.T
     W = words.shape[1]
     _ptr_gather_kernel[(T, splits)](words, idx, out, words.stride(0), idx.stride(0), topk, per, W=W,
                                     WP=triton.next_power_of_2(W), ROWS=rows, num_warps=warps)
+    return out
+
+
+def run_flat(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.Tensor:
+    """`run_triton`'s contract through the flat tile; cfg (vectors a tile, warps, keys per program), keys per
+    program a multiple of the rows a tile holds (V // vectors a row)."""
+    vecs, warps, per = cfg
+    T, topk = idx.shape
+    vpr = words.shape[1] // 4
+    rows = vecs // vpr
+    if words.shape[1] % 4 or words.stride(0) % 4 or words.data_ptr() % 16 or rows < 1 or per % rows:
+        raise ValueError(f"flat probe: rows of {words.shape[1]} words in tiles of {vecs} vectors "
+                         f"({rows} rows) over {per} keys a program")
+    splits = triton.cdiv(topk, per)
+    out = torch.empty(T * splits, dtype=torch.int32, device=idx.device) if out is None else out
+    _flat_gather_kernel[(T, splits)](words, idx, out, words.stride(0), idx.stride(0), topk, per, VPR=vpr, V=vecs,
+                                     ROWS=rows, num_warps=warps)
     return out
 
 
@@ -289,6 +344,10 @@ def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 20
             out = torch.empty(B * triton.cdiv(topk, cfg[2]), dtype=torch.int32, device="cuda")
             add("triton", pattern, cfg, [lambda i=i, c=cfg, o=out: run_triton(words32, i, c, o) for i in ids],
                 check=lambda c=cfg: (per_token(run_triton(words32, ids[0], c), B), want))
+        for cfg in FLAT_CONFIGS[kv_format]:
+            out = torch.empty(B * triton.cdiv(topk, cfg[2]), dtype=torch.int32, device="cuda")
+            add("flat", pattern, cfg, [lambda i=i, c=cfg, o=out: run_flat(words32, i, c, o) for i in ids],
+                check=lambda c=cfg: (per_token(run_flat(words32, ids[0], c), B), want))
         if words_tma is None:
             continue
         desc = tma_descriptor(words_tma)
@@ -313,7 +372,7 @@ def summary(rows: list) -> list[dict]:
     for key in sorted({(r["kv_format"], r["B"], r["pattern"]) for r in rows}):
         fmt, B, pattern = key
         line = {"kv_format": fmt, "B": B, "pattern": pattern}
-        for m in ("stream", "torch", "triton", "tma"):
+        for m in ("stream", "torch", "triton", "flat", "tma"):
             b = best(rows, kv_format=fmt, B=B, pattern=pattern, method=m)
             line[m] = None if b is None else {"pct_copy": b["pct_copy"], "config": b["config"], "us": b["us"]}
         out.append(line)
@@ -341,7 +400,7 @@ def main(argv=None) -> int:
     summ = summary(rows)
     for s in summ:
         print(f"best {s['kv_format']:10s} B{s['B']:<4d} {s['pattern']:10s} " + " | ".join(
-            f"{m} {s[m]['pct_copy']:4.0f}%" if s[m] else f"{m} -" for m in ("stream", "torch", "triton", "tma")),
+            f"{m} {s[m]['pct_copy']:4.0f}%" if s[m] else f"{m} -" for m in ("stream", "torch", "triton", "flat", "tma")),
             flush=True)
     with open(args.json, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "sms": num_sms(torch.device("cuda")),
