@@ -201,6 +201,35 @@ def test_small_smem_target_counts_configs_that_fit_and_were_timed():
     assert set(st) == set(SMALL_KEYS) and all(s["timed"] and s["fits"] and s["ok"] for s in st.values())
 
 
+def _gathers(B, fmt, ms, impl="best-gather"):
+    return bench._row("gather-ceiling", impl, B, 0, 2048, fmt, ms, 0, bench.sparse_mla_kv_bytes(B, 2048, fmt), CEIL)
+
+
+def test_decode_targets_carry_the_gather_ceiling():
+    """The 8-16-head decode targets take their ceiling from the gather rows of the same run: FlashMLA's time over
+    the gathers' (fp8 speed-up) or the gathers' % of copy; bounded when the ceiling is below the goal."""
+    res = synthetic(1.0)  # FlashMLA 0.1 ms for every fp8 decode case
+    res["rows"] += [_gathers(32, "fp8_ds_mla", 0.05), _gathers(128, "fp8_ds_mla", 0.03),
+                    _gathers(128, "fp8_ds_mla", 0.01, impl="stream"),  # the stream reference is not a ceiling
+                    _gathers(128, "bf16", _floor_ms(128, "bf16") * 100 / 80)]
+    t = _targets(res)
+    s32, s128 = (t[f"decode fp8 H8 B{B}: speed-up vs FlashMLA padded to 64"] for B in (32, 128))
+    assert s32["ceiling"] == pytest.approx(2.0) and s32["bounded"] is True  # goal 2.5
+    assert s128["ceiling"] == pytest.approx(0.1 / 0.03) and s128["bounded"] is False
+    p32, p128 = (t[f"decode fp8 H16 B{B}: % of byte floor (gathered bytes at copy bandwidth)"] for B in (32, 128))
+    assert p32["ceiling"] == pytest.approx(100 * _floor_ms(32, "fp8_ds_mla") / 0.05) and p32["bounded"] is True
+    assert p128["ceiling"] == pytest.approx(100 * _floor_ms(128, "fp8_ds_mla") / 0.03) and p128["bounded"] is False
+    bf = t["decode bf16 H8 B128: % of copy bandwidth"]
+    assert bf["ceiling"] == pytest.approx(80) and bf["bounded"] is True
+    for name in ("decode fp8 H64 B128: ratio to FlashMLA", "prefill bf16 H64: ratio to FlashMLA (time)"):
+        assert t[name]["ceiling"] is None and t[name]["bounded"] is None  # no ceiling measured for those
+    res["targets"] = list(t.values())
+    text = bench.targets_table(res)
+    assert "| 2.00 (out of reach) |" in text and f"| {0.1 / 0.03:.2f} |" in text
+    res["rows"] = [r for r in res["rows"] if r["kind"] != "gather-ceiling"]
+    assert all(x["ceiling"] is None and x["bounded"] is None for x in bench.evaluate_targets(res))
+
+
 def test_tables_print_every_target_and_smem_row():
     res = synthetic(0.8)
     res["targets"] = bench.evaluate_targets(res)
@@ -292,10 +321,14 @@ def test_run_measures_every_target_and_records_the_commit(monkeypatch, tmp_path)
     monkeypatch.setattr(bench, "bench_decode_case", fake_decode)
     monkeypatch.setattr(bench, "bench_prefill_case", fake_prefill)
     monkeypatch.setattr(bench, "bench_indexer", lambda ceil, sweep=False: synthetic(1.0)["rows"][-5:])
+    from glm5lib.bench import gather
+
+    monkeypatch.setattr(gather, "ceiling_rows", lambda ceil: [_gathers(B, f, 0.5) for B in (32, 128)
+                                                              for f in ("fp8_ds_mla", "bf16")])
     res = bench.run("all", out_dir=str(tmp_path), quick=True, commit="0123abc")
     saved = __import__("json").loads((tmp_path / "bench_h200.json").read_text())
     assert saved["meta"]["commit"] == "0123abc" and saved["meta"]["quick"] is True
-    assert set(saved["meta"]["elapsed_s"]) == {"decode", "prefill", "scaling", "indexer", "total"}
+    assert set(saved["meta"]["elapsed_s"]) == {"decode", "gather_ceiling", "prefill", "scaling", "indexer", "total"}
     targets = {t["target"]: t for t in saved["targets"]}
     assert set(ISSUE_13) < set(targets) and len(targets) == len(ISSUE_13) + 5
     assert all(t["value"] is not None for t in targets.values()), [k for k, t in targets.items() if t["value"] is None]

@@ -25,8 +25,10 @@ def _bench(args) -> int:
     print(f"commit {res['meta']['commit']}, {res['meta']['elapsed_s'].get('total', 0):.0f} s")
     for t in res["targets"]:
         v = t["value"]
+        c = t.get("ceiling")
+        ceiling = "" if c is None else f"; gathers alone reach {c:.2f}" + (", out of reach" if t.get("bounded") else "")
         print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else 'n/a '} {t['target']}: "
-              f"{'-' if v is None else f'{v:.2f}'} (goal {t['goal']})")
+              f"{'-' if v is None else f'{v:.2f}'} (goal {t['goal']}{ceiling})")
     print(f"wrote {Path(args.out) / (name + '.json')} and {png}")
     return 0
 

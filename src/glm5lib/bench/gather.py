@@ -360,6 +360,56 @@ def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 20
     return rows
 
 
+# what `glm5lib bench` times as the gather ceiling beside the decode cases: the fastest routes of the sweep above
+# (H200, d463de5: `outputs/bench/gather_h200.json`)
+BENCH_ROUTES = {"fp8_ds_mla": [("flat", (1024, 8, 240)), ("flat", (512, 4, 120)), ("triton", (8, 2, 64)),
+                               ("triton", (16, 4, 128))],
+                "bf16": [("flat", (512, 2, 63)), ("flat", (1024, 4, 126)), ("triton", (8, 4, 128)),
+                         ("triton", (16, 8, 256))]}
+
+
+def ceiling_rows(ceil: dict, batches=(32, 128), ctx: int = 32768, topk: int = 2048) -> list[dict]:
+    """`glm5lib bench`'s gather-ceiling rows: per cache format and batch, the fastest of `BENCH_ROUTES` on the
+    benchmark's random rows (`impl` "best-gather") and the copy of the same number of bytes (`impl` "stream"),
+    each a `bench.kernels._row` (H 0: no heads, gathers only). The decode targets at 8-16 heads read their
+    ceiling from these."""
+    from glm5lib.bench import kernels as bench
+
+    out = []
+    for fmt in ("fp8_ds_mla", "bf16"):
+        for B in batches:
+            _, cache, base = bench._make_decode(B, 8, ctx, topk, fmt)
+            row = naive.FP8_DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else 2 * naive.D_QK
+            words = row_words(cache)
+            gathered = B * topk * row
+            ids = [bench._rand_indices(B, ctx, topk, base) for _ in range(bench._rotations(gathered))]
+            want = torch_sums(words, ids[0])
+            runs = {"flat": run_flat, "triton": run_triton}
+            timed = []
+            for method, cfg in BENCH_ROUTES[fmt]:
+                outb = torch.empty(B * triton.cdiv(topk, cfg[-1]), dtype=torch.int32, device="cuda")
+                if not torch.equal(per_token(runs[method](words, ids[0], cfg), B), want):
+                    out.append(bench._row("gather-ceiling", f"{method} {cfg}", B, 0, topk, fmt, None, 0, 0, ceil,
+                                          {"error": "the probe's word sums differ from torch's"}))
+                    continue
+                ms = bench._graph_ms([lambda i=i, m=method, c=cfg, o=outb: runs[m](words, i, c, o) for i in ids])
+                timed.append((ms, f"{method} {cfg}"))
+            del cache
+            n = gathered // 4
+            bufs = [torch.empty(n, dtype=torch.int32, device="cuda") for _ in ids]
+            half = torch.empty(n // 2, dtype=torch.int32, device="cuda")
+            ms_stream = bench._graph_ms([lambda b=b: half.copy_(b[: n // 2]) for b in bufs])
+            del bufs, half
+            torch.cuda.empty_cache()
+            if timed:
+                ms, name = min(timed)
+                out.append(bench._row("gather-ceiling", "best-gather", B, 0, topk, fmt, ms, 0, gathered, ceil,
+                                      {"route": name, "routes": {k: m * 1e3 for m, k in timed}}))
+            out.append(bench._row("gather-ceiling", "stream", B, 0, topk, fmt, ms_stream, 0, gathered, ceil,
+                                  {"route": "Tensor.copy_ of the same bytes (half read, half written)"}))
+    return out
+
+
 def best(rows: list, **match) -> dict | None:
     """The fastest row (of those without an error) that matches every `key=value`."""
     ok = [r for r in rows if "us" in r and all(r.get(k) == v for k, v in match.items())]
