@@ -368,45 +368,73 @@ BENCH_ROUTES = {"fp8_ds_mla": [("flat", (1024, 8, 240)), ("flat", (512, 4, 120))
                          ("triton", (16, 8, 256))]}
 
 
-def ceiling_rows(ceil: dict, batches=(32, 128), ctx: int = 32768, topk: int = 2048) -> list[dict]:
-    """`glm5lib bench`'s gather-ceiling rows: per cache format and batch, the fastest of `BENCH_ROUTES` on the
-    benchmark's random rows (`impl` "best-gather") and the copy of the same number of bytes (`impl` "stream"),
-    each a `bench.kernels._row` (H 0: no heads, gathers only). The decode targets at 8-16 heads read their
-    ceiling from these."""
+def _route_rows(case: str, T: int, fmt: str, words: torch.Tensor, ids: list, ceil: dict, time_fn) -> list[dict]:
+    """The best of `BENCH_ROUTES[fmt]` over the index sets `ids` (each checked against torch's sums first) as one
+    "best-gather" row, plus an error row per route whose sums were wrong."""
+    from glm5lib.bench import kernels as bench
+
+    topk = ids[0].shape[1]
+    row = naive.FP8_DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else 2 * naive.D_QK
+    gathered = T * topk * row
+    want = torch_sums(words, ids[0])
+    runs = {"flat": run_flat, "triton": run_triton}
+    out, timed = [], []
+    for method, cfg in BENCH_ROUTES[fmt]:
+        buf = torch.empty(T * triton.cdiv(topk, cfg[-1]), dtype=torch.int32, device="cuda")
+        if not torch.equal(per_token(runs[method](words, ids[0], cfg), T), want):
+            out.append(bench._row("gather-ceiling", f"{method} {cfg}", T, 0, topk, fmt, None, 0, 0, ceil,
+                                  {"case": case, "error": "the probe's word sums differ from torch's"}))
+            continue
+        timed.append((time_fn([lambda i=i, m=method, c=cfg, o=buf: runs[m](words, i, c, o) for i in ids]),
+                      f"{method} {cfg}"))
+    if timed:
+        ms, name = min(timed)
+        out.append(bench._row("gather-ceiling", "best-gather", T, 0, topk, fmt, ms, 0, gathered, ceil,
+                              {"case": case, "route": name, "routes_us": {k: m * 1e3 for m, k in timed}}))
+    return out
+
+
+def ceiling_rows(ceil: dict, batches=(32, 128), ctx: int = 32768, topk: int = 2048, s_q: int = 4096) -> list[dict]:
+    """`glm5lib bench`'s gather-ceiling rows (`bench.kernels._row`s, H 0: no heads, gathers only; `case` decode
+    or prefill), the fastest of `BENCH_ROUTES` (`impl` "best-gather") on the benchmark's own shapes:
+
+    - decode, per cache format and batch B: B tokens, each reading top-k random rows of its own 32K context (the
+      rows come from DRAM), timed as the decode kernel is (CUDA graph over rotated index sets); beside it the copy
+      of the same number of bytes (`impl` "stream");
+    - prefill, per cache format: s_q tokens reading top-k random rows each of one 32K-row sequence (21-38 MB:
+      the rows come from L2), timed as the prefill kernel is.
+
+    The decode targets at 8-16 and 64-128 heads and the fp8 prefill targets read their ceiling from these."""
     from glm5lib.bench import kernels as bench
 
     out = []
     for fmt in ("fp8_ds_mla", "bf16"):
+        row = naive.FP8_DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else 2 * naive.D_QK
         for B in batches:
             _, cache, base = bench._make_decode(B, 8, ctx, topk, fmt)
-            row = naive.FP8_DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else 2 * naive.D_QK
             words = row_words(cache)
             gathered = B * topk * row
             ids = [bench._rand_indices(B, ctx, topk, base) for _ in range(bench._rotations(gathered))]
-            want = torch_sums(words, ids[0])
-            runs = {"flat": run_flat, "triton": run_triton}
-            timed = []
-            for method, cfg in BENCH_ROUTES[fmt]:
-                outb = torch.empty(B * triton.cdiv(topk, cfg[-1]), dtype=torch.int32, device="cuda")
-                if not torch.equal(per_token(runs[method](words, ids[0], cfg), B), want):
-                    out.append(bench._row("gather-ceiling", f"{method} {cfg}", B, 0, topk, fmt, None, 0, 0, ceil,
-                                          {"error": "the probe's word sums differ from torch's"}))
-                    continue
-                ms = bench._graph_ms([lambda i=i, m=method, c=cfg, o=outb: runs[m](words, i, c, o) for i in ids])
-                timed.append((ms, f"{method} {cfg}"))
-            del cache
+            out += _route_rows("decode", B, fmt, words, ids, ceil, bench._graph_ms)
+            del cache, words
             n = gathered // 4
             bufs = [torch.empty(n, dtype=torch.int32, device="cuda") for _ in ids]
             half = torch.empty(n // 2, dtype=torch.int32, device="cuda")
-            ms_stream = bench._graph_ms([lambda b=b: half.copy_(b[: n // 2]) for b in bufs])
+            ms = bench._graph_ms([lambda b=b: half.copy_(b[: n // 2]) for b in bufs])
+            out.append(bench._row("gather-ceiling", "stream", B, 0, topk, fmt, ms, 0, gathered, ceil,
+                                  {"case": "decode", "route": "Tensor.copy_ of the same bytes (half read, half written)"}))
             del bufs, half
             torch.cuda.empty_cache()
-            if timed:
-                ms, name = min(timed)
-                out.append(bench._row("gather-ceiling", "best-gather", B, 0, topk, fmt, ms, 0, gathered, ceil,
-                                      {"route": name, "routes": {k: m * 1e3 for m, k in timed}}))
-            out.append(bench._row("gather-ceiling", "stream", B, 0, topk, fmt, ms_stream, 0, gathered, ceil,
-                                  {"route": "Tensor.copy_ of the same bytes (half read, half written)"}))
+        kv = torch.randn(ctx, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+        words = row_words(naive.quantize_fp8_ds_mla(kv) if fmt == "fp8_ds_mla" else kv)
+        ids = [bench._rand_indices(s_q, ctx, topk)]
+        out += _route_rows("prefill", s_q, fmt, words, ids, ceil, lambda fns: bench._median_ms(fns[0]))
+        del kv, words, ids
+        torch.cuda.empty_cache()
+    for r in out:
+        print(f"  gather-ceiling {r['case']:8s} {r['impl']:12s} T{r['T']:<5d} {r['kv_format']:10s} "
+              + (f"{r['us']:9.1f} us {r['pct_bw']:5.1f} % of copy  {r.get('route', '')}" if "error" not in r
+                 else r["error"]), flush=True)
     return out
 
 
