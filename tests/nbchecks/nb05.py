@@ -67,9 +67,9 @@ def check(report: dict) -> None:
     assert g != "missing"  # the CUDA-graph section ran (None: no H200 result committed yet)
     if g is not None:
         assert g["replay_equals_eager"] and g["graph_cases_ok"] == g["graph_cases"] >= 24
-        # README: called eagerly at batch 1, sparse_mla costs 0.59-0.88x FlashMLA's eager call (8/16/64/128 heads)
+        # README: called eagerly at batch 1, sparse_mla costs 0.75-0.92x FlashMLA's eager call (8/16/64/128 heads)
         b1 = g["sparse_mla_over_flashmla_eager_b1"]
-        assert len(b1) == 4 and max(b1.values()) <= 1
+        assert len(b1) == 4 and 0.7 < min(b1.values()) <= max(b1.values()) < 0.95
         shares = report["h200_graphs_share"]
         assert all(0 < r["graph_share"] <= r["eager_share"] < 1 for r in shares)
     q = report.get("h200_gguf_ops", "missing")
