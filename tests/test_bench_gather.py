@@ -116,3 +116,12 @@ def test_tma_probe_builds_with_one_copy_per_row():
         # one TMA copy per row of a tile, in the prologue (STAGES tiles) and the loop (unrolled STAGES times)
         assert r["tma"] == 2 * stages * rows_
         assert not r["local"]
+
+
+def test_plot_draws_each_method_per_format_and_batch(tmp_path):
+    rows = [{"method": m, "pattern": "contiguous" if m == "stream" else "random", "B": B, "kv_format": f,
+             "config": "c", "us": 1.0, "GBps": 1.0, "pct_copy": p}
+            for f in ("fp8_ds_mla", "bf16") for B in (32, 128)
+            for m, p in zip(gather.METHODS, (90.0, 50.0, 70.0, 75.0, 45.0))]
+    png = gather.plot({"gpu": "NVIDIA H200", "commit": "abc1234", "rows": rows}, tmp_path / "g.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -59,6 +60,7 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 
 TMA_BOX = 256  # words per TMA box: a power of two >= a row's words (164 int32 / 144 int64)
 PATTERNS = ("random", "sorted", "contiguous")
+METHODS = ("stream", "torch", "triton", "flat", "tma")
 # (rows per tile, warps, keys per program) for the pointer gather; (rows per tile, stages, warps, keys per program)
 # for the TMA ring
 # (per format: a [ROWS, row words rounded up to a power of two] int32 tile over 32 x warps threads, at most 64
@@ -450,11 +452,46 @@ def summary(rows: list) -> list[dict]:
     for key in sorted({(r["kv_format"], r["B"], r["pattern"]) for r in rows}):
         fmt, B, pattern = key
         line = {"kv_format": fmt, "B": B, "pattern": pattern}
-        for m in ("stream", "torch", "triton", "flat", "tma"):
+        for m in METHODS:
             b = best(rows, kv_format=fmt, B=B, pattern=pattern, method=m)
             line[m] = None if b is None else {"pct_copy": b["pct_copy"], "config": b["config"], "us": b["us"]}
         out.append(line)
     return out
+
+
+def plot(json_path, png_path):
+    """Bars: % of the copy rate per method on random rows (the stream: the same bytes copied), per cache format and
+    batch, with the 85 % goal of the decode targets drawn across."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from glm5lib.plotting import save_figure
+
+    res = json.loads(open(json_path).read()) if not isinstance(json_path, dict) else json_path
+    groups = sorted({(r["kv_format"], r["B"]) for r in res["rows"]}, key=lambda k: (k[0] != "fp8_ds_mla", k[1]))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(METHODS)
+    for j, m in enumerate(METHODS):
+        vals = []
+        for fmt, B in groups:
+            b = best(res["rows"], kv_format=fmt, B=B, method=m,
+                     pattern="contiguous" if m == "stream" else "random")
+            vals.append(b["pct_copy"] if b else 0.0)
+        label = "stream (same bytes, copied)" if m == "stream" else f"{m} (random rows)"
+        bars = ax.bar([i + (j - (len(METHODS) - 1) / 2) * width for i in range(len(groups))], vals, width,
+                      label=label)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.axhline(85, color="k", linestyle="--", linewidth=1, label="85 % goal")
+    ax.set_xticks(range(len(groups)), [f"{fmt} B{B}\n{naive.FP8_DS_MLA_ROW_BYTES if fmt == 'fp8_ds_mla' else 1152} "
+                                       f"B rows" for fmt, B in groups])
+    ax.set_ylabel("% of the 1 GiB copy rate")
+    ax.set_ylim(0, 125)
+    ax.set_title(f"decode rows gathered with nothing after them ({res.get('gpu', '?')}, {res.get('commit') or '?'})")
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
+    fig.tight_layout()
+    return save_figure(fig, png_path)
 
 
 def main(argv=None) -> int:
@@ -478,12 +515,13 @@ def main(argv=None) -> int:
     summ = summary(rows)
     for s in summ:
         print(f"best {s['kv_format']:10s} B{s['B']:<4d} {s['pattern']:10s} " + " | ".join(
-            f"{m} {s[m]['pct_copy']:4.0f}%" if s[m] else f"{m} -" for m in ("stream", "torch", "triton", "flat", "tma")),
+            f"{m} {s[m]['pct_copy']:4.0f}%" if s[m] else f"{m} -" for m in METHODS),
             flush=True)
     with open(args.json, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "sms": num_sms(torch.device("cuda")),
                    "commit": bench.source_commit(args.commit), "ceilings": ceil, "rows": rows, "summary": summ},
                   f, indent=1)
+    print(f"wrote {args.json} and {plot(args.json, os.path.splitext(args.json)[0] + '.png')}")
     return 0
 
 

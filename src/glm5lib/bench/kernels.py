@@ -937,7 +937,8 @@ def plot(json_path: str | Path, png_path: str | Path, scaling_archive: str | Pat
     a3.set_xlabel("top-k")
     a3.set_ylabel("time (us)")
     a3.set_title("time grows with top-k, flat in context" + ("" if source == "this run" else f"\n(from {source})"))
-    a3.legend(fontsize=8)
+    if a3.get_legend_handles_labels()[0]:  # no series when neither this run nor the archive has them
+        a3.legend(fontsize=8)
     fig.tight_layout()
     return save_figure(fig, png_path)
 
