@@ -282,9 +282,9 @@ record("scale_ctx_us", cx)
 # 16-byte vectors laid across rows so no lane idles), and one TMA copy per row in Gluon (`tma`), beside a copy of
 # the same number of bytes (`stream`). What the committed H200 run shows: the stream of that size reaches
 # 92-93 % of the 1 GiB copy rate at B=128 and 83-84 % at B=32; the best gather of random rows 74-75 % (fp8) and
-# 83 % (bf16) at B=128, 59-60 % and 71 % at B=32; sorting each token's rows gains at most a point, and reading a
+# 83 % (bf16) at B=128, 60 % and 75 % at B=32; sorting each token's rows gains at most a point, and reading a
 # contiguous run with the same kernels 2-6 points: what is lost is mostly the row-by-row gather itself, not the
-# randomness. One TMA copy per row is the slowest route (37-56 %).
+# randomness. One TMA copy per row is the slowest route (37-55 %).
 
 # %%
 from glm5lib.bench import gather as kgather

@@ -96,6 +96,38 @@ def test_evidence_bounds_h200_place_the_small_head_decode_cost():
     assert rows[("bf16", 128)]["gather"]["pct_copy"] < 85
 
 
+def test_evidence_gather_ceiling_h200_bounds_the_small_head_targets():
+    """`bench.gather` on the H200: every probe's sums matched torch's before it was timed; the same-size stream is
+    faster than any gather; the best gather of the decode's random rows stays under the 85 % goals (README,
+    NOTES round 7: 74-75 % fp8, 83 % bf16 at B128)."""
+    res = load("gather_h200.json")
+    assert res["gpu"] == "NVIDIA H200" and res["commit"]
+    rows = res["rows"]
+    checked = [r for r in rows if "sums_match" in r]
+    assert len(checked) >= 100 and all(r["sums_match"] for r in checked)
+    assert not [r for r in rows if "error" in r]
+    from glm5lib.bench import gather
+
+    for fmt in ("fp8_ds_mla", "bf16"):
+        for B in (32, 128):
+            stream = gather.best(rows, kv_format=fmt, B=B, method="stream")["pct_copy"]
+            best = {p: max(gather.best(rows, kv_format=fmt, B=B, method=m, pattern=p)["pct_copy"]
+                           for m in ("torch", "triton", "flat", "tma")) for p in gather.PATTERNS}
+            assert max(best.values()) < stream <= 100, (fmt, B)
+            assert best["random"] < 85, (fmt, B)
+            assert best["sorted"] - best["random"] < 2  # order within a token buys next to nothing
+            tma = gather.best(rows, kv_format=fmt, B=B, method="tma", pattern="random")["pct_copy"]
+            assert tma < min(gather.best(rows, kv_format=fmt, B=B, method=m, pattern="random")["pct_copy"]
+                             for m in ("triton", "flat"))  # one TMA copy per row is the slowest route
+    # the benchmark's targets carry the same measurement: every fp8 byte-floor and bf16 copy target is out of reach
+    targets = {t["target"]: t for t in load("bench_h200.json")["targets"]}
+    floor = [t for n, t in targets.items() if "% of byte floor" in n or n.startswith("decode bf16")]
+    assert len(floor) == 6 and all(t["bounded"] is True and t["ceiling"] < 85 for t in floor)
+    speed = {n: t for n, t in targets.items() if "speed-up vs FlashMLA padded" in n}
+    assert {n for n, t in speed.items() if t["bounded"]} == {f"decode fp8 H{H} B128: speed-up vs FlashMLA padded to 64"
+                                                              for H in (8, 16)}  # B32 and prefill: not by gathers
+
+
 def test_evidence_ab_launch_path_changed_no_kernel_time():
     res = load("ab_mla_v6_v7_h200.json")  # v6's launch path against the cached-plan / pre-bound one
     rows = [r for r in res["rows"] if "error" not in r]

@@ -66,3 +66,25 @@ def check(report: dict) -> None:
     ctx_us = [us for _, us in report["scale_ctx_us"]]
     assert max(ctx_us) < 1.25 * min(ctx_us)
     assert Path(report["figure"]).is_file()
+    # the gather ceiling (section 6), against its prose
+    gs = report["gather_summary"]
+    if gs is not None:
+        assert report["gather_commit"] and Path(report["gather_figure"]).is_file()
+        by = {(g["kv_format"], g["B"], g["pattern"]): g for g in gs}
+
+        def best(fmt, B, pattern):
+            g = by[(fmt, B, pattern)]
+            return max(g[m]["pct_copy"] for m in ("torch", "triton", "flat", "tma") if g[m])
+
+        for fmt in ("fp8_ds_mla", "bf16"):
+            assert 90 < by[(fmt, 128, "contiguous")]["stream"]["pct_copy"] < 96  # "92-93 % ... at B=128"
+            assert 80 < by[(fmt, 32, "contiguous")]["stream"]["pct_copy"] < 87  # "83-84 % at B=32"
+            for B in (32, 128):
+                assert best(fmt, B, "sorted") - best(fmt, B, "random") < 2  # "at most a point"
+                assert 1 < best(fmt, B, "contiguous") - best(fmt, B, "random") < 7  # "2-6 points"
+                assert 35 < by[(fmt, B, "random")]["tma"]["pct_copy"] < 57  # "the slowest route (37-55 %)"
+        assert 72 < best("fp8_ds_mla", 128, "random") < 77 and 81 < best("bf16", 128, "random") < 85  # "74-75 %", "83 %"
+        assert 57 < best("fp8_ds_mla", 32, "random") < 62 and 72 < best("bf16", 32, "random") < 77  # "60 %", "75 %"
+    # the targets say which misses the gathers alone already rule out
+    out_of_reach = [t for t in targets if t.get("bounded")]
+    assert len(out_of_reach) == 8 and all(t["met"] is False for t in out_of_reach)
