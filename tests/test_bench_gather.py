@@ -125,3 +125,35 @@ def test_plot_draws_each_method_per_format_and_batch(tmp_path):
             for m, p in zip(gather.METHODS, (90.0, 50.0, 70.0, 75.0, 45.0))]
     png = gather.plot({"gpu": "NVIDIA H200", "commit": "abc1234", "rows": rows}, tmp_path / "g.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+_L2_SCRIPT = """
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from glm5lib.bench import gather as g
+for name in ("_flat_gather_kernel", "_flat_l2_gather_kernel"):
+    fn = getattr(g, name)
+    consts = {"VPR": 41, "V": 1024, "ROWS": 24}
+    sig = {a: ("constexpr" if a in consts else {"SRC": "*i32", "IDX": "*i32", "OUT": "*i32"}.get(a, "i32"))
+           for a in fn.arg_names}
+    c = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("SRC", "IDX", "OUT")}
+    ptx = triton.compile(ASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4}).asm["ptx"]
+    print(json.dumps({"name": name, "v4": ptx.count("ld.global.v4") + ptx.count("ld.global.L2::256B.v4"),
+                      "hint": ptx.count("L2::256B")}))
+"""
+
+
+def test_l2_hint_probe_loads_what_the_flat_probe_loads_with_the_hint():
+    """The `flat-l2` route differs from `flat` only by the hint: as many 16-byte loads, each with L2::256B (its
+    sums are checked on the GPU; inline PTX does not run in the interpreter)."""
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", _L2_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
+    rows = {r["name"]: r for r in (json.loads(x) for x in p.stdout.splitlines() if x.startswith("{"))}
+    assert len(rows) == 2, p.stderr[-2000:]
+    flat, l2 = rows["_flat_gather_kernel"], rows["_flat_l2_gather_kernel"]
+    assert flat["hint"] == 0 and l2["hint"] == l2["v4"] == flat["v4"] > 0

@@ -13,7 +13,8 @@ Methods:
 - `triton`: a pointer gather, one `[ROWS, row words]` tile per step (the next tile's loads issued before the
   current one is summed), over tile rows, warps and keys per program; reads only;
 - `flat`: the pointer gather with the tile laid out as 16-byte vectors, vector v of a tile being vector v % n of
-  row v // n (n vectors a row), so that no lane idles past a row's end;
+  row v // n (n vectors a row), so that no lane idles past a row's end; `flat-l2`: the same loads with PTX's
+  `L2::256B` prefetch-size hint (inline PTX), as FlashMLA's gathers do;
 - `stream` (the reference): the same number of bytes read contiguously (`torch.sum`) or copied (`Tensor.copy_`,
   half read, half written): what a stream of this size reaches, against the 1 GiB copy that sets the rate;
 - `tma` (sm_90+, Gluon): one TMA copy per row into a ring of `STAGES` tiles, one mbarrier per tile, the copies for
@@ -60,7 +61,7 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 
 TMA_BOX = 256  # words per TMA box: a power of two >= a row's words (164 int32 / 144 int64)
 PATTERNS = ("random", "sorted", "contiguous")
-METHODS = ("stream", "torch", "triton", "flat", "tma")
+METHODS = ("stream", "torch", "triton", "flat", "flat-l2", "tma")
 # (rows per tile, warps, keys per program) for the pointer gather; (rows per tile, stages, warps, keys per program)
 # for the TMA ring
 # (per format: a [ROWS, row words rounded up to a power of two] int32 tile over 32 x warps threads, at most 64
@@ -104,6 +105,47 @@ def _ptr_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PROG
         x = y
     acc += x
     tl.store(OUT + t * tl.num_programs(1) + sp, tl.sum(tl.sum(acc, 1), 0))
+
+
+@triton.jit
+def _l2_256_load(addr):
+    """One 16-byte load with PTX's `L2::256B` prefetch-size hint (L2 fetches the whole 256-byte segment from
+    DRAM; FlashMLA's gathers use it). Triton's `tl.load` has no such qualifier, hence the inline PTX. `addr`: int64
+    byte addresses, 16-byte aligned, always inside the tensor (the caller clamps)."""
+    w0, w1, w2, w3 = tl.inline_asm_elementwise(
+        "ld.global.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [addr],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
+    return w0 + w1 + w2 + w3
+
+
+@triton.jit
+def _flat_l2_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PROG, VPR: tl.constexpr,
+                           V: tl.constexpr, ROWS: tl.constexpr):
+    """`_flat_gather_kernel` with every load through `_l2_256_load` (vectors past the program's keys read row 0's
+    bytes, which exist, and are not summed)."""
+    t = tl.program_id(0)
+    sp = tl.program_id(1)
+    k_start = sp * KEYS_PER_PROG
+    k_end = tl.minimum(TOPK, k_start + KEYS_PER_PROG)
+    idx_row = IDX + t.to(tl.int64) * stride_it
+    v = tl.arange(0, V)
+    row = v // VPR
+    word = (v % VPR) * 4
+    base = SRC.to(tl.int64, bitcast=True)  # the tensor's byte address
+    acc = tl.zeros([V], tl.int32)
+    k = k_start + row
+    ok = (row < ROWS) & (k < k_end)
+    r = tl.load(idx_row + k, mask=ok, other=0).to(tl.int64)
+    x = tl.where(ok, _l2_256_load(base + (r * stride_row + word) * 4), 0)
+    for start in range(k_start + ROWS, k_end, ROWS):
+        k = start + row
+        ok = (row < ROWS) & (k < k_end)
+        r = tl.load(idx_row + k, mask=ok, other=0).to(tl.int64)
+        y = tl.where(ok, _l2_256_load(base + (r * stride_row + word) * 4), 0)
+        acc += x
+        x = y
+    acc += x
+    tl.store(OUT + t * tl.num_programs(1) + sp, tl.sum(acc, 0))
 
 
 @triton.jit
@@ -221,7 +263,12 @@ def run_triton(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.T
     return out
 
 
-def run_flat(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.Tensor:
+def run_flat_l2(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.Tensor:
+    """`run_flat` with the `L2::256B` hint on every load (GPU only: inline PTX does not run in the interpreter)."""
+    return run_flat(words, idx, cfg, out, kernel=_flat_l2_gather_kernel)
+
+
+def run_flat(words: torch.Tensor, idx: torch.Tensor, cfg, out=None, kernel=None) -> torch.Tensor:
     """`run_triton`'s contract through the flat tile; cfg (vectors a tile, warps, keys per program), keys per
     program a multiple of the rows a tile holds (V // vectors a row)."""
     vecs, warps, per = cfg
@@ -233,8 +280,8 @@ def run_flat(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.Ten
                          f"({rows} rows) over {per} keys a program")
     splits = triton.cdiv(topk, per)
     out = torch.empty(T * splits, dtype=torch.int32, device=idx.device) if out is None else out
-    _flat_gather_kernel[(T, splits)](words, idx, out, words.stride(0), idx.stride(0), topk, per, VPR=vpr, V=vecs,
-                                     ROWS=rows, num_warps=warps)
+    (kernel or _flat_gather_kernel)[(T, splits)](words, idx, out, words.stride(0), idx.stride(0), topk, per,
+                                                 VPR=vpr, V=vecs, ROWS=rows, num_warps=warps)
     return out
 
 
@@ -350,6 +397,8 @@ def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 20
             out = torch.empty(B * triton.cdiv(topk, cfg[2]), dtype=torch.int32, device="cuda")
             add("flat", pattern, cfg, [lambda i=i, c=cfg, o=out: run_flat(words32, i, c, o) for i in ids],
                 check=lambda c=cfg: (per_token(run_flat(words32, ids[0], c), B), want))
+            add("flat-l2", pattern, cfg, [lambda i=i, c=cfg, o=out: run_flat_l2(words32, i, c, o) for i in ids],
+                check=lambda c=cfg: (per_token(run_flat_l2(words32, ids[0], c), B), want))
         if words_tma is None:
             continue
         desc = tma_descriptor(words_tma)
