@@ -279,12 +279,13 @@ record("scale_ctx_us", cx)
 # each token reads 2048 rows scattered over its own 32K context, 656 bytes each (fp8_ds_mla) or 1152 (bf16).
 # `python -m glm5lib.bench.gather` (`bash scripts/device_kernels.sh gather`) gathers exactly those rows with
 # nothing after them, by PyTorch's `index_select`, Triton pointer tiles (`triton`: a row per tile line; `flat`:
-# 16-byte vectors laid across rows so no lane idles), and one TMA copy per row in Gluon (`tma`), beside a copy of
-# the same number of bytes (`stream`). What the committed H200 run shows: the stream of that size reaches
-# 92-93 % of the 1 GiB copy rate at B=128 and 83-84 % at B=32; the best gather of random rows 74-75 % (fp8) and
-# 83 % (bf16) at B=128, 60 % and 75 % at B=32; sorting each token's rows gains at most a point, and reading a
+# 16-byte vectors laid across rows so no lane idles; `flat-l2`: the same with PTX's `L2::256B` prefetch hint), and
+# one TMA copy per row in Gluon (`tma`), beside a copy of the same number of bytes (`stream`). What the committed
+# H200 run shows: the stream of that size reaches 92-93 % of the 1 GiB copy rate at B=128 and 83-84 % at B=32; the
+# best gather of random rows 74-75 % (fp8) and 83-84 % (bf16) at B=128, 60 % and 75 % at B=32; the L2 hint loses
+# 4-11 points; sorting each token's rows gains at most a point, and reading a
 # contiguous run with the same kernels 2-6 points: what is lost is mostly the row-by-row gather itself, not the
-# randomness. One TMA copy per row is the slowest route (37-55 %).
+# randomness. One TMA copy per row is the slowest route (37-56 %).
 
 # %%
 from glm5lib.bench import gather as kgather
