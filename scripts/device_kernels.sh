@@ -51,7 +51,7 @@ for step in "$@"; do
             echo "bench-targets rc=${PIPESTATUS[0]}" ;;
     bounds) timeout 200 python3 -m glm5lib.bench.bounds --json "$OUT/bounds_h200.json" 2>&1 | grep -v Warn | tee "$OUT/bounds.log"
             echo "bounds rc=${PIPESTATUS[0]}" ;;
-    gather) timeout 300 python3 -m glm5lib.bench.gather --json "$OUT/gather_h200.json" 2>&1 | grep -v Warn | tee "$OUT/gather.log" | grep -v "^fp8\|^bf16"
+    gather) timeout 300 python3 -m glm5lib.bench.gather --json "$OUT/gather_h200.json" --force 2>&1 | grep -v Warn | tee "$OUT/gather.log" | grep -v "^fp8\|^bf16"
             echo "gather rc=${PIPESTATUS[0]}" ;;
     bench-sweep) timeout 300 python3 -m glm5lib.bench.cli bench sparse-mla --sweep --quick --no-scaling --name sweep --out "$OUT" > "$OUT/sweep.log" 2>&1
             echo "sweep rc=$?"; tail -30 "$OUT/sweep.log" ;;

@@ -80,6 +80,24 @@ def test_gather_refuses_without_a_gpu(tmp_path, capsys):
     assert gather.main(["--json", str(tmp_path / "g.json")]) == 2
     assert "CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "g.json").exists()
+    from glm5lib.bench.cli import main as bench_main
+
+    assert bench_main(["bench", "gather", "--out", str(tmp_path)]) == 2  # the same through `glm5lib bench gather`
+    assert "CUDA GPU" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_gather_keeps_what_the_user_has(tmp_path, capsys):
+    """An existing result (or its PNG) is refused before anything is measured, unless --force; a missing
+    directory is named."""
+    old = tmp_path / "g.json"
+    old.write_text("mine")
+    assert gather.main(["--json", str(old)]) == 2
+    assert "already exists" in capsys.readouterr().err and old.read_text() == "mine"
+    (tmp_path / "h.png").write_bytes(b"png")
+    assert gather.main(["--json", str(tmp_path / "h.json")]) == 2
+    assert "h.png: already exists" in capsys.readouterr().err and not (tmp_path / "h.json").exists()
+    assert gather.main(["--json", str(tmp_path / "nope" / "g.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err
 
 
 _SCRIPT = """

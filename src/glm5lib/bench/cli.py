@@ -1,4 +1,4 @@
-"""`glm5lib bench sparse-mla|indexer|all|plot|compile|check`: kernel benchmarks (GPU) and checks (CPU or GPU)."""
+"""`glm5lib bench sparse-mla|indexer|all|gather|plot|compile|check`: kernel benchmarks (GPU) and checks (CPU or GPU)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,20 @@ def _plot(args) -> int:
     return 0
 
 
+def _gather(args) -> int:
+    from glm5lib.bench import gather
+    from glm5lib.bench.kernels import default_name
+
+    json_path = args.json
+    if json_path is None:
+        import torch
+
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "gpu"
+        json_path = str(Path(args.out) / (default_name(gpu).replace("bench_", "gather_", 1) + ".json"))
+    argv = ["--json", json_path, "--batch", *map(str, args.batch)] + (["--force"] if args.force else [])
+    return gather.main(argv + (["--commit", args.commit] if args.commit else []))
+
+
 def _compile(args) -> int:
     from glm5lib.kernels.compile_report import compile_report, format_report
 
@@ -88,6 +102,13 @@ def register_cli(subparsers) -> None:
         b.add_argument("--commit", help="commit the code came from, recorded in the JSON (default: $GLM5LIB_COMMIT, "
                        "else git rev-parse HEAD)")
         b.set_defaults(func=_bench, what=what)
+    g = sub.add_parser("gather", help="how fast the decode's rows can be gathered at all (GPU; JSON + PNG)")
+    g.add_argument("--out", default="outputs/bench")
+    g.add_argument("--json", help="output JSON (default: OUT/gather_<gpu>.json, e.g. gather_h200.json)")
+    g.add_argument("--force", action="store_true", help="overwrite an existing JSON/PNG")
+    g.add_argument("--batch", type=int, nargs="+", default=[128, 32])
+    g.add_argument("--commit", help="commit the code came from, recorded in the JSON")
+    g.set_defaults(func=_gather)
     pl = sub.add_parser("plot", help="plot a benchmark JSON")
     pl.add_argument("json")
     pl.add_argument("--png")

@@ -31,7 +31,7 @@ Every probe sums the words it gathered (int32, wrapping); `probe_sums` checks th
 inputs (the Triton probe in the CPU interpreter; the TMA probe only on a GPU, which `main` does before timing).
 Rates are GB/s of row bytes (twice that for `torch`) and % of the copy rate. The question they answer: is 85 % of
 copy reachable for gathers of these rows at all, by any of these routes?
-`python -m glm5lib.bench.gather --json OUT.json` (`scripts/device_kernels.sh gather`).
+`glm5lib bench gather` or `python -m glm5lib.bench.gather --json OUT.json` (`scripts/device_kernels.sh gather`).
 """
 
 from __future__ import annotations
@@ -544,14 +544,26 @@ def plot(json_path, png_path):
 
 
 def main(argv=None) -> int:
+    """`python -m glm5lib.bench.gather --json OUT.json` (also `glm5lib bench gather`): every method, pattern and
+    config on both cache formats, the summary printed, the JSON and a PNG beside it (neither replaced unless
+    --force; written only once everything was measured)."""
+    from glm5lib.errors import UserError
+    from glm5lib.files import check_output
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", required=True)
-    ap.add_argument("--commit", default=None)
-    ap.add_argument("--batch", type=int, nargs="+", default=[128, 32])
+    ap.add_argument("--json", required=True, help="where the results go (a PNG of the same stem beside it)")
+    ap.add_argument("--force", action="store_true", help="replace an existing JSON / PNG")
+    ap.add_argument("--commit", default=None, help="the commit the code came from (default: $GLM5LIB_COMMIT, git)")
+    ap.add_argument("--batch", type=int, nargs="+", default=[128, 32], help="decode batch sizes (default 128 32)")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: the gather probes time kernels on a CUDA GPU", file=sys.stderr)
-        return 2
+    try:
+        out = check_output(args.json, force=args.force)
+        png = check_output(out.with_suffix(".png"), force=args.force)
+        if not torch.cuda.is_available():
+            raise UserError("the gather probes time kernels on a CUDA GPU (none visible)", exit_code=2)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
     from glm5lib.bench import kernels as bench
 
     tma_ok = HAVE_TMA and torch.cuda.get_device_capability()[0] >= 9
@@ -564,13 +576,13 @@ def main(argv=None) -> int:
     summ = summary(rows)
     for s in summ:
         print(f"best {s['kv_format']:10s} B{s['B']:<4d} {s['pattern']:10s} " + " | ".join(
-            f"{m} {s[m]['pct_copy']:4.0f}%" if s[m] else f"{m} -" for m in METHODS),
-            flush=True)
-    with open(args.json, "w") as f:
-        json.dump({"gpu": torch.cuda.get_device_name(), "sms": num_sms(torch.device("cuda")),
-                   "commit": bench.source_commit(args.commit), "ceilings": ceil, "rows": rows, "summary": summ},
-                  f, indent=1)
-    print(f"wrote {args.json} and {plot(args.json, os.path.splitext(args.json)[0] + '.png')}")
+            f"{m} {s[m]['pct_copy']:4.0f}%" if s[m] else f"{m} -" for m in METHODS), flush=True)
+    res = {"gpu": torch.cuda.get_device_name(), "sms": num_sms(torch.device("cuda")),
+           "commit": bench.source_commit(args.commit), "ceilings": ceil, "rows": rows, "summary": summ}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    os.replace(tmp, out)
+    print(f"wrote {out} and {plot(res, png)}")
     return 0
 
 
