@@ -151,9 +151,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from glm5lib.bench import gather as g
-for name in ("_flat_gather_kernel", "_flat_l2_gather_kernel"):
-    fn = getattr(g, name)
-    consts = {"VPR": 41, "V": 1024, "ROWS": 24}
+fn = g._flat_gather_kernel
+for name, hint in (("flat", False), ("flat-l2", True)):
+    consts = {"VPR": 41, "V": 1024, "ROWS": 24, "L2_HINT": hint}
     sig = {a: ("constexpr" if a in consts else {"SRC": "*i32", "IDX": "*i32", "OUT": "*i32"}.get(a, "i32"))
            for a in fn.arg_names}
     c = {(fn.arg_names.index(k),): v for k, v in consts.items()}
@@ -173,5 +173,30 @@ def test_l2_hint_probe_loads_what_the_flat_probe_loads_with_the_hint():
     p = subprocess.run([sys.executable, "-c", _L2_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
     rows = {r["name"]: r for r in (json.loads(x) for x in p.stdout.splitlines() if x.startswith("{"))}
     assert len(rows) == 2, p.stderr[-2000:]
-    flat, l2 = rows["_flat_gather_kernel"], rows["_flat_l2_gather_kernel"]
+    flat, l2 = rows["flat"], rows["flat-l2"]
     assert flat["hint"] == 0 and l2["hint"] == l2["v4"] == flat["v4"] > 0
+
+
+def test_route_rows_take_the_fastest_checked_route_and_report_a_wrong_one(monkeypatch):
+    """`glm5lib bench`'s ceiling rows (interpreter): each route's sums are checked, the fastest checked route is
+    the ceiling, and a route whose sums are wrong (or that raises) becomes an error row instead of a time."""
+    from glm5lib.bench import kernels as bench
+
+    cache = _cache("fp8_ds_mla", n_rows=300)
+    words = gather.row_words(cache)
+    g = torch.Generator().manual_seed(3)
+    ids = [torch.stack([torch.randperm(300, generator=g)[:48] for _ in range(2)]).to(torch.int32)]
+    ceil = {"copy_GBps": 4000.0, "matmul_bf16_TFLOPs": 700.0}
+    times = iter([3.0, 1.0, 2.0, 4.0])  # ms per route, in BENCH_ROUTES order
+    rows = gather._route_rows("decode", 2, "fp8_ds_mla", words, ids, ceil, lambda fns: (fns[0](), next(times))[1])
+    (best,) = rows
+    assert best["impl"] == "best-gather" and best["ms"] == 1.0 and best["case"] == "decode"
+    assert best["route"] == "{} {}".format(*gather.BENCH_ROUTES["fp8_ds_mla"][1])
+    assert best["pct_bw"] == pytest.approx(100 * 2 * 48 * 656 / 1e-3 / 1e9 / 4000.0)
+    real = gather.run_flat
+    monkeypatch.setattr(gather, "run_flat", lambda w, i, c, o=None: real(w, (i + 1) % 300, c, o))
+    times = iter([5.0, 6.0])
+    rows = gather._route_rows("decode", 2, "fp8_ds_mla", words, ids, ceil, lambda fns: next(times))
+    errors = [r for r in rows if "error" in r]
+    assert len(errors) == 2 and all("differ from torch" in r["error"] for r in errors)  # both flat routes
+    assert [r["ms"] for r in rows if "error" not in r] == [5.0]

@@ -26,7 +26,7 @@ def _bench(args) -> int:
     for t in res["targets"]:
         v = t["value"]
         c = t.get("ceiling")
-        ceiling = "" if c is None else f"; gathers alone reach {c:.2f}" + (", out of reach" if t.get("bounded") else "")
+        ceiling = "" if c is None else f"; gathers alone reach {c:.2f}" + (", below the goal" if t.get("bounded") else "")
         print(f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else 'n/a '} {t['target']}: "
               f"{'-' if v is None else f'{v:.2f}'} (goal {t['goal']}{ceiling})")
     print(f"wrote {Path(args.out) / (name + '.json')} and {png}")

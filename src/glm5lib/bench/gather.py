@@ -4,8 +4,8 @@ Issue #13 states the 8-16-head decode targets against bytes at copy rate: 85 % o
 85 % of copy for bf16. The rows are not a stream, though: each token reads its top-k (2048) rows scattered over
 its own context, 656 bytes each (fp8_ds_mla: 512 e4m3, 16 of fp32 scales, 128 of bf16 rope) or 1152 (bf16).
 `glm5lib.bench.bounds` timed the kernel's own load path with nothing after it (58-82 % of copy); this module asks
-the question without the kernel: gathers of exactly those rows, with nothing after them, by three methods over
-three index patterns, beside the machine's copy bandwidth in the same run.
+the question without the kernel: gathers of exactly those rows, with nothing after them, by five routes over three
+index patterns, beside the machine's copy bandwidth in the same run.
 
 Methods:
 - `torch`: `index_select` of the rows into a buffer (PyTorch's CUDA gather). It writes what it reads, so its rate
@@ -15,8 +15,8 @@ Methods:
 - `flat`: the pointer gather with the tile laid out as 16-byte vectors, vector v of a tile being vector v % n of
   row v // n (n vectors a row), so that no lane idles past a row's end; `flat-l2`: the same loads with PTX's
   `L2::256B` prefetch-size hint (inline PTX), as FlashMLA's gathers do;
-- `stream` (the reference): the same number of bytes read contiguously (`torch.sum`) or copied (`Tensor.copy_`,
-  half read, half written): what a stream of this size reaches, against the 1 GiB copy that sets the rate;
+- `stream` (the reference): the same number of bytes copied (`Tensor.copy_`, half read, half written): what a
+  stream of this size reaches, against the 1 GiB copy that sets the rate;
 - `tma` (sm_90+, Gluon): one TMA copy per row into a ring of `STAGES` tiles, one mbarrier per tile, the copies for
   tile i + STAGES issued as soon as tile i has been summed out of shared memory. A TMA box must be a power of two
   long, so a row is one `[1, 256]` box over a `[rows, row words]` view (int32 words for 656-byte rows, int64 for
@@ -68,14 +68,20 @@ METHODS = ("stream", "torch", "triton", "flat", "flat-l2", "tma")
 # registers a thread, twice that with the prefetched tile: 656-byte rows take 256 words, 1152-byte rows 512)
 TRITON_CONFIGS = {"fp8_ds_mla": [(8, 2, 64), (16, 2, 128), (16, 4, 64), (16, 4, 128), (32, 4, 256), (32, 8, 512)],
                   "bf16": [(8, 2, 64), (8, 4, 128), (16, 4, 64), (16, 4, 128), (16, 8, 256), (32, 8, 512)]}
-# (STAGES * ROWS a power of two); a 656-byte row takes a 1 KB slot (int32 box), a 1152-byte row 2 KB (int64)
 # (vectors a tile, warps, keys per program) for the flat tile: 1024 vectors hold 24 rows of 656 bytes (41 vectors
 # each, 96 % of the lanes busy) or 14 of 1152 (72 each, 98 %); 512 hold 12 / 7
 FLAT_CONFIGS = {"fp8_ds_mla": [(512, 4, 120), (1024, 4, 120), (1024, 8, 240), (512, 2, 60)],
                 "bf16": [(512, 4, 70), (1024, 4, 126), (1024, 8, 252), (512, 2, 63)]}
+# (rows per tile, stages, warps, keys per program) for the TMA ring, per row width (False: int32 words, True:
+# int64); STAGES * ROWS a power of two; a 656-byte row takes a 1 KB slot, a 1152-byte row 2 KB
 # (the first H200 run, bc6397a, also timed 128 KB rings at one program per SM: 25-38 % of copy, half the 64 KB ones)
 TMA_CONFIGS = {False: [(16, 4, 4, 512), (32, 2, 4, 512), (16, 4, 4, 256)],
                True: [(8, 4, 4, 512), (16, 2, 4, 512), (8, 4, 4, 256)]}
+
+
+def row_bytes(kv_format: str) -> int:
+    """Bytes of one cached row: 656 for fp8_ds_mla, 1152 for bf16."""
+    return naive.FP8_DS_MLA_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * naive.D_QK
 
 
 @triton.jit
@@ -111,7 +117,7 @@ def _ptr_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PROG
 def _l2_256_load(addr):
     """One 16-byte load with PTX's `L2::256B` prefetch-size hint (L2 fetches the whole 256-byte segment from
     DRAM; FlashMLA's gathers use it). Triton's `tl.load` has no such qualifier, hence the inline PTX. `addr`: int64
-    byte addresses, 16-byte aligned, always inside the tensor (the caller clamps)."""
+    byte addresses, 16-byte aligned, inside the tensor (the caller's masked lanes read row 0)."""
     w0, w1, w2, w3 = tl.inline_asm_elementwise(
         "ld.global.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", [addr],
         dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True, pack=1)
@@ -119,42 +125,24 @@ def _l2_256_load(addr):
 
 
 @triton.jit
-def _flat_l2_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PROG, VPR: tl.constexpr,
-                           V: tl.constexpr, ROWS: tl.constexpr):
-    """`_flat_gather_kernel` with every load through `_l2_256_load` (vectors past the program's keys read row 0's
-    bytes, which exist, and are not summed)."""
-    t = tl.program_id(0)
-    sp = tl.program_id(1)
-    k_start = sp * KEYS_PER_PROG
-    k_end = tl.minimum(TOPK, k_start + KEYS_PER_PROG)
-    idx_row = IDX + t.to(tl.int64) * stride_it
-    v = tl.arange(0, V)
-    row = v // VPR
-    word = (v % VPR) * 4
-    base = SRC.to(tl.int64, bitcast=True)  # the tensor's byte address
-    acc = tl.zeros([V], tl.int32)
-    k = k_start + row
+def _flat_tile(SRC, idx_row, start, k_end, stride_row, row, word, quad, ROWS: tl.constexpr, L2_HINT: tl.constexpr):
+    """The flat tile of keys [start, start + ROWS): each vector's word sum, [V] (0 past k_end)."""
+    k = start + row
     ok = (row < ROWS) & (k < k_end)
-    r = tl.load(idx_row + k, mask=ok, other=0).to(tl.int64)
-    x = tl.where(ok, _l2_256_load(base + (r * stride_row + word) * 4), 0)
-    for start in range(k_start + ROWS, k_end, ROWS):
-        k = start + row
-        ok = (row < ROWS) & (k < k_end)
-        r = tl.load(idx_row + k, mask=ok, other=0).to(tl.int64)
-        y = tl.where(ok, _l2_256_load(base + (r * stride_row + word) * 4), 0)
-        acc += x
-        x = y
-    acc += x
-    tl.store(OUT + t * tl.num_programs(1) + sp, tl.sum(acc, 0))
+    r = tl.multiple_of(tl.load(idx_row + k, mask=ok, other=0).to(tl.int64) * stride_row, 4)
+    if L2_HINT:
+        return tl.where(ok, _l2_256_load(SRC.to(tl.int64, bitcast=True) + (r + word) * 4), 0)
+    return tl.sum(tl.load(SRC + (r + word)[:, None] + quad[None, :], mask=ok[:, None], other=0), 1)
 
 
 @triton.jit
 def _flat_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PROG, VPR: tl.constexpr,
-                        V: tl.constexpr, ROWS: tl.constexpr):
+                        V: tl.constexpr, ROWS: tl.constexpr, L2_HINT: tl.constexpr = False):
     """`_ptr_gather_kernel`'s contract with the tile laid out flat: V 16-byte vectors, vector v of the tile is
     vector v % VPR of row v // VPR (VPR vectors a row, ROWS = V // VPR rows a tile), so that every lane loads
     a vector of some row, where the [ROWS, power of two] tile leaves the lanes past a row's end idle (36 % of
-    them for 656-byte rows)."""
+    them for 656-byte rows). L2_HINT: every load through `_l2_256_load` (lanes past the program's keys read row
+    0, index `other=0`, and are not summed)."""
     t = tl.program_id(0)
     sp = tl.program_id(1)
     k_start = sp * KEYS_PER_PROG
@@ -164,20 +152,14 @@ def _flat_gather_kernel(SRC, IDX, OUT, stride_row, stride_it, TOPK, KEYS_PER_PRO
     row = v // VPR
     word = tl.multiple_of((v % VPR) * 4, 4)
     quad = tl.arange(0, 4)
-    acc = tl.zeros([V, 4], tl.int32)
-    k = k_start + row
-    ok = (row < ROWS) & (k < k_end)
-    r = tl.multiple_of(tl.load(idx_row + k, mask=ok, other=0).to(tl.int64) * stride_row, 4)
-    x = tl.load(SRC + (r + word)[:, None] + quad[None, :], mask=ok[:, None], other=0)
+    acc = tl.zeros([V], tl.int32)
+    x = _flat_tile(SRC, idx_row, k_start, k_end, stride_row, row, word, quad, ROWS, L2_HINT)
     for start in range(k_start + ROWS, k_end, ROWS):
-        k = start + row
-        ok = (row < ROWS) & (k < k_end)
-        r = tl.multiple_of(tl.load(idx_row + k, mask=ok, other=0).to(tl.int64) * stride_row, 4)
-        y = tl.load(SRC + (r + word)[:, None] + quad[None, :], mask=ok[:, None], other=0)
+        y = _flat_tile(SRC, idx_row, start, k_end, stride_row, row, word, quad, ROWS, L2_HINT)
         acc += x
         x = y
     acc += x
-    tl.store(OUT + t * tl.num_programs(1) + sp, tl.sum(tl.sum(acc, 1), 0))
+    tl.store(OUT + t * tl.num_programs(1) + sp, tl.sum(acc, 0))
 
 
 if HAVE_TMA:
@@ -265,10 +247,10 @@ def run_triton(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.T
 
 def run_flat_l2(words: torch.Tensor, idx: torch.Tensor, cfg, out=None) -> torch.Tensor:
     """`run_flat` with the `L2::256B` hint on every load (GPU only: inline PTX does not run in the interpreter)."""
-    return run_flat(words, idx, cfg, out, kernel=_flat_l2_gather_kernel)
+    return run_flat(words, idx, cfg, out, l2_hint=True)
 
 
-def run_flat(words: torch.Tensor, idx: torch.Tensor, cfg, out=None, kernel=None) -> torch.Tensor:
+def run_flat(words: torch.Tensor, idx: torch.Tensor, cfg, out=None, l2_hint: bool = False) -> torch.Tensor:
     """`run_triton`'s contract through the flat tile; cfg (vectors a tile, warps, keys per program), keys per
     program a multiple of the rows a tile holds (V // vectors a row)."""
     vecs, warps, per = cfg
@@ -280,8 +262,8 @@ def run_flat(words: torch.Tensor, idx: torch.Tensor, cfg, out=None, kernel=None)
                          f"({rows} rows) over {per} keys a program")
     splits = triton.cdiv(topk, per)
     out = torch.empty(T * splits, dtype=torch.int32, device=idx.device) if out is None else out
-    (kernel or _flat_gather_kernel)[(T, splits)](words, idx, out, words.stride(0), idx.stride(0), topk, per,
-                                                 VPR=vpr, V=vecs, ROWS=rows, num_warps=warps)
+    _flat_gather_kernel[(T, splits)](words, idx, out, words.stride(0), idx.stride(0), topk, per, VPR=vpr, V=vecs,
+                                     ROWS=rows, L2_HINT=l2_hint, num_warps=warps)
     return out
 
 
@@ -295,9 +277,9 @@ def run_tma(words: torch.Tensor, idx: torch.Tensor, cfg, desc=None, out=None) ->
     """`run_triton`'s contract through TMA (sm_90+); `words` int32 or int64 [rows, W <= TMA_BOX]."""
     rows, stages, warps, per = cfg
     T, topk = idx.shape
-    if per % rows or words.shape[1] > TMA_BOX:
-        raise ValueError(f"TMA probe: keys per program {per} not a multiple of {rows} rows, or rows wider than "
-                         f"{TMA_BOX} words ({words.shape[1]})")
+    if per % rows or topk % rows or words.shape[1] > TMA_BOX:  # every tile whole: no index read past a token's
+        raise ValueError(f"TMA probe: top-k {topk} or keys per program {per} not a multiple of {rows} rows, or rows "
+                         f"wider than {TMA_BOX} words ({words.shape[1]})")
     splits = triton.cdiv(topk, per)
     out = torch.empty(T * splits, dtype=torch.int32, device=idx.device) if out is None else out
     desc = tma_descriptor(words) if desc is None else desc
@@ -324,7 +306,7 @@ def aot_compile_tma(cfg, wide: bool = False, arch: int = 90):
 
 def torch_sums(words32: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Per-token sums of the int32 words of rows `idx`, wrapped to int32 as the probes' sums are."""
-    s = words32[idx.long()].long().sum(dim=(1, 2))
+    s = words32.long().sum(1)[idx.long()].sum(1)  # row sums first: O(rows) memory, not O(gathered bytes)
     return ((s + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
@@ -344,10 +326,12 @@ def make_patterns(idx: torch.Tensor, base: torch.Tensor, ctx: int, shift: int = 
 
 
 def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 2048, tma_ok: bool = True) -> list:
+    """Every route x pattern x config for B decode tokens of one cache format (GPU): a row each, with its time,
+    GB/s and % of copy, or its error; each probe's sums are checked against torch's first."""
     from glm5lib.bench import kernels as bench
 
     _, cache, base = bench._make_decode(B, 8, ctx, topk, kv_format)
-    row = naive.FP8_DS_MLA_ROW_BYTES if kv_format == "fp8_ds_mla" else 2 * naive.D_QK
+    row = row_bytes(kv_format)
     words32 = row_words(cache)
     wide = words32.shape[1] > TMA_BOX
     words_tma = row_words(cache, wide) if tma_ok else None
@@ -376,11 +360,11 @@ def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 20
         print(f"{kv_format:10s} B{B:<4d} {method:6s} {pattern:10s} {str(cfg):22s} {shown}", flush=True)
         return res
 
-    # the same number of bytes as a stream, by torch: read (a sum) and copied (half read, half written)
+    # the same number of bytes as a stream: copied, half read, half written (a torch.sum over them, timed at
+    # d9c2d7d, reached 14-16 %: torch's int32 sum is no reference)
     n = gathered // 4
-    bufs = [torch.randint(-2**31, 2**31 - 1, (n,), dtype=torch.int32, device="cuda") for _ in range(reps)]
+    bufs = [torch.empty(n, dtype=torch.int32, device="cuda") for _ in range(reps)]
     half = torch.empty(n // 2, dtype=torch.int32, device="cuda")
-    add("stream", "contiguous", "torch.sum", [lambda b=b: b.sum() for b in bufs])
     add("stream", "contiguous", "copy", [lambda b=b: half.copy_(b[: n // 2]) for b in bufs])
     del bufs, half
     for pattern in PATTERNS:
@@ -412,7 +396,7 @@ def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 20
 
 
 # what `glm5lib bench` times as the gather ceiling beside the decode cases: the fastest routes of the sweep above
-# (H200, d463de5: `outputs/bench/gather_h200.json`)
+# (H200, d9c2d7d: `outputs/bench/gather_h200.json`; the L2 hint and `index_select` lose, TMA per row too)
 BENCH_ROUTES = {"fp8_ds_mla": [("flat", (1024, 8, 240)), ("flat", (512, 4, 120)), ("triton", (8, 2, 64)),
                                ("triton", (16, 4, 128))],
                 "bf16": [("flat", (512, 2, 63)), ("flat", (1024, 4, 126)), ("triton", (8, 4, 128)),
@@ -425,16 +409,19 @@ def _route_rows(case: str, T: int, fmt: str, words: torch.Tensor, ids: list, cei
     from glm5lib.bench import kernels as bench
 
     topk = ids[0].shape[1]
-    row = naive.FP8_DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else 2 * naive.D_QK
+    row = row_bytes(fmt)
     gathered = T * topk * row
     want = torch_sums(words, ids[0])
     runs = {"flat": run_flat, "triton": run_triton}
     out, timed = [], []
     for method, cfg in BENCH_ROUTES[fmt]:
-        buf = torch.empty(T * triton.cdiv(topk, cfg[-1]), dtype=torch.int32, device="cuda")
-        if not torch.equal(per_token(runs[method](words, ids[0], cfg), T), want):
-            out.append(bench._row("gather-ceiling", f"{method} {cfg}", T, 0, topk, fmt, None, 0, 0, ceil,
-                                  {"case": case, "error": "the probe's word sums differ from torch's"}))
+        buf = torch.empty(T * triton.cdiv(topk, cfg[-1]), dtype=torch.int32, device=words.device)
+        try:
+            if not torch.equal(per_token(runs[method](words, ids[0], cfg), T), want):
+                raise AssertionError("the probe's word sums differ from torch's")
+        except Exception as exc:  # noqa: BLE001  (a failing route is an error row; the others still count)
+            out.append({"kind": "gather-ceiling", "impl": f"{method} {cfg}", "case": case, "T": T, "H": 0,
+                        "topk": topk, "kv_format": fmt, "error": f"{type(exc).__name__}: {exc}"[:300]})
             continue
         timed.append((time_fn([lambda i=i, m=method, c=cfg, o=buf: runs[m](words, i, c, o) for i in ids]),
                       f"{method} {cfg}"))
@@ -460,7 +447,7 @@ def ceiling_rows(ceil: dict, batches=(32, 128), ctx: int = 32768, topk: int = 20
 
     out = []
     for fmt in ("fp8_ds_mla", "bf16"):
-        row = naive.FP8_DS_MLA_ROW_BYTES if fmt == "fp8_ds_mla" else 2 * naive.D_QK
+        row = row_bytes(fmt)
         for B in batches:
             _, cache, base = bench._make_decode(B, 8, ctx, topk, fmt)
             words = row_words(cache)
@@ -533,7 +520,7 @@ def plot(json_path, png_path):
                       label=label)
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
     ax.axhline(85, color="k", linestyle="--", linewidth=1, label="85 % goal")
-    ax.set_xticks(range(len(groups)), [f"{fmt} B{B}\n{naive.FP8_DS_MLA_ROW_BYTES if fmt == 'fp8_ds_mla' else 1152} "
+    ax.set_xticks(range(len(groups)), [f"{fmt} B{B}\n{row_bytes(fmt)} "
                                        f"B rows" for fmt, B in groups])
     ax.set_ylabel("% of the 1 GiB copy rate")
     ax.set_ylim(0, 125)

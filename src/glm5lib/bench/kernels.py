@@ -673,7 +673,11 @@ def run(what: str = "all", out_dir: str = "outputs/bench", vendor: str = ".vendo
         # decode targets, measured beside them
         from glm5lib.bench.gather import ceiling_rows
 
-        rows.extend(ceiling_rows(ceil))  # printed by ceiling_rows (its rows have no heads)
+        try:
+            rows.extend(ceiling_rows(ceil))  # printed by ceiling_rows (its rows have no heads)
+        except Exception as exc:  # noqa: BLE001  (the targets still print, without a ceiling)
+            rows.append({"kind": "gather-ceiling", "impl": "best-gather", "error": f"{type(exc).__name__}: {exc}"[:300]})
+            print(f"  gather-ceiling: ERROR {rows[-1]['error']}", flush=True)
         elapsed["gather_ceiling"] = time.time() - t0
         t0 = time.time()
         # prefill (s_q 4096, s_kv 32K): bf16 at 8/64/128 heads; the fp8_ds_mla cache at 8/16 heads against
@@ -768,8 +772,11 @@ def smem_small_status(res: dict) -> dict[str, dict]:
 
 
 def evaluate_targets(res: dict) -> list[dict]:
-    """The speed targets of issue #13, each as {"target", "value", "goal", "met"}: met is value >= goal, None when
-    the value was not measured (e.g. FlashMLA missing, or a JSON from before the target existed)."""
+    """The speed targets of issue #13, each as {"target", "value", "goal", "met", "ceiling", "bounded"}: met is
+    value >= goal, None when the value was not measured (e.g. FlashMLA missing, or a JSON from before the target
+    existed). ceiling (decode targets and the fp8 prefill targets): what the case's rows gathered with nothing after
+    them reach in the same run (`bench.gather.ceiling_rows`), in the target's unit; bounded: that ceiling is below
+    the goal (None without a ceiling). A ceiling is the best of the routes measured, not a hardware limit."""
     rows = res.get("rows", [])
     out = []
 
@@ -781,8 +788,8 @@ def evaluate_targets(res: dict) -> list[dict]:
         out.append({"target": name, "value": None if value is None else float(value), "goal": goal, "met": met,
                     "ceiling": ceiling, "bounded": None if ceiling is None else bool(ceiling < float(g)), **extra})
 
-    def gathers(B, fmt):  # the fastest gather of this case's rows with nothing after them (`gather.ceiling_rows`)
-        return _find(rows, kind="gather-ceiling", impl="best-gather", T=B, kv_format=fmt)
+    def gathers(T, fmt, case="decode"):  # the fastest gather of this case's rows with nothing after them
+        return _find(rows, kind="gather-ceiling", impl="best-gather", case=case, T=T, kv_format=fmt)
 
     def ours(kind, T, H, fmt):
         return _find(rows, kind=kind, impl="triton", T=T, H=H, kv_format=fmt)
@@ -819,7 +826,7 @@ def evaluate_targets(res: dict) -> list[dict]:
         add(f"prefill bf16 H{H}: ratio to FlashMLA (time)", ratio(r), ">= 0.8")
     for H in (8, 16):
         r = _find(rows, kind="prefill", impl="triton", H=H, kv_format="fp8_ds_mla")
-        f, g = _flashmla_for(rows, r), gathers(r["T"] if r else None, "fp8_ds_mla")
+        f, g = _flashmla_for(rows, r), gathers(r["T"] if r else None, "fp8_ds_mla", "prefill")
         add(f"prefill fp8_ds_mla H{H}: speed-up vs FlashMLA bf16 padded to 64 (time)", ratio(r), ">= 1.6",
             ceiling=f["ms"] / g["ms"] if (f and g) else None)
     # the sm_89 / sm_120 configs: every one compiled within 99 KB and timed on the H200 (and correct)
@@ -990,13 +997,13 @@ def headline(res: dict) -> dict:
 
 def targets_table(res: dict) -> str:
     """Markdown: every target with its value, goal and whether it is met; where the benchmark measured a ceiling
-    (the 8-16-head decode: the same rows gathered with nothing after them), that ceiling, and "out of reach" when it
-    is below the goal."""
+    (decode and fp8 prefill: the same rows gathered with nothing after them, `evaluate_targets`), that ceiling,
+    marked "below goal" when the gathers alone already fall short of the goal."""
     lines = ["| target | measured | goal | met | ceiling (gathers alone) |", "|---|---|---|---|---|"]
     for t in res.get("targets", []):
         v = "-" if t["value"] is None else f"{t['value']:.2f}"
         met = "not measured" if t["met"] is None else "yes" if t["met"] else "no"
         c = t.get("ceiling")
-        ceiling = "-" if c is None else f"{c:.2f}" + (" (out of reach)" if t.get("bounded") else "")
+        ceiling = "-" if c is None else f"{c:.2f}" + (" (below goal)" if t.get("bounded") else "")
         lines.append(f"| {t['target']} | {v} | {t['goal']} | {met} | {ceiling} |")
     return "\n".join(lines)
