@@ -241,9 +241,10 @@ if INTERACTIVE:
 # The speed targets, recomputed from the rows. Where they are missed, `docs/kernels.md` says by
 # how much and why. Beside each decode and fp8-prefill target the benchmark times the same rows gathered with
 # nothing after them (`glm5lib.bench.gather`, the fastest of its pointer-gather routes): a kernel that must also
-# compute cannot beat that, so where this ceiling is below the goal the table says "out of reach". In short (the
-# numbers are printed below from the JSON): small-head decode with bf16 rows reaches about two thirds of the copy
-# bandwidth, short of the 85 % target, and its gathers alone about 83 %; the fp8 path at 8-16 heads is bound by the attention stage (dots and online softmax
+# compute cannot beat that, so where this ceiling is more than 3 % below the goal the table says "below goal". In
+# short (the numbers are printed below from the JSON): small-head decode with bf16 rows reaches about two thirds of
+# the copy bandwidth, short of the 85 % target, while its rows alone gather at 84 %, too close to the goal to rule
+# it out; the fp8 path at 8-16 heads is bound by the attention stage (dots and online softmax
 # through shared memory: about 95 of 150 us at B=128), not by bytes or the e4m3 conversion; at 64-128 heads the
 # prefill (on sm_90 the Gluon ping-pong kernel of `mla_gluon_large`) reaches about 0.9x FlashMLA's TFLOP/s;
 # H = 8 prefill is bound by L2 bandwidth for both kernels, so the two run at about the same speed. The indexer's
@@ -281,11 +282,11 @@ record("scale_ctx_us", cx)
 # nothing after them, by PyTorch's `index_select`, Triton pointer tiles (`triton`: a row per tile line; `flat`:
 # 16-byte vectors laid across rows so no lane idles; `flat-l2`: the same with PTX's `L2::256B` prefetch hint), and
 # one TMA copy per row in Gluon (`tma`), beside a copy of the same number of bytes (`stream`). What the committed
-# H200 run shows: the stream of that size reaches 92-93 % of the 1 GiB copy rate at B=128 and 83-84 % at B=32; the
-# best gather of random rows 74-75 % (fp8) and 83-84 % (bf16) at B=128, 60 % and 75 % at B=32; the L2 hint loses
-# 4-11 points; sorting each token's rows gains at most a point, and reading a
-# contiguous run with the same kernels 2-6 points: what is lost is mostly the row-by-row gather itself, not the
-# randomness. One TMA copy per row is the slowest route (37-56 %).
+# H200 run shows: the copy of that size reaches 83-93 % of the 1 GiB copy rate (and moves by several points between
+# runs); the best gather of random rows that only reads (`index_select` also writes) 61 % / 75 % of it for fp8 rows
+# and 70 % / 85 % for bf16 rows at B=32 / 128. Sorting each token's rows changes less than a point, reading a
+# contiguous run with the same kernels gains 1-5: what is lost is mostly the row-by-row gather itself, not the
+# randomness. The L2 hint loses 4-10 points on fp8 rows. One TMA copy per row is the slowest route (38-57 %).
 
 # %%
 from glm5lib.bench import gather as kgather

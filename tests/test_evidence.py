@@ -97,9 +97,9 @@ def test_evidence_bounds_h200_place_the_small_head_decode_cost():
 
 
 def test_evidence_gather_ceiling_h200_bounds_the_small_head_targets():
-    """`bench.gather` on the H200: every probe's sums matched torch's before it was timed; the same-size stream is
-    faster than any gather; the best gather of the decode's random rows stays under the 85 % goals (README,
-    NOTES round 7: 74-75 % fp8, 83 % bf16 at B128)."""
+    """`bench.gather` on the H200: every probe's sums matched torch's before it was timed; the same-size copy is
+    faster than any gather; the best read-only gather of the decode's random fp8 rows stays well under the 85 %
+    goal, bf16 rows come within a few points of it (README, NOTES round 7: 61 / 75 % fp8, 70 / 85 % bf16)."""
     res = load("gather_h200.json")
     assert res["gpu"] == "NVIDIA H200" and res["commit"]
     rows = res["rows"]
@@ -108,27 +108,28 @@ def test_evidence_gather_ceiling_h200_bounds_the_small_head_targets():
     assert not [r for r in rows if "error" in r]
     from glm5lib.bench import gather
 
+    reads = ("triton", "flat", "flat-l2", "tma")  # index_select writes what it reads: its rate counts both
     for fmt in ("fp8_ds_mla", "bf16"):
         for B in (32, 128):
             stream = gather.best(rows, kv_format=fmt, B=B, method="stream")["pct_copy"]
-            best = {p: max(gather.best(rows, kv_format=fmt, B=B, method=m, pattern=p)["pct_copy"]
-                           for m in ("torch", "triton", "flat", "flat-l2", "tma")) for p in gather.PATTERNS}
+            best = {p: max(gather.best(rows, kv_format=fmt, B=B, method=m, pattern=p)["pct_copy"] for m in reads)
+                    for p in gather.PATTERNS}
             assert max(best.values()) < stream <= 100, (fmt, B)
-            assert best["random"] < 85, (fmt, B)
-            assert best["sorted"] - best["random"] < 2  # order within a token buys next to nothing
-            tma = gather.best(rows, kv_format=fmt, B=B, method="tma", pattern="random")["pct_copy"]
-            assert tma < min(gather.best(rows, kv_format=fmt, B=B, method=m, pattern="random")["pct_copy"]
-                             for m in ("triton", "flat"))  # one TMA copy per row is the slowest route
-            flat, l2 = (gather.best(rows, kv_format=fmt, B=B, method=m, pattern="random")["pct_copy"]
-                        for m in ("flat", "flat-l2"))
-            assert l2 < flat - 3  # the L2::256B hint loses (NOTES round 7, v12e)
-    # the benchmark's targets carry the same measurement: every fp8 byte-floor and bf16 copy target is out of reach
-    targets = {t["target"]: t for t in load("bench_h200.json")["targets"]}
-    floor = [t for n, t in targets.items() if "% of byte floor" in n or n.startswith("decode bf16")]
-    assert len(floor) == 6 and all(t["bounded"] is True and t["ceiling"] < 85 for t in floor)
-    speed = {n: t for n, t in targets.items() if "speed-up vs FlashMLA padded" in n}
-    assert {n for n, t in speed.items() if t["bounded"]} == {f"decode fp8 H{H} B128: speed-up vs FlashMLA padded to 64"
-                                                              for H in (8, 16)}  # B32 and prefill: not by gathers
+            assert best["random"] < (80 if fmt == "fp8_ds_mla" else 88), (fmt, B)
+            assert abs(best["sorted"] - best["random"]) < 1  # order within a token buys next to nothing
+            rnd = {m: gather.best(rows, kv_format=fmt, B=B, method=m, pattern="random")["pct_copy"] for m in reads}
+            assert rnd["tma"] < min(rnd["triton"], rnd["flat"])  # one TMA copy per row is the slowest route
+            if fmt == "fp8_ds_mla":
+                assert rnd["flat-l2"] < rnd["flat"] - 3  # the L2::256B hint loses on 656-byte rows (v12e)
+    # the benchmark's targets carry the same measurement, recomputed with the margin: the fp8 byte floor and the fp8
+    # speed-up at B128 are below goal on the gathers alone; bf16 at B128 comes too close to the goal to say so
+    targets = {t["target"]: t for t in bench.evaluate_targets(load("bench_h200.json"))}
+    floor = [t for n, t in targets.items() if "% of byte floor" in n]
+    assert len(floor) == 4 and all(t["bounded"] is True and t["ceiling"] < 80 for t in floor)
+    bf16 = [t for n, t in targets.items() if n.startswith("decode bf16")]
+    assert len(bf16) == 2 and all(t["bounded"] is False and 82 < t["ceiling"] < 85 for t in bf16)
+    speed = {n for n, t in targets.items() if "speed-up vs FlashMLA padded" in n and t["bounded"]}
+    assert speed == {f"decode fp8 H{H} B128: speed-up vs FlashMLA padded to 64" for H in (8, 16)}
 
 
 def test_evidence_ab_launch_path_changed_no_kernel_time():

@@ -72,21 +72,25 @@ def check(report: dict) -> None:
         assert report["gather_commit"] and Path(report["gather_figure"]).is_file()
         by = {(g["kv_format"], g["B"], g["pattern"]): g for g in gs}
 
-        def best(fmt, B, pattern):
+        def best(fmt, B, pattern):  # routes that only read (index_select's rate counts its writes too)
             g = by[(fmt, B, pattern)]
-            return max(g[m]["pct_copy"] for m in ("torch", "triton", "flat", "flat-l2", "tma") if g[m])
+            return max(g[m]["pct_copy"] for m in ("triton", "flat", "flat-l2", "tma") if g[m])
 
         for fmt in ("fp8_ds_mla", "bf16"):
-            assert 90 < by[(fmt, 128, "contiguous")]["stream"]["pct_copy"] < 96  # "92-93 % ... at B=128"
-            assert 80 < by[(fmt, 32, "contiguous")]["stream"]["pct_copy"] < 87  # "83-84 % at B=32"
             for B in (32, 128):
-                assert best(fmt, B, "sorted") - best(fmt, B, "random") < 2  # "at most a point"
-                assert 1 < best(fmt, B, "contiguous") - best(fmt, B, "random") < 7  # "2-6 points"
-                assert 35 < by[(fmt, B, "random")]["tma"]["pct_copy"] < 57  # "the slowest route (37-56 %)"
-                drop = by[(fmt, B, "random")]["flat"]["pct_copy"] - by[(fmt, B, "random")]["flat-l2"]["pct_copy"]
-                assert 3 < drop < 12  # "the L2 hint loses 4-11 points"
-        assert 72 < best("fp8_ds_mla", 128, "random") < 77 and 81 < best("bf16", 128, "random") < 85  # "74-75 %", "83-84 %"
-        assert 57 < best("fp8_ds_mla", 32, "random") < 62 and 72 < best("bf16", 32, "random") < 77  # "60 %", "75 %"
+                assert 80 < by[(fmt, B, "contiguous")]["stream"]["pct_copy"] < 96  # "83-93 %"
+                assert abs(best(fmt, B, "sorted") - best(fmt, B, "random")) < 1  # "less than a point"
+                assert 0.5 < best(fmt, B, "contiguous") - best(fmt, B, "random") < 6  # "gains 1-5"
+                assert 35 < by[(fmt, B, "random")]["tma"]["pct_copy"] < 60  # "the slowest route (38-57 %)"
+            g = by[(fmt, 128, "random")]
+            assert g["tma"]["pct_copy"] < min(g["triton"]["pct_copy"], g["flat"]["pct_copy"])
+        for B in (32, 128):
+            g = by[("fp8_ds_mla", B, "random")]
+            assert 3 < g["flat"]["pct_copy"] - g["flat-l2"]["pct_copy"] < 11  # "loses 4-10 points on fp8 rows"
+        assert 58 < best("fp8_ds_mla", 32, "random") < 64 and 72 < best("fp8_ds_mla", 128, "random") < 78  # 61 / 75
+        assert 67 < best("bf16", 32, "random") < 73 and 82 < best("bf16", 128, "random") < 87  # "70 % / 85 %"
     # the targets say which misses the gathers alone already rule out
     out_of_reach = [t for t in targets if t.get("bounded")]
-    assert len(out_of_reach) == 8 and all(t["met"] is False for t in out_of_reach)
+    assert len(out_of_reach) == 6 and all(t["met"] is False for t in out_of_reach)
+    bf16 = [t for t in targets if t["target"].startswith("decode bf16")]
+    assert all(t["bounded"] is False and 82 < t["ceiling"] < 85 for t in bf16)  # "too close to the goal"

@@ -41,6 +41,10 @@ SM_SCALE = GLM5.softmax_scale  # 1/16
 TOPK = GLM5.index_topk  # 2048
 D_V = GLM5.kv_lora_rank  # 512: the value is the latent part of the cached row
 L2_BYTES = 60 * 2**20
+# A target is "below goal" on its gathers alone only when the ceiling is more than 3 % under the goal: the best
+# gather route's rate moved by 1-1.5 points between H200 runs of the same code (bf16 rows at B128: 83.3-84.7 % of
+# copy, fp8 rows 74.3-75.4 %), and bf16 rows in sorted order reached 85.05 % once (outputs/bench/gather_h200.json).
+CEILING_MARGIN = 0.97
 SMEM_SMALL_LIMIT = 99 * 1024  # opt-in shared memory per block on sm_89 / sm_120 (the "small" config class)
 
 
@@ -775,8 +779,9 @@ def evaluate_targets(res: dict) -> list[dict]:
     """The speed targets of issue #13, each as {"target", "value", "goal", "met", "ceiling", "bounded"}: met is
     value >= goal, None when the value was not measured (e.g. FlashMLA missing, or a JSON from before the target
     existed). ceiling (decode targets and the fp8 prefill targets): what the case's rows gathered with nothing after
-    them reach in the same run (`bench.gather.ceiling_rows`), in the target's unit; bounded: that ceiling is below
-    the goal (None without a ceiling). A ceiling is the best of the routes measured, not a hardware limit."""
+    them reach in the same run (`bench.gather.ceiling_rows`), in the target's unit; bounded: that ceiling is more than
+    3 % below the goal (`CEILING_MARGIN`; None without a ceiling). A ceiling is the best of the routes measured,
+    not a hardware limit."""
     rows = res.get("rows", [])
     out = []
 
@@ -786,7 +791,8 @@ def evaluate_targets(res: dict) -> list[dict]:
         met = None if value is None else bool(value >= float(g))
         ceiling = None if ceiling is None else float(ceiling)
         out.append({"target": name, "value": None if value is None else float(value), "goal": goal, "met": met,
-                    "ceiling": ceiling, "bounded": None if ceiling is None else bool(ceiling < float(g)), **extra})
+                    "ceiling": ceiling, "bounded": None if ceiling is None else bool(ceiling < CEILING_MARGIN * float(g)),
+                    **extra})
 
     def gathers(T, fmt, case="decode"):  # the fastest gather of this case's rows with nothing after them
         return _find(rows, kind="gather-ceiling", impl="best-gather", case=case, T=T, kv_format=fmt)
