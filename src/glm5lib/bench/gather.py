@@ -306,7 +306,8 @@ def aot_compile_tma(cfg, wide: bool = False, arch: int = 90):
 
 def torch_sums(words32: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Per-token sums of the int32 words of rows `idx`, wrapped to int32 as the probes' sums are."""
-    s = words32.long().sum(1)[idx.long()].sum(1)  # row sums first: O(rows) memory, not O(gathered bytes)
+    # row sums first, accumulated in int64 without an int64 copy of the cache: O(rows) memory, not O(gathered bytes)
+    s = words32.sum(1, dtype=torch.int64)[idx.long()].sum(1)
     return ((s + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
