@@ -326,6 +326,14 @@ def make_patterns(idx: torch.Tensor, base: torch.Tensor, ctx: int, shift: int = 
     return {"random": idx, "sorted": idx.sort(dim=1).values.contiguous(), "contiguous": base[:, None] + run[None, :]}
 
 
+def stream_fns(nbytes: int, reps: int) -> list:
+    """Calls that copy `nbytes` / 2 contiguous bytes (so `nbytes` move, half read, half written), one per rotated
+    source buffer: the stream reference for a gather of `nbytes`."""
+    n = nbytes // 4
+    half = torch.empty(n // 2, dtype=torch.int32, device="cuda")
+    return [lambda b=torch.empty(n, dtype=torch.int32, device="cuda"): half.copy_(b[: n // 2]) for _ in range(reps)]
+
+
 def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 2048, tma_ok: bool = True) -> list:
     """Every route x pattern x config for B decode tokens of one cache format (GPU): a row each, with its time,
     GB/s and % of copy, or its error; each probe's sums are checked against torch's first."""
@@ -363,11 +371,7 @@ def measure(B: int, kv_format: str, ceil: dict, ctx: int = 32768, topk: int = 20
 
     # the same number of bytes as a stream: copied, half read, half written (a torch.sum over them, timed at
     # d9c2d7d, reached 14-16 %: torch's int32 sum is no reference)
-    n = gathered // 4
-    bufs = [torch.empty(n, dtype=torch.int32, device="cuda") for _ in range(reps)]
-    half = torch.empty(n // 2, dtype=torch.int32, device="cuda")
-    add("stream", "contiguous", "copy", [lambda b=b: half.copy_(b[: n // 2]) for b in bufs])
-    del bufs, half
+    add("stream", "contiguous", "copy", stream_fns(gathered, reps))
     for pattern in PATTERNS:
         ids = [s[pattern] for s in sets]
         want = torch_sums(words32, ids[0])
@@ -456,13 +460,9 @@ def ceiling_rows(ceil: dict, batches=(32, 128), ctx: int = 32768, topk: int = 20
             ids = [bench._rand_indices(B, ctx, topk, base) for _ in range(bench._rotations(gathered))]
             out += _route_rows("decode", B, fmt, words, ids, ceil, bench._graph_ms)
             del cache, words
-            n = gathered // 4
-            bufs = [torch.empty(n, dtype=torch.int32, device="cuda") for _ in ids]
-            half = torch.empty(n // 2, dtype=torch.int32, device="cuda")
-            ms = bench._graph_ms([lambda b=b: half.copy_(b[: n // 2]) for b in bufs])
+            ms = bench._graph_ms(stream_fns(gathered, len(ids)))
             out.append(bench._row("gather-ceiling", "stream", B, 0, topk, fmt, ms, 0, gathered, ceil,
                                   {"case": "decode", "route": "Tensor.copy_ of the same bytes (half read, half written)"}))
-            del bufs, half
             torch.cuda.empty_cache()
         kv = torch.randn(ctx, naive.D_QK, device="cuda", dtype=torch.bfloat16)
         words = row_words(naive.quantize_fp8_ds_mla(kv) if fmt == "fp8_ds_mla" else kv)
