@@ -1,0 +1,217 @@
+"""GPU check and timing of the fp8-product sparse-MLA kernel (`glm5lib.kernels.mla_gluon_fp8mma`) beside the shipped
+Triton kernel and FlashMLA, in one process.
+
+`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json [--configs 2,3,2 2,2,2] [--no-time] [--budget-s S]`
+
+Checks (fp8_ds_mla cache of 32768 rows, `naive.sparse_mla_ref` in fp32, `checks`' bf16 tolerances): B in {1, 32, 128}
+x H in {8, 16}; invalid indices (-1, out of range, duplicates, a token with none valid); top-k values that are not a
+multiple of 32; 1, 4 and 12 heads; q scaled by 1e3 and 1e-3 (q's per-head power of two); rows whose magnitudes
+span 2^-12..2^12 (the per-tile P factor); a paged cache view; 512 tokens (one split). Every config is checked, then
+timed with the same method as `glm5lib bench` (CUDA-graph replay over rotated index sets):
+- decode B32 / B128 at 8 / 16 heads, one 32K-token request per token (rows from HBM);
+- prefill s_q 4096 over one 32K-token sequence (rows from L2), FlashMLA on the bf16 cache of the same values.
+A config that fails to compile or run is recorded with its error and the run goes on. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+
+from glm5lib.bench import kernels as bk
+from glm5lib.kernels import mla, mla_gluon_fp8mma as fm, naive
+from glm5lib.kernels.checks import _tol, make_indices
+
+SM_SCALE = 1.0 / 16.0
+N_ROWS = 32768
+TOPK = 2048
+
+
+def compare(o, lse, ro, rlse) -> dict:
+    o32 = o.float()
+    diff = (o32 - ro).nan_to_num(nan=1e9)
+    rn = float(ro.norm())
+    rel = float(diff.norm() / rn) if rn > 0 else float(diff.norm())
+    cd = naive.cos_diff(o32.nan_to_num(nan=1e9), ro)
+    fin = torch.isfinite(rlse)
+    fin_same = bool(torch.equal(fin, torch.isfinite(lse)))
+    lse_abs = float((lse[fin] - rlse[fin]).abs().max()) if fin.any() else 0.0
+    none_ok = True
+    if (~fin).any():
+        none_ok = bool(torch.all(o32[~fin] == 0)) and bool(torch.all(torch.isneginf(lse[~fin])))
+    rel_tol, cos_tol, lse_tol = _tol(torch.bfloat16)
+    ok = (not torch.isnan(o32).any().item()) and fin_same and none_ok and rel <= rel_tol and cd <= cos_tol \
+        and lse_abs <= lse_tol
+    return {"ok": bool(ok), "rel": rel, "cos_diff": float(cd), "lse_abs": lse_abs, "max_abs": float(diff.abs().max()),
+            "lse_finite_same": fin_same, "no_key_rows_ok": none_ok}
+
+
+def make_case(B, H, topk, invalid, seed, dev, q_scale=1.0, spread=False, paged=False):
+    gen = torch.Generator().manual_seed(seed)
+    q = (torch.randn(B, H, naive.D_QK, generator=gen) * q_scale).to(torch.bfloat16).to(dev)
+    kv = torch.randn(N_ROWS, naive.D_QK, generator=gen)
+    if spread:  # rows of very different magnitudes: chunk scales over 2^-12..2^12
+        kv = kv * torch.exp2(torch.randint(-12, 13, (N_ROWS, 1), generator=gen).float())
+    cache = naive.quantize_fp8_ds_mla(kv).to(dev)
+    if paged:
+        cache = cache.view(N_ROWS // 64, 64, -1)
+    idx = make_indices(B, topk, N_ROWS, invalid, gen, dev)
+    return q, cache, idx
+
+
+CHECKS = [dict(B=B, H=H) for B in (1, 32, 128) for H in (8, 16)] + [
+    dict(B=32, H=8, invalid="mixed"), dict(B=8, H=16, invalid="oob"), dict(B=4, H=16, topk=2000, invalid="neg"),
+    dict(B=3, H=8, topk=37), dict(B=5, H=12, topk=1000), dict(B=2, H=16, topk=96, invalid="allinv"),
+    dict(B=6, H=1), dict(B=6, H=4), dict(B=16, H=8, q_scale=1e3), dict(B=16, H=16, q_scale=1e-3),
+    dict(B=16, H=8, spread=True), dict(B=16, H=16, spread=True, invalid="mixed"), dict(B=16, H=8, paged=True),
+    dict(B=512, H=8), dict(B=512, H=16, invalid="mixed")]
+
+
+def case_name(c) -> str:
+    tags = [f"B{c['B']}", f"H{c['H']}", f"K{c.get('topk', TOPK)}", c.get("invalid", "none")]
+    tags += [f"q{c['q_scale']:g}"] if "q_scale" in c else []
+    tags += ["spread"] if c.get("spread") else []
+    tags += ["paged"] if c.get("paged") else []
+    return "-".join(tags)
+
+
+def run_checks(cfgs, dev, rows, broken):
+    for ci, c in enumerate(CHECKS):
+        q, cache, idx = make_case(c["B"], c["H"], c.get("topk", TOPK), c.get("invalid", "none"), ci, dev,
+                                  c.get("q_scale", 1.0), c.get("spread", False), c.get("paged", False))
+        ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
+        name = case_name(c)
+        to, tlse = mla.sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla")
+        r = {"case": name, "kernel": "triton", **compare(to, tlse, ro, rlse)}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+        for cfg in cfgs:
+            cn = fm.config_name(cfg)
+            r = {"case": name, "kernel": "fp8mma", "config": cn}
+            if cn in broken:
+                r.update(ok=False, error="skipped: " + broken[cn])
+            else:
+                try:
+                    o, lse = fm.sparse_mla_fp8mma(q, cache, idx, SM_SCALE, nbuf=cfg[0], q_terms=cfg[1], p_terms=cfg[2])
+                    torch.cuda.synchronize()
+                    r.update(compare(o, lse, ro, rlse))
+                    r["splits"] = fm.plan_splits(c["B"], idx.shape[1], fm.head_groups(c["H"]), dev, None, cfg[0],
+                                                 cfg[1])[0]
+                except Exception as exc:  # noqa: BLE001
+                    msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+                    r.update(ok=False, error=msg[-1500:])
+                    broken[cn] = msg.splitlines()[-1][:300] if msg else repr(exc)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+        del q, cache, idx
+        torch.cuda.empty_cache()
+
+
+def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
+    for B in (32, 128):
+        for H in (8, 16):
+            if time.time() > deadline:
+                rows.append({"kind": "decode", "B": B, "H": H, "error": "skipped: time budget"})
+                continue
+            q, cache, base = bk._make_decode(B, H, 32768, TOPK, "fp8_ds_mla")
+            R = bk._rotations(bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla"))
+            idx_sets = [bk._rand_indices(B, 32768, TOPK, base) for _ in range(R)]
+            out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
+            floor_us = bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla") / ceil["copy_GBps"] / 1e3
+            res = {"kind": "decode", "B": B, "H": H, "floor_us": floor_us}
+            res["triton_us"] = 1e3 * bk._graph_ms([lambda i=i: mla.sparse_mla_launch(
+                q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out) for i in idx_sets])
+            for cfg in cfgs:
+                cn = fm.config_name(cfg)
+                if cn in broken:
+                    continue
+                res[cn + "_us"] = 1e3 * bk._graph_ms([lambda i=i: fm.sparse_mla_fp8mma(
+                    q, cache, i, SM_SCALE, nbuf=cfg[0], q_terms=cfg[1], p_terms=cfg[2], out=out) for i in idx_sets])
+            if have_fm:
+                try:
+                    q4 = torch.zeros(B, 1, 64, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+                    q4[:, 0, :H] = q
+                    kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
+                    fms = [bk.FlashMLADecode() for _ in idx_sets]
+                    for f, i in zip(fms, idx_sets):
+                        f(q4, kv4, i.unsqueeze(1))
+                    res["flashmla_us"] = 1e3 * bk._graph_ms([lambda f=f, i=i: f(q4, kv4, i.unsqueeze(1))
+                                                             for f, i in zip(fms, idx_sets)])
+                except Exception as exc:  # noqa: BLE001
+                    res["flashmla_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            rows.append(res)
+            print(json.dumps(res), flush=True)
+            del q, cache, idx_sets, out
+            torch.cuda.empty_cache()
+    for H in (8, 16):
+        if time.time() > deadline:
+            rows.append({"kind": "prefill", "H": H, "error": "skipped: time budget"})
+            continue
+        kv = torch.randn(32768, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+        cache = naive.quantize_fp8_ds_mla(kv)
+        kvb = naive.dequantize_fp8_ds_mla(cache).to(torch.bfloat16)
+        q = torch.randn(4096, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+        idx = bk._rand_indices(4096, 32768, TOPK)
+        out = torch.empty(4096, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
+        res = {"kind": "prefill", "T": 4096, "H": H}
+        res["triton_us"] = 1e3 * bk._median_ms(lambda: mla.sparse_mla_launch(q, cache, idx, SM_SCALE,
+                                                                            kv_format="fp8_ds_mla", out=out))
+        for cfg in cfgs:
+            cn = fm.config_name(cfg)
+            if cn in broken:
+                continue
+            res[cn + "_us"] = 1e3 * bk._median_ms(lambda: fm.sparse_mla_fp8mma(
+                q, cache, idx, SM_SCALE, nbuf=cfg[0], q_terms=cfg[1], p_terms=cfg[2], out=out))
+        if have_fm:
+            qp = torch.cat([q, torch.zeros(4096, 64 - H, naive.D_QK, device="cuda", dtype=q.dtype)], 1)
+            res["flashmla_bf16_us"] = 1e3 * bk._median_ms(lambda: bk.flashmla_prefill(qp, kvb.unsqueeze(1),
+                                                                                     idx.unsqueeze(1)))
+        rows.append(res)
+        print(json.dumps(res), flush=True)
+        del kv, kvb, cache, q, idx, out
+        torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out_path = argv[0] if argv and not argv[0].startswith("--") else "fp8mma_device.json"
+    if not torch.cuda.is_available():
+        sys.exit("fp8mma_device: needs a CUDA GPU (Gluon kernels do not run on the CPU or in the interpreter)")
+    cfgs = list(fm.CONFIGS)
+    if "--configs" in argv:
+        i = argv.index("--configs") + 1
+        cfgs = []
+        while i < len(argv) and not argv[i].startswith("--"):
+            cfgs.append(tuple(int(x) for x in argv[i].split(",")))
+            i += 1
+    budget = float(argv[argv.index("--budget-s") + 1]) if "--budget-s" in argv else 400.0
+    t0 = time.time()
+    dev = torch.device("cuda")
+    info = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(dev),
+            "torch": torch.__version__, "triton": triton.__version__, "configs": [fm.config_name(c) for c in cfgs],
+            "flashmla": bk.load_flashmla()}
+    print(json.dumps(info), flush=True)
+    rows, broken = [], {}
+    run_checks(cfgs, dev, rows, broken)
+    info["checks_s"] = time.time() - t0
+    if "--no-time" not in argv:
+        ceil = bk.measure_ceilings()
+        info["ceilings"] = ceil
+        run_timing(cfgs, ceil, rows, broken, t0 + budget, info["flashmla"] is None)
+    info["elapsed_s"] = time.time() - t0
+    bad = [r for r in rows if r.get("ok") is False]
+    info["failed_checks"] = len(bad)
+    with open(out_path, "w") as f:
+        json.dump({"meta": info, "rows": rows}, f, indent=1)
+    print(json.dumps({k: info[k] for k in ("failed_checks", "elapsed_s")}), flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,458 @@
+"""Gluon sparse MLA forward for 1-16 heads over an fp8_ds_mla cache, on fp8 tensor-core products (sm_89+).
+
+`sparse_mla_fp8mma(q, kv_cache, indices, sm_scale)` -> `(out [T, H, 512], lse [T, H])`, the contract of
+`mla.sparse_mla_launch(..., kv_format="fp8_ds_mla")`; the fp32 twin is `naive.sparse_mla_ref`.
+
+Why another kernel. At 8-16 heads per GPU the products are small and every cached byte is used by few heads, so
+what a kernel does per byte decides its speed. The fp16 kernels (`mla._sparse_mla_fwd_kernel`,
+`mla_gluon._sparse_mla_gluon_kernel`) convert every e4m3 byte to fp16 before the tensor cores and pad the heads to
+the mma's M of 16 (half of every product is padding at 8 heads). This kernel does neither:
+
+- keys are the mma's M and heads its N (8 per warp): `S^T = K q^T` and `O^T = V^T P^T` (m16n8k32 e4m3 products);
+- the cached e4m3 bytes go into the products as they are: no conversion at all. The other operand, which is small,
+  is split into e4m3 terms instead: q (bf16) as `q sigma ~ q0 + q1 + q2` (`Q_TERMS`, each term the rounding rest of
+  the ones before it, `sigma` a power of two per head that brings `max |q|` to 448), and P, scaled per 128-column
+  chunk by the rows' fp32 scale, as `P s F ~ p0 + p1` (`P_TERMS`, `F` a power of two per tile and chunk that brings
+  the tile's largest scale to 448). Two terms carry about 8 significant bits (bf16's), three about 12. The rope
+  part (64 bf16 per row) is a bf16 product;
+- the order of the 128 columns inside a chunk is free in `S = sum_k K[:, k] q[:, k]` as long as q takes the same
+  order: it is chosen so that each thread's share of a row is 16 contiguous bytes (`_k_logical`), so the K operand
+  loads straight from the gathered tile into the mma registers. For `O^T = V^T P^T` the output rows (the value
+  columns) may be permuted the same way and put back when stored (`_v_logical`, `_d_order`): each thread loads 8
+  contiguous bytes of 8 rows, and only the bytes' order inside registers changes (no data crosses threads).
+
+A program owns (token, split of its top-k list) and all its heads: `2 * G` warps, G head groups of 8 (G = 1 up to
+8 heads, 2 up to 16). Each tile of `BLOCK_N` = 32 keys is gathered once by `cp.async` into a ring of `NBUF` slots
+(one barrier per tile); the two warps of a head group split the tile's keys for S and the value columns for
+`O^T`, so per-tile state crosses warps only through the compiler's row-max reduction and P's layout change. The
+online softmax runs in the log2 domain; invalid keys (-1, >= N rows, past the split) are gathered as zero-filled
+masked copies of row 0 and get logit -inf. Split-K partials use `mla._part_rows`'s layout and are merged by
+`mla.merge_splits`.
+
+Gluon does not run in Triton's interpreter: numerics are checked on a GPU (`scripts/fp8mma_device.py`,
+`checks --profile full`); `tests/test_mla_fp8mma.py` compiles every config for sm_89 / sm_90 / sm_120 and checks the
+term splitting and the index permutations on the CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from glm5lib.kernels import common  # noqa: F401  (before triton: the interpreter switch)
+from glm5lib.kernels import mla
+from glm5lib.kernels.common import num_sms
+from glm5lib.kernels.compile_report import SMEM_LIMIT
+from glm5lib.kernels.mla import LOG2E
+from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES
+
+import triton  # noqa: E402
+
+from glm5lib.kernels.mla_gluon import HAVE_GLUON, cubin_usage, prepare_call  # noqa: E402
+
+if HAVE_GLUON:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+    from glm5lib.kernels.mla_gluon import _REINTERPRET, _async_copy, _barrier, _tile_idx
+
+    if _REINTERPRET == "reinterpret":
+        @gluon.jit
+        def _as_u8(buf, shape: gl.constexpr, layout: gl.constexpr):
+            return buf.reinterpret(gl.uint8, shape, layout)
+    else:
+        @gluon.jit
+        def _as_u8(buf, shape: gl.constexpr, layout: gl.constexpr):
+            return buf._reinterpret(gl.uint8, shape, layout)
+
+BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the P V product's K (m16n8k32)
+E4M3_MAX = 448.0
+# (nbuf, q_terms, p_terms) the device script times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
+CONFIGS = [(2, 3, 2), (2, 2, 2), (3, 3, 2), (2, 3, 3)]
+DEFAULT = (2, 3, 2)
+
+
+def config_name(cfg) -> str:
+    nbuf, qt, pt = cfg
+    return f"fp8mma-nbuf{nbuf}-q{qt}-p{pt}"
+
+
+def smem_bytes_estimate(G: int, nbuf: int, q_terms: int) -> int:
+    """Shared memory of one program: the gather ring (latent, rope, scales) and q's terms and rope part."""
+    return nbuf * BLOCK_N * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_terms * D_NOPE + 2 * D_ROPE)
+
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _k_logical(x):
+        """[R, W] bytes of latent columns in memory order -> the column order the products use, chunk by chunk of 128
+        (a bit permutation: memory byte p = 64 s1 + 16 c + 8 s0 + 4 h + b of a chunk is its column
+        k = 64 s1 + 32 s0 + 16 h + 4 c + b). Thread (g, c) of the mma's operand layout owns columns 4c..4c+3 and
+        4c+16..4c+19 of each 32-column step: in memory, 16 contiguous bytes per row."""
+        R: gl.constexpr = x.shape[0]
+        W: gl.constexpr = x.shape[1]
+        x = gl.reshape(x, [R, W // 128, 2, 2, 2, 2, 2, 4])  # (chunk, s1, c1, c0, s0, h, b)
+        x = gl.permute(x, [0, 1, 2, 5, 6, 3, 4, 7])  # (chunk, s1, s0, h, c1, c0, b)
+        return gl.reshape(x, [R, W])
+
+    @gluon.jit
+    def _v_logical(x):
+        """[BLOCK_N keys, 128 columns] of a chunk in memory order -> V^T [128 rows m, keys] with the rows permuted:
+        memory column d = 64 m16 + 8 (m & 7) + 4 m64 + 2 m32 + m8 (`d_of_m`). Thread (g, c) of the operand layout
+        owns rows g + {0, 8, 32, 64 (+16 for the second warp)}: 8 contiguous bytes of each of its 8 keys."""
+        N: gl.constexpr = x.shape[0]
+        x = gl.permute(x, [1, 0])  # [d, key]
+        x = gl.reshape(x, [2, 2, 2, 2, 2, 2, 2, N])  # d bits high to low: (m16, m4, m2, m1, m64, m32, m8)
+        x = gl.permute(x, [4, 5, 0, 6, 1, 2, 3, 7])  # (m64, m32, m16, m8, m4, m2, m1)
+        return gl.reshape(x, [128, N])
+
+    @gluon.jit
+    def _d_order(acc):
+        """The inverse of `_v_logical`'s row permutation on an [128 rows m, heads] accumulator: rows in memory order."""
+        HN: gl.constexpr = acc.shape[1]
+        x = gl.reshape(acc, [2, 2, 2, 2, 2, 2, 2, HN])  # (m64, m32, m16, m8, m4, m2, m1)
+        x = gl.permute(x, [2, 4, 5, 6, 0, 1, 3, 7])  # (m16, m4, m2, m1, m64, m32, m8): d high to low
+        return gl.reshape(x, [128, HN])
+
+    @gluon.jit
+    def _e4m3_terms(x, TERMS: gl.constexpr):
+        """x (fp32, |x| <= 448) as TERMS e4m3 tensors whose sum approximates x: each term rounds what is left."""
+        t0 = x.to(gl.float8e4nv)
+        r = x - t0.to(gl.float32)
+        t1 = r.to(gl.float8e4nv)
+        t2 = t1
+        if TERMS == 3:
+            t2 = (r - t1.to(gl.float32)).to(gl.float8e4nv)
+        return t0, t1, t2
+
+    @gluon.jit
+    def _exp_to_max(amax):
+        """The largest integer e with amax * 2^e <= 448 (= 1.75 * 2^8), read off amax's fp32 bits (exact; a log2 can
+        land one too high at a power of two, and e4m3 would then saturate); 0 for amax = 0."""
+        bits = amax.to(gl.int32, bitcast=True)
+        e = 135 - (bits >> 23) - ((bits & 0x7FFFFF) > 0x600000).to(gl.int32)  # 8 - E, or 7 - E above 1.75 * 2^E
+        return gl.where(amax > 0, gl.minimum(gl.maximum(e, -126), 126), 0)
+
+    @gluon.jit
+    def _pow2(e):
+        """2^e for an integer e in [-126, 127], exactly (built from its exponent bits)."""
+        return ((e + 127) << 23).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _gather(KV, idx, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, slot, LW: gl.constexpr,
+                LR: gl.constexpr):
+        """cp.async one tile's rows into ring slot `slot`: the 512 e4m3 bytes as int32 words, the bf16 rope part and the
+        4 fp32 scales, chunk c's into sc<c> (each thread copies pieces of one row, so the index arithmetic is done once
+        a row; the scales are copied by every thread of the row). Invalid rows are masked copies of row 0
+        (zero-filled)."""
+        v = (idx >= 0) & (idx < N_ROWS)
+        rb = gl.where(v, idx, 0).to(gl.int64) * stride_kv  # bytes
+        w_off = gl.multiple_of(rb // 4, 4)
+        offs_w = gl.arange(0, 128, layout=gl.SliceLayout(0, LW))
+        _async_copy(lat.index(slot), KV.to(gl.pointer_type(gl.int32), bitcast=True) + w_off[:, None] + offs_w[None, :],
+                    mask=v[:, None])
+        vr = gl.convert_layout(v, gl.SliceLayout(1, LR))
+        h_off = gl.multiple_of(gl.convert_layout(rb, gl.SliceLayout(1, LR)) // 2 + 264, 8)
+        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
+        _async_copy(rope.index(slot), KV.to(gl.pointer_type(gl.bfloat16), bitcast=True) + h_off[:, None] +
+                    offs_r[None, :], mask=vr[:, None])
+        KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True) + (rb // 4 + 128)
+        _async_copy(sc0.index(slot), KVF + 0, mask=v)
+        _async_copy(sc1.index(slot), KVF + 1, mask=v)
+        _async_copy(sc2.index(slot), KVF + 2, mask=v)
+        _async_copy(sc3.index(slot), KVF + 3, mask=v)
+
+    @gluon.jit
+    def _scores_chunk(lat8, q_s, c: gl.constexpr, s_c, acc, zero, LK: gl.constexpr, DA: gl.constexpr,
+                      DB: gl.constexpr, Q_TERMS: gl.constexpr):
+        """acc + s_c * (K_c q_c^T) for latent chunk c: K_c straight from the tile (e4m3 bytes), q_c as its e4m3
+        terms (rows of q_s, already in `_k_logical`'s column order)."""
+        CH: gl.constexpr = 128
+        k = gl.convert_layout(_k_logical(lat8.slice(c * CH, CH, 1).load(LK)), DA, assert_trivial=True)
+        k = k.to(gl.float8e4nv, bitcast=True)
+        s = mma_v2(k, q_s.index(0).slice(c * CH, CH, 1).permute([1, 0]).load(DB), zero)
+        s = mma_v2(k, q_s.index(1).slice(c * CH, CH, 1).permute([1, 0]).load(DB), s)
+        if Q_TERMS == 3:
+            s = mma_v2(k, q_s.index(2).slice(c * CH, CH, 1).permute([1, 0]).load(DB), s)
+        return acc + s * s_c[:, None]
+
+    @gluon.jit
+    def _pv_chunk(lat8, c: gl.constexpr, p, s_c, e_prev, alpha, acc, LV: gl.constexpr, DA: gl.constexpr,
+                  P_TERMS: gl.constexpr):
+        """acc_c = (alpha * 2^(e - e_prev)) acc_c + V_c^T (P s_c 2^e)^T for latent chunk c, with 2^e the power of two
+        that brings the tile's largest chunk scale to 448 (`P s_c 2^e` is split into e4m3 terms); returns (acc, e)."""
+        CH: gl.constexpr = 128
+        v = gl.convert_layout(_v_logical(lat8.slice(c * CH, CH, 1).load(LV)), DA, assert_trivial=True)
+        v = v.to(gl.float8e4nv, bitcast=True)
+        e = _exp_to_max(gl.max(s_c, axis=0))
+        p0, p1, p2 = _e4m3_terms(p * (s_c * _pow2(e))[:, None], P_TERMS)
+        acc = acc * (alpha * _pow2(e - e_prev))[None, :]
+        acc = mma_v2(v, p0, acc)
+        acc = mma_v2(v, p1, acc)
+        if P_TERMS == 3:
+            acc = mma_v2(v, p2, acc)
+        return acc, e
+
+    @gluon.jit
+    def _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc, scale, c: gl.constexpr, SPLIT: gl.constexpr,
+                     LO: gl.constexpr):
+        """acc_c [128 rows m, heads] * scale[head] -> O[t, h, 128 c + d] (or the split partial), rows back in memory
+        order (`_d_order`)."""
+        CH: gl.constexpr = 128
+        HN: gl.constexpr = acc.shape[1]
+        x = gl.convert_layout(_d_order(acc * scale[None, :]), LO)
+        offs_d = gl.arange(0, CH, layout=gl.SliceLayout(1, LO))
+        offs_h = gl.arange(0, HN, layout=gl.SliceLayout(0, LO))
+        hm = (offs_h < H)[None, :]
+        if not SPLIT:
+            ptr = O + t.to(gl.int64) * stride_ot + offs_h[None, :] * stride_oh + c * CH + offs_d[:, None]
+            gl.store(ptr, x.to(O.dtype.element_ty), mask=hm)
+        else:
+            n_t = gl.num_programs(0)
+            rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
+            gl.store(PART + rows[None, :] * 512 + c * CH + offs_d[:, None], x, mask=hm)
+
+    @gluon.jit
+    def _sparse_mla_fp8mma_kernel(
+        Q, KV, IDX, O, LSE, PART,
+        stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
+        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+        SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
+    ):
+        """One program: token t, split sp of its top-k list, all heads (module docstring)."""
+        BN: gl.constexpr = 32
+        CH: gl.constexpr = 128
+        DN: gl.constexpr = 512
+        DR: gl.constexpr = 64
+        HN: gl.constexpr = 8 * G
+        NW: gl.constexpr = 2 * G
+        t = gl.program_id(0)
+        sp = gl.program_id(1)
+
+        # S^T [keys, heads] and O^T [value rows, heads]: warps (head group, half) -> heads along N, halves along M
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, G], instr_shape=[16, 8])
+        DA8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
+        DB8: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4)
+        DA16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+        DB16: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
+        KEYS: gl.constexpr = gl.SliceLayout(1, MMA)  # [BN] per key of S^T
+        HEADS: gl.constexpr = gl.SliceLayout(0, MMA)  # [HN] per head
+        PKEYS: gl.constexpr = gl.SliceLayout(1, DB8)  # [BN] per key of P^T
+        # physical loads of a chunk whose logical view (`_k_logical`, `_v_logical`) is the operand layout: the K tile
+        # [BN, 128] 16 contiguous bytes of rows g, g + 8 per thread; the V tile [BN, 128] 8 bytes of 8 keys
+        WB: gl.constexpr = [[0, 0], [16, 0]] if G == 2 else [[16, 0]]
+        WBV: gl.constexpr = [[0, 0], [0, 64]] if G == 2 else [[0, 64]]
+        LK: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 64]],
+            lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]], warp_bases=WB, block_bases=[], shape=[BN, CH])
+        LV: gl.constexpr = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [16, 0]],
+            lane_bases=[[4, 0], [8, 0], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
+        LO: gl.constexpr = gl.BlockedLayout([8, 1], [4, 8], [1, NW], [0, 1])  # [128, HN] output, 8 rows per thread
+        # the gather: every thread copies pieces of one row (latent words, rope, scales)
+        TPR: gl.constexpr = NW  # threads per row
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPR, TPR], [NW, 1], [1, 0])  # [BN, 128] int32 words
+        LR: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [NW, 1], [1, 0])  # [BN, 64] bf16
+        LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
+
+        # shared memory: 16-byte units XOR-swizzled by row, so the operand loads of 8 rows hit 8 bank groups
+        SW8: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
+        SW32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])  # SW8 in words
+        SW16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        lat = gl.allocate_shared_memory(gl.int32, [NBUF, BN, CH], SW32)
+        lat8 = _as_u8(lat, [NBUF, BN, DN], SW8)  # the same bytes: SW32 is SW8 in 4-byte units
+        rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, DR], SW16)
+        FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        sc0 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)  # the rows' scales of chunk c: sc<c>
+        sc1 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
+        sc2 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
+        sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
+        q_s = gl.allocate_shared_memory(gl.float8e4nv, [3, HN, DN], SW8)  # q's e4m3 terms, columns in product order
+        qr_s = gl.allocate_shared_memory(gl.bfloat16, [HN, DR], SW16)
+
+        k_start = sp * KEYS_PER_SPLIT
+        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+        n_tiles = gl.cdiv(k_end - k_start, BN)
+        idx_row = IDX + t.to(gl.int64) * stride_it
+        IW: gl.constexpr = gl.SliceLayout(1, LW)
+        for j in gl.static_range(NBUF - 1):
+            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2,
+                    sc3, j, LW, LR)
+            cp.commit_group()
+
+
+        # q: per head a power of two sigma with max |q sigma| <= 448, the latent part split into e4m3 terms (columns in
+        # the products' order), the rope part as bf16; rows past H are zeros
+        offs_qh = gl.arange(0, HN, layout=gl.SliceLayout(1, LQ))
+        qm = (offs_qh < H)[:, None]
+        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
+        offs_q = gl.arange(0, DN, layout=gl.SliceLayout(0, LQ))
+        qn = gl.load(q_row + offs_q[None, :], mask=qm, other=0.0).to(gl.float32)
+        sigma = _pow2(_exp_to_max(gl.max(gl.abs(qn), axis=1)))
+        q0, q1, q2 = _e4m3_terms(qn * sigma[:, None], Q_TERMS)
+        q_s.index(0).store(_k_logical(q0))
+        q_s.index(1).store(_k_logical(q1))
+        if Q_TERMS == 3:
+            q_s.index(2).store(_k_logical(q2))
+        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LQ))
+        qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        inv_sigma = gl.convert_layout(1.0 / sigma, HEADS)  # S = (K q_terms^T) / sigma
+
+        m_i = gl.full([HN], float("-inf"), gl.float32, HEADS)
+        l_acc = gl.full([BN, HN], 0.0, gl.float32, MMA)  # row sums, reduced over the keys once after the loop
+        acc0 = gl.full([CH, HN], 0.0, gl.float32, MMA)
+        acc1 = gl.full([CH, HN], 0.0, gl.float32, MMA)
+        acc2 = gl.full([CH, HN], 0.0, gl.float32, MMA)
+        acc3 = gl.full([CH, HN], 0.0, gl.float32, MMA)
+        e0 = 0  # exponents of the chunks' P factors (`_pv_chunk`)
+        e1 = 0
+        e2 = 0
+        e3 = 0
+        zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
+
+        for i in range(n_tiles):
+            # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of the slot
+            # refilled next and, the first time, orders q's stores before its loads)
+            cp.wait_group(NBUF - 2)
+            _barrier()
+            _gather(KV, _tile_idx(idx_row, k_start + (i + NBUF - 1) * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope,
+                    sc0, sc1, sc2, sc3, (i + NBUF - 1) % NBUF, LW, LR)
+            cp.commit_group()
+
+            slot = i % NBUF
+            cur = _tile_idx(idx_row, k_start + i * BN, k_end, BN, KEYS)
+            valid = (cur >= 0) & (cur < N_ROWS)
+            t8 = lat8.index(slot)
+            s = _scores_chunk(t8, q_s, 0, sc0.index(slot).load(KEYS), zero, zero, LK, DA8, DB8, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 1, sc1.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 2, sc2.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 3, sc3.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
+            s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
+            s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
+
+            m_new = gl.maximum(m_i, gl.max(s, axis=0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # heads with no key yet: keep exp2 finite
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_acc = l_acc * alpha[None, :] + p
+            m_i = m_new
+
+            pb = gl.convert_layout(p, DB8)  # P^T as the B operand: each warp needs all the tile's keys
+            acc0, e0 = _pv_chunk(t8, 0, pb, sc0.index(slot).load(PKEYS), e0, alpha, acc0, LV, DA8, P_TERMS)
+            acc1, e1 = _pv_chunk(t8, 1, pb, sc1.index(slot).load(PKEYS), e1, alpha, acc1, LV, DA8, P_TERMS)
+            acc2, e2 = _pv_chunk(t8, 2, pb, sc2.index(slot).load(PKEYS), e2, alpha, acc2, LV, DA8, P_TERMS)
+            acc3, e3 = _pv_chunk(t8, 3, pb, sc3.index(slot).load(PKEYS), e3, alpha, acc3, LV, DA8, P_TERMS)
+        cp.wait_group(0)
+
+        l_i = gl.sum(l_acc, axis=0)
+        has_key = l_i > 0
+        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l * _pow2(-e0), 0, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l * _pow2(-e1), 1, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l * _pow2(-e2), 2, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l * _pow2(-e3), 3, SPLIT, LO)
+        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+        offs_h = gl.arange(0, HN, layout=HEADS)
+        if not SPLIT:
+            gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
+        else:
+            n_t = gl.num_programs(0)
+            rows = (sp * n_t + t).to(gl.int64) * H + offs_h
+            gl.store(PART + gl.num_programs(1).to(gl.int64) * n_t * H * DN + rows, lse2, mask=offs_h < H)
+
+
+SMEM_PER_SM = {"big": 228 * 1024, "small": 100 * 1024}  # sm_90 / sm_89-sm_120 class, per SM (1 KB per block reserved)
+
+
+def head_groups(H: int) -> int:
+    """G: head groups of 8 (the mma's N) a program holds, 2 warps each."""
+    if not 1 <= H <= 16:
+        raise ValueError(f"sparse_mla_fp8mma takes 1-16 heads, got {H}")
+    return 1 if H <= 8 else 2
+
+
+def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big") -> int:
+    """Programs that fit on one SM by shared memory (the split rule's waves); registers allow more."""
+    need = smem_bytes_estimate(G, nbuf, q_terms) + 2048  # the compiler's scratch and the driver's 1 KB per block
+    return max(1, min(16 // G, SMEM_PER_SM[smem] // need))
+
+
+def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None, nbuf: int = DEFAULT[0],
+                q_terms: int = DEFAULT[1]) -> tuple[int, int]:
+    """(split count, keys per split): enough programs for every SM's resident slots (`mla.pick_num_splits` with the
+    fit rule), each split whole tiles (`mla.split_keys`)."""
+    if num_splits is None:
+        waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device))
+        num_splits = mla.pick_num_splits(T, 1, topk, BLOCK_N, num_sms(device), waves, True)
+    return mla.split_keys(topk, num_splits, BLOCK_N)
+
+
+def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT[0], q_terms=DEFAULT[1],
+                      p_terms=DEFAULT[2], out=None):
+    """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
+    `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
+    token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3)."""
+    if not HAVE_GLUON:
+        raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
+    T, H, d = q.shape
+    if d != D_QK:
+        raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
+    G = head_groups(H)
+    if q_terms not in (2, 3) or p_terms not in (2, 3) or nbuf < 2:
+        raise ValueError(f"q_terms and p_terms must be 2 or 3 and nbuf >= 2, got {q_terms}, {p_terms}, {nbuf}")
+    if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
+        raise ValueError(f"fp8_ds_mla cache must be uint8 rows of {FP8_DS_MLA_ROW_BYTES}, got {kv_cache.dtype} "
+                         f"{tuple(kv_cache.shape)}")
+    if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != T:
+        raise ValueError(f"indices must be int32 [T, topk] with T = {T}, got {indices.dtype} {tuple(indices.shape)}")
+    q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
+    topk = indices.shape[1]
+    dev = q.device
+    if T == 0:
+        return out, lse
+    splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms)
+    part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
+    _sparse_mla_fp8mma_kernel[(T, splits)](
+        q, kv_cache, indices, out, lse, part,
+        q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
+        H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
+        SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, num_warps=2 * G)
+    if splits > 1:
+        mla.merge_splits(part, out, lse, splits)
+    return out, lse
+
+
+def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT[0], q_terms: int = DEFAULT[1], p_terms: int = DEFAULT[2],
+                split: bool = True):
+    """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = _sparse_mla_fp8mma_kernel
+    consts = {"SPLIT": split, "G": G, "NBUF": nbuf, "Q_TERMS": q_terms, "P_TERMS": p_terms}
+    types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
+             "qk_scale": "fp32"}
+    sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
+    c = {(fn.arg_names.index(k),): v for k, v in consts.items()}
+    div = ("Q", "KV", "IDX", "O", "LSE", "PART", "stride_qt", "stride_qh", "stride_kv", "stride_it", "stride_ot",
+           "stride_oh")  # what the launcher specialises for GLM-5 shapes (all multiples of 16)
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
+    return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": 2 * G})
+
+
+def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT[0], q_terms: int = DEFAULT[1],
+                  p_terms: int = DEFAULT[2], split: bool = True) -> dict:
+    """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread."""
+    k = aot_compile(arch, G, nbuf, q_terms, p_terms, split)
+    row = {"config": config_name((nbuf, q_terms, p_terms)), "arch": arch, "G": G, "split": split,
+           "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
+           "estimate": smem_bytes_estimate(G, nbuf, q_terms)}
+    row["fits"] = row["shared"] <= row["limit"]
+    row.update(cubin_usage(k.asm["cubin"]))
+    return row
+
+
+__all__ = ["sparse_mla_fp8mma", "CONFIGS", "DEFAULT", "config_name", "head_groups", "plan_splits",
+           "smem_bytes_estimate", "aot_compile", "compile_stats"]
