@@ -116,14 +116,29 @@ if HAVE_GLUON:
         return gl.reshape(x, [128, HN])
 
     @gluon.jit
+    def _round_e4m3(x):
+        """(e4m3 of x rounded to nearest even, as bytes; its exact fp32 value). One asm block per 4 values keeps the
+        bytes in a 32-bit register: with Triton's own fp32 -> e4m3 -> fp32 conversions the H200 (Triton 3.6) returned
+        wrong fp32 values for about half of a 512-wide row once the row was split into terms
+        (`scripts/fp8mma_unit.py`)."""
+        b, y = gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi, h0, h1, h2, h3; .reg .b32 a, c;\n"
+            " cvt.rn.satfinite.e4m3x2.f32 lo, $6, $5;\n cvt.rn.satfinite.e4m3x2.f32 hi, $8, $7;\n"
+            " mov.b32 $0, {lo, hi};\n cvt.rn.f16x2.e4m3x2 a, lo;\n cvt.rn.f16x2.e4m3x2 c, hi;\n"
+            " mov.b32 {h0, h1}, a;\n mov.b32 {h2, h3}, c;\n"
+            " cvt.f32.f16 $1, h0;\n cvt.f32.f16 $2, h1;\n cvt.f32.f16 $3, h2;\n cvt.f32.f16 $4, h3; }",
+            "=r,=r,=r,=r,=r,r,r,r,r", [x], dtype=(gl.uint8, gl.float32), is_pure=True, pack=4)
+        return b.to(gl.float8e4nv, bitcast=True), y
+
+    @gluon.jit
     def _e4m3_terms(x, TERMS: gl.constexpr):
         """x (fp32, |x| <= 448) as TERMS e4m3 tensors whose sum approximates x: each term rounds what is left."""
-        t0 = x.to(gl.float8e4nv)
-        r = x - t0.to(gl.float32)
-        t1 = r.to(gl.float8e4nv)
+        t0, y0 = _round_e4m3(x)
+        r = x - y0
+        t1, y1 = _round_e4m3(r)
         t2 = t1
         if TERMS == 3:
-            t2 = (r - t1.to(gl.float32)).to(gl.float8e4nv)
+            t2, y2 = _round_e4m3(r - y1)
         return t0, t1, t2
 
     @gluon.jit
@@ -214,11 +229,57 @@ if HAVE_GLUON:
             gl.store(PART + rows[None, :] * 512 + c * CH + offs_d[:, None], x, mask=hm)
 
     @gluon.jit
+    def _debug_base(DBG, t, sp, HN: gl.constexpr):
+        """Bytes of one program's debug record: 8 fp32 [32, HN] slots, K (logical) [32, 512], V^T (logical) [4, 128,
+        32], q's 3 terms [3, HN, 512] (e4m3 bytes)."""
+        size: gl.constexpr = 8 * 32 * HN * 4 + 32 * 512 + 4 * 128 * 32 + 6 * HN * 512
+        return DBG + (t * gl.num_programs(1) + sp).to(gl.int64) * size
+
+    @gluon.jit
+    def _debug_f32(DBG, t, sp, HN: gl.constexpr, slot: gl.constexpr, x, L: gl.constexpr):
+        base = _debug_base(DBG, t, sp, HN).to(gl.pointer_type(gl.float32), bitcast=True) + slot * 32 * HN
+        r = gl.arange(0, 32, layout=gl.SliceLayout(1, L))
+        c = gl.arange(0, HN, layout=gl.SliceLayout(0, L))
+        gl.store(base + r[:, None] * HN + c[None, :], x)
+
+    @gluon.jit
+    def _debug_u8(ptr, x, R: gl.constexpr, C: gl.constexpr, STRIDE: gl.constexpr):
+        LB: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [gl.num_warps(), 1], [1, 0])
+        y = gl.convert_layout(x, LB)
+        r = gl.arange(0, R, layout=gl.SliceLayout(1, LB))
+        c = gl.arange(0, C, layout=gl.SliceLayout(0, LB))
+        gl.store(ptr + r[:, None] * STRIDE + c[None, :], y)
+
+    @gluon.jit
+    def _debug_dump(DBG, t, sp, t8, q_s, LK: gl.constexpr, LV: gl.constexpr, DA: gl.constexpr, DB: gl.constexpr,
+                    MMA: gl.constexpr, LQ: gl.constexpr, HN: gl.constexpr, zero, Q_TERMS: gl.constexpr, s0, inv_sigma):
+        """DEBUG: tile 0's operands and chunk products as the kernel sees them (`sparse_mla_fp8mma(debug=True)`)."""
+        CH: gl.constexpr = 128
+        base = _debug_base(DBG, t, sp, HN)
+        for c in gl.static_range(4):
+            k = gl.convert_layout(_k_logical(t8.slice(c * CH, CH, 1).load(LK)), DA, assert_trivial=True)
+            _debug_u8(base + 8 * 32 * HN * 4 + c * CH, k, 32, CH, 512)
+            kf = k.to(gl.float8e4nv, bitcast=True)
+            sc = mma_v2(kf, q_s.index(0).slice(c * CH, CH, 1).permute([1, 0]).load(DB), zero)
+            sc = mma_v2(kf, q_s.index(1).slice(c * CH, CH, 1).permute([1, 0]).load(DB), sc)
+            if Q_TERMS == 3:
+                sc = mma_v2(kf, q_s.index(2).slice(c * CH, CH, 1).permute([1, 0]).load(DB), sc)
+            _debug_f32(DBG, t, sp, HN, c, sc, MMA)
+            v = gl.convert_layout(_v_logical(t8.slice(c * CH, CH, 1).load(LV)), DA, assert_trivial=True)
+            _debug_u8(base + 8 * 32 * HN * 4 + 32 * 512 + c * CH * 32, v, CH, 32, 32)
+        _debug_f32(DBG, t, sp, HN, 4, zero + s0[:, None] + 0.0 * inv_sigma[None, :], MMA)
+        for j in gl.static_range(3):
+            if j < Q_TERMS:
+                _debug_u8(base + 8 * 32 * HN * 4 + 32 * 512 + 4 * CH * 32 + j * HN * 512,
+                          q_s.index(j).load(LQ).to(gl.uint8, bitcast=True), HN, 512, 512)
+
+    @gluon.jit
     def _sparse_mla_fp8mma_kernel(
         Q, KV, IDX, O, LSE, PART,
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
+        DBG=None, DEBUG: gl.constexpr = 0,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring)."""
         BN: gl.constexpr = 32
@@ -291,6 +352,11 @@ if HAVE_GLUON:
         qn = gl.load(q_row + offs_q[None, :], mask=qm, other=0.0).to(gl.float32)
         sigma = _pow2(_exp_to_max(gl.max(gl.abs(qn), axis=1)))
         q0, q1, q2 = _e4m3_terms(qn * sigma[:, None], Q_TERMS)
+        if DEBUG:  # q's terms as computed, in memory order, after the record's q_s copy
+            qreg = _debug_base(DBG, t, sp, HN) + 8 * 32 * HN * 4 + 32 * 512 + 4 * 128 * 32 + 3 * HN * 512
+            _debug_u8(qreg, q0.to(gl.uint8, bitcast=True), HN, 512, 512)
+            _debug_u8(qreg + HN * 512, q1.to(gl.uint8, bitcast=True), HN, 512, 512)
+            _debug_u8(qreg + 2 * HN * 512, q2.to(gl.uint8, bitcast=True), HN, 512, 512)
         q_s.index(0).store(_k_logical(q0))
         q_s.index(1).store(_k_logical(q1))
         if Q_TERMS == 3:
@@ -324,6 +390,10 @@ if HAVE_GLUON:
             cur = _tile_idx(idx_row, k_start + i * BN, k_end, BN, KEYS)
             valid = (cur >= 0) & (cur < N_ROWS)
             t8 = lat8.index(slot)
+            if DEBUG:
+                if i == 0:
+                    _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS, sc0.index(slot).load(KEYS),
+                                inv_sigma)
             s = _scores_chunk(t8, q_s, 0, sc0.index(slot).load(KEYS), zero, zero, LK, DA8, DB8, Q_TERMS)
             s = _scores_chunk(t8, q_s, 1, sc1.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
             s = _scores_chunk(t8, q_s, 2, sc2.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
@@ -338,6 +408,10 @@ if HAVE_GLUON:
             l_acc = l_acc * alpha[None, :] + p
             m_i = m_new
 
+            if DEBUG:
+                if i == 0:
+                    _debug_f32(DBG, t, sp, HN, 5, s, MMA)
+                    _debug_f32(DBG, t, sp, HN, 6, p, MMA)
             pb = gl.convert_layout(p, DB8)  # P^T as the B operand: each warp needs all the tile's keys
             acc0, e0 = _pv_chunk(t8, 0, pb, sc0.index(slot).load(PKEYS), e0, alpha, acc0, LV, DA8, P_TERMS)
             acc1, e1 = _pv_chunk(t8, 1, pb, sc1.index(slot).load(PKEYS), e1, alpha, acc1, LV, DA8, P_TERMS)
@@ -388,8 +462,13 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
     return mla.split_keys(topk, num_splits, BLOCK_N)
 
 
+def debug_record_bytes(H: int) -> int:
+    HN = 8 * head_groups(H)
+    return 8 * 32 * HN * 4 + 32 * 512 + 4 * 128 * 32 + 6 * HN * 512
+
+
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT[0], q_terms=DEFAULT[1],
-                      p_terms=DEFAULT[2], out=None):
+                      p_terms=DEFAULT[2], out=None, debug=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3)."""
@@ -417,22 +496,23 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         q, kv_cache, indices, out, lse, part,
         q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
         H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
-        SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, num_warps=2 * G)
+        SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, num_warps=2 * G,
+        **({"DBG": debug, "DEBUG": 1} if debug is not None else {}))
     if splits > 1:
         mla.merge_splits(part, out, lse, splits)
     return out, lse
 
 
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT[0], q_terms: int = DEFAULT[1], p_terms: int = DEFAULT[2],
-                split: bool = True):
+                split: bool = True, debug: int = 0):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _sparse_mla_fp8mma_kernel
-    consts = {"SPLIT": split, "G": G, "NBUF": nbuf, "Q_TERMS": q_terms, "P_TERMS": p_terms}
+    consts = {"SPLIT": split, "G": G, "NBUF": nbuf, "Q_TERMS": q_terms, "P_TERMS": p_terms, "DEBUG": debug}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
-             "qk_scale": "fp32"}
+             "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
     c = {(fn.arg_names.index(k),): v for k, v in consts.items()}
     div = ("Q", "KV", "IDX", "O", "LSE", "PART", "stride_qt", "stride_qh", "stride_kv", "stride_it", "stride_ot",
