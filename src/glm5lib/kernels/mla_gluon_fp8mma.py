@@ -131,14 +131,25 @@ if HAVE_GLUON:
         return b.to(gl.float8e4nv, bitcast=True), y
 
     @gluon.jit
+    def _to_e4m3(x):
+        """e4m3 of x rounded to nearest even (`_round_e4m3` without the fp32 value)."""
+        b = gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
+            " cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n mov.b32 $0, {lo, hi}; }",
+            "=r,r,r,r,r", [x], dtype=gl.uint8, is_pure=True, pack=4)
+        return b.to(gl.float8e4nv, bitcast=True)
+
+    @gluon.jit
     def _e4m3_terms(x, TERMS: gl.constexpr):
         """x (fp32, |x| <= 448) as TERMS e4m3 tensors whose sum approximates x: each term rounds what is left."""
         t0, y0 = _round_e4m3(x)
         r = x - y0
-        t1, y1 = _round_e4m3(r)
-        t2 = t1
         if TERMS == 3:
-            t2, y2 = _round_e4m3(r - y1)
+            t1, y1 = _round_e4m3(r)
+            t2 = _to_e4m3(r - y1)
+        else:
+            t1 = _to_e4m3(r)
+            t2 = t1
         return t0, t1, t2
 
     @gluon.jit
@@ -193,21 +204,18 @@ if HAVE_GLUON:
         return acc + s * s_c[:, None]
 
     @gluon.jit
-    def _pv_chunk(lat8, c: gl.constexpr, p, s_c, e_prev, alpha, acc, LV: gl.constexpr, DA: gl.constexpr,
-                  P_TERMS: gl.constexpr):
-        """acc_c = (alpha * 2^(e - e_prev)) acc_c + V_c^T (P s_c 2^e)^T for latent chunk c, with 2^e the power of two
-        that brings the tile's largest chunk scale to 448 (`P s_c 2^e` is split into e4m3 terms); returns (acc, e)."""
+    def _pv_chunk(lat8, c: gl.constexpr, p, s_c, acc, LV: gl.constexpr, DA: gl.constexpr, P_TERMS: gl.constexpr):
+        """acc_c += V_c^T (P s_c)^T for latent chunk c, `P s_c` (the tile's P factor 2^e already in s_c) split into
+        e4m3 terms."""
         CH: gl.constexpr = 128
         v = gl.convert_layout(_v_logical(lat8.slice(c * CH, CH, 1).load(LV)), DA, assert_trivial=True)
         v = v.to(gl.float8e4nv, bitcast=True)
-        e = _exp_to_max(gl.max(s_c, axis=0))
-        p0, p1, p2 = _e4m3_terms(p * (s_c * _pow2(e))[:, None], P_TERMS)
-        acc = acc * (alpha * _pow2(e - e_prev))[None, :]
+        p0, p1, p2 = _e4m3_terms(p * s_c[:, None], P_TERMS)
         acc = mma_v2(v, p0, acc)
         acc = mma_v2(v, p1, acc)
         if P_TERMS == 3:
             acc = mma_v2(v, p2, acc)
-        return acc, e
+        return acc
 
     @gluon.jit
     def _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc, scale, c: gl.constexpr, SPLIT: gl.constexpr,
@@ -371,10 +379,7 @@ if HAVE_GLUON:
         acc1 = gl.full([CH, HN], 0.0, gl.float32, MMA)
         acc2 = gl.full([CH, HN], 0.0, gl.float32, MMA)
         acc3 = gl.full([CH, HN], 0.0, gl.float32, MMA)
-        e0 = 0  # exponents of the chunks' P factors (`_pv_chunk`)
-        e1 = 0
-        e2 = 0
-        e3 = 0
+        e_prev = 0  # exponent of the P factor the accumulators hold (2^e: the tile's largest scale brought to 448)
         zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
 
         for i in range(n_tiles):
@@ -405,27 +410,44 @@ if HAVE_GLUON:
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # heads with no key yet: keep exp2 finite
             alpha = gl.exp2(m_i - m_use)
             p = gl.exp2(s - m_use[None, :])
-            l_acc = l_acc * alpha[None, :] + p
             m_i = m_new
 
             if DEBUG:
                 if i == 0:
                     _debug_f32(DBG, t, sp, HN, 5, s, MMA)
                     _debug_f32(DBG, t, sp, HN, 6, p, MMA)
+            # one P factor 2^e per tile for the four chunks; the accumulators move to it (and to the new max) only
+            # when either changed
+            ps0 = sc0.index(slot).load(PKEYS)
+            ps1 = sc1.index(slot).load(PKEYS)
+            ps2 = sc2.index(slot).load(PKEYS)
+            ps3 = sc3.index(slot).load(PKEYS)
+            e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
+            f = alpha * _pow2(e - e_prev)
+            e_prev = e
+            if gl.max(gl.abs(f - 1.0) + gl.abs(alpha - 1.0), axis=0) > 0.0:
+                acc0 = acc0 * f[None, :]
+                acc1 = acc1 * f[None, :]
+                acc2 = acc2 * f[None, :]
+                acc3 = acc3 * f[None, :]
+                l_acc = l_acc * alpha[None, :]
+            l_acc = l_acc + p
             pb = gl.convert_layout(p, DB8)  # P^T as the B operand: each warp needs all the tile's keys
-            acc0, e0 = _pv_chunk(t8, 0, pb, sc0.index(slot).load(PKEYS), e0, alpha, acc0, LV, DA8, P_TERMS)
-            acc1, e1 = _pv_chunk(t8, 1, pb, sc1.index(slot).load(PKEYS), e1, alpha, acc1, LV, DA8, P_TERMS)
-            acc2, e2 = _pv_chunk(t8, 2, pb, sc2.index(slot).load(PKEYS), e2, alpha, acc2, LV, DA8, P_TERMS)
-            acc3, e3 = _pv_chunk(t8, 3, pb, sc3.index(slot).load(PKEYS), e3, alpha, acc3, LV, DA8, P_TERMS)
+            fe = _pow2(e)
+            acc0 = _pv_chunk(t8, 0, pb, ps0 * fe, acc0, LV, DA8, P_TERMS)
+            acc1 = _pv_chunk(t8, 1, pb, ps1 * fe, acc1, LV, DA8, P_TERMS)
+            acc2 = _pv_chunk(t8, 2, pb, ps2 * fe, acc2, LV, DA8, P_TERMS)
+            acc3 = _pv_chunk(t8, 3, pb, ps3 * fe, acc3, LV, DA8, P_TERMS)
         cp.wait_group(0)
 
         l_i = gl.sum(l_acc, axis=0)
         has_key = l_i > 0
         inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l * _pow2(-e0), 0, SPLIT, LO)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l * _pow2(-e1), 1, SPLIT, LO)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l * _pow2(-e2), 2, SPLIT, LO)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l * _pow2(-e3), 3, SPLIT, LO)
+        inv_l = inv_l * _pow2(-e_prev)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l, 0, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l, 1, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l, 2, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l, 3, SPLIT, LO)
         lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
         offs_h = gl.arange(0, HN, layout=HEADS)
         if not SPLIT:
