@@ -79,8 +79,8 @@ def config_name(cfg) -> str:
 
 
 def smem_bytes_estimate(G: int, nbuf: int, q_terms: int) -> int:
-    """Shared memory of one program: the gather ring (latent, rope, scales) and q's terms and rope part."""
-    return nbuf * BLOCK_N * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_terms * D_NOPE + 2 * D_ROPE)
+    """Shared memory of one program: the gather ring (latent, rope, scales), q's terms and rope part, and P."""
+    return nbuf * BLOCK_N * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (3 * D_NOPE + 2 * D_ROPE + 4 * BLOCK_N)
 
 
 if HAVE_GLUON:
@@ -116,23 +116,19 @@ if HAVE_GLUON:
         return gl.reshape(x, [128, HN])
 
     @gluon.jit
-    def _round_e4m3(x):
-        """(e4m3 of x rounded to nearest even, as bytes; its exact fp32 value). One asm block per 4 values keeps the
-        bytes in a 32-bit register: with Triton's own fp32 -> e4m3 -> fp32 conversions the H200 (Triton 3.6) returned
-        wrong fp32 values for about half of a 512-wide row once the row was split into terms
-        (`scripts/fp8mma_unit.py`)."""
-        b, y = gl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi, h0, h1, h2, h3; .reg .b32 a, c;\n"
-            " cvt.rn.satfinite.e4m3x2.f32 lo, $6, $5;\n cvt.rn.satfinite.e4m3x2.f32 hi, $8, $7;\n"
-            " mov.b32 $0, {lo, hi};\n cvt.rn.f16x2.e4m3x2 a, lo;\n cvt.rn.f16x2.e4m3x2 c, hi;\n"
-            " mov.b32 {h0, h1}, a;\n mov.b32 {h2, h3}, c;\n"
-            " cvt.f32.f16 $1, h0;\n cvt.f32.f16 $2, h1;\n cvt.f32.f16 $3, h2;\n cvt.f32.f16 $4, h3; }",
-            "=r,=r,=r,=r,=r,r,r,r,r", [x], dtype=(gl.uint8, gl.float32), is_pure=True, pack=4)
-        return b.to(gl.float8e4nv, bitcast=True), y
+    def _split4(x):
+        """x rounded to 4 significant bits, e4m3's precision (Veltkamp's split with 2^20 + 1; inline PTX so that no
+        multiply-add is fused into it, which would break the split). Exact in e4m3 from 2^-6 up; below, e4m3 keeps
+        fewer bits and its rounding of the result moves it by at most 2^-10."""
+        return gl.inline_asm_elementwise(
+            "{ .reg .f32 t, u;\n mul.rn.f32 t, $1, 0f49800008;\n sub.rn.f32 u, t, $1;\n sub.rn.f32 $0, t, u; }",
+            "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
 
     @gluon.jit
     def _to_e4m3(x):
-        """e4m3 of x rounded to nearest even (`_round_e4m3` without the fp32 value)."""
+        """e4m3 of x rounded to nearest even, 4 values per asm block (the bytes in one 32-bit register). Triton's own
+        fp32 -> e4m3 -> fp32 chain returned wrong fp32 values for about half of a 512-wide row on the H200 (Triton 3.6,
+        `scripts/fp8mma_unit.py`); here no e4m3 value is widened again."""
         b = gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi;\n cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1;\n"
             " cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3;\n mov.b32 $0, {lo, hi}; }",
@@ -142,15 +138,16 @@ if HAVE_GLUON:
     @gluon.jit
     def _e4m3_terms(x, TERMS: gl.constexpr):
         """x (fp32, |x| <= 448) as TERMS e4m3 tensors whose sum approximates x: each term rounds what is left."""
-        t0, y0 = _round_e4m3(x)
+        y0 = _split4(x)
         r = x - y0
         if TERMS == 3:
-            t1, y1 = _round_e4m3(r)
+            y1 = _split4(r)
+            t1 = _to_e4m3(y1)
             t2 = _to_e4m3(r - y1)
         else:
             t1 = _to_e4m3(r)
             t2 = t1
-        return t0, t1, t2
+        return _to_e4m3(y0), t1, t2
 
     @gluon.jit
     def _exp_to_max(amax):
@@ -339,6 +336,10 @@ if HAVE_GLUON:
         sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
         q_s = gl.allocate_shared_memory(gl.float8e4nv, [3, HN, DN], SW8)  # q's e4m3 terms, columns in product order
         qr_s = gl.allocate_shared_memory(gl.bfloat16, [HN, DR], SW16)
+        # P^T passes between the warps (each needs all the tile's keys) as [heads, keys], 16-byte units swizzled by head:
+        # the B-operand loads of 4 keys of one head are then conflict-free
+        SWP: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        p_s = gl.allocate_shared_memory(gl.float32, [HN, BN], SWP)
 
         k_start = sp * KEYS_PER_SPLIT
         k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
@@ -349,6 +350,9 @@ if HAVE_GLUON:
             _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2,
                     sc3, j, LW, LR)
             cp.commit_group()
+        # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
+        nxt_w = _tile_idx(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, IW)
+        nxt_k = _tile_idx(idx_row, k_start, k_end, BN, KEYS)
 
 
         # q: per head a power of two sigma with max |q sigma| <= 448, the latent part split into e4m3 terms (columns in
@@ -387,13 +391,13 @@ if HAVE_GLUON:
             # refilled next and, the first time, orders q's stores before its loads)
             cp.wait_group(NBUF - 2)
             _barrier()
-            _gather(KV, _tile_idx(idx_row, k_start + (i + NBUF - 1) * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope,
-                    sc0, sc1, sc2, sc3, (i + NBUF - 1) % NBUF, LW, LR)
+            _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, (i + NBUF - 1) % NBUF, LW, LR)
             cp.commit_group()
+            nxt_w = _tile_idx(idx_row, k_start + (i + NBUF) * BN, k_end, BN, IW)
 
             slot = i % NBUF
-            cur = _tile_idx(idx_row, k_start + i * BN, k_end, BN, KEYS)
-            valid = (cur >= 0) & (cur < N_ROWS)
+            valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
+            nxt_k = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, KEYS)
             t8 = lat8.index(slot)
             if DEBUG:
                 if i == 0:
@@ -432,7 +436,9 @@ if HAVE_GLUON:
                 acc3 = acc3 * f[None, :]
                 l_acc = l_acc * alpha[None, :]
             l_acc = l_acc + p
-            pb = gl.convert_layout(p, DB8)  # P^T as the B operand: each warp needs all the tile's keys
+            p_s.store(gl.permute(p, [1, 0]))
+            _barrier()  # read after every warp's keys are in; rewritten after the next tile's first barrier
+            pb = p_s.permute([1, 0]).load(DB8)
             fe = _pow2(e)
             acc0 = _pv_chunk(t8, 0, pb, ps0 * fe, acc0, LV, DA8, P_TERMS)
             acc1 = _pv_chunk(t8, 1, pb, ps1 * fe, acc1, LV, DA8, P_TERMS)
