@@ -23,7 +23,8 @@ import json
 import re
 from pathlib import Path
 
-from glm5lib.kernels.mla import CONFIGS, config_key, gluon_large_name, gluon_large_shape
+from glm5lib.kernels.mla import CONFIGS, config_key, fp8mma_name, fp8mma_shape, gluon_large_name, gluon_large_shape
+from glm5lib.kernels.mla_gluon_fp8mma import CONFIG_BY_CLASS as FP8MMA_CONFIGS
 from glm5lib.paths import repo_root
 
 H200_SMS = 132
@@ -46,12 +47,15 @@ _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fm
 
 def _key(name: str, smem: str = SMEM) -> tuple[str, str, str] | None:
     """The config key a sparse-MLA case name runs under on the H200 today (None for indexer cases): a `CONFIGS` key,
-    or ("large-gluon", format, "big") where `sparse_mla` takes the Gluon kernels on sm_90 (`mla.gluon_large_shape`:
-    the rule itself, whatever GLM5LIB_GLUON_LARGE says in this process)."""
+    or ("large-gluon", format, "big") / ("small-fp8mma", "fp8_ds_mla", "big") where `sparse_mla` takes a Gluon kernel
+    on sm_90 (`mla.gluon_large_shape`, `mla.fp8mma_shape`: the rules themselves, whatever the environment switches say
+    in this process)."""
     m = _CASE.match(name)
     if m is None:
         return None
     T, H, fmt = int(m["T"]), int(m["H"]), m["fmt"]
+    if smem == SMEM and fp8mma_shape(T, H, fmt):
+        return ("small-fp8mma", fmt, smem)
     if gluon_large_shape(T, H, fmt, smem):
         return ("large-gluon", fmt, smem)
     return config_key(T, H, fmt, smem, H200_SMS)
@@ -62,6 +66,7 @@ def shipped_configs() -> dict[str, str]:
     out = {"/".join(k): cfg.name for k, cfg in CONFIGS.items()}
     for fmt in ("bf16", "fp8_ds_mla"):
         out[f"large-gluon/{fmt}/{SMEM}"] = gluon_large_name(fmt)
+    out[f"small-fp8mma/fp8_ds_mla/{SMEM}"] = fp8mma_name(FP8MMA_CONFIGS[SMEM])
     return out
 
 

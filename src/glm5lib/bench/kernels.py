@@ -235,13 +235,16 @@ def _shipped(T: int, H: int, kv_format: str, device) -> dict:
 
 def _dispatch_table(device) -> dict[str, str]:
     """{key: config name} `sparse_mla` can run on this GPU: every `CONFIGS` entry, and the Gluon kernels where the
-    device takes them (`mla.gluon_large_ready`)."""
-    from glm5lib.kernels.mla import gluon_large_name, gluon_large_ready, smem_class
+    device takes them (`mla.gluon_large_ready`, `mla.fp8mma_route`)."""
+    from glm5lib.kernels.mla import fp8mma_name, fp8mma_route, gluon_large_name, gluon_large_ready, smem_class
 
     out = {"/".join(k): v.name for k, v in CONFIGS.items()}
     if gluon_large_ready(device) and smem_class(device) == "big":
         for fmt in ("bf16", "fp8_ds_mla"):
             out[f"large-gluon/{fmt}/big"] = gluon_large_name(fmt)
+    cfg8 = fp8mma_route(4096, 8, "fp8_ds_mla", device, torch.bfloat16)
+    if cfg8:
+        out[f"small-fp8mma/fp8_ds_mla/{smem_class(device)}"] = fp8mma_name(cfg8)
     return out
 
 

@@ -562,13 +562,82 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
     return mode
 
 
+# 1-8 heads over an fp8_ds_mla cache, at least FP8MMA_MIN_T tokens, on sm_90 with Gluon: the fp8-product kernel
+# (`mla_gluon_fp8mma`, NOTES.md round 8; H200, same process: decode B32 / B128 0.87x / 0.73x the Triton kernel's time,
+# prefill s_q 4096 0.60x). 9-16 heads stay on Triton (two head groups convert every operand twice: slower), as do fewer
+# tokens (not timed; an eager call through Gluon's binder also costs more host time) and every CPU run (no
+# interpreter). sm_89 / sm_120 run the same products natively (sm_90 converts them: NOTES.md) but were not measured:
+# GLM5LIB_FP8MMA=1 takes the kernel there too (its one-slot 99 KB build), 0 turns it off everywhere.
+FP8MMA_MIN_T = 32
+FP8MMA_MAX_H = 8
+FP8MMA_CAPS = {(9, 0)}  # measured; sm_89 / sm_120 only with GLM5LIB_FP8MMA=1
+
+
+def fp8mma_mode() -> str:
+    """GLM5LIB_FP8MMA: "auto" (unset: measured GPUs only), "on" (every sm_89+ GPU), "off"; read at each call."""
+    value = os.environ.get("GLM5LIB_FP8MMA", "").strip().lower()
+    if value in ("", "auto"):
+        return "auto"
+    if value in ("1", "on", "true", "yes"):
+        return "on"
+    if value in ("0", "off", "false", "no"):
+        return "off"
+    raise ValueError(f"GLM5LIB_FP8MMA must be 0 / off, 1 / on or auto, got {value!r}")
+
+
+def fp8mma_shape(T: int, H: int, kv_format: str) -> bool:
+    """The rule alone: this shape goes to `mla_gluon_fp8mma` on a GPU that runs it."""
+    return kv_format == "fp8_ds_mla" and 1 <= H <= FP8MMA_MAX_H and T >= FP8MMA_MIN_T
+
+
+@functools.lru_cache(maxsize=16)
+def _fp8mma_ready(dev_type: str, dev_index: int | None, forced: bool) -> bool:
+    if dev_type != "cuda" or common.INTERPRETED or common.FP8_SOFTWARE:
+        return False
+    cap = capability(torch.device(dev_type, dev_index))
+    if cap not in FP8MMA_CAPS and not (forced and cap >= (8, 9)):
+        return False
+    try:
+        from glm5lib.kernels import mla_gluon_fp8mma
+    except ImportError:  # pragma: no cover - depends on the installed Triton
+        return False
+    return mla_gluon_fp8mma.HAVE_GLUON
+
+
+def fp8mma_route(T: int, H: int, kv_format: str, device: torch.device, q_dtype: torch.dtype,
+                 aligned: bool = True) -> tuple[int, int, int] | None:
+    """What `sparse_mla` decides for a call: the `mla_gluon_fp8mma` config `(nbuf, q_terms, p_terms)` (one slot in the
+    99 KB class), or None. aligned: cache base and row stride are multiples of 16 bytes."""
+    if q_dtype != torch.bfloat16 or not aligned or not fp8mma_shape(T, H, kv_format):
+        return None
+    mode = fp8mma_mode()
+    smem = smem_class(device)
+    # auto: where it was measured, which a forced 99 KB class (the sm_89 / sm_120 stand-in) is not
+    if mode == "off" or (mode == "auto" and smem != "big") or not _fp8mma_ready(device.type, device.index,
+                                                                                   mode == "on"):
+        return None
+    from glm5lib.kernels.mla_gluon_fp8mma import CONFIG_BY_CLASS
+
+    return CONFIG_BY_CLASS[smem]
+
+
+def fp8mma_name(cfg) -> str:
+    from glm5lib.kernels.mla_gluon_fp8mma import config_name
+
+    return config_name(cfg)
+
+
 def dispatched(T: int, H: int, kv_format: str, device: torch.device,
                q_dtype: torch.dtype = torch.bfloat16) -> tuple[tuple[str, str, str], str]:
     """(key, config name) of what `sparse_mla` runs for a shape on a device, for q (and a bf16-format cache) in
-    q_dtype with 16-byte aligned rows, as the case matrix and the benchmark build them: a `CONFIGS` entry, or
-    (("large-gluon", format, "big"), `gluon_large_name`) for the Gluon kernel (`gluon_large_route`)."""
+    q_dtype with 16-byte aligned rows, as the case matrix and the benchmark build them: a `CONFIGS` entry,
+    (("large-gluon", format, "big"), `gluon_large_name`) for the Gluon kernel (`gluon_large_route`), or
+    (("small-fp8mma", "fp8_ds_mla", class), `fp8mma_name`) for the fp8-product kernel (`fp8mma_route`)."""
     smem = smem_class(device)
     fmt = "fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16"
+    cfg8 = fp8mma_route(T, H, fmt, device, q_dtype)
+    if cfg8:
+        return ("small-fp8mma", fmt, smem), fp8mma_name(cfg8)
     if gluon_large_route(T, H, fmt, device, q_dtype, q_dtype if fmt == "bf16" else torch.uint8):
         return ("large-gluon", fmt, smem), gluon_large_name(fmt)
     key = config_key(T, H, fmt, smem, num_sms(device))
@@ -735,14 +804,23 @@ def sparse_mla(
     and lse = -inf.
 
     On sm_90 with Gluon, 17-128 heads and at least `GLUON_LARGE_MIN_T` tokens (bf16 q, bf16 or fp8_ds_mla rows on
-    16-byte boundaries) run the Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_route`); everything else the
-    Triton kernel below.
+    16-byte boundaries) run the Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_route`), 1-8 heads over an
+    fp8_ds_mla cache and at least `FP8MMA_MIN_T` tokens the fp8-product kernel of `mla_gluon_fp8mma`
+    (`fp8mma_route`); everything else the Triton kernel below.
     """
     fmt = "bf16" if kv_format == "fp16" else kv_format
     _check_inputs(q, kv_cache, indices, d_v, kv_format)
     if block_size is not None and kv_cache.dim() >= 3 and kv_cache.shape[1] != block_size:
         raise ValueError(f"block_size {block_size} does not match the cache view's {kv_cache.shape[1]}")
     T, H, _ = q.shape
+    if fmt == "fp8_ds_mla" and H <= FP8MMA_MAX_H and T >= FP8MMA_MIN_T and q.is_cuda:
+        aligned = kv_cache.data_ptr() % 16 == 0 and kv_row_geometry(kv_cache)[0] % 16 == 0
+        cfg8 = fp8mma_route(T, H, fmt, q.device, q.dtype, aligned)
+        if cfg8:
+            from glm5lib.kernels.mla_gluon_fp8mma import sparse_mla_fp8mma
+
+            return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, nbuf=cfg8[0], q_terms=cfg8[1], p_terms=cfg8[2],
+                                     out=out)
     if H > 16 and T >= GLUON_LARGE_MIN_T and q.is_cuda:
         aligned = kv_cache.data_ptr() % 16 == 0 and (kv_row_geometry(kv_cache)[0] * kv_cache.element_size()) % 16 == 0
         mode = gluon_large_route(T, H, fmt, q.device, q.dtype, kv_cache.dtype, aligned)
@@ -766,5 +844,6 @@ def sparse_mla_kv_bytes(T: int, topk: int, kv_format: str) -> float:
 
 __all__ = ["sparse_mla", "sparse_mla_launch", "CONFIGS", "MLAConfig", "pick_config", "pick_num_splits",
            "dispatched", "gluon_large_shape", "gluon_large_route", "gluon_large_ready", "gluon_large_enabled",
-           "gluon_large_name", "GLUON_LARGE_MIN_T",
+           "gluon_large_name", "GLUON_LARGE_MIN_T", "fp8mma_route", "fp8mma_shape", "fp8mma_mode", "fp8mma_name",
+           "FP8MMA_MIN_T",
            "config_num_splits", "sparse_mla_flops", "sparse_mla_kv_bytes"]

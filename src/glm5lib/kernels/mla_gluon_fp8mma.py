@@ -68,9 +68,13 @@ if HAVE_GLUON:
 
 BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the P V product's K (m16n8k32)
 E4M3_MAX = 448.0
-# (nbuf, q_terms, p_terms) the device script times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [(2, 3, 2), (2, 2, 2), (3, 3, 2), (2, 3, 3)]
-DEFAULT = (2, 3, 2)
+# (nbuf, q_terms, p_terms) the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
+CONFIGS = [(2, 2, 2), (1, 2, 2), (2, 3, 2)]
+DEFAULT = (2, 2, 2)
+# what `mla.sparse_mla` takes by shared-memory class: sm_90 two slots (52 KB, 4 programs per SM); the 99 KB class
+# (sm_89 / sm_120) one slot (31 KB, 3 per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit
+# e4m3 terms) except for elements below 2^-2 of the head's largest, whose rest falls under e4m3's subnormal step
+CONFIG_BY_CLASS = {"big": (2, 2, 2), "small": (1, 2, 2)}
 
 
 def config_name(cfg) -> str:
@@ -80,7 +84,7 @@ def config_name(cfg) -> str:
 
 def smem_bytes_estimate(G: int, nbuf: int, q_terms: int) -> int:
     """Shared memory of one program: the gather ring (latent, rope, scales), q's terms and rope part, and P."""
-    return nbuf * BLOCK_N * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (3 * D_NOPE + 2 * D_ROPE + 4 * BLOCK_N)
+    return nbuf * BLOCK_N * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_terms * D_NOPE + 2 * D_ROPE + 4 * BLOCK_N)
 
 
 if HAVE_GLUON:
@@ -334,7 +338,7 @@ if HAVE_GLUON:
         sc1 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
         sc2 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
         sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
-        q_s = gl.allocate_shared_memory(gl.float8e4nv, [3, HN, DN], SW8)  # q's e4m3 terms, columns in product order
+        q_s = gl.allocate_shared_memory(gl.float8e4nv, [Q_TERMS, HN, DN], SW8)  # q's e4m3 terms, columns in product order
         qr_s = gl.allocate_shared_memory(gl.bfloat16, [HN, DR], SW16)
         # P^T passes between the warps (each needs all the tile's keys) as [heads, keys], 16-byte units swizzled by head:
         # the B-operand loads of 4 keys of one head are then conflict-free
@@ -351,7 +355,7 @@ if HAVE_GLUON:
                     sc3, j, LW, LR)
             cp.commit_group()
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
-        nxt_w = _tile_idx(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, IW)
+        nxt_w = _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
         nxt_k = _tile_idx(idx_row, k_start, k_end, BN, KEYS)
 
 
@@ -387,13 +391,23 @@ if HAVE_GLUON:
         zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
 
         for i in range(n_tiles):
-            # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of the slot
-            # refilled next and, the first time, orders q's stores before its loads)
-            cp.wait_group(NBUF - 2)
-            _barrier()
-            _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, (i + NBUF - 1) % NBUF, LW, LR)
-            cp.commit_group()
-            nxt_w = _tile_idx(idx_row, k_start + (i + NBUF) * BN, k_end, BN, IW)
+            if NBUF == 1:
+                # one slot (the 99 KB class: more programs per SM instead): the last tile's reads are done, then tile i
+                # is gathered and waited for
+                _barrier()
+                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, 0, LW, LR)
+                cp.commit_group()
+                nxt_w = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IW)
+                cp.wait_group(0)
+                _barrier()
+            else:
+                # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of the
+                # slot refilled next and, the first time, orders q's stores before its loads)
+                cp.wait_group(NBUF - 2)
+                _barrier()
+                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, (i + NBUF - 1) % NBUF, LW, LR)
+                cp.commit_group()
+                nxt_w = _tile_idx(idx_row, k_start + (i + NBUF) * BN, k_end, BN, IW)
 
             slot = i % NBUF
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
@@ -475,9 +489,10 @@ def head_groups(H: int) -> int:
 
 
 def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big") -> int:
-    """Programs that fit on one SM by shared memory (the split rule's waves); registers allow more."""
+    """Programs that fit on one SM by shared memory and registers (the split rule's waves): the sm_90 / sm_120 builds
+    take 208-242 registers a thread, so 64 K registers hold 4 programs of 2 warps (G = 1), 2 of 4 (G = 2)."""
     need = smem_bytes_estimate(G, nbuf, q_terms) + 2048  # the compiler's scratch and the driver's 1 KB per block
-    return max(1, min(16 // G, SMEM_PER_SM[smem] // need))
+    return max(1, min(4 // G, SMEM_PER_SM[smem] // need))
 
 
 def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None, nbuf: int = DEFAULT[0],
@@ -506,8 +521,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     if d != D_QK:
         raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
     G = head_groups(H)
-    if q_terms not in (2, 3) or p_terms not in (2, 3) or nbuf < 2:
-        raise ValueError(f"q_terms and p_terms must be 2 or 3 and nbuf >= 2, got {q_terms}, {p_terms}, {nbuf}")
+    if q_terms not in (2, 3) or p_terms not in (2, 3) or nbuf < 1:
+        raise ValueError(f"q_terms and p_terms must be 2 or 3 and nbuf >= 1, got {q_terms}, {p_terms}, {nbuf}")
     if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
         raise ValueError(f"fp8_ds_mla cache must be uint8 rows of {FP8_DS_MLA_ROW_BYTES}, got {kv_cache.dtype} "
                          f"{tuple(kv_cache.shape)}")
