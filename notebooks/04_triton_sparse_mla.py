@@ -243,9 +243,11 @@ if INTERACTIVE:
 # nothing after them (`glm5lib.bench.gather`, the fastest of its pointer-gather routes): a kernel that must also
 # compute cannot beat that, so where this ceiling is more than 3 % below the goal the table says "below goal". In
 # short (the numbers are printed below from the JSON): small-head decode with bf16 rows reaches about two thirds of
-# the copy bandwidth, short of the 85 % target, while its rows alone gather at 84 %, too close to the goal to rule
-# it out; the fp8 path at 8-16 heads is bound by the attention stage (dots and online softmax
-# through shared memory: about 95 of 150 us at B=128), not by bytes or the e4m3 conversion; at 64-128 heads the
+# the copy bandwidth, short of the 85 % target, while its rows alone gather at 82-84 % (two runs), at the margin of
+# the goal; the fp8 path at 8 heads (on sm_90 the fp8-product kernel of `mla_gluon_fp8mma`: keys as the mma's M,
+# the cached e4m3 bytes as operands) runs about as fast as FlashMLA padded to 64 heads and far from the 2.5x goal,
+# because sm_90 has no native e4m3 `mma.sync` and ptxas converts both operands of every product; at 16 heads the
+# Triton kernel is bound by its attention stage (dots and online softmax through shared memory); at 64-128 heads the
 # prefill (on sm_90 the Gluon ping-pong kernel of `mla_gluon_large`) reaches about 0.9x FlashMLA's TFLOP/s;
 # H = 8 prefill is bound by L2 bandwidth for both kernels, so the two run at about the same speed. The indexer's
 # decode reads its keys at 75-82 % of the copy bandwidth (fp8 keys with fp8 q, bf16 keys); bf16 q on fp8 keys,

@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [racecheck] [sanitize-small] [harness]
 #   [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile]
+#   [topk-long] [tune] [verify] [compile] [fp8mma]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -18,6 +18,8 @@
 # bounds: the small-head decode kernel taken apart (gather / gather+convert / kernel), glm5lib.bench.bounds
 # gather: the decode's rows gathered with nothing after them (torch / Triton pointers / TMA per row; random, sorted and
 #   contiguous rows), glm5lib.bench.gather: the ceiling under the 8-16-head decode targets
+# fp8mma: the fp8-product kernel for 1-8 heads (mla_gluon_fp8mma) checked and timed beside the Triton kernel and FlashMLA
+#   (scripts/fp8mma_device.py; fp8mma_h200.json/.log)
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -80,6 +82,8 @@ for r in rows:
             echo "tune rc=${PIPESTATUS[0]}" ;;
     verify) timeout 120 python3 -m glm5lib.bench.tune_decode --verify --out "$OUT" 2>&1 | tee "$OUT/verify.log"
             echo "verify rc=${PIPESTATUS[0]}" ;;
+    fp8mma) timeout 300 python3 scripts/fp8mma_device.py "$OUT/fp8mma_h200.json" --configs 2,2,2 1,2,2 --budget-s 200 \
+              2>&1 | grep -v Warn > "$OUT/fp8mma_h200.log"; echo "fp8mma rc=${PIPESTATUS[0]}"; tail -8 "$OUT/fp8mma_h200.log" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

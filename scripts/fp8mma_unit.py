@@ -1,6 +1,12 @@
 """GPU unit checks of the Gluon pieces `mla_gluon_fp8mma` is built on: e4m3 <-> fp32 conversions in a blocked layout,
-and m16n8k32 e4m3 products (`mma_v2`) with operands loaded from global memory and from shared memory.
-`PYTHONPATH=src python scripts/fp8mma_unit.py`"""
+the split of a row into e4m3 terms, and m16n8k32 e4m3 products (`mma_v2`) with operands loaded from global memory and
+from shared memory. `PYTHONPATH=src python scripts/fp8mma_unit.py`
+
+Each term split is compared with torch's, element by element, on a [8, 512] tile ("mismatches of 4096 per term"):
+variant 0 is the kernel's own `_e4m3_terms` (inline-PTX rounding, Veltkamp's split); 1-6 are Triton's built-in
+conversion chains (the widening through uint8, without sigma, by bit arithmetic, from fp32 input, through fp16,
+two terms), which on the H200 with Triton 3.6 returned wrong values for about half of the elements (NOTES.md round
+8); 7 rounds by inline PTX that also widens. A mismatch count above 0 for variant 0 is a failure."""
 
 from __future__ import annotations
 

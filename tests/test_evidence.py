@@ -64,8 +64,8 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
     from glm5lib.bench import evidence
 
     cov = evidence.coverage()
-    # both shared-memory classes, and the Gluon kernels sm_90 takes for 17-128 heads
-    assert len(cov["shipped"]) == len(evidence.CONFIGS) + 2 == len(evidence.shipped_configs())
+    # both shared-memory classes, the Gluon kernels sm_90 takes for 17-128 heads and its fp8-product kernel for 1-8
+    assert len(cov["shipped"]) == len(evidence.CONFIGS) + 3 == len(evidence.shipped_configs())
     for key, s in cov["shipped"].items():
         ran = set(s["covered_by"])
         assert ran & {"h200_full_matrix", "h200_full_matrix_smem_small"}, key
@@ -122,12 +122,14 @@ def test_evidence_gather_ceiling_h200_bounds_the_small_head_targets():
             if fmt == "fp8_ds_mla":
                 assert rnd["flat-l2"] < rnd["flat"] - 3  # the L2::256B hint loses on 656-byte rows (v12e)
     # the benchmark's targets carry the same measurement, recomputed with the margin: the fp8 byte floor and the fp8
-    # speed-up at B128 are below goal on the gathers alone; bf16 at B128 comes too close to the goal to say so
+    # speed-up at B128 are below goal on the gathers alone; bf16 at B128 sits at the margin (82-85 % in the runs:
+    # which side of it a run lands on is the run's noise, NOTES round 8)
     targets = {t["target"]: t for t in bench.evaluate_targets(load("bench_h200.json"))}
     floor = [t for n, t in targets.items() if "% of byte floor" in n]
     assert len(floor) == 4 and all(t["bounded"] is True and t["ceiling"] < 80 for t in floor)
     bf16 = [t for n, t in targets.items() if n.startswith("decode bf16")]
-    assert len(bf16) == 2 and all(t["bounded"] is False and 82 < t["ceiling"] < 85 for t in bf16)
+    assert len(bf16) == 2 and all(80 < t["ceiling"] < 85 for t in bf16)
+    assert all(t["bounded"] == (t["ceiling"] < 85 * bench.CEILING_MARGIN) for t in bf16)
     speed = {n for n, t in targets.items() if "speed-up vs FlashMLA padded" in n and t["bounded"]}
     assert speed == {f"decode fp8 H{H} B128: speed-up vs FlashMLA padded to 64" for H in (8, 16)}
 
@@ -323,3 +325,35 @@ def test_evidence_gluon_sanitizer_runs_h200():
 
     lines = set(re.findall(r"mla_gluon_large\.py:(\d+)", race))
     assert lines and lines <= {"521", "533", "546", "554", "580", "584", "621", "690"}, lines
+
+
+def test_evidence_fp8mma_h200_correct_and_its_timing_claims():
+    """The fp8-product kernel (`mla_gluon_fp8mma`, dispatched on sm_90 for 1-8 heads over fp8_ds_mla): every check
+    case agrees with fp32 as closely as the Triton kernel does (relative error, cosine; the log-sum-exp within the
+    tolerance, or, on the cases with logits in the thousands where the Triton kernel misses the absolute lse
+    tolerance too, within 2x of its error), and the README / NOTES numbers follow from the file."""
+    res = load("fp8mma_h200.json")
+    assert res["meta"]["device"] == "NVIDIA H200" and res["meta"]["commit"] and res["meta"]["flashmla"] is None
+    checks = [r for r in res["rows"] if "case" in r]
+    tri = {r["case"]: r for r in checks if r["kernel"] == "triton"}
+    ours = [r for r in checks if r["kernel"] == "fp8mma"]
+    assert len(ours) >= 40 and len({r["config"] for r in ours}) == 2 and not [r for r in ours if "error" in r]
+    for r in ours:
+        t = tri[r["case"]]
+        assert r["rel"] <= 1.1 * t["rel"] + 1e-4 and r["cos_diff"] < 1e-4 and r["no_key_rows_ok"], r
+        assert r["ok"] or (not t["ok"] and r["lse_abs"] <= 2 * t["lse_abs"]), r
+    assert max(r["rel"] for r in ours) < 2e-3
+    timing = {(r["kind"], r.get("B", r.get("T")), r["H"]): r for r in res["rows"] if "kind" in r}
+    name = "fp8mma-nbuf2-q2-p2_us"
+    d32, d128, pre = timing[("decode", 32, 8)], timing[("decode", 128, 8)], timing[("prefill", 4096, 8)]
+    # NOTES round 8 / README: at 8 heads 0.88x / 0.74x the Triton kernel's decode time (B32 / B128), 0.60x at
+    # prefill; against FlashMLA padded to 64 heads 1.18x / 1.04x faster at decode, 0.79x its bf16 prefill
+    assert round(d32[name] / d32["triton_us"], 2) == 0.88 and round(d128[name] / d128["triton_us"], 2) == 0.74
+    assert round(pre[name] / pre["triton_us"], 2) == 0.60
+    assert round(d32["flashmla_us"] / d32[name], 2) == 1.18 and round(d128["flashmla_us"] / d128[name], 2) == 1.04
+    assert round(pre["flashmla_bf16_us"] / pre[name], 2) == 0.79
+    # the 99 KB class's one-slot build with that class's split plan beats that class's Triton config on the H200
+    for r in (d32, d128):
+        assert r["small_class_fp8mma-nbuf1-q2-p2_us"] < r["small_class_triton_us"]
+    # at 16 heads (two head groups) it is no faster than the Triton kernel: not dispatched there
+    assert timing[("prefill", 4096, 16)][name] > 0.9 * timing[("prefill", 4096, 16)]["triton_us"]

@@ -89,8 +89,13 @@ def check(report: dict) -> None:
             assert 3 < g["flat"]["pct_copy"] - g["flat-l2"]["pct_copy"] < 11  # "loses 4-10 points on fp8 rows"
         assert 58 < best("fp8_ds_mla", 32, "random") < 64 and 72 < best("fp8_ds_mla", 128, "random") < 78  # 61 / 75
         assert 67 < best("bf16", 32, "random") < 73 and 82 < best("bf16", 128, "random") < 87  # "70 % / 85 %"
-    # the targets say which misses the gathers alone already rule out
+    # the targets say which misses the gathers alone already rule out: the fp8 byte floor and speed-up at B=128
+    # (6), and the bf16 pair when that run's ceiling falls under the 3 % margin ("82-84 %, at the margin")
     out_of_reach = [t for t in targets if t.get("bounded")]
-    assert len(out_of_reach) == 6 and all(t["met"] is False for t in out_of_reach)
     bf16 = [t for t in targets if t["target"].startswith("decode bf16")]
-    assert all(t["bounded"] is False and 82 < t["ceiling"] < 85 for t in bf16)  # "too close to the goal"
+    assert all(80 < t["ceiling"] < 85 for t in bf16)
+    assert len(out_of_reach) == 6 + sum(bool(t["bounded"]) for t in bf16) and all(t["met"] is False
+                                                                                  for t in out_of_reach)
+    # the 8-head fp8 decode, "about as fast as FlashMLA padded to 64 heads"
+    fp8_h8 = [t["value"] for t in targets if t["target"].startswith("decode fp8 H8") and "speed-up" in t["target"]]
+    assert len(fp8_h8) == 2 and all(0.9 < v < 1.3 for v in fp8_h8)

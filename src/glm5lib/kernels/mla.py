@@ -563,11 +563,11 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
 
 
 # 1-8 heads over an fp8_ds_mla cache, at least FP8MMA_MIN_T tokens, on sm_90 with Gluon: the fp8-product kernel
-# (`mla_gluon_fp8mma`, NOTES.md round 8; H200, same process: decode B32 / B128 0.87x / 0.73x the Triton kernel's time,
-# prefill s_q 4096 0.60x). 9-16 heads stay on Triton (two head groups convert every operand twice: slower), as do fewer
-# tokens (not timed; an eager call through Gluon's binder also costs more host time) and every CPU run (no
-# interpreter). sm_89 / sm_120 run the same products natively (sm_90 converts them: NOTES.md) but were not measured:
-# GLM5LIB_FP8MMA=1 takes the kernel there too (its one-slot 99 KB build), 0 turns it off everywhere.
+# (`mla_gluon_fp8mma`, NOTES.md round 8; H200, one process, outputs/bench/fp8mma_h200.json: 0.88x / 0.74x the Triton
+# kernel's decode time at B32 / B128, 0.60x at prefill). 9-16 heads stay on Triton (two head groups: no faster), as do
+# fewer tokens (not timed; an eager call through Gluon's binder also costs more host time) and every CPU run (no
+# interpreter). sm_89 / sm_120 run its e4m3 products natively, where sm_90 converts both operands of each (its SASS),
+# but were not measured: GLM5LIB_FP8MMA=1 takes the kernel there too (the one-slot 99 KB build), 0 turns it off.
 FP8MMA_MIN_T = 32
 FP8MMA_MAX_H = 8
 FP8MMA_CAPS = {(9, 0)}  # measured; sm_89 / sm_120 only with GLM5LIB_FP8MMA=1
@@ -611,10 +611,10 @@ def fp8mma_route(T: int, H: int, kv_format: str, device: torch.device, q_dtype: 
     if q_dtype != torch.bfloat16 or not aligned or not fp8mma_shape(T, H, kv_format):
         return None
     mode = fp8mma_mode()
+    if mode == "off" or not _fp8mma_ready(device.type, device.index, mode == "on"):
+        return None
     smem = smem_class(device)
-    # auto: where it was measured, which a forced 99 KB class (the sm_89 / sm_120 stand-in) is not
-    if mode == "off" or (mode == "auto" and smem != "big") or not _fp8mma_ready(device.type, device.index,
-                                                                                   mode == "on"):
+    if mode == "auto" and smem != "big":  # auto: where it was measured, which a forced 99 KB class is not
         return None
     from glm5lib.kernels.mla_gluon_fp8mma import CONFIG_BY_CLASS
 

@@ -1,7 +1,8 @@
-"""Gluon sparse MLA forward for 1-16 heads over an fp8_ds_mla cache, on fp8 tensor-core products (sm_89+).
+"""Gluon sparse MLA forward for 1-16 heads over an fp8_ds_mla cache, on e4m3 tensor-core products (sm_89+).
 
 `sparse_mla_fp8mma(q, kv_cache, indices, sm_scale)` -> `(out [T, H, 512], lse [T, H])`, the contract of
-`mla.sparse_mla_launch(..., kv_format="fp8_ds_mla")`; the fp32 twin is `naive.sparse_mla_ref`.
+`mla.sparse_mla_launch(..., kv_format="fp8_ds_mla")`; the fp32 twin is `naive.sparse_mla_ref`. `mla.sparse_mla`
+takes it on sm_90 for 1-8 heads and at least `mla.FP8MMA_MIN_T` tokens (`mla.fp8mma_route`).
 
 Why another kernel. At 8-16 heads per GPU the products are small and every cached byte is used by few heads, so
 what a kernel does per byte decides its speed. The fp16 kernels (`mla._sparse_mla_fwd_kernel`,
@@ -9,29 +10,42 @@ what a kernel does per byte decides its speed. The fp16 kernels (`mla._sparse_ml
 the mma's M of 16 (half of every product is padding at 8 heads). This kernel does neither:
 
 - keys are the mma's M and heads its N (8 per warp): `S^T = K q^T` and `O^T = V^T P^T` (m16n8k32 e4m3 products);
-- the cached e4m3 bytes go into the products as they are: no conversion at all. The other operand, which is small,
-  is split into e4m3 terms instead: q (bf16) as `q sigma ~ q0 + q1 + q2` (`Q_TERMS`, each term the rounding rest of
-  the ones before it, `sigma` a power of two per head that brings `max |q|` to 448), and P, scaled per 128-column
-  chunk by the rows' fp32 scale, as `P s F ~ p0 + p1` (`P_TERMS`, `F` a power of two per tile and chunk that brings
-  the tile's largest scale to 448). Two terms carry about 8 significant bits (bf16's), three about 12. The rope
-  part (64 bf16 per row) is a bf16 product;
+  no padding at 8 heads;
+- the cached e4m3 bytes go into the products as they are. The other operand, which is small, is split into e4m3
+  terms instead: q (bf16) as `q sigma ~ q0 + q1 (+ q2)` (`Q_TERMS`; each term the rounding rest of the ones before
+  it, `sigma` a power of two per head that brings `max |q|` to 448: two 4-bit terms hold a bf16 value), and P,
+  scaled per 128-column chunk by the rows' fp32 scale, as `P s F ~ p0 + p1` (`P_TERMS`; `F` a power of two per
+  tile that brings the tile's largest row scale to 448: about bf16's precision). The rope part (64 bf16 per row)
+  is a bf16 product;
 - the order of the 128 columns inside a chunk is free in `S = sum_k K[:, k] q[:, k]` as long as q takes the same
   order: it is chosen so that each thread's share of a row is 16 contiguous bytes (`_k_logical`), so the K operand
   loads straight from the gathered tile into the mma registers. For `O^T = V^T P^T` the output rows (the value
   columns) may be permuted the same way and put back when stored (`_v_logical`, `_d_order`): each thread loads 8
-  contiguous bytes of 8 rows, and only the bytes' order inside registers changes (no data crosses threads).
+  contiguous bytes of 8 rows, and only the bytes' order inside registers changes. Both loads are
+  `convert_layout(..., assert_trivial=True)`: a layout under which any byte had to cross threads does not compile.
+
+On sm_89 / sm_120 an e4m3 `mma.sync` is a native instruction. On sm_90 it is not: ptxas converts both operands to
+fp16 and issues fp16 products (the SASS of the H200 build, NOTES.md round 8), so there the kernel pays more
+conversions than the fp16 kernels; it is still faster than the Triton kernel at 1-8 heads (keys as M, no padding),
+and slower at 9-16 (two head groups convert every operand twice), which is why it is dispatched for 1-8 only.
 
 A program owns (token, split of its top-k list) and all its heads: `2 * G` warps, G head groups of 8 (G = 1 up to
 8 heads, 2 up to 16). Each tile of `BLOCK_N` = 32 keys is gathered once by `cp.async` into a ring of `NBUF` slots
-(one barrier per tile); the two warps of a head group split the tile's keys for S and the value columns for
-`O^T`, so per-tile state crosses warps only through the compiler's row-max reduction and P's layout change. The
+(a barrier per tile); the two warps of a head group split the tile's keys for S and the value columns for `O^T`,
+so per-tile state crosses warps only through the compiler's row-max reduction and P^T, passed through shared
+memory (a second barrier). The
 online softmax runs in the log2 domain; invalid keys (-1, >= N rows, past the split) are gathered as zero-filled
 masked copies of row 0 and get logit -inf. Split-K partials use `mla._part_rows`'s layout and are merged by
 `mla.merge_splits`.
 
-Gluon does not run in Triton's interpreter: numerics are checked on a GPU (`scripts/fp8mma_device.py`,
-`checks --profile full`); `tests/test_mla_fp8mma.py` compiles every config for sm_89 / sm_90 / sm_120 and checks the
-term splitting and the index permutations on the CPU.
+The e4m3 values are made by inline PTX, four per asm block (`_to_e4m3`), and never widened again: Triton 3.6's own
+fp32 -> e4m3 -> fp32 chain returned wrong fp32 values for about half of a 512-wide row on the H200
+(`scripts/fp8mma_unit.py`); the fp32 value of a leading term comes from Veltkamp's split instead (`_split4`).
+
+Gluon does not run in Triton's interpreter: numerics are checked on a GPU (`scripts/fp8mma_device.py`, `checks
+--profile full`, and tile 0's operands and products against torch with `scripts/fp8mma_debug.py`, the `DEBUG`
+record); `tests/test_mla_fp8mma.py` compiles every config for sm_89 / sm_90 / sm_120 and checks the column and row
+orders and the power-of-two rule on the CPU.
 """
 
 from __future__ import annotations
@@ -67,7 +81,6 @@ if HAVE_GLUON:
             return buf._reinterpret(gl.uint8, shape, layout)
 
 BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the P V product's K (m16n8k32)
-E4M3_MAX = 448.0
 # (nbuf, q_terms, p_terms) the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
 CONFIGS = [(2, 2, 2), (1, 2, 2), (2, 3, 2)]
 DEFAULT = (2, 2, 2)

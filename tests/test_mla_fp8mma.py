@@ -1,0 +1,172 @@
+"""The fp8-product sparse-MLA kernel (`kernels.mla_gluon_fp8mma`) without a GPU.
+
+Gluon does not run in Triton's interpreter: its numerics are checked on the H200 (`scripts/fp8mma_device.py`,
+`checks --profile full`; the committed results are held by `tests/test_evidence.py`). Here:
+- every config compiles for sm_89 / sm_90 / sm_120 (child process, interpreter off) without spills and within the
+  target's shared memory; each build also proves the layout claims the kernel makes, since its operand loads are
+  `convert_layout(..., assert_trivial=True)` and fail to compile if any element would have to cross threads;
+- the column and row orders the kernel uses (`_k_logical`, `_v_logical`, `_d_order`) are bit permutations with
+  the properties the docstrings state, checked with torch on the same reshape / permute orders;
+- the dispatch rule and its switch, and the launcher's refusals of bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from glm5lib.kernels import mla, mla_gluon_fp8mma as fm
+
+pytestmark = pytest.mark.skipif(not fm.HAVE_GLUON, reason="this Triton has no Gluon")
+
+_SCRIPT = """
+import json
+from glm5lib.kernels import mla_gluon_fp8mma as m
+for arch in (89, 90, 120):
+    for G in (1, 2):
+        for cfg in m.CONFIGS:
+            try:
+                r = m.compile_stats(arch, G, *cfg)
+            except Exception as exc:
+                r = {"config": m.config_name(cfg), "arch": arch, "G": G, "error": str(exc)[-400:]}
+            print(json.dumps(r), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def stats():
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=1500)
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    if not rows:
+        pytest.fail(f"no compile results: {p.stderr[-2000:]}")
+    return rows
+
+
+def _key(r):
+    return f"sm_{r['arch']} G{r['G']} {r['config']}"
+
+
+def test_every_config_compiles_for_every_target(stats):
+    assert len(stats) == 3 * 2 * len(fm.CONFIGS)
+    bad = [f"{_key(r)}: {r['error']}" for r in stats if "error" in r]
+    assert not bad, "; ".join(bad)
+
+
+def test_shipped_configs_spill_nothing_and_fit(stats):
+    shipped = {fm.config_name(c) for c in fm.CONFIG_BY_CLASS.values()}
+    for r in stats:
+        assert r["fits"], f"{_key(r)}: {r['shared']} B > {r['limit']} B"
+        assert r["shared"] >= r["estimate"], _key(r)  # the split rule's programs per SM may not overcount
+        if r["config"] in shipped:
+            assert not r["stack"] and not r["local"], f"{_key(r)} spills"
+    # the 99 KB class's build leaves room for three programs of 8 heads per SM
+    small = [r for r in stats if r["config"] == fm.config_name(fm.CONFIG_BY_CLASS["small"]) and r["arch"] == 120]
+    assert small and all(3 * (r["shared"] + 1024) <= 100 * 1024 for r in small if r["G"] == 1)
+
+
+def _bits(perm: torch.Tensor) -> list[int]:
+    """For a bit permutation p of range(2^n): the image of each single bit (p[2^b])."""
+    n = perm.numel().bit_length() - 1
+    return [int(perm[1 << b]) for b in range(n)]
+
+
+def test_k_columns_are_a_bit_permutation_giving_each_thread_16_contiguous_bytes():
+    # `_k_logical`: product column k (of 512) -> memory byte p, the same reshape / permute as the kernel's
+    p = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 4).permute(0, 1, 4, 5, 2, 3, 6).reshape(512)
+    assert sorted(p.tolist()) == list(range(512))
+    assert all(int(p[k]) == sum(int(p[1 << b]) for b in range(9) if k >> b & 1) for k in range(512))  # linear
+    # an m16n8k32 e4m3 operand thread (lane % 4 = c) owns columns 4c..4c+3 and 4c+16..4c+19 of each 32-column step;
+    # two steps' worth must be 16 contiguous bytes of the row, inside one 128-column chunk (its scale)
+    for c in range(4):
+        for step2 in range(8):
+            cols = [64 * step2 + 32 * s + 16 * h + 4 * c + b for s in (0, 1) for h in (0, 1) for b in range(4)]
+            mem = sorted(int(p[k]) for k in cols)
+            assert mem == list(range(mem[0], mem[0] + 16)) and mem[0] // 128 == mem[-1] // 128
+
+
+def test_v_rows_and_their_inverse():
+    # `_v_logical`: V^T row m -> memory column d inside a chunk; `_d_order` must put the rows back
+    d = torch.arange(128).reshape(2, 2, 2, 2, 2, 2, 2).permute(4, 5, 0, 6, 1, 2, 3).reshape(128)
+    assert sorted(d.tolist()) == list(range(128))
+    back = d.reshape(2, 2, 2, 2, 2, 2, 2).permute(2, 4, 5, 6, 0, 1, 3).reshape(128)
+    assert torch.equal(back, torch.arange(128))
+    # the operand thread with lane // 4 = g owns rows g + {0, 8, 32, 64} (+16 for the second warp): 8 contiguous
+    # bytes of each of its keys
+    for g in range(8):
+        for warp in (0, 1):
+            rows = [g + 16 * warp + r for r in (0, 8, 32, 40, 64, 72, 96, 104)]
+            mem = sorted(int(d[m]) for m in rows)
+            assert mem == list(range(mem[0], mem[0] + 8))
+
+
+def _exp_to_max(amax: float) -> int:
+    """The host twin of `_exp_to_max` (the kernel reads fp32 bits; here the same rule in integers)."""
+    import struct
+
+    if amax <= 0:
+        return 0
+    bits = struct.unpack("<i", struct.pack("<f", amax))[0]
+    return max(-126, min(126, 135 - (bits >> 23) - ((bits & 0x7FFFFF) > 0x600000)))
+
+
+@pytest.mark.parametrize("amax", [448.0, 447.9, 448.1, 1.75, 1.7500001, 1.0, 3.5, 1e-3, 255.0, 256.0, 0.0])
+def test_power_of_two_never_overflows_e4m3_and_is_the_largest(amax):
+    e = _exp_to_max(amax)
+    if amax == 0:
+        assert e == 0
+        return
+    assert amax * 2.0 ** e <= 448.0 < amax * 2.0 ** (e + 1)
+
+
+def test_dispatch_rule_and_switch(monkeypatch):
+    assert mla.fp8mma_shape(32, 8, "fp8_ds_mla") and mla.fp8mma_shape(4096, 1, "fp8_ds_mla")
+    assert not mla.fp8mma_shape(31, 8, "fp8_ds_mla")  # fewer tokens: not timed, stays on Triton
+    assert not mla.fp8mma_shape(128, 9, "fp8_ds_mla") and not mla.fp8mma_shape(128, 8, "bf16")
+    cpu = torch.device("cpu")
+    assert mla.fp8mma_route(128, 8, "fp8_ds_mla", cpu, torch.bfloat16) is None  # no GPU: the Triton kernel
+    for value, mode in (("", "auto"), ("auto", "auto"), ("1", "on"), ("on", "on"), ("0", "off"), ("off", "off")):
+        monkeypatch.setenv("GLM5LIB_FP8MMA", value)
+        assert mla.fp8mma_mode() == mode
+    monkeypatch.setenv("GLM5LIB_FP8MMA", "sometimes")
+    with pytest.raises(ValueError, match="GLM5LIB_FP8MMA"):
+        mla.fp8mma_mode()
+    # what the evidence reader and the case matrix record for the shape
+    from glm5lib.bench import evidence
+
+    assert evidence._key("prefill:T600-H8-K2048-N32768-fp8_ds_mla-none") == ("small-fp8mma", "fp8_ds_mla", "big")
+    assert evidence._key("prefill:T600-H8-K2048-N32768-fp8_ds_mla-none", "small") != ("small-fp8mma",
+                                                                                       "fp8_ds_mla", "small")
+    assert evidence._key("regular:T1-H8-K2048-N32768-fp8_ds_mla-none")[0] == "small"
+    assert evidence.shipped_configs()["small-fp8mma/fp8_ds_mla/big"] == fm.config_name(fm.CONFIG_BY_CLASS["big"])
+
+
+def test_launcher_refuses_bad_input():
+    q = torch.zeros(2, 8, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(100, 656, dtype=torch.uint8)
+    idx = torch.zeros(2, 64, dtype=torch.int32)
+    with pytest.raises(ValueError, match="1-16 heads"):
+        fm.sparse_mla_fp8mma(torch.zeros(2, 17, 576, dtype=torch.bfloat16), cache, idx, 0.0625)
+    with pytest.raises(ValueError, match="q must be"):
+        fm.sparse_mla_fp8mma(torch.zeros(2, 8, 512, dtype=torch.bfloat16), cache, idx, 0.0625)
+    with pytest.raises(ValueError, match="fp8_ds_mla cache"):
+        fm.sparse_mla_fp8mma(q, torch.zeros(100, 576, dtype=torch.bfloat16), idx, 0.0625)
+    with pytest.raises(ValueError, match="indices must be int32"):
+        fm.sparse_mla_fp8mma(q, cache, idx.long(), 0.0625)
+    with pytest.raises(ValueError, match="q_terms and p_terms"):
+        fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, q_terms=4)
+
+
+def test_split_plan_covers_the_top_k():
+    cpu = torch.device("cpu")  # smem class "big", 132 SMs assumed off-GPU
+    for T in (1, 32, 128, 600, 4096):
+        splits, kps = fm.plan_splits(T, 2048, 1, cpu)
+        assert splits * kps >= 2048 and (splits - 1) * kps < 2048 and kps % fm.BLOCK_N == 0
+    assert fm.plan_splits(4096, 2048, 1, cpu)[0] == 1  # prefill: enough programs without splitting
+    assert fm.programs_per_sm(1, 2, 2, "big") == 4 and fm.programs_per_sm(1, 1, 2, "small") == 3
