@@ -26,30 +26,14 @@ import triton
 
 from glm5lib.bench import kernels as bk
 from glm5lib.kernels import mla, mla_gluon_fp8mma as fm, naive
-from glm5lib.kernels.checks import _tol, make_indices
+from glm5lib.kernels.checks import make_indices
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gluon_mla_device import compare  # noqa: E402  (the same comparison as the other Gluon scripts)
 
 SM_SCALE = 1.0 / 16.0
 N_ROWS = 32768
 TOPK = 2048
-
-
-def compare(o, lse, ro, rlse) -> dict:
-    o32 = o.float()
-    diff = (o32 - ro).nan_to_num(nan=1e9)
-    rn = float(ro.norm())
-    rel = float(diff.norm() / rn) if rn > 0 else float(diff.norm())
-    cd = naive.cos_diff(o32.nan_to_num(nan=1e9), ro)
-    fin = torch.isfinite(rlse)
-    fin_same = bool(torch.equal(fin, torch.isfinite(lse)))
-    lse_abs = float((lse[fin] - rlse[fin]).abs().max()) if fin.any() else 0.0
-    none_ok = True
-    if (~fin).any():
-        none_ok = bool(torch.all(o32[~fin] == 0)) and bool(torch.all(torch.isneginf(lse[~fin])))
-    rel_tol, cos_tol, lse_tol = _tol(torch.bfloat16)
-    ok = (not torch.isnan(o32).any().item()) and fin_same and none_ok and rel <= rel_tol and cd <= cos_tol \
-        and lse_abs <= lse_tol
-    return {"ok": bool(ok), "rel": rel, "cos_diff": float(cd), "lse_abs": lse_abs, "max_abs": float(diff.abs().max()),
-            "lse_finite_same": fin_same, "no_key_rows_ok": none_ok}
 
 
 def make_case(B, H, topk, invalid, seed, dev, q_scale=1.0, spread=False, paged=False):

@@ -5,13 +5,9 @@ on the GPU by `main` before anything is timed)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from compiled import compile_rows
 
 from glm5lib.bench import gather
 from glm5lib.kernels import naive
@@ -119,11 +115,8 @@ for arch in (90, 120):
 
 @pytest.mark.skipif(not gather.HAVE_TMA, reason="this Triton has no Gluon TMA")
 def test_tma_probe_builds_with_one_copy_per_row():
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=900)
-    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    assert len(rows) == 2 * sum(len(c) for c in gather.TMA_CONFIGS.values()), p.stderr[-2000:]
+    rows = compile_rows(_SCRIPT)
+    assert len(rows) == 2 * sum(len(c) for c in gather.TMA_CONFIGS.values())
     bad = [r for r in rows if "error" in r]
     assert not bad, bad
     for r in rows:
@@ -168,11 +161,8 @@ for name, hint in (("flat", False), ("flat-l2", True)):
 def test_l2_hint_probe_loads_what_the_flat_probe_loads_with_the_hint():
     """The `flat-l2` route differs from `flat` only by the hint: as many 16-byte loads, each with L2::256B (its
     sums are checked on the GPU; inline PTX does not run in the interpreter)."""
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", _L2_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    rows = {r["name"]: r for r in (json.loads(x) for x in p.stdout.splitlines() if x.startswith("{"))}
-    assert len(rows) == 2, p.stderr[-2000:]
+    rows = {r["name"]: r for r in compile_rows(_L2_SCRIPT, timeout=600)}
+    assert len(rows) == 2
     flat, l2 = rows["flat"], rows["flat-l2"]
     assert flat["hint"] == 0 and l2["hint"] == l2["v4"] == flat["v4"] > 0
 

@@ -12,13 +12,9 @@ Gluon does not run in Triton's interpreter: its numerics are checked on the H200
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from compiled import compile_rows
 
 from glm5lib.kernels import mla, mla_gluon_fp8mma as fm
 
@@ -40,13 +36,7 @@ for arch in (89, 90, 120):
 
 @pytest.fixture(scope="module")
 def stats():
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=1500)
-    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    if not rows:
-        pytest.fail(f"no compile results: {p.stderr[-2000:]}")
-    return rows
+    return compile_rows(_SCRIPT, timeout=1500)
 
 
 def _key(r):

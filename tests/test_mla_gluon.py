@@ -6,12 +6,8 @@ sm_120's 99 KB per block, every config (the warp-specialized ones included) sm_9
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
+from compiled import compile_rows
 
 from glm5lib.kernels import mla_gluon
 
@@ -30,20 +26,9 @@ for arch in (90, 120):
 """
 
 
-def _compile_rows(script: str) -> list[dict]:
-    """The JSON rows a compile script prints, run in a child process with the interpreter off."""
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
-    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    if not rows:
-        pytest.fail(f"no compile results: {p.stderr[-2000:]}")
-    return rows
-
-
 @pytest.fixture(scope="module")
 def stats():
-    return _compile_rows(_SCRIPT)
+    return compile_rows(_SCRIPT)
 
 
 def _key(r):
@@ -102,7 +87,7 @@ for fmt in ("bf16", "fp8_ds_mla"):
 
 @pytest.fixture(scope="module")
 def large_stats():
-    return _compile_rows(_SCRIPT_LARGE)
+    return compile_rows(_SCRIPT_LARGE)
 
 
 def test_large_kernel_compiles_for_sm90_within_shared_memory_and_spills_only_where_allowed(large_stats):

@@ -126,12 +126,18 @@ if HAVE_GLUON:
 
     if _REINTERPRET == "reinterpret":
         @gluon.jit
-        def _as_f16(buf, shape: gl.constexpr, layout: gl.constexpr):
-            return buf.reinterpret(gl.float16, shape, layout)
+        def _as(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+            """The same shared-memory bytes viewed as another dtype, shape and layout."""
+            return buf.reinterpret(dtype, shape, layout)
     else:
         @gluon.jit
-        def _as_f16(buf, shape: gl.constexpr, layout: gl.constexpr):
-            return buf._reinterpret(gl.float16, shape, layout)
+        def _as(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+            """The same shared-memory bytes viewed as another dtype, shape and layout."""
+            return buf._reinterpret(dtype, shape, layout)
+
+    @gluon.jit
+    def _as_f16(buf, shape: gl.constexpr, layout: gl.constexpr):
+        return _as(buf, gl.float16, shape, layout)
 
     @gluon.jit
     def _e4m3_words_f16(w):
@@ -612,10 +618,22 @@ def plan_splits(T: int, topk: int, block_n: int, device: torch.device, num_split
     return mla.split_keys(topk, num_splits, block_n)
 
 
-def prepare_call(q, kv_cache, indices, out):
-    """What the Gluon launchers share after checking shapes and dtypes: (q, indices with unit last stride, the cache's
-    row stride and row count, out (allocated, or checked), a fresh lse `[T, H]`)."""
+def prepare_call(q, kv_cache, indices, out, kv_format="fp8_ds_mla"):
+    """What the Gluon launchers share once q's shape is checked: the cache's format ("fp8_ds_mla": uint8 rows of 656
+    bytes; "bf16": bf16 rows of 576) and the indices (int32 `[T, topk]`) are checked; returns (q, indices with unit
+    last stride, the cache's row stride and row count, out (allocated, or checked), a fresh lse `[T, H]`)."""
     T, H, _ = q.shape
+    if kv_format == "fp8_ds_mla":
+        if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
+            raise ValueError(f"fp8_ds_mla cache must be uint8 rows of {FP8_DS_MLA_ROW_BYTES}, got {kv_cache.dtype} "
+                             f"{tuple(kv_cache.shape)}")
+    elif kv_format == "bf16":
+        if kv_cache.dtype != torch.bfloat16 or kv_cache.shape[-1] != D_QK:
+            raise ValueError(f"bf16 cache must be bf16 rows of {D_QK}, got {kv_cache.dtype} {tuple(kv_cache.shape)}")
+    else:
+        raise ValueError(f"kv_format must be 'bf16' or 'fp8_ds_mla', got {kv_format!r}")
+    if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != T:
+        raise ValueError(f"indices must be int32 [T, topk] with T = {T}, got {indices.dtype} {tuple(indices.shape)}")
     stride_kv, n_rows = kv_row_geometry(kv_cache)
     if (stride_kv * kv_cache.element_size()) % 16 or kv_cache.data_ptr() % 16:  # every gather is 16-byte cp.async
         raise ValueError("cache rows must start on 16-byte boundaries")
@@ -628,6 +646,12 @@ def prepare_call(q, kv_cache, indices, out):
     elif out.shape != (T, H, D_NOPE) or out.stride(-1) != 1:
         raise ValueError(f"out must be [T, H, {D_NOPE}] with contiguous rows, got {tuple(out.shape)}")
     return q, indices, stride_kv, n_rows, out, torch.empty(T, H, dtype=torch.float32, device=q.device)
+
+
+def split_buffer(splits: int, T: int, H: int, lse: torch.Tensor) -> torch.Tensor:
+    """The fp32 split partials and their lse in one allocation (`mla._part_rows`'s layout); with one split the
+    kernel writes out and lse directly and takes lse as a placeholder."""
+    return torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=lse.device) if splits > 1 else lse
 
 
 def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n=DEFAULT[0],
@@ -647,11 +671,6 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
     T, H, d = q.shape
     if d != D_QK or not 1 <= H <= BLOCK_H:
         raise ValueError(f"q must be [T, H <= {BLOCK_H}, {D_QK}], got {tuple(q.shape)}")
-    if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
-        raise ValueError(f"fp8_ds_mla cache must be uint8 rows of {FP8_DS_MLA_ROW_BYTES}, got {kv_cache.dtype} "
-                         f"{tuple(kv_cache.shape)}")
-    if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != T:
-        raise ValueError(f"indices must be int32 [T, topk] with T = {T}, got {indices.dtype} {tuple(indices.shape)}")
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
@@ -659,7 +678,7 @@ def sparse_mla_gluon(q, kv_cache, indices, sm_scale, *, num_splits=None, block_n
         return out, lse
     splits, keys_per_split = plan_splits(T, topk, block_n, dev, num_splits, waves, nbuf, depth if ws else 0,
                                          maxnreg, num_warps)
-    part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
+    part = split_buffer(splits, T, H, lse)
     args = (q, kv_cache, indices, out, lse, part,
             q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
             H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E)
@@ -740,7 +759,7 @@ def cubin_usage(cubin: bytes) -> dict:
     return out
 
 
-__all__ = ["sparse_mla_gluon", "prepare_call", "CONFIGS", "WS_CONFIGS", "DEFAULT", "config_name", "config_kwargs",
+__all__ = ["sparse_mla_gluon", "prepare_call", "split_buffer", "CONFIGS", "WS_CONFIGS", "DEFAULT", "config_name", "config_kwargs",
            "HAVE_GLUON", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats"]
 
 

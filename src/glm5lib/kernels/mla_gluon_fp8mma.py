@@ -57,11 +57,11 @@ from glm5lib.kernels import mla
 from glm5lib.kernels.common import num_sms
 from glm5lib.kernels.compile_report import SMEM_LIMIT
 from glm5lib.kernels.mla import LOG2E
-from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES
+from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE
 
 import triton  # noqa: E402
 
-from glm5lib.kernels.mla_gluon import HAVE_GLUON, cubin_usage, prepare_call  # noqa: E402
+from glm5lib.kernels.mla_gluon import HAVE_GLUON, cubin_usage, prepare_call, split_buffer  # noqa: E402
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -69,16 +69,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-    from glm5lib.kernels.mla_gluon import _REINTERPRET, _async_copy, _barrier, _tile_idx
-
-    if _REINTERPRET == "reinterpret":
-        @gluon.jit
-        def _as_u8(buf, shape: gl.constexpr, layout: gl.constexpr):
-            return buf.reinterpret(gl.uint8, shape, layout)
-    else:
-        @gluon.jit
-        def _as_u8(buf, shape: gl.constexpr, layout: gl.constexpr):
-            return buf._reinterpret(gl.uint8, shape, layout)
+    from glm5lib.kernels.mla_gluon import _as, _async_copy, _barrier, _tile_idx
 
 BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the P V product's K (m16n8k32)
 # (nbuf, q_terms, p_terms) the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
@@ -344,7 +335,7 @@ if HAVE_GLUON:
         SW32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])  # SW8 in words
         SW16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         lat = gl.allocate_shared_memory(gl.int32, [NBUF, BN, CH], SW32)
-        lat8 = _as_u8(lat, [NBUF, BN, DN], SW8)  # the same bytes: SW32 is SW8 in 4-byte units
+        lat8 = _as(lat, gl.uint8, [NBUF, BN, DN], SW8)  # the same bytes: SW32 is SW8 in 4-byte units
         rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, DR], SW16)
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         sc0 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)  # the rows' scales of chunk c: sc<c>
@@ -536,18 +527,13 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     G = head_groups(H)
     if q_terms not in (2, 3) or p_terms not in (2, 3) or nbuf < 1:
         raise ValueError(f"q_terms and p_terms must be 2 or 3 and nbuf >= 1, got {q_terms}, {p_terms}, {nbuf}")
-    if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
-        raise ValueError(f"fp8_ds_mla cache must be uint8 rows of {FP8_DS_MLA_ROW_BYTES}, got {kv_cache.dtype} "
-                         f"{tuple(kv_cache.shape)}")
-    if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != T:
-        raise ValueError(f"indices must be int32 [T, topk] with T = {T}, got {indices.dtype} {tuple(indices.shape)}")
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
     if T == 0:
         return out, lse
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms)
-    part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
+    part = split_buffer(splits, T, H, lse)
     _sparse_mla_fp8mma_kernel[(T, splits)](
         q, kv_cache, indices, out, lse, part,
         q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,

@@ -53,11 +53,11 @@ from glm5lib.kernels import mla
 from glm5lib.kernels.common import num_sms
 from glm5lib.kernels.compile_report import SMEM_LIMIT
 from glm5lib.kernels.mla import LOG2E
-from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE, FP8_DS_MLA_ROW_BYTES
+from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE
 
 import triton  # noqa: E402
 
-from glm5lib.kernels.mla_gluon import HAVE_GLUON, prepare_call  # noqa: E402
+from glm5lib.kernels.mla_gluon import HAVE_GLUON, prepare_call, split_buffer  # noqa: E402
 
 if HAVE_GLUON:
     from triton.experimental import gluon
@@ -739,25 +739,14 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         raise ValueError(f"the ping-pong kernel takes 64-key tiles, two buffers and probes 1-2, got block_n={block_n} "
                          f"nbuf={nbuf} probe={probe}")
     fp8 = kv_format == "fp8_ds_mla"
-    if fp8:
-        if kv_cache.dtype != torch.uint8 or kv_cache.shape[-1] != FP8_DS_MLA_ROW_BYTES:
-            raise ValueError(f"fp8_ds_mla cache must be uint8 rows of {FP8_DS_MLA_ROW_BYTES}, got {kv_cache.dtype} "
-                             f"{tuple(kv_cache.shape)}")
-    elif kv_format == "bf16":
-        if kv_cache.dtype != torch.bfloat16 or kv_cache.shape[-1] != D_QK:
-            raise ValueError(f"bf16 cache must be bf16 rows of {D_QK}, got {kv_cache.dtype} {tuple(kv_cache.shape)}")
-    else:
-        raise ValueError(f"kv_format must be 'bf16' or 'fp8_ds_mla', got {kv_format!r}")
-    if indices.dtype != torch.int32 or indices.dim() != 2 or indices.shape[0] != T:
-        raise ValueError(f"indices must be int32 [T, topk] with T = {T}, got {indices.dtype} {tuple(indices.shape)}")
-    q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
+    q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out, kv_format)
     topk = indices.shape[1]
     dev = q.device
     if T == 0:
         return out, lse
     # the ping-pong kernel takes tiles in pairs: its splits are whole pairs
     splits, keys_per_split = plan_splits(T, H, topk, 2 * block_n if mode == "pingpong" else block_n, dev, num_splits)
-    part = torch.empty(splits * T * H * (D_NOPE + 1), dtype=torch.float32, device=dev) if splits > 1 else lse
+    part = split_buffer(splits, T, H, lse)
     grid = (T, -(-H // BLOCK_H), splits)
     args = (q, kv_cache, indices, out, lse, part,
             q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
