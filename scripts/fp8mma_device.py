@@ -2,6 +2,8 @@
 Triton kernel and FlashMLA, in one process.
 
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json [--configs 2,3,2 2,2,2] [--no-time] [--budget-s S]`
+`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --small-batch`: only batch 1-16 at 8 heads (graph replay, and
+the host time of one eager call), the shipped config beside the Triton kernel (`mla.FP8MMA_MIN_T`'s question)
 
 Checks (fp8_ds_mla cache of 32768 rows, `naive.sparse_mla_ref` in fp32, `checks`' bf16 tolerances): B in {1, 32, 128}
 x H in {8, 16}; invalid indices (-1, out of range, duplicates, a token with none valid); top-k values that are not a
@@ -174,6 +176,35 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
         torch.cuda.empty_cache()
 
 
+def run_small_batch(rows):
+    """Batch 1-16 decode at 8 heads: GPU time (graph replay) and one eager call's host time, both kernels."""
+    import time as _time
+
+    cfg = fm.CONFIG_BY_CLASS["big"]
+    for B in (1, 4, 16):
+        q, cache, base = bk._make_decode(B, 8, 32768, TOPK, "fp8_ds_mla")
+        idx_sets = [bk._rand_indices(B, 32768, TOPK, base) for _ in range(8)]
+        out = torch.empty(B, 8, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
+        calls = {"triton": lambda i: mla.sparse_mla_launch(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out),
+                 "fp8mma": lambda i: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, nbuf=cfg[0], q_terms=cfg[1],
+                                                          p_terms=cfg[2], out=out)}
+        res = {"kind": "small-batch", "B": B, "H": 8, "config": fm.config_name(cfg)}
+        for name, f in calls.items():
+            res[name + "_graph_us"] = 1e3 * bk._graph_ms([lambda i=i, f=f: f(i) for i in idx_sets])
+            for _ in range(20):
+                f(idx_sets[0])
+            torch.cuda.synchronize()
+            host = []
+            for _ in range(50):
+                t0 = _time.perf_counter()
+                f(idx_sets[0])
+                host.append(_time.perf_counter() - t0)
+                torch.cuda.synchronize()
+            res[name + "_eager_host_us"] = 1e6 * sorted(host)[len(host) // 2]
+        rows.append(res)
+        print(json.dumps(res), flush=True)
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out_path = argv[0] if argv and not argv[0].startswith("--") else "fp8mma_device.json"
@@ -195,6 +226,12 @@ def main(argv=None) -> int:
             "flashmla": bk.load_flashmla()}
     print(json.dumps(info), flush=True)
     rows, broken = [], {}
+    if "--small-batch" in argv:
+        run_small_batch(rows)
+        info["elapsed_s"] = time.time() - t0
+        with open(out_path, "w") as f:
+            json.dump({"meta": info, "rows": rows}, f, indent=1)
+        return 0
     run_checks(cfgs, dev, rows, broken)
     info["checks_s"] = time.time() - t0
     if "--no-time" not in argv:
