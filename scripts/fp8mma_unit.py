@@ -3,10 +3,13 @@ the split of a row into e4m3 terms, and m16n8k32 e4m3 products (`mma_v2`) with o
 from shared memory. `PYTHONPATH=src python scripts/fp8mma_unit.py`
 
 Each term split is compared with torch's, element by element, on a [8, 512] tile ("mismatches of 4096 per term"):
-variant 0 is the kernel's own `_e4m3_terms` (inline-PTX rounding, Veltkamp's split); 1-6 are Triton's built-in
-conversion chains (the widening through uint8, without sigma, by bit arithmetic, from fp32 input, through fp16,
-two terms), which on the H200 with Triton 3.6 returned wrong values for about half of the elements (NOTES.md round
-8); 7 rounds by inline PTX that also widens. A mismatch count above 0 for variant 0 is a failure."""
+- 0: the kernel's own `_e4m3_terms` on a bf16 row scaled to 448 (what the kernel does): must match exactly;
+- 1, 3, 5, 6: Triton's built-in conversions (widened through uint8, by bit arithmetic, through fp16, two terms);
+  on the H200 with Triton 3.6 they returned wrong values for about half of the elements (NOTES.md round 8);
+- 2 and 4: the kernel's split on rows it never gets (unscaled, or fp32 values with more bits than bf16): below
+  e4m3's normal range (2^-6) its result is rounded twice, so a few elements differ from torch's, by at most 2^-10;
+- 7: inline-PTX rounding that also widens the bytes (the round's first fix).
+Outputs: `outputs/bench/sweeps/fp8mma_unit_h200.log`."""
 
 from __future__ import annotations
 
