@@ -245,8 +245,9 @@ if INTERACTIVE:
 # short (the numbers are printed below from the JSON): small-head decode with bf16 rows reaches about two thirds of
 # the copy bandwidth, short of the 85 % target, while its rows alone gather at 82-84 % (two runs), at the margin of
 # the goal; the fp8 path at 8 heads (on sm_90 the fp8-product kernel of `mla_gluon_fp8mma`: keys as the mma's M,
-# the cached e4m3 bytes as operands) runs about as fast as FlashMLA padded to 64 heads and far from the 2.5x goal,
-# because sm_90 has no native e4m3 `mma.sync` and ptxas converts both operands of every product; at 16 heads the
+# the cached e4m3 bytes as operands) runs about as fast as FlashMLA padded to 64 heads and far from the 2.5x goal
+# (at B=128 the gathers alone rule the goal out; at B=32 the products are what is left, and sm_90 has no native e4m3
+# `mma.sync`: ptxas converts both operands of every product); at 16 heads the
 # Triton kernel is bound by its attention stage (dots and online softmax through shared memory); at 64-128 heads the
 # prefill (on sm_90 the Gluon ping-pong kernel of `mla_gluon_large`) reaches about 0.9x FlashMLA's TFLOP/s;
 # H = 8 prefill is bound by L2 bandwidth for both kernels, so the two run at about the same speed. The indexer's

@@ -124,9 +124,9 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
             small = fm.CONFIG_BY_CLASS["small"]
             mla.force_smem_class("small")
             try:
-                res["small_class_" + fm.config_name(small) + "_us"] = 1e3 * bk._graph_ms([lambda i=i: fm.sparse_mla_fp8mma(
-                    q, cache, i, SM_SCALE, nbuf=small[0], q_terms=small[1], p_terms=small[2], out=out)
-                    for i in idx_sets])
+                res["small_class_" + fm.config_name(small) + "_us"] = 1e3 * bk._graph_ms([
+                    lambda i=i: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, nbuf=small[0], q_terms=small[1],
+                                                     p_terms=small[2], out=out) for i in idx_sets])
                 res["small_class_triton_us"] = 1e3 * bk._graph_ms([lambda i=i: mla.sparse_mla_launch(
                     q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out) for i in idx_sets])
             finally:

@@ -150,9 +150,11 @@ def main() -> int:
     _conv[(1,)](x, t0, y, t1, num_warps=2)
     rt0 = x.to(torch.float8_e4m3fn)
     print("fp32 -> e4m3 equal:", bool(torch.equal(t0, rt0.view(torch.uint8))))
-    print("e4m3 -> fp32 equal:", bool(torch.equal(y, rt0.float())), "mismatch at", (y != rt0.float()).nonzero()[:6].tolist())
+    print("e4m3 -> fp32 equal:", bool(torch.equal(y, rt0.float())), "mismatch at",
+          (y != rt0.float()).nonzero()[:6].tolist())
     rt1 = (x - rt0.float()).to(torch.float8_e4m3fn)
-    print("residual term equal:", bool(torch.equal(t1, rt1.view(torch.uint8))), int((t1 != rt1.view(torch.uint8)).sum()))
+    print("residual term equal:", bool(torch.equal(t1, rt1.view(torch.uint8))),
+          int((t1 != rt1.view(torch.uint8)).sum()))
     q = torch.randn(8, 576, device=dev).to(torch.bfloat16)
     q32 = torch.randn(8, 512, device=dev) * 100
     for variant in range(8):
@@ -165,7 +167,8 @@ def main() -> int:
             terms.append(tt)
             r = r - tt.float()
         got = tb[:12288].view(3, 8, 512)
-        print(f"terms variant {variant}:", [int((got[j] != terms[j].view(torch.uint8)).sum()) for j in range(3 if variant != 6 else 2)],
+        n_terms = 3 if variant != 6 else 2
+        print(f"terms variant {variant}:", [int((got[j] != terms[j].view(torch.uint8)).sum()) for j in range(n_terms)],
               "mismatches of 4096 per term")
         bad = (got[1] != terms[1].view(torch.uint8)).nonzero()[:4].tolist()
         for h, d in bad:

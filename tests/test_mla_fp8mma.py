@@ -25,11 +25,13 @@ import json
 from glm5lib.kernels import mla_gluon_fp8mma as m
 for arch in (89, 90, 120):
     for G in (1, 2):
-        for cfg in m.CONFIGS:
+        # every config with split partials (decode); the shipped ones also without (prefill)
+        builds = [(cfg, True) for cfg in m.CONFIGS] + [(cfg, False) for cfg in m.CONFIG_BY_CLASS.values()]
+        for cfg, split in builds:
             try:
-                r = m.compile_stats(arch, G, *cfg)
+                r = m.compile_stats(arch, G, *cfg, split=split)
             except Exception as exc:
-                r = {"config": m.config_name(cfg), "arch": arch, "G": G, "error": str(exc)[-400:]}
+                r = {"config": m.config_name(cfg), "arch": arch, "G": G, "split": split, "error": str(exc)[-400:]}
             print(json.dumps(r), flush=True)
 """
 
@@ -40,11 +42,11 @@ def stats():
 
 
 def _key(r):
-    return f"sm_{r['arch']} G{r['G']} {r['config']}"
+    return f"sm_{r['arch']} G{r['G']} {r['config']}{'' if r['split'] else ' no-split'}"
 
 
 def test_every_config_compiles_for_every_target(stats):
-    assert len(stats) == 3 * 2 * len(fm.CONFIGS)
+    assert len(stats) == 3 * 2 * (len(fm.CONFIGS) + len(fm.CONFIG_BY_CLASS))
     bad = [f"{_key(r)}: {r['error']}" for r in stats if "error" in r]
     assert not bad, "; ".join(bad)
 
@@ -131,8 +133,9 @@ def test_dispatch_rule_and_switch(monkeypatch):
     from glm5lib.bench import evidence
 
     assert evidence._key("prefill:T600-H8-K2048-N32768-fp8_ds_mla-none") == ("small-fp8mma", "fp8_ds_mla", "big")
-    assert evidence._key("prefill:T600-H8-K2048-N32768-fp8_ds_mla-none", "small") != ("small-fp8mma",
-                                                                                       "fp8_ds_mla", "small")
+    # the forced 99 KB class stands for sm_89 / sm_120, where the kernel is not taken unless asked for
+    assert evidence._key("prefill:T600-H8-K2048-N32768-fp8_ds_mla-none", "small") == ("prefill-small", "fp8_ds_mla",
+                                                                                       "small")
     assert evidence._key("regular:T1-H8-K2048-N32768-fp8_ds_mla-none")[0] == "small"
     assert evidence.shipped_configs()["small-fp8mma/fp8_ds_mla/big"] == fm.config_name(fm.CONFIG_BY_CLASS["big"])
 
@@ -160,3 +163,27 @@ def test_split_plan_covers_the_top_k():
         assert splits * kps >= 2048 and (splits - 1) * kps < 2048 and kps % fm.BLOCK_N == 0
     assert fm.plan_splits(4096, 2048, 1, cpu)[0] == 1  # prefill: enough programs without splitting
     assert fm.programs_per_sm(1, 2, 2, "big") == 4 and fm.programs_per_sm(1, 1, 2, "small") == 3
+
+
+def test_dispatch_branches_on_a_gpu_that_runs_it(monkeypatch):
+    """The GPU side of the rule with the device faked: the config per shared-memory class and switch, and that
+    `mla.dispatched` (what the case matrix and the benchmark record) names what `fp8mma_route` picks."""
+    gpu = torch.device("cuda", 0)
+    ready = {"value": True}
+    monkeypatch.setattr(mla, "_fp8mma_ready", lambda *a: ready["value"])
+    monkeypatch.setattr(mla, "num_sms", lambda dev: 132)
+    for smem, mode, want in (("big", "", fm.CONFIG_BY_CLASS["big"]), ("big", "0", None),
+                             ("small", "", None), ("small", "1", fm.CONFIG_BY_CLASS["small"])):
+        monkeypatch.setattr(mla, "smem_class", lambda dev, s=smem: s)
+        monkeypatch.setenv("GLM5LIB_FP8MMA", mode)
+        assert mla.fp8mma_route(128, 8, "fp8_ds_mla", gpu, torch.bfloat16) == want, (smem, mode)
+        assert mla.fp8mma_route(128, 8, "fp8_ds_mla", gpu, torch.float16) is None  # bf16 q only
+        assert mla.fp8mma_route(128, 8, "fp8_ds_mla", gpu, torch.bfloat16, aligned=False) is None
+        key, name = mla.dispatched(128, 8, "fp8_ds_mla", gpu)
+        assert (key[0] == "small-fp8mma") == (want is not None)
+        if want:
+            assert key == ("small-fp8mma", "fp8_ds_mla", smem) and name == fm.config_name(want)
+        assert mla.dispatched(128, 16, "fp8_ds_mla", gpu)[0][0] != "small-fp8mma"  # 9-16 heads: Triton
+    ready["value"] = False  # a GPU without the kernel (sm_80, software e4m3, no Gluon)
+    monkeypatch.setenv("GLM5LIB_FP8MMA", "1")
+    assert mla.fp8mma_route(128, 8, "fp8_ds_mla", gpu, torch.bfloat16) is None

@@ -1,12 +1,13 @@
 """Which sparse-MLA configs each committed piece of H200 evidence exercised, against the configs shipped now.
 
-The H200 files were produced at different commits: the v5 decode verification at febd9ab; the matrix and
-compute-sanitizer with the sm_89/sm_120 ("small" shared-memory class) configs forced on the H200 at 4bea5da;
-the full case matrix, compute-sanitizer and the benchmark at 73d2a37, with the Gluon kernels for 17-128 heads and
-the fp8-product kernel for 1-8 heads dispatched on sm_90 (the benchmark records its commit in the JSON); the vLLM
-call-path harness at 836d561. The configs of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config
+The H200 files were produced at different commits: the v5 decode verification at febd9ab; the matrix and compute-
+sanitizer with the sm_89/sm_120 ("small" shared-memory class) configs forced on the H200 at 4bea5da; the full case
+matrix, compute-sanitizer and the benchmark at 73d2a37, with the Gluon kernels for 17-128 heads and the fp8-product
+kernel for 1-8 heads dispatched on sm_90 (the benchmark records its commit in the JSON); the vLLM call-path harness
+at 836d561. The configs of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config
 follows from its shape by `config_key` on the H200 (132 SMs) in the class the run used ("big" unless forced), or is
-the Gluon kernel's ("large-gluon" keys) where the dispatch rule (`mla.gluon_large_shape`) sends the shape there.
+a Gluon kernel's ("large-gluon", "small-fp8mma" keys) where the dispatch rules (`mla.gluon_large_shape`,
+`mla.fp8mma_shape`) send the shape there.
 
 Files written since the case matrix records each case's config (`checks` adds `config` to a JSON row and
 `config=NAME` to a log line) name what ran; for older files the names are inferred from the shapes with today's
@@ -51,9 +52,11 @@ def _key(name: str, smem: str = SMEM) -> tuple[str, str, str] | None:
     on sm_90 (`mla.gluon_large_shape`, `mla.fp8mma_shape`: the rules themselves, whatever the environment switches say
     in this process)."""
     m = _CASE.match(name)
-    if m is None:
-        return None
-    T, H, fmt = int(m["T"]), int(m["H"]), m["fmt"]
+    return None if m is None else _shape_key(int(m["T"]), int(m["H"]), m["fmt"], smem)
+
+
+def _shape_key(T: int, H: int, fmt: str, smem: str = SMEM) -> tuple[str, str, str]:
+    """The config key `sparse_mla` runs a shape under on the H200 today, by the dispatch rules alone."""
     if smem == SMEM and fp8mma_shape(T, H, fmt):
         return ("small-fp8mma", fmt, smem)
     if gluon_large_shape(T, H, fmt, smem):
@@ -129,7 +132,7 @@ def _bench(path: Path) -> dict:
 
 def _harness(path: Path) -> dict:
     rows = [r for r in json.loads(path.read_text())["results"] if "kv_format" in r]  # sparse-MLA cases
-    keys = [config_key(sum(r["query_lens"]), r["heads"], r["kv_format"], SMEM, H200_SMS) for r in rows]
+    keys = [_shape_key(sum(r["query_lens"]), r["heads"], r["kv_format"]) for r in rows]
     commit = json.loads(path.read_text()).get("commit") or HARNESS_COMMIT
     return {"file": str(path), "commit": commit, "what": "vLLM backend call path (paged caches, top-k 2048)",
             "recorded": False, "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows),

@@ -564,7 +564,7 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
 
 # 1-8 heads over an fp8_ds_mla cache, at least FP8MMA_MIN_T tokens, on sm_90 with Gluon: the fp8-product kernel
 # (`mla_gluon_fp8mma`, NOTES.md round 8; H200, one process, outputs/bench/fp8mma_h200.json: 0.88x / 0.74x the Triton
-# kernel's decode time at B32 / B128, 0.60x at prefill). 9-16 heads stay on Triton (two head groups: no faster), as do
+# kernel's decode time at B32 / B128, 0.60x at prefill). 9-16 heads stay on Triton (two head groups: within 2-7 %), as do
 # fewer tokens (B1-16 took 1.04-1.16x the Triton kernel's time; an eager call through Gluon's binder costs 61-86 us of
 # host time against 27-40, `sweeps/fp8mma_small_batch_h200.json`) and every CPU run (no interpreter). sm_89 / sm_120 run its e4m3 products natively, where sm_90 converts both operands of each (its SASS),
 # but were not measured: GLM5LIB_FP8MMA=1 takes the kernel there too (the one-slot 99 KB build), 0 turns it off.
@@ -592,10 +592,16 @@ def fp8mma_shape(T: int, H: int, kv_format: str) -> bool:
 
 @functools.lru_cache(maxsize=16)
 def _fp8mma_ready(dev_type: str, dev_index: int | None, forced: bool) -> bool:
-    if dev_type != "cuda" or common.INTERPRETED or common.FP8_SOFTWARE:
+    if dev_type != "cuda" or common.INTERPRETED:
         return False
     cap = capability(torch.device(dev_type, dev_index))
-    if cap not in FP8MMA_CAPS and not (forced and cap >= (8, 9)):
+    if forced and (cap < (8, 9) or common.FP8_SOFTWARE):  # said once per device (the result is cached)
+        import warnings
+
+        warnings.warn(f"GLM5LIB_FP8MMA=1 has no effect on sm_{cap[0]}{cap[1]}"
+                      f"{' with GLM5LIB_FP8_SOFTWARE' if common.FP8_SOFTWARE else ''}: the e4m3 products need sm_89+ "
+                      "hardware e4m3; the Triton kernel runs", stacklevel=3)
+    if common.FP8_SOFTWARE or (cap not in FP8MMA_CAPS and not (forced and cap >= (8, 9))):
         return False
     try:
         from glm5lib.kernels import mla_gluon_fp8mma
@@ -614,7 +620,7 @@ def fp8mma_route(T: int, H: int, kv_format: str, device: torch.device, q_dtype: 
     if mode == "off" or not _fp8mma_ready(device.type, device.index, mode == "on"):
         return None
     smem = smem_class(device)
-    if mode == "auto" and smem != "big":  # auto: where it was measured, which a forced 99 KB class is not
+    if mode == "auto" and smem != "big":  # auto means sm_90's class: a forced 99 KB class stands for sm_89 / sm_120
         return None
     from glm5lib.kernels.mla_gluon_fp8mma import CONFIG_BY_CLASS
 
@@ -813,8 +819,11 @@ def sparse_mla(
     if block_size is not None and kv_cache.dim() >= 3 and kv_cache.shape[1] != block_size:
         raise ValueError(f"block_size {block_size} does not match the cache view's {kv_cache.shape[1]}")
     T, H, _ = q.shape
-    if fmt == "fp8_ds_mla" and H <= FP8MMA_MAX_H and T >= FP8MMA_MIN_T and q.is_cuda:
-        aligned = kv_cache.data_ptr() % 16 == 0 and kv_row_geometry(kv_cache)[0] % 16 == 0
+    gluon_fp8 = fmt == "fp8_ds_mla" and fp8mma_shape(T, H, fmt)
+    if q.is_cuda and (gluon_fp8 or (H > 16 and T >= GLUON_LARGE_MIN_T)):
+        # every Gluon gather is a 16-byte cp.async
+        aligned = kv_cache.data_ptr() % 16 == 0 and (kv_row_geometry(kv_cache)[0] * kv_cache.element_size()) % 16 == 0
+    if gluon_fp8 and q.is_cuda:
         cfg8 = fp8mma_route(T, H, fmt, q.device, q.dtype, aligned)
         if cfg8:
             from glm5lib.kernels.mla_gluon_fp8mma import sparse_mla_fp8mma
@@ -822,7 +831,6 @@ def sparse_mla(
             return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, nbuf=cfg8[0], q_terms=cfg8[1], p_terms=cfg8[2],
                                      out=out)
     if H > 16 and T >= GLUON_LARGE_MIN_T and q.is_cuda:
-        aligned = kv_cache.data_ptr() % 16 == 0 and (kv_row_geometry(kv_cache)[0] * kv_cache.element_size()) % 16 == 0
         mode = gluon_large_route(T, H, fmt, q.device, q.dtype, kv_cache.dtype, aligned)
         if mode:
             from glm5lib.kernels.mla_gluon_large import sparse_mla_gluon_large

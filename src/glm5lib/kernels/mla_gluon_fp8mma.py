@@ -27,7 +27,8 @@ the mma's M of 16 (half of every product is padding at 8 heads). This kernel doe
 On sm_89 / sm_120 an e4m3 `mma.sync` is a native instruction. On sm_90 it is not: ptxas converts both operands to
 fp16 and issues fp16 products (the SASS of the H200 build, NOTES.md round 8), so there the kernel pays more
 conversions than the fp16 kernels; it is still faster than the Triton kernel at 1-8 heads (keys as M, no padding),
-and slower at 9-16 (two head groups convert every operand twice), which is why it is dispatched for 1-8 only.
+and at 9-16 (two head groups convert every operand twice) within 2-7 % of it (slower in earlier builds), which is why it
+is dispatched for 1-8 only.
 
 A program owns (token, split of its top-k list) and all its heads: `2 * G` warps, G head groups of 8 (G = 1 up to
 8 heads, 2 up to 16). Each tile of `BLOCK_N` = 32 keys is gathered once by `cp.async` into a ring of `NBUF` slots
@@ -74,11 +75,12 @@ if HAVE_GLUON:
 BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the P V product's K (m16n8k32)
 # (nbuf, q_terms, p_terms) the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
 CONFIGS = [(2, 2, 2), (1, 2, 2), (2, 3, 2)]
-DEFAULT = (2, 2, 2)
-# what `mla.sparse_mla` takes by shared-memory class: sm_90 two slots (52 KB, 4 programs per SM); the 99 KB class
-# (sm_89 / sm_120) one slot (31 KB, 3 per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit
-# e4m3 terms) except for elements below 2^-2 of the head's largest, whose rest falls under e4m3's subnormal step
+# what `mla.sparse_mla` takes by shared-memory class: sm_90 two slots (52 KB, 4 programs per SM; on the H200 one and
+# two slots are within 2-6 % of each other, two slots 2 % faster at prefill); the 99 KB class (sm_89 / sm_120) one slot
+# (31 KB, 3 per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit e4m3 terms) except for elements
+# whose scaled value is below 2^-2 (about 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
 CONFIG_BY_CLASS = {"big": (2, 2, 2), "small": (1, 2, 2)}
+DEFAULT = CONFIG_BY_CLASS["big"]
 
 
 def config_name(cfg) -> str:
@@ -107,8 +109,9 @@ if HAVE_GLUON:
     @gluon.jit
     def _v_logical(x):
         """[BLOCK_N keys, 128 columns] of a chunk in memory order -> V^T [128 rows m, keys] with the rows permuted:
-        memory column d = 64 m16 + 8 (m & 7) + 4 m64 + 2 m32 + m8 (`d_of_m`). Thread (g, c) of the operand layout
-        owns rows g + {0, 8, 32, 64 (+16 for the second warp)}: 8 contiguous bytes of each of its 8 keys."""
+        memory column d = 64 m16 + 8 (m & 7) + 4 m64 + 2 m32 + m8 (m16 ... m64: the bits of m). Thread (g, c) of the
+        operand layout owns rows g + {0, 8} + {0, 32} + {0, 64} (+16 in the second warp): 8 contiguous bytes of each
+        of its 8 keys."""
         N: gl.constexpr = x.shape[0]
         x = gl.permute(x, [1, 0])  # [d, key]
         x = gl.reshape(x, [2, 2, 2, 2, 2, 2, 2, N])  # d bits high to low: (m16, m4, m2, m1, m64, m32, m8)
@@ -243,8 +246,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _debug_base(DBG, t, sp, HN: gl.constexpr):
-        """Bytes of one program's debug record: 8 fp32 [32, HN] slots, K (logical) [32, 512], V^T (logical) [4, 128,
-        32], q's 3 terms [3, HN, 512] (e4m3 bytes)."""
+        """Bytes of one program's debug record (the size is `debug_record_bytes`'s): 8 fp32 [32, HN] slots, K
+        (logical) [32, 512], V^T (logical) [4, 128, 32], q's terms in q_s [3, HN, 512] and as computed [3, HN, 512]."""
         size: gl.constexpr = 8 * 32 * HN * 4 + 32 * 512 + 4 * 128 * 32 + 6 * HN * 512
         return DBG + (t * gl.num_programs(1) + sp).to(gl.int64) * size
 
@@ -266,7 +269,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _debug_dump(DBG, t, sp, t8, q_s, LK: gl.constexpr, LV: gl.constexpr, DA: gl.constexpr, DB: gl.constexpr,
                     MMA: gl.constexpr, LQ: gl.constexpr, HN: gl.constexpr, zero, Q_TERMS: gl.constexpr, s0, inv_sigma):
-        """DEBUG: tile 0's operands and chunk products as the kernel sees them (`sparse_mla_fp8mma(debug=True)`)."""
+        """DEBUG: tile 0's operands and chunk products as the kernel sees them (`sparse_mla_fp8mma(debug=buffer)`,
+        a uint8 buffer of `debug_record_bytes(H)` per program; read by `scripts/fp8mma_debug.py`)."""
         CH: gl.constexpr = 128
         base = _debug_base(DBG, t, sp, HN)
         for c in gl.static_range(4):
@@ -444,6 +448,8 @@ if HAVE_GLUON:
             ps1 = sc1.index(slot).load(PKEYS)
             ps2 = sc2.index(slot).load(PKEYS)
             ps3 = sc3.index(slot).load(PKEYS)
+            # e is in [-120, 126] for any row scale; e - e_prev stays in `_pow2`'s range while consecutive tiles' largest
+            # scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
             e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
             f = alpha * _pow2(e - e_prev)
             e_prev = e
@@ -510,6 +516,7 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
 
 
 def debug_record_bytes(H: int) -> int:
+    """Bytes of one program's DEBUG record (the layout `_debug_base` documents)."""
     HN = 8 * head_groups(H)
     return 8 * 32 * HN * 4 + 32 * 512 + 4 * 128 * 32 + 6 * HN * 512
 

@@ -11,7 +11,8 @@ impl turns them into physical cache rows (`block * block_stride_rows + offset`, 
 `flat_kv_row_view` because vLLM may interleave other layers' pages between this layer's blocks) and
 calls the sparse-MLA kernel, which returns the latent output `[T, H, 512]`; the layer applies W_UV.
 
-Kernels: `glm5lib.kernels.sparse_mla` (Triton, in `glm5lib.kernels.mla`; Gluon on sm_90 for 17-128 heads) on CUDA,
+Kernels: `glm5lib.kernels.sparse_mla` (Triton, in `glm5lib.kernels.mla`; Gluon on sm_90 for 17-128 heads, and for 1-8
+heads over an fp8_ds_mla cache) on CUDA,
 its fp32 twin `glm5lib.kernels.naive.sparse_mla_ref`
 on CPU (`GLM5LIB_SPARSE_MLA_KERNEL=naive|triton` overrides, e.g. to run Triton's interpreter on CPU). The
 forward itself is `glm5lib.vllm_plugin.paged.sparse_mla_forward` (no vLLM import: the GPU harness runs it).
