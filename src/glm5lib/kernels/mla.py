@@ -564,10 +564,11 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
 
 # 1-8 heads over an fp8_ds_mla cache, at least FP8MMA_MIN_T tokens, on sm_90 with Gluon: the fp8-product kernel
 # (`mla_gluon_fp8mma`, NOTES.md round 8; H200, one process, outputs/bench/fp8mma_h200.json: 0.88x / 0.74x the Triton
-# kernel's decode time at B32 / B128, 0.60x at prefill). 9-16 heads stay on Triton (two head groups: within 2-7 %), as do
-# fewer tokens (B1-16 took 1.04-1.16x the Triton kernel's time; an eager call through Gluon's binder costs 61-86 us of
-# host time against 27-40, `sweeps/fp8mma_small_batch_h200.json`) and every CPU run (no interpreter). sm_89 / sm_120 run its e4m3 products natively, where sm_90 converts both operands of each (its SASS),
-# but were not measured: GLM5LIB_FP8MMA=1 takes the kernel there too (the one-slot 99 KB build), 0 turns it off.
+# kernel's decode time at B32 / B128, 0.60x at prefill). 9-16 heads stay on Triton (two head groups: within 2-7 %), as
+# do fewer tokens (B1-16 took 1.04-1.16x the Triton kernel's time; an eager call through Gluon's binder costs 61-86 us
+# of host time against 27-40, `sweeps/fp8mma_small_batch_h200.json`) and every CPU run (no interpreter). sm_89 /
+# sm_120 run its e4m3 products natively, where sm_90 converts both operands of each (its SASS), but were not measured:
+# GLM5LIB_FP8MMA=1 takes the kernel there too (the one-slot 99 KB build), 0 turns it off.
 FP8MMA_MIN_T = 32
 FP8MMA_MAX_H = 8
 FP8MMA_CAPS = {(9, 0)}  # measured; sm_89 / sm_120 only with GLM5LIB_FP8MMA=1
@@ -819,7 +820,7 @@ def sparse_mla(
     if block_size is not None and kv_cache.dim() >= 3 and kv_cache.shape[1] != block_size:
         raise ValueError(f"block_size {block_size} does not match the cache view's {kv_cache.shape[1]}")
     T, H, _ = q.shape
-    gluon_fp8 = fmt == "fp8_ds_mla" and fp8mma_shape(T, H, fmt)
+    gluon_fp8 = fp8mma_shape(T, H, fmt)
     if q.is_cuda and (gluon_fp8 or (H > 16 and T >= GLUON_LARGE_MIN_T)):
         # every Gluon gather is a 16-byte cp.async
         aligned = kv_cache.data_ptr() % 16 == 0 and (kv_row_geometry(kv_cache)[0] * kv_cache.element_size()) % 16 == 0

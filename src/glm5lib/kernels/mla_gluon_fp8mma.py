@@ -346,10 +346,11 @@ if HAVE_GLUON:
         sc1 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
         sc2 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
         sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
-        q_s = gl.allocate_shared_memory(gl.float8e4nv, [Q_TERMS, HN, DN], SW8)  # q's e4m3 terms, columns in product order
+        # q's e4m3 terms, columns in the products' order
+        q_s = gl.allocate_shared_memory(gl.float8e4nv, [Q_TERMS, HN, DN], SW8)
         qr_s = gl.allocate_shared_memory(gl.bfloat16, [HN, DR], SW16)
-        # P^T passes between the warps (each needs all the tile's keys) as [heads, keys], 16-byte units swizzled by head:
-        # the B-operand loads of 4 keys of one head are then conflict-free
+        # P^T passes between the warps (each needs all the tile's keys) as [heads, keys], 16-byte units swizzled by
+        # head: the B-operand loads of 4 keys of one head are then conflict-free
         SWP: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         p_s = gl.allocate_shared_memory(gl.float32, [HN, BN], SWP)
 
@@ -359,8 +360,8 @@ if HAVE_GLUON:
         idx_row = IDX + t.to(gl.int64) * stride_it
         IW: gl.constexpr = gl.SliceLayout(1, LW)
         for j in gl.static_range(NBUF - 1):
-            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2,
-                    sc3, j, LW, LR)
+            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, sc0, sc1,
+                    sc2, sc3, j, LW, LR)
             cp.commit_group()
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
         nxt_w = _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
@@ -423,8 +424,8 @@ if HAVE_GLUON:
             t8 = lat8.index(slot)
             if DEBUG:
                 if i == 0:
-                    _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS, sc0.index(slot).load(KEYS),
-                                inv_sigma)
+                    _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS,
+                                sc0.index(slot).load(KEYS), inv_sigma)
             s = _scores_chunk(t8, q_s, 0, sc0.index(slot).load(KEYS), zero, zero, LK, DA8, DB8, Q_TERMS)
             s = _scores_chunk(t8, q_s, 1, sc1.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
             s = _scores_chunk(t8, q_s, 2, sc2.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
@@ -448,8 +449,8 @@ if HAVE_GLUON:
             ps1 = sc1.index(slot).load(PKEYS)
             ps2 = sc2.index(slot).load(PKEYS)
             ps3 = sc3.index(slot).load(PKEYS)
-            # e is in [-120, 126] for any row scale; e - e_prev stays in `_pow2`'s range while consecutive tiles' largest
-            # scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
+            # e is in [-120, 126] for any row scale; e - e_prev stays in `_pow2`'s range while consecutive tiles'
+            # largest scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
             e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
             f = alpha * _pow2(e - e_prev)
             e_prev = e
