@@ -38,12 +38,12 @@ N_ROWS = 32768
 TOPK = 2048
 
 
-def make_case(B, H, topk, invalid, seed, dev, q_scale=1.0, spread=False, paged=False):
+def make_case(B, H, topk, invalid, seed, dev, q_scale=1.0, spread=0, paged=False):
     gen = torch.Generator().manual_seed(seed)
     q = (torch.randn(B, H, naive.D_QK, generator=gen) * q_scale).to(torch.bfloat16).to(dev)
     kv = torch.randn(N_ROWS, naive.D_QK, generator=gen)
-    if spread:  # rows of very different magnitudes: chunk scales over 2^-12..2^12
-        kv = kv * torch.exp2(torch.randint(-12, 13, (N_ROWS, 1), generator=gen).float())
+    if spread:  # rows of very different magnitudes: chunk scales over 2^-spread..2^spread
+        kv = kv * torch.exp2(torch.randint(-spread, spread + 1, (N_ROWS, 1), generator=gen).float())
     cache = naive.quantize_fp8_ds_mla(kv).to(dev)
     if paged:
         cache = cache.view(N_ROWS // 64, 64, -1)
@@ -55,14 +55,17 @@ CHECKS = [dict(B=B, H=H) for B in (1, 32, 128) for H in (8, 16)] + [
     dict(B=32, H=8, invalid="mixed"), dict(B=8, H=16, invalid="oob"), dict(B=4, H=16, topk=2000, invalid="neg"),
     dict(B=3, H=8, topk=37), dict(B=5, H=12, topk=1000), dict(B=2, H=16, topk=96, invalid="allinv"),
     dict(B=6, H=1), dict(B=6, H=4), dict(B=16, H=8, q_scale=1e3), dict(B=16, H=16, q_scale=1e-3),
-    dict(B=16, H=8, spread=True), dict(B=16, H=16, spread=True, invalid="mixed"), dict(B=16, H=8, paged=True),
+    dict(B=16, H=8, spread=12), dict(B=16, H=16, spread=12, invalid="mixed"), dict(B=16, H=8, paged=True),
+    # rows over 2^-3..2^3 under a small q: softmaxes that mix many keys of different scales (the 2^12 spread makes
+    # them one-hot, which tests the rescale but not the mixed-scale sums)
+    dict(B=16, H=8, spread=3, q_scale=0.05), dict(B=16, H=16, spread=3, q_scale=0.05, invalid="mixed"),
     dict(B=512, H=8), dict(B=512, H=16, invalid="mixed")]
 
 
 def case_name(c) -> str:
     tags = [f"B{c['B']}", f"H{c['H']}", f"K{c.get('topk', TOPK)}", c.get("invalid", "none")]
     tags += [f"q{c['q_scale']:g}"] if "q_scale" in c else []
-    tags += ["spread"] if c.get("spread") else []
+    tags += [f"spread{c['spread']}"] if c.get("spread") else []
     tags += ["paged"] if c.get("paged") else []
     return "-".join(tags)
 
@@ -70,7 +73,7 @@ def case_name(c) -> str:
 def run_checks(cfgs, dev, rows, broken):
     for ci, c in enumerate(CHECKS):
         q, cache, idx = make_case(c["B"], c["H"], c.get("topk", TOPK), c.get("invalid", "none"), ci, dev,
-                                  c.get("q_scale", 1.0), c.get("spread", False), c.get("paged", False))
+                                  c.get("q_scale", 1.0), c.get("spread", 0), c.get("paged", False))
         ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
         name = case_name(c)
         to, tlse = mla.sparse_mla_launch(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla")

@@ -40,13 +40,16 @@ def compare(o, lse, ro, rlse) -> dict:
     fin = torch.isfinite(rlse)
     fin_same = bool(torch.equal(fin, torch.isfinite(lse)))
     lse_abs = float((lse[fin] - rlse[fin]).abs().max()) if fin.any() else 0.0
+    # lse against 1e-3 plus 4e-6 of its size: at |lse| in the thousands (q scaled by 1e3, rows
+    # scaled by 2^12) the fp32 sums of 576 products differ by more than 1e-3 between any two summation orders
+    lse_excess = float(((lse[fin] - rlse[fin]).abs() - 4e-6 * rlse[fin].abs()).max()) if fin.any() else 0.0
     none_ok = True
     if (~fin).any():  # tokens without a valid key: zeros and -inf
         none_ok = bool(torch.all(o32[~fin] == 0)) and bool(torch.all(torch.isneginf(lse[~fin])))
     rel_tol, cos_tol, lse_tol = _tol(torch.bfloat16)
     ok = (not torch.isnan(o32).any().item()) and fin_same and none_ok and rel <= rel_tol and cd <= cos_tol \
-        and lse_abs <= lse_tol
-    return {"ok": bool(ok), "rel": rel, "cos_diff": float(cd), "lse_abs": lse_abs,
+        and lse_excess <= lse_tol
+    return {"ok": bool(ok), "rel": rel, "cos_diff": float(cd), "lse_abs": lse_abs, "lse_excess": lse_excess,
             "max_abs": float(diff.abs().max()), "lse_finite_same": fin_same, "no_key_rows_ok": none_ok}
 
 

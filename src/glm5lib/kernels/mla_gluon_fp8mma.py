@@ -73,8 +73,10 @@ if HAVE_GLUON:
     from glm5lib.kernels.mla_gluon import _as, _async_copy, _barrier, _tile_idx
 
 BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the P V product's K (m16n8k32)
-# (nbuf, q_terms, p_terms) the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [(2, 2, 2), (1, 2, 2), (2, 3, 2)]
+# (nbuf, q_terms, p_terms) the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told.
+# q_terms = p_terms = 1 is the fp16-product build (module docstring): K and V widened to fp16 once, q and P one fp16
+# term each, m16n8k16 products
+CONFIGS = [(2, 2, 2), (1, 2, 2), (2, 3, 2), (2, 1, 1), (1, 1, 1)]
 # what `mla.sparse_mla` takes by shared-memory class: sm_90 two slots (52 KB, 4 programs per SM; on the H200 one and
 # two slots are within 2-6 % of each other, two slots 2 % faster at prefill); the 99 KB class (sm_89 / sm_120) one slot
 # (31 KB, 3 per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit e4m3 terms) except for elements
@@ -85,12 +87,21 @@ DEFAULT = CONFIG_BY_CLASS["big"]
 
 def config_name(cfg) -> str:
     nbuf, qt, pt = cfg
-    return f"fp8mma-nbuf{nbuf}-q{qt}-p{pt}"
+    return f"fp8mma-nbuf{nbuf}-f16" if qt == 1 else f"fp8mma-nbuf{nbuf}-q{qt}-p{pt}"
+
+
+def check_terms(q_terms: int, p_terms: int) -> None:
+    """2-3 e4m3 terms each, or 1 and 1: the fp16-product build."""
+    if not ((q_terms, p_terms) == (1, 1) or (q_terms in (2, 3) and p_terms in (2, 3))):
+        raise ValueError(f"q_terms and p_terms must be 2 or 3 each (e4m3 products) or both 1 (fp16 products), got "
+                         f"{q_terms}, {p_terms}")
 
 
 def smem_bytes_estimate(G: int, nbuf: int, q_terms: int) -> int:
-    """Shared memory of one program: the gather ring (latent, rope, scales), q's terms and rope part, and P."""
-    return nbuf * BLOCK_N * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_terms * D_NOPE + 2 * D_ROPE + 4 * BLOCK_N)
+    """Shared memory of one program: the gather ring (latent, rope, scales), q's terms (one fp16 copy when
+    q_terms = 1) and rope part, and P."""
+    q_bytes = 2 * D_NOPE if q_terms == 1 else q_terms * D_NOPE
+    return nbuf * BLOCK_N * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_bytes + 2 * D_ROPE + 4 * BLOCK_N)
 
 
 if HAVE_GLUON:
@@ -105,6 +116,26 @@ if HAVE_GLUON:
         x = gl.reshape(x, [R, W // 128, 2, 2, 2, 2, 2, 4])  # (chunk, s1, c1, c0, s0, h, b)
         x = gl.permute(x, [0, 1, 2, 5, 6, 3, 4, 7])  # (chunk, s1, s0, h, c1, c0, b)
         return gl.reshape(x, [R, W])
+
+    @gluon.jit
+    def _k_logical16(x):
+        """The same for the fp16 products (m16n8k16): memory element p = 64 s1 + 16 c + 8 r3 + 4 r2 + 2 r1 + r0 of a
+        chunk is its column k = 64 s1 + 32 r3 + 16 r2 + 8 r1 + 2 c + r0. Thread (g, c) owns columns 2c, 2c + 1,
+        2c + 8, 2c + 9 of each 16-column step: the same 16 contiguous bytes per row as `_k_logical`'s, and each pair
+        of neighbouring bytes is one fp16x2 register of the operand."""
+        R: gl.constexpr = x.shape[0]
+        W: gl.constexpr = x.shape[1]
+        x = gl.reshape(x, [R, W // 128, 2, 2, 2, 2, 2, 2, 2])  # (chunk, s1, c1, c0, r3, r2, r1, r0)
+        x = gl.permute(x, [0, 1, 2, 5, 6, 7, 3, 4, 8])  # (chunk, s1, r3, r2, r1, c1, c0, r0)
+        return gl.reshape(x, [R, W])
+
+    @gluon.jit
+    def _e4m3_f16(x):
+        """e4m3 bytes (uint8) -> fp16, exactly: one `cvt.rn.f16x2.e4m3x2` per pair of neighbouring registers (inline
+        PTX, so that the conversion is the hardware's own and no fp32 step is in it)."""
+        return gl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi;\n mov.b32 {lo, hi}, $2;\n cvt.rn.f16x2.e4m3x2 $0, lo;\n cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
 
     @gluon.jit
     def _v_logical(x):
@@ -203,12 +234,17 @@ if HAVE_GLUON:
         """acc + s_c * (K_c q_c^T) for latent chunk c: K_c straight from the tile (e4m3 bytes), q_c as its e4m3
         terms (rows of q_s, already in `_k_logical`'s column order)."""
         CH: gl.constexpr = 128
-        k = gl.convert_layout(_k_logical(lat8.slice(c * CH, CH, 1).load(LK)), DA, assert_trivial=True)
-        k = k.to(gl.float8e4nv, bitcast=True)
-        s = mma_v2(k, q_s.index(0).slice(c * CH, CH, 1).permute([1, 0]).load(DB), zero)
-        s = mma_v2(k, q_s.index(1).slice(c * CH, CH, 1).permute([1, 0]).load(DB), s)
-        if Q_TERMS == 3:
-            s = mma_v2(k, q_s.index(2).slice(c * CH, CH, 1).permute([1, 0]).load(DB), s)
+        if Q_TERMS == 1:  # fp16 products: K widened once, q one fp16 term
+            k = gl.convert_layout(_k_logical16(_e4m3_f16(lat8.slice(c * CH, CH, 1).load(LK))), DA,
+                                  assert_trivial=True)
+            s = mma_v2(k, q_s.index(0).slice(c * CH, CH, 1).permute([1, 0]).load(DB), zero)
+        else:
+            k = gl.convert_layout(_k_logical(lat8.slice(c * CH, CH, 1).load(LK)), DA, assert_trivial=True)
+            k = k.to(gl.float8e4nv, bitcast=True)
+            s = mma_v2(k, q_s.index(0).slice(c * CH, CH, 1).permute([1, 0]).load(DB), zero)
+            s = mma_v2(k, q_s.index(1).slice(c * CH, CH, 1).permute([1, 0]).load(DB), s)
+            if Q_TERMS == 3:
+                s = mma_v2(k, q_s.index(2).slice(c * CH, CH, 1).permute([1, 0]).load(DB), s)
         return acc + s * s_c[:, None]
 
     @gluon.jit
@@ -216,13 +252,17 @@ if HAVE_GLUON:
         """acc_c += V_c^T (P s_c)^T for latent chunk c, `P s_c` (the tile's P factor 2^e already in s_c) split into
         e4m3 terms."""
         CH: gl.constexpr = 128
-        v = gl.convert_layout(_v_logical(lat8.slice(c * CH, CH, 1).load(LV)), DA, assert_trivial=True)
-        v = v.to(gl.float8e4nv, bitcast=True)
-        p0, p1, p2 = _e4m3_terms(p * s_c[:, None], P_TERMS)
-        acc = mma_v2(v, p0, acc)
-        acc = mma_v2(v, p1, acc)
-        if P_TERMS == 3:
-            acc = mma_v2(v, p2, acc)
+        if P_TERMS == 1:  # fp16 products: V widened once, P s_c one fp16 term
+            v = gl.convert_layout(_v_logical(_e4m3_f16(lat8.slice(c * CH, CH, 1).load(LV))), DA, assert_trivial=True)
+            acc = mma_v2(v, (p * s_c[:, None]).to(gl.float16), acc)
+        else:
+            v = gl.convert_layout(_v_logical(lat8.slice(c * CH, CH, 1).load(LV)), DA, assert_trivial=True)
+            v = v.to(gl.float8e4nv, bitcast=True)
+            p0, p1, p2 = _e4m3_terms(p * s_c[:, None], P_TERMS)
+            acc = mma_v2(v, p0, acc)
+            acc = mma_v2(v, p1, acc)
+            if P_TERMS == 3:
+                acc = mma_v2(v, p2, acc)
         return acc
 
     @gluon.jit
@@ -291,6 +331,21 @@ if HAVE_GLUON:
                           q_s.index(j).load(LQ).to(gl.uint8, bitcast=True), HN, 512, 512)
 
     @gluon.jit
+    def _q_terms_store(qs, q_s, DBG, t, sp, HN: gl.constexpr, Q_TERMS: gl.constexpr, DEBUG: gl.constexpr):
+        """q sigma (fp32, |.| <= 448) as its e4m3 terms into q_s, columns in the products' order (DEBUG: the terms as
+        computed, in memory order, after the record's q_s copy)."""
+        q0, q1, q2 = _e4m3_terms(qs, Q_TERMS)
+        if DEBUG:
+            qreg = _debug_base(DBG, t, sp, HN) + 8 * 32 * HN * 4 + 32 * 512 + 4 * 128 * 32 + 3 * HN * 512
+            _debug_u8(qreg, q0.to(gl.uint8, bitcast=True), HN, 512, 512)
+            _debug_u8(qreg + HN * 512, q1.to(gl.uint8, bitcast=True), HN, 512, 512)
+            _debug_u8(qreg + 2 * HN * 512, q2.to(gl.uint8, bitcast=True), HN, 512, 512)
+        q_s.index(0).store(_k_logical(q0))
+        q_s.index(1).store(_k_logical(q1))
+        if Q_TERMS == 3:
+            q_s.index(2).store(_k_logical(q2))
+
+    @gluon.jit
     def _sparse_mla_fp8mma_kernel(
         Q, KV, IDX, O, LSE, PART,
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
@@ -305,6 +360,7 @@ if HAVE_GLUON:
         DR: gl.constexpr = 64
         HN: gl.constexpr = 8 * G
         NW: gl.constexpr = 2 * G
+        F16: gl.constexpr = Q_TERMS == 1  # fp16 products (K and V widened once) instead of e4m3 ones
         t = gl.program_id(0)
         sp = gl.program_id(1)
 
@@ -316,18 +372,23 @@ if HAVE_GLUON:
         DB16: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2)
         KEYS: gl.constexpr = gl.SliceLayout(1, MMA)  # [BN] per key of S^T
         HEADS: gl.constexpr = gl.SliceLayout(0, MMA)  # [HN] per head
-        PKEYS: gl.constexpr = gl.SliceLayout(1, DB8)  # [BN] per key of P^T
+        DA: gl.constexpr = DA16 if F16 else DA8  # the latent products' operands
+        DB: gl.constexpr = DB16 if F16 else DB8
+        PKEYS: gl.constexpr = gl.SliceLayout(1, DB)  # [BN] per key of P^T
         # physical loads of a chunk whose logical view (`_k_logical`, `_v_logical`) is the operand layout: the K tile
-        # [BN, 128] 16 contiguous bytes of rows g, g + 8 per thread; the V tile [BN, 128] 8 bytes of 8 keys
+        # [BN, 128] 16 contiguous bytes of rows g, g + 8 per thread; the V tile [BN, 128] 8 bytes of 8 keys (keys
+        # 4c + {0..3, 16..19} for the k32 e4m3 product, 2c + {0, 1, 8, 9, 16, 17, 24, 25} for the k16 fp16 one)
         WB: gl.constexpr = [[0, 0], [16, 0]] if G == 2 else [[16, 0]]
         WBV: gl.constexpr = [[0, 0], [0, 64]] if G == 2 else [[0, 64]]
         LK: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 64]],
             lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]], warp_bases=WB, block_bases=[], shape=[BN, CH])
+        VK: gl.constexpr = [[1, 0], [8, 0], [16, 0], [2, 0], [4, 0]] if F16 else [[1, 0], [2, 0], [16, 0], [4, 0], [8, 0]]
         LV: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [16, 0]],
-            lane_bases=[[4, 0], [8, 0], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
-        LO: gl.constexpr = gl.BlockedLayout([8, 1], [4, 8], [1, NW], [0, 1])  # [128, HN] output, 8 rows per thread
+            reg_bases=[[0, 1], [0, 2], [0, 4], VK[0], VK[1], VK[2]],
+            lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
+        # [128, HN] output, 8 rows per thread, the warps along the rows (no element is stored twice)
+        LO: gl.constexpr = gl.BlockedLayout([8, 1], [4, 8], [NW, 1], [0, 1])
         # the gather: every thread copies pieces of one row (latent words, rope, scales)
         TPR: gl.constexpr = NW  # threads per row
         LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPR, TPR], [NW, 1], [1, 0])  # [BN, 128] int32 words
@@ -346,8 +407,11 @@ if HAVE_GLUON:
         sc1 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
         sc2 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
         sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
-        # q's e4m3 terms, columns in the products' order
-        q_s = gl.allocate_shared_memory(gl.float8e4nv, [Q_TERMS, HN, DN], SW8)
+        # q's e4m3 terms (or its fp16 copy), columns in the products' order
+        if F16:
+            q_s = gl.allocate_shared_memory(gl.float16, [1, HN, DN], SW16)
+        else:
+            q_s = gl.allocate_shared_memory(gl.float8e4nv, [Q_TERMS, HN, DN], SW8)
         qr_s = gl.allocate_shared_memory(gl.bfloat16, [HN, DR], SW16)
         # P^T passes between the warps (each needs all the tile's keys) as [heads, keys], 16-byte units swizzled by
         # head: the B-operand loads of 4 keys of one head are then conflict-free
@@ -376,16 +440,10 @@ if HAVE_GLUON:
         offs_q = gl.arange(0, DN, layout=gl.SliceLayout(0, LQ))
         qn = gl.load(q_row + offs_q[None, :], mask=qm, other=0.0).to(gl.float32)
         sigma = _pow2(_exp_to_max(gl.max(gl.abs(qn), axis=1)))
-        q0, q1, q2 = _e4m3_terms(qn * sigma[:, None], Q_TERMS)
-        if DEBUG:  # q's terms as computed, in memory order, after the record's q_s copy
-            qreg = _debug_base(DBG, t, sp, HN) + 8 * 32 * HN * 4 + 32 * 512 + 4 * 128 * 32 + 3 * HN * 512
-            _debug_u8(qreg, q0.to(gl.uint8, bitcast=True), HN, 512, 512)
-            _debug_u8(qreg + HN * 512, q1.to(gl.uint8, bitcast=True), HN, 512, 512)
-            _debug_u8(qreg + 2 * HN * 512, q2.to(gl.uint8, bitcast=True), HN, 512, 512)
-        q_s.index(0).store(_k_logical(q0))
-        q_s.index(1).store(_k_logical(q1))
-        if Q_TERMS == 3:
-            q_s.index(2).store(_k_logical(q2))
+        if F16:  # bf16 q sigma is exact in fp16 down to 2^-17 (about 2^-26 of the head's largest)
+            q_s.index(0).store(_k_logical16((qn * sigma[:, None]).to(gl.float16)))
+        else:
+            _q_terms_store(qn * sigma[:, None], q_s, DBG, t, sp, HN, Q_TERMS, DEBUG)
         offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LQ))
         qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
         inv_sigma = gl.convert_layout(1.0 / sigma, HEADS)  # S = (K q_terms^T) / sigma
@@ -422,14 +480,14 @@ if HAVE_GLUON:
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
             nxt_k = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, KEYS)
             t8 = lat8.index(slot)
-            if DEBUG:
+            if DEBUG:  # the e4m3 builds only (the launcher refuses debug with fp16 products)
                 if i == 0:
                     _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS,
                                 sc0.index(slot).load(KEYS), inv_sigma)
-            s = _scores_chunk(t8, q_s, 0, sc0.index(slot).load(KEYS), zero, zero, LK, DA8, DB8, Q_TERMS)
-            s = _scores_chunk(t8, q_s, 1, sc1.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
-            s = _scores_chunk(t8, q_s, 2, sc2.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
-            s = _scores_chunk(t8, q_s, 3, sc3.index(slot).load(KEYS), s, zero, LK, DA8, DB8, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 0, sc0.index(slot).load(KEYS), zero, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 1, sc1.index(slot).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 2, sc2.index(slot).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 3, sc3.index(slot).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
             s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
             s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
 
@@ -463,12 +521,12 @@ if HAVE_GLUON:
             l_acc = l_acc + p
             p_s.store(gl.permute(p, [1, 0]))
             _barrier()  # read after every warp's keys are in; rewritten after the next tile's first barrier
-            pb = p_s.permute([1, 0]).load(DB8)
+            pb = p_s.permute([1, 0]).load(DB)
             fe = _pow2(e)
-            acc0 = _pv_chunk(t8, 0, pb, ps0 * fe, acc0, LV, DA8, P_TERMS)
-            acc1 = _pv_chunk(t8, 1, pb, ps1 * fe, acc1, LV, DA8, P_TERMS)
-            acc2 = _pv_chunk(t8, 2, pb, ps2 * fe, acc2, LV, DA8, P_TERMS)
-            acc3 = _pv_chunk(t8, 3, pb, ps3 * fe, acc3, LV, DA8, P_TERMS)
+            acc0 = _pv_chunk(t8, 0, pb, ps0 * fe, acc0, LV, DA, P_TERMS)
+            acc1 = _pv_chunk(t8, 1, pb, ps1 * fe, acc1, LV, DA, P_TERMS)
+            acc2 = _pv_chunk(t8, 2, pb, ps2 * fe, acc2, LV, DA, P_TERMS)
+            acc3 = _pv_chunk(t8, 3, pb, ps3 * fe, acc3, LV, DA, P_TERMS)
         cp.wait_group(0)
 
         l_i = gl.sum(l_acc, axis=0)
@@ -533,8 +591,11 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     if d != D_QK:
         raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
     G = head_groups(H)
-    if q_terms not in (2, 3) or p_terms not in (2, 3) or nbuf < 1:
-        raise ValueError(f"q_terms and p_terms must be 2 or 3 and nbuf >= 1, got {q_terms}, {p_terms}, {nbuf}")
+    check_terms(q_terms, p_terms)
+    if nbuf < 1:
+        raise ValueError(f"nbuf must be >= 1, got {nbuf}")
+    if debug is not None and q_terms == 1:
+        raise ValueError("the DEBUG record is built for the e4m3 products (q_terms 2 or 3), not the fp16 ones")
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
