@@ -87,11 +87,11 @@ def run_checks(cfgs, dev, rows, broken):
                 r.update(ok=False, error="skipped: " + broken[cn])
             else:
                 try:
-                    o, lse = fm.sparse_mla_fp8mma(q, cache, idx, SM_SCALE, nbuf=cfg[0], q_terms=cfg[1], p_terms=cfg[2])
+                    o, lse = fm.sparse_mla_fp8mma(q, cache, idx, SM_SCALE, **fm.config_kwargs(cfg))
                     torch.cuda.synchronize()
                     r.update(compare(o, lse, ro, rlse))
-                    r["splits"] = fm.plan_splits(c["B"], idx.shape[1], fm.head_groups(c["H"]), dev, None, cfg[0],
-                                                 cfg[1])[0]
+                    r["splits"] = fm.plan_splits(c["B"], idx.shape[1], fm.head_groups(c["H"]), dev, None, cfg.nbuf,
+                                                 cfg.q_terms, cfg.maxnreg)[0]
                 except Exception as exc:  # noqa: BLE001
                     msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                     r.update(ok=False, error=msg[-1500:])
@@ -121,15 +121,14 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
                 if cn in broken:
                     continue
                 res[cn + "_us"] = 1e3 * bk._graph_ms([lambda i=i: fm.sparse_mla_fp8mma(
-                    q, cache, i, SM_SCALE, nbuf=cfg[0], q_terms=cfg[1], p_terms=cfg[2], out=out) for i in idx_sets])
+                    q, cache, i, SM_SCALE, **fm.config_kwargs(cfg), out=out) for i in idx_sets])
             # the 99 KB class's build with that class's split plan (what sm_89 / sm_120 would run), and the Triton
             # kernel's config of that class, both on this GPU
             small = fm.CONFIG_BY_CLASS["small"]
             mla.force_smem_class("small")
             try:
                 res["small_class_" + fm.config_name(small) + "_us"] = 1e3 * bk._graph_ms([
-                    lambda i=i: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, nbuf=small[0], q_terms=small[1],
-                                                     p_terms=small[2], out=out) for i in idx_sets])
+                    lambda i=i: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, **fm.config_kwargs(small), out=out) for i in idx_sets])
                 res["small_class_triton_us"] = 1e3 * bk._graph_ms([lambda i=i: mla.sparse_mla_launch(
                     q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out) for i in idx_sets])
             finally:
@@ -168,7 +167,7 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
             if cn in broken:
                 continue
             res[cn + "_us"] = 1e3 * bk._median_ms(lambda: fm.sparse_mla_fp8mma(
-                q, cache, idx, SM_SCALE, nbuf=cfg[0], q_terms=cfg[1], p_terms=cfg[2], out=out))
+                q, cache, idx, SM_SCALE, **fm.config_kwargs(cfg), out=out))
         if have_fm:
             qp = torch.cat([q, torch.zeros(4096, 64 - H, naive.D_QK, device="cuda", dtype=q.dtype)], 1)
             res["flashmla_bf16_us"] = 1e3 * bk._median_ms(lambda: bk.flashmla_prefill(qp, kvb.unsqueeze(1),
@@ -189,8 +188,7 @@ def run_small_batch(rows):
         idx_sets = [bk._rand_indices(B, 32768, TOPK, base) for _ in range(8)]
         out = torch.empty(B, 8, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
         calls = {"triton": lambda i: mla.sparse_mla_launch(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out),
-                 "fp8mma": lambda i: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, nbuf=cfg[0], q_terms=cfg[1],
-                                                          p_terms=cfg[2], out=out)}
+                 "fp8mma": lambda i: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, **fm.config_kwargs(cfg), out=out)}
         res = {"kind": "small-batch", "B": B, "H": 8, "config": fm.config_name(cfg)}
         for name, f in calls.items():
             res[name + "_graph_us"] = 1e3 * bk._graph_ms([lambda i=i, f=f: f(i) for i in idx_sets])
@@ -219,7 +217,7 @@ def main(argv=None) -> int:
         i = argv.index("--configs") + 1
         cfgs = []
         while i < len(argv) and not argv[i].startswith("--"):
-            cfgs.append(tuple(int(x) for x in argv[i].split(",")))
+            cfgs.append(fm.Config(*(int(x) for x in argv[i].split(","))))
             i += 1
     budget = float(argv[argv.index("--budget-s") + 1]) if "--budget-s" in argv else 400.0
     t0 = time.time()

@@ -827,10 +827,9 @@ def sparse_mla(
     if gluon_fp8 and q.is_cuda:
         cfg8 = fp8mma_route(T, H, fmt, q.device, q.dtype, aligned)
         if cfg8:
-            from glm5lib.kernels.mla_gluon_fp8mma import sparse_mla_fp8mma
+            from glm5lib.kernels.mla_gluon_fp8mma import config_kwargs, sparse_mla_fp8mma
 
-            return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, nbuf=cfg8[0], q_terms=cfg8[1], p_terms=cfg8[2],
-                                     out=out)
+            return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(cfg8), out=out)
     if H > 16 and T >= GLUON_LARGE_MIN_T and q.is_cuda:
         mode = gluon_large_route(T, H, fmt, q.device, q.dtype, kv_cache.dtype, aligned)
         if mode:

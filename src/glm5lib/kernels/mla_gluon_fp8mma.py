@@ -51,6 +51,8 @@ orders and the power-of-two rule on the CPU.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from glm5lib.kernels import common  # noqa: F401  (before triton: the interpreter switch)
@@ -73,21 +75,37 @@ if HAVE_GLUON:
     from glm5lib.kernels.mla_gluon import _as, _async_copy, _barrier, _tile_idx
 
 BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the P V product's K (m16n8k32)
-# (nbuf, q_terms, p_terms) the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told.
-# q_terms = p_terms = 1 is the fp16-product build (module docstring): K and V widened to fp16 once, q and P one fp16
-# term each, m16n8k16 products
-CONFIGS = [(2, 2, 2), (1, 2, 2), (2, 3, 2), (2, 1, 1), (1, 1, 1)]
+
+
+class Config(NamedTuple):
+    """One build: ring slots, e4m3 terms of q and of P (1 and 1: the fp16-product build of the module docstring: K and
+    V widened to fp16 once, q and P one fp16 term each, m16n8k16 products), and a register cap per thread (0: the
+    compiler's choice, 208-242; a cap lets more programs share an SM's 64 K registers)."""
+    nbuf: int
+    q_terms: int
+    p_terms: int
+    maxnreg: int = 0
+
+
+# the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
+CONFIGS = [Config(2, 2, 2), Config(1, 2, 2), Config(2, 3, 2), Config(2, 1, 1), Config(1, 1, 1), Config(1, 1, 1, 168)]
 # what `mla.sparse_mla` takes by shared-memory class: sm_90 two slots (52 KB, 4 programs per SM; on the H200 one and
 # two slots are within 2-6 % of each other, two slots 2 % faster at prefill); the 99 KB class (sm_89 / sm_120) one slot
 # (31 KB, 3 per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit e4m3 terms) except for elements
 # whose scaled value is below 2^-2 (about 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
-CONFIG_BY_CLASS = {"big": (2, 2, 2), "small": (1, 2, 2)}
+CONFIG_BY_CLASS = {"big": Config(2, 2, 2), "small": Config(1, 2, 2)}
 DEFAULT = CONFIG_BY_CLASS["big"]
 
 
 def config_name(cfg) -> str:
-    nbuf, qt, pt = cfg
-    return f"fp8mma-nbuf{nbuf}-f16" if qt == 1 else f"fp8mma-nbuf{nbuf}-q{qt}-p{pt}"
+    c = Config(*cfg)
+    name = f"fp8mma-nbuf{c.nbuf}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{c.nbuf}-q{c.q_terms}-p{c.p_terms}"
+    return name + (f"-r{c.maxnreg}" if c.maxnreg else "")
+
+
+def config_kwargs(cfg) -> dict:
+    """`sparse_mla_fp8mma`'s keyword arguments for a build."""
+    return Config(*cfg)._asdict()
 
 
 def check_terms(q_terms: int, p_terms: int) -> None:
@@ -248,12 +266,16 @@ if HAVE_GLUON:
         return acc + s * s_c[:, None]
 
     @gluon.jit
-    def _pv_chunk(lat8, c: gl.constexpr, p, s_c, acc, LV: gl.constexpr, DA: gl.constexpr, P_TERMS: gl.constexpr):
+    def _pv_chunk(lat8, c: gl.constexpr, p, s_c, acc, LV: gl.constexpr, LVP: gl.constexpr, DA: gl.constexpr,
+                  P_TERMS: gl.constexpr):
         """acc_c += V_c^T (P s_c)^T for latent chunk c, `P s_c` (the tile's P factor 2^e already in s_c) split into
-        e4m3 terms."""
+        e4m3 terms, or one fp16 term (P_TERMS = 1; V widened to fp16 first)."""
         CH: gl.constexpr = 128
-        if P_TERMS == 1:  # fp16 products: V widened once, P s_c one fp16 term
-            v = gl.convert_layout(_v_logical(_e4m3_f16(lat8.slice(c * CH, CH, 1).load(LV))), DA, assert_trivial=True)
+        if P_TERMS == 1:
+            # the fp16 operand pairs two keys of one value row: the bytes are regrouped (LVP: key pairs innermost, a
+            # register permutation) before they are widened, so that each conversion's pair is already an operand's
+            v8 = gl.convert_layout(lat8.slice(c * CH, CH, 1).load(LV), LVP, assert_trivial=True)
+            v = gl.convert_layout(_v_logical(_e4m3_f16(v8)), DA, assert_trivial=True)
             acc = mma_v2(v, (p * s_c[:, None]).to(gl.float16), acc)
         else:
             v = gl.convert_layout(_v_logical(lat8.slice(c * CH, CH, 1).load(LV)), DA, assert_trivial=True)
@@ -386,6 +408,9 @@ if HAVE_GLUON:
         VK: gl.constexpr = [[1, 0], [8, 0], [16, 0], [2, 0], [4, 0]] if F16 else [[1, 0], [2, 0], [16, 0], [4, 0], [8, 0]]
         LV: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], VK[0], VK[1], VK[2]],
+            lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
+        LVP: gl.constexpr = gl.DistributedLinearLayout(  # LV with keys 2c, 2c + 1 in neighbouring registers
+            reg_bases=[VK[0], [0, 1], [0, 2], [0, 4], VK[1], VK[2]],
             lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
         # [128, HN] output, 8 rows per thread, the warps along the rows (no element is stored twice)
         LO: gl.constexpr = gl.BlockedLayout([8, 1], [4, 8], [NW, 1], [0, 1])
@@ -523,10 +548,10 @@ if HAVE_GLUON:
             _barrier()  # read after every warp's keys are in; rewritten after the next tile's first barrier
             pb = p_s.permute([1, 0]).load(DB)
             fe = _pow2(e)
-            acc0 = _pv_chunk(t8, 0, pb, ps0 * fe, acc0, LV, DA, P_TERMS)
-            acc1 = _pv_chunk(t8, 1, pb, ps1 * fe, acc1, LV, DA, P_TERMS)
-            acc2 = _pv_chunk(t8, 2, pb, ps2 * fe, acc2, LV, DA, P_TERMS)
-            acc3 = _pv_chunk(t8, 3, pb, ps3 * fe, acc3, LV, DA, P_TERMS)
+            acc0 = _pv_chunk(t8, 0, pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS)
+            acc1 = _pv_chunk(t8, 1, pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
+            acc2 = _pv_chunk(t8, 2, pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS)
+            acc3 = _pv_chunk(t8, 3, pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS)
         cp.wait_group(0)
 
         l_i = gl.sum(l_acc, axis=0)
@@ -557,19 +582,21 @@ def head_groups(H: int) -> int:
     return 1 if H <= 8 else 2
 
 
-def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big") -> int:
-    """Programs that fit on one SM by shared memory and registers (the split rule's waves): the sm_90 / sm_120 builds
-    take 208-242 registers a thread, so 64 K registers hold 4 programs of 2 warps (G = 1), 2 of 4 (G = 2)."""
+def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big", maxnreg: int = 0) -> int:
+    """Programs that fit on one SM by shared memory and registers (the split rule's waves): without a cap the sm_90 /
+    sm_120 builds take 208-242 registers a thread, so 64 K registers hold 4 programs of 2 warps (G = 1), 2 of 4
+    (G = 2); with a cap of 168, 6 and 3."""
     need = smem_bytes_estimate(G, nbuf, q_terms) + 2048  # the compiler's scratch and the driver's 1 KB per block
-    return max(1, min(4 // G, SMEM_PER_SM[smem] // need))
+    by_regs = 65536 // ((maxnreg or 232) * 64 * G)
+    return max(1, min(by_regs, SMEM_PER_SM[smem] // need))
 
 
 def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None, nbuf: int = DEFAULT[0],
-                q_terms: int = DEFAULT[1]) -> tuple[int, int]:
+                q_terms: int = DEFAULT[1], maxnreg: int = 0) -> tuple[int, int]:
     """(split count, keys per split): enough programs for every SM's resident slots (`mla.pick_num_splits` with the
     fit rule), each split whole tiles (`mla.split_keys`)."""
     if num_splits is None:
-        waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device))
+        waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg)
         num_splits = mla.pick_num_splits(T, 1, topk, BLOCK_N, num_sms(device), waves, True)
     return mla.split_keys(topk, num_splits, BLOCK_N)
 
@@ -580,11 +607,12 @@ def debug_record_bytes(H: int) -> int:
     return 8 * 32 * HN * 4 + 32 * 512 + 4 * 128 * 32 + 6 * HN * 512
 
 
-def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT[0], q_terms=DEFAULT[1],
-                      p_terms=DEFAULT[2], out=None, debug=None):
+def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
+                      p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, out=None, debug=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
-    token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3)."""
+    token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
+    build; maxnreg: register cap per thread (0: none). `config_kwargs(cfg)` gives these for a `Config`."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -592,8 +620,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
     G = head_groups(H)
     check_terms(q_terms, p_terms)
-    if nbuf < 1:
-        raise ValueError(f"nbuf must be >= 1, got {nbuf}")
+    if nbuf < 1 or maxnreg < 0:
+        raise ValueError(f"nbuf must be >= 1 and maxnreg >= 0, got {nbuf}, {maxnreg}")
     if debug is not None and q_terms == 1:
         raise ValueError("the DEBUG record is built for the e4m3 products (q_terms 2 or 3), not the fp16 ones")
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
@@ -601,21 +629,21 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     dev = q.device
     if T == 0:
         return out, lse
-    splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms)
+    splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg)
     part = split_buffer(splits, T, H, lse)
     _sparse_mla_fp8mma_kernel[(T, splits)](
         q, kv_cache, indices, out, lse, part,
         q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
         H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
         SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, num_warps=2 * G,
-        **({"DBG": debug, "DEBUG": 1} if debug is not None else {}))
+        **({"DBG": debug, "DEBUG": 1} if debug is not None else {}), **({"maxnreg": maxnreg} if maxnreg else {}))
     if splits > 1:
         mla.merge_splits(part, out, lse, splits)
     return out, lse
 
 
-def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT[0], q_terms: int = DEFAULT[1], p_terms: int = DEFAULT[2],
-                split: bool = True, debug: int = 0):
+def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
+                p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -630,14 +658,14 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT[0], q_terms: int = DE
            "stride_oh")  # what the launcher specialises for GLM-5 shapes (all multiples of 16)
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
     return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": 2 * G})
+                          options={"num_warps": 2 * G, **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
-def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT[0], q_terms: int = DEFAULT[1],
-                  p_terms: int = DEFAULT[2], split: bool = True) -> dict:
+def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
+                  p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread."""
-    k = aot_compile(arch, G, nbuf, q_terms, p_terms, split)
-    row = {"config": config_name((nbuf, q_terms, p_terms)), "arch": arch, "G": G, "split": split,
+    k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg)
+    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg)), "arch": arch, "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
            "estimate": smem_bytes_estimate(G, nbuf, q_terms)}
     row["fits"] = row["shared"] <= row["limit"]
@@ -645,5 +673,5 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT[0], q_terms: int = 
     return row
 
 
-__all__ = ["sparse_mla_fp8mma", "CONFIGS", "DEFAULT", "config_name", "head_groups", "plan_splits",
+__all__ = ["sparse_mla_fp8mma", "Config", "CONFIGS", "DEFAULT", "config_name", "config_kwargs", "check_terms", "head_groups", "plan_splits",
            "smem_bytes_estimate", "aot_compile", "compile_stats"]
