@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [racecheck] [sanitize-small] [harness]
-#   [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
+#   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
 #   [topk-long] [tune] [verify] [compile] [fp8mma]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
@@ -12,14 +12,14 @@
 #   FlashMLA's bf16 prefill, the sm_89/sm_120 configs forced on the H200 with their compiled shared memory);
 #   writes bench_h200.json/.png and bench.log under $OUT
 # racecheck: compute-sanitizer racecheck and synccheck on the sanitize cases that reach the Gluon kernels on sm_90
-#   (the T130 ones)
+#   (the T130 ones); racecheck-fp8mma: the same on two cases of the fp8-cache kernel (8 heads; 12 heads, paged)
 # checks-small / sanitize-small: the case matrix / compute-sanitizer with the sm_89/sm_120 (99 KB) configs forced
 # prefill-fp8-sweep: fp8_ds_mla prefill at 8/16 heads, shipped config vs bench.kernels.SWEEP_PREFILL_FP8_SMALL
 # bounds: the small-head decode kernel taken apart (gather / gather+convert / kernel), glm5lib.bench.bounds
 # gather: the decode's rows gathered with nothing after them (torch / Triton pointers / TMA per row; random, sorted and
 #   contiguous rows), glm5lib.bench.gather: the ceiling under the 8-16-head decode targets
-# fp8mma: the fp8-product kernel for 1-8 heads (mla_gluon_fp8mma) checked and timed beside the Triton kernel and FlashMLA
-#   (scripts/fp8mma_device.py; fp8mma_h200.json/.log)
+# fp8mma: the fp8-cache kernel for 1-16 heads (mla_gluon_fp8mma), its fp16- and e4m3-product builds, checked and timed
+#   beside the Triton kernel and FlashMLA (scripts/fp8mma_device.py; fp8mma_h200.json/.log)
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -40,6 +40,10 @@ for step in "$@"; do
     racecheck) for tool in racecheck synccheck; do  # the Gluon kernels' mbarrier / shared-memory protocol
                  timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize \
                    --only T130 > "$OUT/${tool}.log" 2>&1; echo "$tool rc=$?"; tail -3 "$OUT/${tool}.log"; done ;;
+    racecheck-fp8mma) for tool in racecheck synccheck; do  # the fp8-cache kernel's barriers around its ring and P^T
+                 timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize \
+                   --only T40-H8-K2048-N3000-fp8,T33-H12 > "$OUT/${tool}_fp8mma.log" 2>&1; echo "$tool rc=$?"
+                 tail -3 "$OUT/${tool}_fp8mma.log"; done ;;
     sanitize-small) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize --smem-class small > "$OUT/sanitizer_small.log" 2>&1
             echo "sanitizer-small rc=$?"; tail -4 "$OUT/sanitizer_small.log" ;;
     harness) timeout 300 python3 -m glm5lib.serving.harness --json "$OUT/vllm_harness_h200.json" > "$OUT/vllm_harness_h200.log" 2>&1
@@ -82,7 +86,7 @@ for r in rows:
             echo "tune rc=${PIPESTATUS[0]}" ;;
     verify) timeout 120 python3 -m glm5lib.bench.tune_decode --verify --out "$OUT" 2>&1 | tee "$OUT/verify.log"
             echo "verify rc=${PIPESTATUS[0]}" ;;
-    fp8mma) timeout 300 python3 scripts/fp8mma_device.py "$OUT/fp8mma_h200.json" --configs 2,2,2 1,2,2 --budget-s 200 \
+    fp8mma) timeout 300 python3 scripts/fp8mma_device.py "$OUT/fp8mma_h200.json" --configs 0,1,1 1,1,1 2,1,1 2,2,2 1,2,2 --budget-s 200 \
               2>&1 | grep -v Warn > "$OUT/fp8mma_h200.log"; echo "fp8mma rc=${PIPESTATUS[0]}"; tail -8 "$OUT/fp8mma_h200.log" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac

@@ -5,8 +5,8 @@ Gluon does not run in Triton's interpreter: its numerics are checked on the H200
 - every config compiles for sm_89 / sm_90 / sm_120 (child process, interpreter off) without spills and within the
   target's shared memory; each build also proves the layout claims the kernel makes, since its operand loads are
   `convert_layout(..., assert_trivial=True)` and fail to compile if any element would have to cross threads;
-- the column and row orders the kernel uses (`_k_logical`, `_v_logical`, `_d_order`) are bit permutations with
-  the properties the docstrings state, checked with torch on the same reshape / permute orders;
+- the column and row orders the kernel uses (`_k_logical`, `_k_logical16`, `_v_logical`, `_d_order`) are bit
+  permutations with the properties the docstrings state, checked with torch on the same reshape / permute orders;
 - the dispatch rule and its switch, and the launcher's refusals of bad input.
 """
 
@@ -29,7 +29,7 @@ for arch in (89, 90, 120):
         builds = [(cfg, True) for cfg in m.CONFIGS] + [(cfg, False) for cfg in m.CONFIG_BY_CLASS.values()]
         for cfg, split in builds:
             try:
-                r = m.compile_stats(arch, G, *cfg, split=split)
+                r = m.compile_stats(arch, G, **m.config_kwargs(cfg), split=split)
             except Exception as exc:
                 r = {"config": m.config_name(cfg), "arch": arch, "G": G, "split": split, "error": str(exc)[-400:]}
             print(json.dumps(r), flush=True)
@@ -56,8 +56,11 @@ def test_shipped_configs_spill_nothing_and_fit(stats):
     for r in stats:
         assert r["fits"], f"{_key(r)}: {r['shared']} B > {r['limit']} B"
         assert r["shared"] >= r["estimate"], _key(r)  # the split rule's programs per SM may not overcount
-        if r["config"] in shipped:
+        if "-r" not in r["config"]:  # builds without a register cap (the shipped ones among them) spill nothing
             assert not r["stack"] and not r["local"], f"{_key(r)} spills"
+        else:  # a capped build holds its cap (the split rule counts programs per SM by it)
+            assert r["regs"] <= int(r["config"].rsplit("-r", 1)[1]), _key(r)
+    assert shipped and not any("-r" in name for name in shipped)
     # the 99 KB class's build leaves room for three programs of 8 heads per SM
     small = [r for r in stats if r["config"] == fm.config_name(fm.CONFIG_BY_CLASS["small"]) and r["arch"] == 120]
     assert small and all(3 * (r["shared"] + 1024) <= 100 * 1024 for r in small if r["G"] == 1)
@@ -81,6 +84,25 @@ def test_k_columns_are_a_bit_permutation_giving_each_thread_16_contiguous_bytes(
             cols = [64 * step2 + 32 * s + 16 * h + 4 * c + b for s in (0, 1) for h in (0, 1) for b in range(4)]
             mem = sorted(int(p[k]) for k in cols)
             assert mem == list(range(mem[0], mem[0] + 16)) and mem[0] // 128 == mem[-1] // 128
+
+
+def test_k16_columns_give_each_thread_its_fp16_operand_pairs_in_16_contiguous_bytes():
+    # `_k_logical16`: memory element p of a chunk -> product column k, the same reshape / permute as the kernel's
+    k = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 2, 2).permute(0, 1, 4, 5, 6, 2, 3, 7).reshape(512)
+    assert sorted(k.tolist()) == list(range(512))
+    mem_of = {int(k[p]): p for p in range(512)}
+    # an m16n8k16 operand thread (lane % 4 = c) owns columns 2c, 2c + 1, 2c + 8, 2c + 9 of each 16-column step;
+    # four steps' worth must be 16 contiguous bytes of one chunk, and each pair (2c + j, 2c + j + 1) two neighbouring
+    # bytes, the low one first (one cvt.rn.f16x2.e4m3x2 gives the operand's fp16x2 register)
+    for c in range(4):
+        for step4 in range(8):
+            cols = [64 * step4 + 16 * s + 8 * h + 2 * c + b for s in range(4) for h in (0, 1) for b in (0, 1)]
+            mem = sorted(mem_of[col] for col in cols)
+            assert mem == list(range(mem[0], mem[0] + 16)) and mem[0] // 128 == mem[-1] // 128
+            for s_ in range(4):
+                for h in (0, 1):
+                    lo = mem_of[64 * step4 + 16 * s_ + 8 * h + 2 * c]
+                    assert mem_of[64 * step4 + 16 * s_ + 8 * h + 2 * c + 1] == lo + 1 and lo % 2 == 0
 
 
 def test_v_rows_and_their_inverse():
@@ -120,7 +142,8 @@ def test_power_of_two_never_overflows_e4m3_and_is_the_largest(amax):
 def test_dispatch_rule_and_switch(monkeypatch):
     assert mla.fp8mma_shape(32, 8, "fp8_ds_mla") and mla.fp8mma_shape(4096, 1, "fp8_ds_mla")
     assert not mla.fp8mma_shape(31, 8, "fp8_ds_mla")  # fewer tokens: not timed, stays on Triton
-    assert not mla.fp8mma_shape(128, 9, "fp8_ds_mla") and not mla.fp8mma_shape(128, 8, "bf16")
+    assert mla.fp8mma_shape(128, 16, "fp8_ds_mla") and mla.fp8mma_shape(64, 13, "fp8_ds_mla")
+    assert not mla.fp8mma_shape(128, 17, "fp8_ds_mla") and not mla.fp8mma_shape(128, 8, "bf16")
     cpu = torch.device("cpu")
     assert mla.fp8mma_route(128, 8, "fp8_ds_mla", cpu, torch.bfloat16) is None  # no GPU: the Triton kernel
     for value, mode in (("", "auto"), ("auto", "auto"), ("1", "on"), ("on", "on"), ("0", "off"), ("off", "off")):
@@ -154,6 +177,25 @@ def test_launcher_refuses_bad_input():
         fm.sparse_mla_fp8mma(q, cache, idx.long(), 0.0625)
     with pytest.raises(ValueError, match="q_terms and p_terms"):
         fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, q_terms=4)
+    with pytest.raises(ValueError, match="q_terms and p_terms"):  # one fp16 term for q and e4m3 terms for P: no build
+        fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, q_terms=1, p_terms=2)
+    with pytest.raises(ValueError, match="nbuf"):
+        fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, nbuf=-1)
+    with pytest.raises(ValueError, match="DEBUG record"):
+        fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, q_terms=1, p_terms=1, debug=torch.zeros(1, dtype=torch.uint8))
+
+
+def test_configs_name_their_builds():
+    assert fm.config_name(fm.Config(0, 1, 1)) == "fp8mma-nbufG-f16"
+    assert fm.config_name((2, 2, 2)) == "fp8mma-nbuf2-q2-p2" and fm.config_name((1, 1, 1, 168)) == "fp8mma-nbuf1-f16-r168"
+    assert len({fm.config_name(c) for c in fm.CONFIGS}) == len(fm.CONFIGS)
+    assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0}
+    # nbuf 0: one ring slot per head group, in the shared-memory estimate too
+    assert [fm.ring_slots(0, G) for G in (1, 2)] == [1, 2] and fm.ring_slots(2, 1) == 2
+    assert fm.smem_bytes_estimate(1, 0, 1) == fm.smem_bytes_estimate(1, 1, 1)
+    assert fm.smem_bytes_estimate(2, 0, 1) == fm.smem_bytes_estimate(2, 2, 1)
+    # q's fp16 copy takes as many bytes as two e4m3 terms
+    assert fm.smem_bytes_estimate(1, 1, 1) == fm.smem_bytes_estimate(1, 1, 2)
 
 
 def test_split_plan_covers_the_top_k():
@@ -163,6 +205,9 @@ def test_split_plan_covers_the_top_k():
         assert splits * kps >= 2048 and (splits - 1) * kps < 2048 and kps % fm.BLOCK_N == 0
     assert fm.plan_splits(4096, 2048, 1, cpu)[0] == 1  # prefill: enough programs without splitting
     assert fm.programs_per_sm(1, 2, 2, "big") == 4 and fm.programs_per_sm(1, 1, 2, "small") == 3
+    assert fm.programs_per_sm(2, 0, 1, "big") == 2  # 4 warps of ~220 registers
+    # a register cap: 6 programs of 2 warps at 168 (shared memory allows 7 with one slot), 4 with two slots
+    assert fm.programs_per_sm(1, 1, 1, "big", 168) == 6 and fm.programs_per_sm(1, 2, 1, "big", 168) == 4
 
 
 def test_dispatch_branches_on_a_gpu_that_runs_it(monkeypatch):
@@ -183,7 +228,8 @@ def test_dispatch_branches_on_a_gpu_that_runs_it(monkeypatch):
         assert (key[0] == "small-fp8mma") == (want is not None)
         if want:
             assert key == ("small-fp8mma", "fp8_ds_mla", smem) and name == fm.config_name(want)
-        assert mla.dispatched(128, 16, "fp8_ds_mla", gpu)[0][0] != "small-fp8mma"  # 9-16 heads: Triton
+        assert (mla.dispatched(128, 16, "fp8_ds_mla", gpu)[0][0] == "small-fp8mma") == (want is not None)
+        assert mla.dispatched(128, 17, "fp8_ds_mla", gpu)[0][0] != "small-fp8mma"  # 17+ heads: not this kernel
     ready["value"] = False  # a GPU without the kernel (sm_80, software e4m3, no Gluon)
     monkeypatch.setenv("GLM5LIB_FP8MMA", "1")
     assert mla.fp8mma_route(128, 8, "fp8_ds_mla", gpu, torch.bfloat16) is None

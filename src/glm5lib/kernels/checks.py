@@ -221,9 +221,12 @@ def sanitize_cases() -> list[MLACase]:
         out.append(MLACase(T=130, H=128, topk=2048, n_kv=3000, kv_format=fmt, invalid="mixed", group="sanitize"))
         out.append(MLACase(T=130, H=64, topk=1000, n_kv=3000, kv_format=fmt, invalid="oob", paged=64,
                            group="sanitize"))
-        # and for the fp8-product kernel (1-8 heads, >= mla.FP8MMA_MIN_T tokens)
+        # and for the fp8-cache kernel (1-16 heads, >= mla.FP8MMA_MIN_T tokens; 12 heads: two head groups, one of them
+        # part padding)
         out.append(MLACase(T=40, H=8, topk=2048, n_kv=3000, kv_format=fmt, invalid="mixed", group="sanitize"))
         out.append(MLACase(T=36, H=3, topk=1000, n_kv=3000, kv_format=fmt, invalid="oob", paged=64, group="sanitize"))
+        out.append(MLACase(T=33, H=12, topk=777, n_kv=3000, kv_format=fmt, invalid="mixed", paged=64,
+                           group="sanitize"))
     return out
 
 
@@ -402,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="ci", choices=["ci", "full"])
     ap.add_argument("--sanitize", action="store_true", help="only the invalid-index cases (for compute-sanitizer)")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--only", metavar="TEXT", help="with --sanitize: only the cases whose name contains TEXT")
+    ap.add_argument("--only", metavar="TEXT", help="with --sanitize: only the cases whose name contains TEXT (or one "
+                    "of several, comma-separated)")
     ap.add_argument("--smem-class", choices=["small", "big"],
                     help="run the configs of this shared-memory class whatever the GPU (small: sm_89 / sm_120's)")
     a = ap.parse_args(argv)
@@ -413,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if a.sanitize:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        cases = [(i, c) for i, c in enumerate(sanitize_cases()) if not a.only or a.only in c.name]
+        only = [t for t in (a.only or "").split(",") if t]
+        cases = [(i, c) for i, c in enumerate(sanitize_cases()) if not only or any(t in c.name for t in only)]
         if not cases:
             ap.error(f"no sanitize case name contains {a.only!r}")
         res = [run_mla_case(c, device, dtype, seed=i) for i, c in cases]

@@ -562,15 +562,16 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
     return mode
 
 
-# 1-8 heads over an fp8_ds_mla cache, at least FP8MMA_MIN_T tokens, on sm_90 with Gluon: the fp8-product kernel
-# (`mla_gluon_fp8mma`, NOTES.md round 8; H200, one process, outputs/bench/fp8mma_h200.json: 0.88x / 0.74x the Triton
-# kernel's decode time at B32 / B128, 0.60x at prefill). 9-16 heads stay on Triton (two head groups: within 2-7 %), as
-# do fewer tokens (B1-16 took 1.04-1.16x the Triton kernel's time; an eager call through Gluon's binder costs 61-86 us
-# of host time against 27-40, `sweeps/fp8mma_small_batch_h200.json`) and every CPU run (no interpreter). sm_89 /
-# sm_120 run its e4m3 products natively, where sm_90 converts both operands of each (its SASS), but were not measured:
-# GLM5LIB_FP8MMA=1 takes the kernel there too (the one-slot 99 KB build), 0 turns it off.
+# 1-16 heads over an fp8_ds_mla cache, at least FP8MMA_MIN_T tokens, on sm_90 with Gluon: the fp8-cache kernel of
+# `mla_gluon_fp8mma` in its fp16-product build (NOTES.md rounds 8-9; H200, one process, outputs/bench/fp8mma_h200.json:
+# 0.74x / 0.65x the Triton kernel's decode time at B32 / B128 and 0.52x at prefill at 8 heads; 0.68-0.78x at 16).
+# Fewer tokens stay on Triton (B1-16 took 1.04-1.16x the Triton kernel's time in round 8; an eager call through
+# Gluon's binder costs 61-86 us of host time against 27-40, `sweeps/fp8mma_small_batch_h200.json`), as does every CPU
+# run (no interpreter). sm_89 / sm_120 run the kernel's e4m3 products natively, where sm_90 converts both operands of
+# each (its SASS), but were not measured: GLM5LIB_FP8MMA=1 takes the kernel there too (the one-slot e4m3 99 KB build),
+# 0 turns it off.
 FP8MMA_MIN_T = 32
-FP8MMA_MAX_H = 8
+FP8MMA_MAX_H = 16
 FP8MMA_CAPS = {(9, 0)}  # measured; sm_89 / sm_120 only with GLM5LIB_FP8MMA=1
 
 

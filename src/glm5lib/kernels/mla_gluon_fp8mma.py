@@ -78,7 +78,7 @@ BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the 
 
 
 class Config(NamedTuple):
-    """One build: ring slots, e4m3 terms of q and of P (1 and 1: the fp16-product build of the module docstring: K and
+    """One build: ring slots (0: one per head group, `ring_slots`), e4m3 terms of q and of P (1 and 1: the fp16-product build of the module docstring: K and
     V widened to fp16 once, q and P one fp16 term each, m16n8k16 products), and a register cap per thread (0: the
     compiler's choice, 208-242; a cap lets more programs share an SM's 64 K registers)."""
     nbuf: int
@@ -88,18 +88,32 @@ class Config(NamedTuple):
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [Config(2, 2, 2), Config(1, 2, 2), Config(2, 3, 2), Config(2, 1, 1), Config(1, 1, 1), Config(1, 1, 1, 168)]
-# what `mla.sparse_mla` takes by shared-memory class: sm_90 two slots (52 KB, 4 programs per SM; on the H200 one and
-# two slots are within 2-6 % of each other, two slots 2 % faster at prefill); the 99 KB class (sm_89 / sm_120) one slot
-# (31 KB, 3 per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit e4m3 terms) except for elements
-# whose scaled value is below 2^-2 (about 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
-CONFIG_BY_CLASS = {"big": Config(2, 2, 2), "small": Config(1, 2, 2)}
+CONFIGS = [Config(0, 1, 1), Config(1, 1, 1), Config(2, 1, 1), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2),
+           Config(2, 3, 2)]
+# what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group
+# (H200, `fp8mma_h200.json`: 0.90x / 0.80x the time of the e4m3 build at decode B32 / B128 and 0.86x at prefill, 8
+# heads; 0.68-0.78x the Triton kernel's at 9-16 heads, where the e4m3 build was within 2-7 % of it): sm_90 has no
+# e4m3 mma.sync of its own, ptxas converts both operands of each to fp16, so widening K and V once is cheaper than
+# products on q's and P's e4m3 terms. The 99 KB class (sm_89 / sm_120, where e4m3 products are native): the e4m3 build
+# with one slot (31 KB, 3 programs per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit e4m3
+# terms) except for elements whose scaled value is below 2^-2 (about 2^-11 of the head's largest): their rest falls
+# under e4m3's subnormal step
+CONFIG_BY_CLASS = {"big": Config(0, 1, 1), "small": Config(1, 2, 2)}
 DEFAULT = CONFIG_BY_CLASS["big"]
+
+
+def ring_slots(nbuf: int, G: int) -> int:
+    """The gather ring's slots: nbuf, or for nbuf = 0 one per head group (G): 1 at 1-8 heads (4 programs per SM by
+    registers, so 4 tiles in flight), 2 at 9-16 (2 programs of 4 warps: 4 tiles again). On the H200 this took the
+    faster of one and two slots at either head count (`fp8mma_h200.json`): one slot is 3-6 % faster at 8 heads'
+    decode, two 7-11 % faster at 16 heads."""
+    return nbuf or G
 
 
 def config_name(cfg) -> str:
     c = Config(*cfg)
-    name = f"fp8mma-nbuf{c.nbuf}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{c.nbuf}-q{c.q_terms}-p{c.p_terms}"
+    slots = c.nbuf or "G"
+    name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
     return name + (f"-r{c.maxnreg}" if c.maxnreg else "")
 
 
@@ -118,6 +132,7 @@ def check_terms(q_terms: int, p_terms: int) -> None:
 def smem_bytes_estimate(G: int, nbuf: int, q_terms: int) -> int:
     """Shared memory of one program: the gather ring (latent, rope, scales), q's terms (one fp16 copy when
     q_terms = 1) and rope part, and P."""
+    nbuf = ring_slots(nbuf, G)
     q_bytes = 2 * D_NOPE if q_terms == 1 else q_terms * D_NOPE
     return nbuf * BLOCK_N * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_bytes + 2 * D_ROPE + 4 * BLOCK_N)
 
@@ -620,8 +635,9 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
     G = head_groups(H)
     check_terms(q_terms, p_terms)
-    if nbuf < 1 or maxnreg < 0:
-        raise ValueError(f"nbuf must be >= 1 and maxnreg >= 0, got {nbuf}, {maxnreg}")
+    if nbuf < 0 or maxnreg < 0:
+        raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
+    nbuf = ring_slots(nbuf, G)
     if debug is not None and q_terms == 1:
         raise ValueError("the DEBUG record is built for the e4m3 products (q_terms 2 or 3), not the fp16 ones")
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
@@ -649,7 +665,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _sparse_mla_fp8mma_kernel
-    consts = {"SPLIT": split, "G": G, "NBUF": nbuf, "Q_TERMS": q_terms, "P_TERMS": p_terms, "DEBUG": debug}
+    consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms, "DEBUG": debug}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -673,5 +689,5 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
     return row
 
 
-__all__ = ["sparse_mla_fp8mma", "Config", "CONFIGS", "DEFAULT", "config_name", "config_kwargs", "check_terms", "head_groups", "plan_splits",
+__all__ = ["sparse_mla_fp8mma", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs", "check_terms", "head_groups", "plan_splits",
            "smem_bytes_estimate", "aot_compile", "compile_stats"]
