@@ -87,10 +87,10 @@ def test_k_columns_are_a_bit_permutation_giving_each_thread_16_contiguous_bytes(
 
 
 def test_k16_columns_give_each_thread_its_fp16_operand_pairs_in_16_contiguous_bytes():
-    # `_k_logical16`: memory element p of a chunk -> product column k, the same reshape / permute as the kernel's
-    k = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 2, 2).permute(0, 1, 4, 5, 6, 2, 3, 7).reshape(512)
-    assert sorted(k.tolist()) == list(range(512))
-    mem_of = {int(k[p]): p for p in range(512)}
+    # `_k_logical16`: product column k -> memory element p, the same reshape / permute as the kernel's
+    p = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 2, 2).permute(0, 1, 4, 5, 6, 2, 3, 7).reshape(512)
+    assert sorted(p.tolist()) == list(range(512))
+    mem_of = {k: int(p[k]) for k in range(512)}
     # an m16n8k16 operand thread (lane % 4 = c) owns columns 2c, 2c + 1, 2c + 8, 2c + 9 of each 16-column step;
     # four steps' worth must be 16 contiguous bytes of one chunk, and each pair (2c + j, 2c + j + 1) two neighbouring
     # bytes, the low one first (one cvt.rn.f16x2.e4m3x2 gives the operand's fp16x2 register)

@@ -2,9 +2,9 @@
 
 The H200 files were produced at different commits: the v5 decode verification at febd9ab; the matrix and compute-
 sanitizer with the sm_89/sm_120 ("small" shared-memory class) configs forced on the H200 at 4bea5da; the full case
-matrix, compute-sanitizer and the benchmark at 73d2a37, with the Gluon kernels for 17-128 heads and the fp8-product
-kernel for 1-8 heads dispatched on sm_90 (the benchmark records its commit in the JSON); the vLLM call-path harness
-at 836d561. The configs of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config
+matrix, compute-sanitizer, the benchmark and the vLLM call-path harness at 08e4e10, with the Gluon kernels for 17-128
+heads and the fp8-cache kernel's fp16-product build for 1-16 heads dispatched on sm_90 (the benchmark and the harness
+record their commit in the JSON). The configs of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config
 follows from its shape by `config_key` on the H200 (132 SMs) in the class the run used ("big" unless forced), or is
 a Gluon kernel's ("large-gluon", "small-fp8mma" keys) where the dispatch rules (`mla.gluon_large_shape`,
 `mla.fp8mma_shape`) send the shape there.
@@ -38,9 +38,9 @@ SANITIZER_SMALL = "outputs/bench/sanitizer_h200_small.log"
 VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
 HARNESS = "outputs/bench/vllm_harness_h200.json"
-RUN_COMMIT = "73d2a37"  # the case matrix (each case records its config), with the Gluon kernels dispatched
+RUN_COMMIT = "08e4e10"  # the case matrix (each case records its config), with the Gluon kernels dispatched
 SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
-SANITIZER_COMMIT = "73d2a37"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
+SANITIZER_COMMIT = "08e4e10"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")

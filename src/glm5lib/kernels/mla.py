@@ -434,13 +434,12 @@ def _merge_splits_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NUM_S
 
 def merge_splits(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, splits: int) -> None:
     """Combine `splits` fp32 partials in `part` (`_part_rows`'s layout) into out `[T, H, 512]` and a fresh lse
-    `[T, H]`: one plain launch of `_merge_splits_kernel` (the Gluon launchers'; `sparse_mla_launch` pre-binds
-    its own)."""
+    `[T, H]`: one launch of `_merge_splits_kernel` through the pre-bound launcher (the Gluon launchers';
+    `sparse_mla_launch` keeps its own plan for it)."""
     T, H, _ = out.shape
     sp, bh, bd = merge_tile(splits, H)
-    _merge_splits_kernel[(T, -(-H // bh), D_NOPE // bd)](
-        part, out, lse, out.stride(0), out.stride(1), H, H, splits,
-        D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4)
+    _MERGE.launch((T, -(-H // bh), D_NOPE // bd), (part, out, lse, out.stride(0), out.stride(1), H, H, splits),
+                  dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4))
 
 
 MAX_SPLITS = 32  # keeps the merge's [splits, heads, columns] tile small; >= 64 keys per split at top-k 2048
@@ -563,13 +562,13 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
 
 
 # 1-16 heads over an fp8_ds_mla cache, at least FP8MMA_MIN_T tokens, on sm_90 with Gluon: the fp8-cache kernel of
-# `mla_gluon_fp8mma` in its fp16-product build (NOTES.md rounds 8-9; H200, one process, outputs/bench/fp8mma_h200.json:
-# 0.74x / 0.65x the Triton kernel's decode time at B32 / B128 and 0.52x at prefill at 8 heads; 0.68-0.78x at 16).
-# Fewer tokens stay on Triton (B1-16 took 1.04-1.16x the Triton kernel's time in round 8; an eager call through
-# Gluon's binder costs 61-86 us of host time against 27-40, `sweeps/fp8mma_small_batch_h200.json`), as does every CPU
-# run (no interpreter). sm_89 / sm_120 run the kernel's e4m3 products natively, where sm_90 converts both operands of
-# each (its SASS), but were not measured: GLM5LIB_FP8MMA=1 takes the kernel there too (the one-slot e4m3 99 KB build),
-# 0 turns it off.
+# `mla_gluon_fp8mma` in its fp16-product build (NOTES.md rounds 8-9; H200 at 08e4e10, one process,
+# outputs/bench/fp8mma_h200.json: 0.74x / 0.65x the Triton kernel's decode time at B32 / B128 and 0.52x at prefill
+# at 8 heads, 0.72-0.83x at 16). Fewer tokens stay on Triton: at B1 / B4 the kernel's GPU time is the Triton kernel's
+# (1.04x / 1.00x; 0.86x at B16) while an eager call through Gluon's launcher costs 105-107 us of host time against
+# 43-45 (`sweeps/fp8mma_small_batch_h200_08e4e10.json`); so does every CPU run (no interpreter). sm_89 / sm_120 run
+# the e4m3 products natively, where sm_90 converts both operands of each (its SASS), but were not measured:
+# GLM5LIB_FP8MMA=1 takes the kernel there too (its one-slot e4m3 build for the 99 KB class), 0 turns it off.
 FP8MMA_MIN_T = 32
 FP8MMA_MAX_H = 16
 FP8MMA_CAPS = {(9, 0)}  # measured; sm_89 / sm_120 only with GLM5LIB_FP8MMA=1
@@ -812,7 +811,7 @@ def sparse_mla(
     and lse = -inf.
 
     On sm_90 with Gluon, 17-128 heads and at least `GLUON_LARGE_MIN_T` tokens (bf16 q, bf16 or fp8_ds_mla rows on
-    16-byte boundaries) run the Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_route`), 1-8 heads over an
+    16-byte boundaries) run the Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_route`), 1-16 heads over an
     fp8_ds_mla cache and at least `FP8MMA_MIN_T` tokens the fp8-product kernel of `mla_gluon_fp8mma`
     (`fp8mma_route`); everything else the Triton kernel below.
     """

@@ -1,63 +1,69 @@
-"""Gluon sparse MLA forward for 1-16 heads over an fp8_ds_mla cache, on e4m3 tensor-core products (sm_89+).
+"""Gluon sparse MLA forward for 1-16 heads over an fp8_ds_mla cache, on tensor-core products of the cached bytes.
 
 `sparse_mla_fp8mma(q, kv_cache, indices, sm_scale)` -> `(out [T, H, 512], lse [T, H])`, the contract of
 `mla.sparse_mla_launch(..., kv_format="fp8_ds_mla")`; the fp32 twin is `naive.sparse_mla_ref`. `mla.sparse_mla`
-takes it on sm_90 for 1-8 heads and at least `mla.FP8MMA_MIN_T` tokens (`mla.fp8mma_route`).
+takes it on sm_90 for 1-16 heads and at least `mla.FP8MMA_MIN_T` tokens (`mla.fp8mma_route`).
 
 Why another kernel. At 8-16 heads per GPU the products are small and every cached byte is used by few heads, so
-what a kernel does per byte decides its speed. The fp16 kernels (`mla._sparse_mla_fwd_kernel`,
-`mla_gluon._sparse_mla_gluon_kernel`) convert every e4m3 byte to fp16 before the tensor cores and pad the heads to
-the mma's M of 16 (half of every product is padding at 8 heads). This kernel does neither:
+what a kernel does per byte decides its speed. The other kernels (`mla._sparse_mla_fwd_kernel`,
+`mla_gluon._sparse_mla_gluon_kernel`) put heads on the mma's M of 16 (half of every product is padding at 8 heads)
+and pass the widened rows through shared memory. This kernel does neither:
 
-- keys are the mma's M and heads its N (8 per warp): `S^T = K q^T` and `O^T = V^T P^T` (m16n8k32 e4m3 products);
-  no padding at 8 heads;
-- the cached e4m3 bytes go into the products as they are. The other operand, which is small, is split into e4m3
-  terms instead: q (bf16) as `q sigma ~ q0 + q1 (+ q2)` (`Q_TERMS`; each term the rounding rest of the ones before
-  it, `sigma` a power of two per head that brings `max |q|` to 448: two 4-bit terms hold a bf16 value), and P,
-  scaled per 128-column chunk by the rows' fp32 scale, as `P s F ~ p0 + p1` (`P_TERMS`; `F` a power of two per
-  tile that brings the tile's largest row scale to 448: about bf16's precision). The rope part (64 bf16 per row)
-  is a bf16 product;
-- the order of the 128 columns inside a chunk is free in `S = sum_k K[:, k] q[:, k]` as long as q takes the same
-  order: it is chosen so that each thread's share of a row is 16 contiguous bytes (`_k_logical`), so the K operand
-  loads straight from the gathered tile into the mma registers. For `O^T = V^T P^T` the output rows (the value
-  columns) may be permuted the same way and put back when stored (`_v_logical`, `_d_order`): each thread loads 8
-  contiguous bytes of 8 rows, and only the bytes' order inside registers changes. Both loads are
-  `convert_layout(..., assert_trivial=True)`: a layout under which any byte had to cross threads does not compile.
+- keys are the mma's M and heads its N (8 per warp): `S^T = K q^T` and `O^T = V^T P^T`; no padding at 8 heads, and
+  per-key work (the row max, the row scales) runs along M;
+- the K and V operands are loaded from the gathered tile straight into the mma's registers: the order of the 128
+  columns inside a chunk is free in `S = sum_k K[:, k] q[:, k]` as long as q takes the same order, so it is chosen
+  so that each thread's share of a row is 16 contiguous bytes (`_k_logical`, `_k_logical16`). For `O^T = V^T P^T`
+  the output rows (the value columns) may be permuted the same way and put back when stored (`_v_logical`,
+  `_d_order`): each thread loads 8 contiguous bytes of 8 keys, and only the bytes' order inside registers changes.
+  Every such load is `convert_layout(..., assert_trivial=True)`: a layout under which any byte had to cross threads
+  does not compile.
 
-On sm_89 / sm_120 an e4m3 `mma.sync` is a native instruction. On sm_90 it is not: ptxas converts both operands to
-fp16 and issues fp16 products (the SASS of the H200 build, NOTES.md round 8), so there the kernel pays more
-conversions than the fp16 kernels; it is still faster than the Triton kernel at 1-8 heads (keys as M, no padding),
-and at 9-16 (two head groups convert every operand twice) within 2-7 % of it (slower in earlier builds), which is why it
-is dispatched for 1-8 only.
+Two builds of the products (`Config.q_terms`, `p_terms`):
+- e4m3 products (m16n8k32; q_terms, p_terms 2 or 3): the cached e4m3 bytes are the operands as they are, and the
+  small operand is split into e4m3 terms instead: q (bf16) as `q sigma ~ q0 + q1 (+ q2)` (each term the rounding
+  rest of the ones before it, `sigma` a power of two per head that brings `max |q|` to 448: two 4-bit terms hold a
+  bf16 value), and P, scaled per 128-column chunk by the rows' fp32 scale, as `P s F ~ p0 + p1` (`F` a power of two
+  per tile that brings the tile's largest row scale to 448: about bf16's precision). sm_89 / sm_120 run these
+  natively; there this build is what `mla.sparse_mla` takes when asked (`GLM5LIB_FP8MMA=1`).
+- fp16 products (m16n8k16; q_terms = p_terms = 1): each K and V byte is widened to fp16 once in registers (one
+  `cvt.rn.f16x2.e4m3x2` per pair, exact), q sigma and P s F are one fp16 term each (q exact, P with fp16's 11 bits).
+  sm_90 has no e4m3 `mma.sync` of its own: ptxas converts both operands of each to fp16 and issues fp16 products
+  (the SASS of the H200 build, NOTES.md round 8), so the e4m3 build converts every K byte once per q term and every
+  V byte once per P term there. The fp16 build halves the conversions and the products (SASS of the loop: 272
+  conversions and 68 HMMA against 512 and 132 for each 32-key tile) and is the one sm_90 takes.
+The rope part (64 bf16 per row) is a bf16 product in both.
 
 A program owns (token, split of its top-k list) and all its heads: `2 * G` warps, G head groups of 8 (G = 1 up to
 8 heads, 2 up to 16). Each tile of `BLOCK_N` = 32 keys is gathered once by `cp.async` into a ring of `NBUF` slots
-(a barrier per tile); the two warps of a head group split the tile's keys for S and the value columns for `O^T`,
-so per-tile state crosses warps only through the compiler's row-max reduction and P^T, passed through shared
-memory (a second barrier). The
-online softmax runs in the log2 domain; invalid keys (-1, >= N rows, past the split) are gathered as zero-filled
-masked copies of row 0 and get logit -inf. Split-K partials use `mla._part_rows`'s layout and are merged by
-`mla.merge_splits`.
+(a barrier per tile; `Config.nbuf = 0` takes one slot per head group, `ring_slots`); the two warps of a head group
+split the tile's keys for S and the value columns for `O^T`, so per-tile state crosses warps only through the
+compiler's row-max reduction and P^T, passed through shared memory (a second barrier). The online softmax runs in
+the log2 domain; invalid keys (-1, >= N rows, past the split) are gathered as zero-filled masked copies of row 0 and
+get logit -inf. Split-K partials use `mla._part_rows`'s layout and are merged by `mla.merge_splits`.
 
 The e4m3 values are made by inline PTX, four per asm block (`_to_e4m3`), and never widened again: Triton 3.6's own
 fp32 -> e4m3 -> fp32 chain returned wrong fp32 values for about half of a 512-wide row on the H200
-(`scripts/fp8mma_unit.py`); the fp32 value of a leading term comes from Veltkamp's split instead (`_split4`).
+(`scripts/fp8mma_unit.py`); the fp32 value of a leading term comes from Veltkamp's split instead (`_split4`). The
+widening of the cached bytes is inline PTX too (`_e4m3_f16`), the hardware's own conversion.
 
 Gluon does not run in Triton's interpreter: numerics are checked on a GPU (`scripts/fp8mma_device.py`, `checks
---profile full`, and tile 0's operands and products against torch with `scripts/fp8mma_debug.py`, the `DEBUG`
-record); `tests/test_mla_fp8mma.py` compiles every config for sm_89 / sm_90 / sm_120 and checks the column and row
-orders and the power-of-two rule on the CPU.
+--profile full`, and, for the e4m3 build, tile 0's operands and products against torch with
+`scripts/fp8mma_debug.py`, the `DEBUG` record); `tests/test_mla_fp8mma.py` compiles every config for sm_89 / sm_90 /
+sm_120 and checks the column and row orders and the power-of-two rule on the CPU.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import functools
+
 import torch
 
 from glm5lib.kernels import common  # noqa: F401  (before triton: the interpreter switch)
 from glm5lib.kernels import mla
-from glm5lib.kernels.common import num_sms
+from glm5lib.kernels.common import Prebound, num_sms
 from glm5lib.kernels.compile_report import SMEM_LIMIT
 from glm5lib.kernels.mla import LOG2E
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE
@@ -91,10 +97,9 @@ class Config(NamedTuple):
 CONFIGS = [Config(0, 1, 1), Config(1, 1, 1), Config(2, 1, 1), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2),
            Config(2, 3, 2)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group
-# (H200, `fp8mma_h200.json`: 0.90x / 0.80x the time of the e4m3 build at decode B32 / B128 and 0.86x at prefill, 8
-# heads; 0.68-0.78x the Triton kernel's at 9-16 heads, where the e4m3 build was within 2-7 % of it): sm_90 has no
-# e4m3 mma.sync of its own, ptxas converts both operands of each to fp16, so widening K and V once is cheaper than
-# products on q's and P's e4m3 terms. The 99 KB class (sm_89 / sm_120, where e4m3 products are native): the e4m3 build
+# (H200 at 08e4e10, `fp8mma_h200.json`: 0.87x / 0.89x the time of the e4m3 build at decode B32 / B128 and 0.87x at
+# prefill, 8 heads; 0.77-0.86x at 16 heads, where it takes 0.72-0.83x the Triton kernel's time and the e4m3 build
+# 0.92-0.97x). The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and forced only): the e4m3 build
 # with one slot (31 KB, 3 programs per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit e4m3
 # terms) except for elements whose scaled value is below 2^-2 (about 2^-11 of the head's largest): their rest falls
 # under e4m3's subnormal step
@@ -104,9 +109,9 @@ DEFAULT = CONFIG_BY_CLASS["big"]
 
 def ring_slots(nbuf: int, G: int) -> int:
     """The gather ring's slots: nbuf, or for nbuf = 0 one per head group (G): 1 at 1-8 heads (4 programs per SM by
-    registers, so 4 tiles in flight), 2 at 9-16 (2 programs of 4 warps: 4 tiles again). On the H200 this took the
-    faster of one and two slots at either head count (`fp8mma_h200.json`): one slot is 3-6 % faster at 8 heads'
-    decode, two 7-11 % faster at 16 heads."""
+    registers, so 4 tiles in flight), 2 at 9-16 (2 programs of 4 warps: 4 tiles again). On the H200 (fp16 build,
+    `fp8mma_h200.json`) one slot was 3-6 % faster than two at 8 heads' decode and within 1 % at prefill; two were
+    6-12 % faster at 16 heads."""
     return nbuf or G
 
 
@@ -616,6 +621,23 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
     return mla.split_keys(topk, num_splits, BLOCK_N)
 
 
+_FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nbuf: int, q_terms: int,
+                 p_terms: int, maxnreg: int, num_splits: int | None) -> tuple[int, int, dict, tuple]:
+    """(splits, keys per split, constexprs and options, their values as a key) for a call shape: the host work an
+    eager layer would otherwise repeat on every call."""
+    dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
+    G = head_groups(H)
+    nbuf = ring_slots(nbuf, G)
+    splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg)
+    kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, DBG=None, DEBUG=0,
+              num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
+    return splits, keys_per_split, kw, tuple(kw.values())
+
+
 def debug_record_bytes(H: int) -> int:
     """Bytes of one program's DEBUG record (the layout `_debug_base` documents)."""
     HN = 8 * head_groups(H)
@@ -645,14 +667,21 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     dev = q.device
     if T == 0:
         return out, lse
-    splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg)
+    splits, keys_per_split, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
+                                                      maxnreg, num_splits)
     part = split_buffer(splits, T, H, lse)
-    _sparse_mla_fp8mma_kernel[(T, splits)](
-        q, kv_cache, indices, out, lse, part,
-        q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
-        H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
-        SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, num_warps=2 * G,
-        **({"DBG": debug, "DEBUG": 1} if debug is not None else {}), **({"maxnreg": maxnreg} if maxnreg else {}))
+    ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
+            keys_per_split)
+    ptrs = (q, kv_cache, indices, out, lse, part)
+    args = (*ptrs, *ints, float(sm_scale) * LOG2E)
+    if debug is not None:
+        _sparse_mla_fp8mma_kernel[(T, splits)](*args, **dict(kw, DBG=debug, DEBUG=1))
+    else:
+        # the pre-bound launcher (`common.Prebound`): an eager call through Gluon's own binder cost 105-107 us of host
+        # time on the H200 against the Triton kernel's 43-45 (`sweeps/fp8mma_small_batch_h200_08e4e10.json`)
+        # what Triton specializes on: the dtypes, each pointer's 16-byte alignment, the int values themselves
+        spec = (q.dtype, out.dtype, tuple(t.data_ptr() % 16 == 0 for t in ptrs), ints)
+        _FP8MMA.launch((T, splits), args, kw, kw_key, dev.index, spec)
     if splits > 1:
         mla.merge_splits(part, out, lse, splits)
     return out, lse
