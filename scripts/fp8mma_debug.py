@@ -14,7 +14,7 @@ SM = 1.0 / 16.0
 
 def k_perm() -> torch.Tensor:
     """p[k]: the memory column of product column k (`_k_logical`), over 512."""
-    return torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 4).permute(0, 1, 4, 5, 2, 3, 6).reshape(512)
+    return torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 4).permute(0, 3, 4, 5, 1, 2, 6).reshape(512)
 
 
 def d_of_m() -> torch.Tensor:

@@ -72,9 +72,44 @@ def _bits(perm: torch.Tensor) -> list[int]:
     return [int(perm[1 << b]) for b in range(n)]
 
 
+# product column k -> memory byte p of the latent row: the kernel's `_k_logical` / `_k_logical16` (the same reshape and
+# permute orders, without the row dimension)
+K_ORDER_E4M3 = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 4).permute(0, 3, 4, 5, 1, 2, 6).reshape(512)
+K_ORDER_F16 = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 2, 2).permute(0, 3, 4, 5, 6, 1, 2, 7).reshape(512)
+
+
+def _thread_units(order: torch.Tensor, owned) -> dict:
+    """{(c, half): 16-byte unit of the row} the operand thread of lane % 4 = c reads in each of its two 16-byte
+    loads of chunk 0 (owned(c): its columns of the chunk); each load must be 16 contiguous, aligned bytes."""
+    out = {}
+    for c in range(4):
+        mem = sorted(int(order[k]) for k in owned(c))
+        assert mem == list(range(mem[0], mem[0] + 32)) and mem[0] % 32 == 0, (c, mem[:4])
+        out[(c, 0)], out[(c, 1)] = mem[0] // 16, mem[0] // 16 + 1
+    return out
+
+
+@pytest.mark.parametrize("build", ["e4m3", "f16"])
+def test_k_operand_loads_have_no_bank_conflicts(build):
+    # the tile's rows are 512 bytes (bank group 0 at every row start) with 16-byte units XOR-swizzled by row % 8
+    # (SW8). A quarter-warp (8 lanes: rows g = 2q, 2q + 1, c = 0..3) must hit 8 different bank groups per load
+    if build == "e4m3":
+        order, owned = K_ORDER_E4M3, lambda c: [32 * s + 16 * h + 4 * c + b for s in range(4) for h in (0, 1)
+                                                for b in range(4)]
+    else:
+        order, owned = K_ORDER_F16, lambda c: [16 * s + 8 * h + 2 * c + b for s in range(8) for h in (0, 1)
+                                               for b in (0, 1)]
+    units = _thread_units(order, owned)
+    for half in (0, 1):
+        for q in range(4):
+            for row8 in (0, 8):  # the register's second row (g + 8)
+                groups = [(units[(c, half)] ^ ((row8 + g) % 8)) % 8 for g in (2 * q, 2 * q + 1) for c in range(4)]
+                assert sorted(groups) == list(range(8)), (build, half, q, groups)
+
+
 def test_k_columns_are_a_bit_permutation_giving_each_thread_16_contiguous_bytes():
     # `_k_logical`: product column k (of 512) -> memory byte p, the same reshape / permute as the kernel's
-    p = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 4).permute(0, 1, 4, 5, 2, 3, 6).reshape(512)
+    p = K_ORDER_E4M3
     assert sorted(p.tolist()) == list(range(512))
     assert all(int(p[k]) == sum(int(p[1 << b]) for b in range(9) if k >> b & 1) for k in range(512))  # linear
     # an m16n8k32 e4m3 operand thread (lane % 4 = c) owns columns 4c..4c+3 and 4c+16..4c+19 of each 32-column step;
@@ -88,7 +123,7 @@ def test_k_columns_are_a_bit_permutation_giving_each_thread_16_contiguous_bytes(
 
 def test_k16_columns_give_each_thread_its_fp16_operand_pairs_in_16_contiguous_bytes():
     # `_k_logical16`: product column k -> memory element p, the same reshape / permute as the kernel's
-    p = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 2, 2).permute(0, 1, 4, 5, 6, 2, 3, 7).reshape(512)
+    p = K_ORDER_F16
     assert sorted(p.tolist()) == list(range(512))
     mem_of = {k: int(p[k]) for k in range(512)}
     # an m16n8k16 operand thread (lane % 4 = c) owns columns 2c, 2c + 1, 2c + 8, 2c + 9 of each 16-column step;

@@ -13,7 +13,8 @@ and pass the widened rows through shared memory. This kernel does neither:
   per-key work (the row max, the row scales) runs along M;
 - the K and V operands are loaded from the gathered tile straight into the mma's registers: the order of the 128
   columns inside a chunk is free in `S = sum_k K[:, k] q[:, k]` as long as q takes the same order, so it is chosen
-  so that each thread's share of a row is 16 contiguous bytes (`_k_logical`, `_k_logical16`). For `O^T = V^T P^T`
+  so that each thread's share of a row is 32 contiguous bytes, read without bank conflicts (`_k_logical`,
+  `_k_logical16`). For `O^T = V^T P^T`
   the output rows (the value columns) may be permuted the same way and put back when stored (`_v_logical`,
   `_d_order`): each thread loads 8 contiguous bytes of 8 keys, and only the bytes' order inside registers changes.
   Every such load is `convert_layout(..., assert_trivial=True)`: a layout under which any byte had to cross threads
@@ -146,25 +147,27 @@ if HAVE_GLUON:
     @gluon.jit
     def _k_logical(x):
         """[R, W] bytes of latent columns in memory order -> the column order the products use, chunk by chunk of 128
-        (a bit permutation: memory byte p = 64 s1 + 16 c + 8 s0 + 4 h + b of a chunk is its column
+        (a bit permutation: memory byte p = 32 c + 16 s1 + 8 s0 + 4 h + b of a chunk is its column
         k = 64 s1 + 32 s0 + 16 h + 4 c + b). Thread (g, c) of the mma's operand layout owns columns 4c..4c+3 and
-        4c+16..4c+19 of each 32-column step: in memory, 16 contiguous bytes per row."""
+        4c+16..4c+19 of each 32-column step: in memory, 32 contiguous bytes per row of a chunk, and the 16-byte halves
+        that one load instruction reads for lanes c = 0..3 are every other unit (0, 2, 4, 6), so that rows g and
+        g + 1 (one quarter-warp) land on the odd and even units of the row-swizzled tile: no bank conflict."""
         R: gl.constexpr = x.shape[0]
         W: gl.constexpr = x.shape[1]
-        x = gl.reshape(x, [R, W // 128, 2, 2, 2, 2, 2, 4])  # (chunk, s1, c1, c0, s0, h, b)
-        x = gl.permute(x, [0, 1, 2, 5, 6, 3, 4, 7])  # (chunk, s1, s0, h, c1, c0, b)
+        x = gl.reshape(x, [R, W // 128, 2, 2, 2, 2, 2, 4])  # (chunk, c1, c0, s1, s0, h, b)
+        x = gl.permute(x, [0, 1, 4, 5, 6, 2, 3, 7])  # (chunk, s1, s0, h, c1, c0, b)
         return gl.reshape(x, [R, W])
 
     @gluon.jit
     def _k_logical16(x):
-        """The same for the fp16 products (m16n8k16): memory element p = 64 s1 + 16 c + 8 r3 + 4 r2 + 2 r1 + r0 of a
-        chunk is its column k = 64 s1 + 32 r3 + 16 r2 + 8 r1 + 2 c + r0. Thread (g, c) owns columns 2c, 2c + 1,
-        2c + 8, 2c + 9 of each 16-column step: the same 16 contiguous bytes per row as `_k_logical`'s, and each pair
-        of neighbouring bytes is one fp16x2 register of the operand."""
+        """The same for the fp16 products (m16n8k16): memory element p = 32 c + 16 s + 8 r3 + 4 r2 + 2 r1 + r0 of a
+        chunk is its column k = 64 s + 32 r3 + 16 r2 + 8 r1 + 2 c + r0. Thread (g, c) owns columns 2c, 2c + 1,
+        2c + 8, 2c + 9 of each 16-column step: the same 32 contiguous bytes per row of a chunk as `_k_logical`'s (and
+        the same conflict-free loads), and each pair of neighbouring bytes is one fp16x2 register of the operand."""
         R: gl.constexpr = x.shape[0]
         W: gl.constexpr = x.shape[1]
-        x = gl.reshape(x, [R, W // 128, 2, 2, 2, 2, 2, 2, 2])  # (chunk, s1, c1, c0, r3, r2, r1, r0)
-        x = gl.permute(x, [0, 1, 2, 5, 6, 7, 3, 4, 8])  # (chunk, s1, r3, r2, r1, c1, c0, r0)
+        x = gl.reshape(x, [R, W // 128, 2, 2, 2, 2, 2, 2, 2])  # (chunk, c1, c0, s, r3, r2, r1, r0)
+        x = gl.permute(x, [0, 1, 4, 5, 6, 7, 2, 3, 8])  # (chunk, s, r3, r2, r1, c1, c0, r0)
         return gl.reshape(x, [R, W])
 
     @gluon.jit
@@ -418,13 +421,13 @@ if HAVE_GLUON:
         DB: gl.constexpr = DB16 if F16 else DB8
         PKEYS: gl.constexpr = gl.SliceLayout(1, DB)  # [BN] per key of P^T
         # physical loads of a chunk whose logical view (`_k_logical`, `_v_logical`) is the operand layout: the K tile
-        # [BN, 128] 16 contiguous bytes of rows g, g + 8 per thread; the V tile [BN, 128] 8 bytes of 8 keys (keys
+        # [BN, 128] 32 contiguous bytes of rows g, g + 8 per thread; the V tile [BN, 128] 8 bytes of 8 keys (keys
         # 4c + {0..3, 16..19} for the k32 e4m3 product, 2c + {0, 1, 8, 9, 16, 17, 24, 25} for the k16 fp16 one)
         WB: gl.constexpr = [[0, 0], [16, 0]] if G == 2 else [[16, 0]]
         WBV: gl.constexpr = [[0, 0], [0, 64]] if G == 2 else [[0, 64]]
         LK: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 64]],
-            lane_bases=[[0, 16], [0, 32], [1, 0], [2, 0], [4, 0]], warp_bases=WB, block_bases=[], shape=[BN, CH])
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 16]],
+            lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]], warp_bases=WB, block_bases=[], shape=[BN, CH])
         VK: gl.constexpr = [[1, 0], [8, 0], [16, 0], [2, 0], [4, 0]] if F16 else [[1, 0], [2, 0], [16, 0], [4, 0], [8, 0]]
         LV: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], VK[0], VK[1], VK[2]],
@@ -462,6 +465,7 @@ if HAVE_GLUON:
         # head: the B-operand loads of 4 keys of one head are then conflict-free
         SWP: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         p_s = gl.allocate_shared_memory(gl.float32, [HN, BN], SWP)
+        m_s = gl.allocate_shared_memory(gl.float32, [2 * HN], FLAT1)  # the two key halves' maxima, low half first
 
         k_start = sp * KEYS_PER_SPLIT
         k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
@@ -536,16 +540,14 @@ if HAVE_GLUON:
             s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
             s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
 
-            m_new = gl.maximum(m_i, gl.max(s, axis=0))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # heads with no key yet: keep exp2 finite
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[None, :])
-            m_i = m_new
-
-            if DEBUG:
-                if i == 0:
-                    _debug_f32(DBG, t, sp, HN, 5, s, MMA)
-                    _debug_f32(DBG, t, sp, HN, 6, p, MMA)
+            # P against each warp's own max of its 16 keys (no cross-warp reduction here): the maxima travel with P^T
+            # through shared memory, and P is brought to the common max after the barrier (g_lo / g_hi below)
+            s3 = gl.reshape(s, [2, BN // 2, HN])  # (warp half, its keys, heads)
+            mu3 = gl.max(s3, axis=1)
+            p = gl.convert_layout(gl.reshape(
+                gl.exp2(s3 - gl.where(mu3 == float("-inf"), 0.0, mu3)[:, None, :]), [BN, HN]), MMA, assert_trivial=True)
+            m_s.store(gl.reshape(mu3, [2 * HN]))
+            p_s.store(gl.permute(p, [1, 0]))
             # one P factor 2^e per tile for the four chunks; the accumulators move to it (and to the new max) only
             # when either changed
             ps0 = sc0.index(slot).load(PKEYS)
@@ -555,6 +557,21 @@ if HAVE_GLUON:
             # e is in [-120, 126] for any row scale; e - e_prev stays in `_pow2`'s range while consecutive tiles'
             # largest scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
             e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
+            _barrier()  # P^T and the maxima are read after every warp's are in; rewritten after the next tile's first
+            mu_lo = m_s.slice(0, HN).load(HEADS)
+            mu_hi = m_s.slice(HN, HN).load(HEADS)
+            m_new = gl.maximum(m_i, gl.maximum(mu_lo, mu_hi))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # heads with no key yet: keep exp2 finite
+            alpha = gl.exp2(m_i - m_use)
+            m_i = m_new
+            # each half's P to the common max (<= 1; a half without a valid key has P = 0 and factor 0)
+            g_lo = gl.where(mu_lo == float("-inf"), 0.0, gl.exp2(mu_lo - m_use))
+            g_hi = gl.where(mu_hi == float("-inf"), 0.0, gl.exp2(mu_hi - m_use))
+            p = p * gl.where((gl.arange(0, BN, layout=KEYS) < BN // 2)[:, None], g_lo[None, :], g_hi[None, :])
+            if DEBUG:
+                if i == 0:
+                    _debug_f32(DBG, t, sp, HN, 5, s, MMA)
+                    _debug_f32(DBG, t, sp, HN, 6, p, MMA)
             f = alpha * _pow2(e - e_prev)
             e_prev = e
             if gl.max(gl.abs(f - 1.0) + gl.abs(alpha - 1.0), axis=0) > 0.0:
@@ -564,9 +581,10 @@ if HAVE_GLUON:
                 acc3 = acc3 * f[None, :]
                 l_acc = l_acc * alpha[None, :]
             l_acc = l_acc + p
-            p_s.store(gl.permute(p, [1, 0]))
-            _barrier()  # read after every warp's keys are in; rewritten after the next tile's first barrier
-            pb = p_s.permute([1, 0]).load(DB)
+            PH: gl.constexpr = gl.SliceLayout(0, DB)
+            pb = p_s.permute([1, 0]).load(DB) * gl.where((gl.arange(0, BN, layout=PKEYS) < BN // 2)[:, None],
+                                                         gl.convert_layout(g_lo, PH)[None, :],
+                                                         gl.convert_layout(g_hi, PH)[None, :])
             fe = _pow2(e)
             acc0 = _pv_chunk(t8, 0, pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS)
             acc1 = _pv_chunk(t8, 1, pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
