@@ -244,11 +244,10 @@ if INTERACTIVE:
 # compute cannot beat that, so where this ceiling is more than 3 % below the goal the table says "below goal". In
 # short (the numbers are printed below from the JSON): small-head decode with bf16 rows reaches about two thirds of
 # the copy bandwidth, short of the 85 % target, while its rows alone gather at 82-84 % (two runs), at the margin of
-# the goal; the fp8 path at 8 heads (on sm_90 the fp8-product kernel of `mla_gluon_fp8mma`: keys as the mma's M,
-# the cached e4m3 bytes as operands) runs about as fast as FlashMLA padded to 64 heads and far from the 2.5x goal
-# (at B=128 the gathers alone rule the goal out; at B=32 the products are what is left, and sm_90 has no native e4m3
-# `mma.sync`: ptxas converts both operands of every product); at 16 heads the
-# Triton kernel is bound by its attention stage (dots and online softmax through shared memory); at 64-128 heads the
+# the goal; the fp8 path at 8-16 heads (on sm_90 the fp8-cache kernel of `mla_gluon_fp8mma`: keys as the mma's M,
+# each cached byte loaded straight into the mma's registers and widened to fp16 once) runs 1.1-1.4x as fast as
+# FlashMLA padded to 64 heads at 8 heads and a little less at 16, far from the 2.5x goal (at B=128 the gathers alone rule the goal out; what is left is
+# the kernel's own latency: two warps per scheduler, waiting mostly on shared memory); at 64-128 heads the
 # prefill (on sm_90 the Gluon ping-pong kernel of `mla_gluon_large`) reaches about 0.9x FlashMLA's TFLOP/s;
 # H = 8 prefill is bound by L2 bandwidth for both kernels, so the two run at about the same speed. The indexer's
 # decode reads its keys at 75-82 % of the copy bandwidth (fp8 keys with fp8 q, bf16 keys); bf16 q on fp8 keys,

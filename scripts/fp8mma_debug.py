@@ -1,5 +1,5 @@
-"""Tile 0 of `mla_gluon_fp8mma` taken apart on a GPU: the operands and products the kernel saw (its DEBUG record)
-against the same quantities built with torch. `PYTHONPATH=src python scripts/fp8mma_debug.py [H]`"""
+"""Tile 0 of `mla_gluon_fp8mma`'s e4m3 build taken apart on a GPU: the operands and products the kernel saw (its DEBUG
+record) against the same quantities built with torch. `PYTHONPATH=src python scripts/fp8mma_debug.py [H]`"""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def main() -> int:
     idx = torch.stack([torch.randperm(N, generator=gen)[:64] for _ in range(T)]).to(torch.int32).to(dev)
     HN = 8 * fm.head_groups(H)
     dbg = torch.zeros(T * fm.debug_record_bytes(H), dtype=torch.uint8, device=dev)
-    o, lse = fm.sparse_mla_fp8mma(q, cache, idx, SM, num_splits=1, debug=dbg)
+    # the record is the e4m3 build's (two q terms, two P terms); the fp16 build sm_90 ships has none
+    o, lse = fm.sparse_mla_fp8mma(q, cache, idx, SM, num_splits=1, nbuf=2, q_terms=2, p_terms=2, debug=dbg)
     torch.cuda.synchronize()
     ro, rlse = naive.sparse_mla_ref(q, cache, idx, SM, kv_format="fp8_ds_mla")
     print("out rel", float((o.float() - ro).norm() / ro.norm()), "lse max abs", float((lse - rlse).abs().max()))

@@ -96,6 +96,10 @@ def check(report: dict) -> None:
     assert all(80 < t["ceiling"] < 85 for t in bf16)
     assert len(out_of_reach) == 6 + sum(bool(t["bounded"]) for t in bf16) and all(t["met"] is False
                                                                                   for t in out_of_reach)
-    # the 8-head fp8 decode, "about as fast as FlashMLA padded to 64 heads"
-    fp8_h8 = [t["value"] for t in targets if t["target"].startswith("decode fp8 H8") and "speed-up" in t["target"]]
-    assert len(fp8_h8) == 2 and all(0.9 < v < 1.3 for v in fp8_h8)
+    # the 8-16-head fp8 decode: "1.1-1.4x as fast as FlashMLA padded to 64 heads at 8 heads, a little less at 16"
+    def speedups(H):
+        return [t["value"] for t in targets if t["target"].startswith(f"decode fp8 H{H} ") and "speed-up" in t["target"]]
+
+    assert len(speedups(8)) == 2 and all(1.1 < v < 1.5 for v in speedups(8))
+    assert len(speedups(16)) == 2 and all(1.0 < v < 1.4 for v in speedups(16))
+    assert all(a > b for a, b in zip(speedups(8), speedups(16)))

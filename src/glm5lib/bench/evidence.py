@@ -2,9 +2,10 @@
 
 The H200 files were produced at different commits: the v5 decode verification at febd9ab; the matrix and compute-
 sanitizer with the sm_89/sm_120 ("small" shared-memory class) configs forced on the H200 at 4bea5da; the full case
-matrix, compute-sanitizer, the benchmark and the vLLM call-path harness at 08e4e10, with the Gluon kernels for 17-128
-heads and the fp8-cache kernel's fp16-product build for 1-16 heads dispatched on sm_90 (the benchmark and the harness
-record their commit in the JSON). The configs of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config
+matrix, compute-sanitizer and the benchmark at 33e8f55, with the Gluon kernels for 17-128 heads and the fp8-cache
+kernel's fp16-product build for 1-16 heads dispatched on sm_90 (the benchmark records its commit in the JSON); the
+vLLM call-path harness at 836d561 (the Triton kernel; the run with the fp8-cache kernel at 33e8f55 is
+`sweeps/vllm_harness_h200_33e8f55.json`). The configs of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config
 follows from its shape by `config_key` on the H200 (132 SMs) in the class the run used ("big" unless forced), or is
 a Gluon kernel's ("large-gluon", "small-fp8mma" keys) where the dispatch rules (`mla.gluon_large_shape`,
 `mla.fp8mma_shape`) send the shape there.
@@ -38,26 +39,33 @@ SANITIZER_SMALL = "outputs/bench/sanitizer_h200_small.log"
 VERIFY_V5 = "outputs/bench/sweeps/verify_v5_decode.log"
 BENCH = "outputs/bench/bench_h200.json"
 HARNESS = "outputs/bench/vllm_harness_h200.json"
-RUN_COMMIT = "08e4e10"  # the case matrix (each case records its config), with the Gluon kernels dispatched
+# round 8's matrix and sanitizer (the fp8-cache kernel then took 1-8 heads): the last H200 runs of the Triton configs
+# that 9-16 heads over fp8_ds_mla fall back to on sm_90 (GLM5LIB_FP8MMA=0, fp16 q, no Gluon); those configs and the
+# Triton kernel are unchanged since
+FULL_MATRIX_R8 = "outputs/bench/sweeps/checks_h200_full_73d2a37.json"
+SANITIZER_R8 = "outputs/bench/sweeps/sanitizer_h200_73d2a37.log"
+R8_COMMIT, R8_FP8MMA_MAX_H = "73d2a37", 8
+RUN_COMMIT = "33e8f55"  # the case matrix (each case records its config), with the Gluon kernels dispatched
 SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
-SANITIZER_COMMIT = "08e4e10"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
+SANITIZER_COMMIT = "33e8f55"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
 
 
-def _key(name: str, smem: str = SMEM) -> tuple[str, str, str] | None:
+def _key(name: str, smem: str = SMEM, fp8mma_max_h: int | None = None) -> tuple[str, str, str] | None:
     """The config key a sparse-MLA case name runs under on the H200 today (None for indexer cases): a `CONFIGS` key,
     or ("large-gluon", format, "big") / ("small-fp8mma", "fp8_ds_mla", "big") where `sparse_mla` takes a Gluon kernel
     on sm_90 (`mla.gluon_large_shape`, `mla.fp8mma_shape`: the rules themselves, whatever the environment switches say
-    in this process)."""
+    in this process). fp8mma_max_h: the fp8-cache kernel's head limit of an older run (8 before round 9)."""
     m = _CASE.match(name)
-    return None if m is None else _shape_key(int(m["T"]), int(m["H"]), m["fmt"], smem)
+    return None if m is None else _shape_key(int(m["T"]), int(m["H"]), m["fmt"], smem, fp8mma_max_h)
 
 
-def _shape_key(T: int, H: int, fmt: str, smem: str = SMEM) -> tuple[str, str, str]:
-    """The config key `sparse_mla` runs a shape under on the H200 today, by the dispatch rules alone."""
-    if smem == SMEM and fp8mma_shape(T, H, fmt):
+def _shape_key(T: int, H: int, fmt: str, smem: str = SMEM, fp8mma_max_h: int | None = None) -> tuple[str, str, str]:
+    """The config key `sparse_mla` runs a shape under on the H200 today, by the dispatch rules alone (with an older
+    run's head limit for the fp8-cache kernel when given)."""
+    if smem == SMEM and fp8mma_shape(T, H, fmt) and (fp8mma_max_h is None or H <= fp8mma_max_h):
         return ("small-fp8mma", fmt, smem)
     if gluon_large_shape(T, H, fmt, smem):
         return ("large-gluon", fmt, smem)
@@ -78,10 +86,11 @@ def _names(keys, table: dict) -> dict[str, str]:
     return {"/".join(k): table[k].name if k in table else shipped["/".join(k)] for k in sorted(set(keys))}
 
 
-def _configs(named: list[tuple[str, str | None]], smem: str) -> tuple[dict[str, str], bool]:
+def _configs(named: list[tuple[str, str | None]], smem: str, fp8mma_max_h: int | None = None
+             ) -> tuple[dict[str, str], bool]:
     """({config key: config name}, recorded) from (case name, recorded config or None) pairs: the names the run
     recorded when every sparse-MLA case has one, else the shapes' configs in today's `CONFIGS`."""
-    keyed = [(k, c) for k, c in ((_key(n, smem), c) for n, c in named) if k]
+    keyed = [(k, c) for k, c in ((_key(n, smem, fp8mma_max_h), c) for n, c in named) if k]
     if keyed and all(c for _, c in keyed):
         ran: dict[str, set] = {}
         for k, c in keyed:
@@ -91,20 +100,22 @@ def _configs(named: list[tuple[str, str | None]], smem: str) -> tuple[dict[str, 
     return _names([k for k, _ in keyed], CONFIGS), False
 
 
-def _matrix(path: Path, smem: str = SMEM, commit: str = RUN_COMMIT) -> dict:
+def _matrix(path: Path, smem: str = SMEM, commit: str = RUN_COMMIT, fp8mma_max_h: int | None = None) -> dict:
     rows = json.loads(path.read_text())
-    configs, recorded = _configs([(r["name"], r.get("config")) for r in rows], smem)
+    configs, recorded = _configs([(r["name"], r.get("config")) for r in rows], smem, fp8mma_max_h)
     what = "full case matrix (sparse MLA + indexer)" + ("" if smem == SMEM else f", {smem} shared-memory configs forced")
+    what += f", fp8-cache kernel for 1-{fp8mma_max_h} heads" if fp8mma_max_h else ""
     return {"file": str(path), "commit": commit, "what": what, "recorded": recorded,
             "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": configs}
 
 
-def _sanitizer(path: Path, smem: str = SMEM, commit: str = SANITIZER_COMMIT) -> dict:
+def _sanitizer(path: Path, smem: str = SMEM, commit: str = SANITIZER_COMMIT, fp8mma_max_h: int | None = None) -> dict:
     text = path.read_text()
     cases = re.findall(r"^(sanitize:\S+)\s+(ok|BAD)\b(?:.*? config=(\S+))?", text, re.M)
     errors = re.search(r"ERROR SUMMARY: (\d+) error", text)
     what = "compute-sanitizer memcheck, invalid-index cases" + ("" if smem == SMEM else f", {smem} configs forced")
-    configs, recorded = _configs([(n, c or None) for n, _, c in cases], smem)
+    configs, recorded = _configs([(n, c or None) for n, _, c in cases], smem, fp8mma_max_h)
+    what += f", fp8-cache kernel for 1-{fp8mma_max_h} heads" if fp8mma_max_h else ""
     return {"file": str(path), "commit": commit, "what": what, "recorded": recorded,
             "cases": len(cases), "passed": sum(s == "ok" for _, s, _ in cases),
             "sanitizer_errors": int(errors[1]) if errors else None, "configs": configs}
@@ -149,6 +160,8 @@ def coverage(root: str | Path | None = None) -> dict:
                "h200_full_matrix_smem_small": (FULL_MATRIX_SMALL, lambda p: _matrix(p, "small", SMALL_COMMIT)),
                "h200_sanitizer": (SANITIZER, _sanitizer),
                "h200_sanitizer_smem_small": (SANITIZER_SMALL, lambda p: _sanitizer(p, "small", SMALL_COMMIT)),
+               "h200_full_matrix_r8": (FULL_MATRIX_R8, lambda p: _matrix(p, SMEM, R8_COMMIT, R8_FP8MMA_MAX_H)),
+               "h200_sanitizer_r8": (SANITIZER_R8, lambda p: _sanitizer(p, SMEM, R8_COMMIT, R8_FP8MMA_MAX_H)),
                "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench),
                "h200_vllm_harness": (HARNESS, _harness)}
     pieces = {name: read(root / rel) for name, (rel, read) in readers.items() if (root / rel).is_file()}

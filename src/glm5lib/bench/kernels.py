@@ -917,7 +917,7 @@ def plot(json_path: str | Path, png_path: str | Path, scaling_archive: str | Pat
         ours.append(r["us"])
         theirs.append(f["us"] if f else float("nan"))
     x = range(len(labels))
-    a1.bar([i - 0.2 for i in x], ours, 0.4, label="glm5lib (Triton; Gluon on sm_90 at 17-128 heads and fp8 1-8)")
+    a1.bar([i - 0.2 for i in x], ours, 0.4, label="glm5lib (Triton; Gluon on sm_90 at 17-128 heads and fp8 1-16)")
     a1.bar([i + 0.2 for i in x], theirs, 0.4, label="FlashMLA (vllm 0.33 wheel, padded heads)")
     a1.set_xticks(list(x), labels, rotation=80, fontsize=7)
     a1.set_yscale("log")

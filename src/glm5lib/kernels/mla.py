@@ -562,12 +562,12 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
 
 
 # 1-16 heads over an fp8_ds_mla cache, at least FP8MMA_MIN_T tokens, on sm_90 with Gluon: the fp8-cache kernel of
-# `mla_gluon_fp8mma` in its fp16-product build (NOTES.md rounds 8-9; H200 at 08e4e10, one process,
-# outputs/bench/fp8mma_h200.json: 0.74x / 0.65x the Triton kernel's decode time at B32 / B128 and 0.52x at prefill
-# at 8 heads, 0.72-0.83x at 16). Fewer tokens stay on Triton: at B1 / B4 the kernel's GPU time is the Triton kernel's
-# (1.04x / 1.00x; 0.86x at B16) while an eager call through Gluon's launcher costs 105-107 us of host time against
-# 43-45 (`sweeps/fp8mma_small_batch_h200_08e4e10.json`); so does every CPU run (no interpreter). sm_89 / sm_120 run
-# the e4m3 products natively, where sm_90 converts both operands of each (its SASS), but were not measured:
+# `mla_gluon_fp8mma` in its fp16-product build (NOTES.md rounds 8-9; H200 at 33e8f55, one process,
+# outputs/bench/fp8mma_h200.json: 0.73x / 0.64x the Triton kernel's decode time at B32 / B128 and 0.48x at prefill
+# at 8 heads, 0.70-0.77x at 16). Fewer tokens stay on Triton: at B1 / B4 the kernel's GPU time is the Triton
+# kernel's (1.02x / 0.98x in graph replay; 0.83x at B16) while an eager call costs 38 us of host time against 28-31
+# (`sweeps/fp8mma_small_batch_h200_33e8f55.json`); so does every CPU run (no interpreter). sm_89 / sm_120 run the
+# e4m3 products natively, where sm_90 converts both operands of each (its SASS), but were not measured:
 # GLM5LIB_FP8MMA=1 takes the kernel there too (its one-slot e4m3 build for the 99 KB class), 0 turns it off.
 FP8MMA_MIN_T = 32
 FP8MMA_MAX_H = 16

@@ -31,8 +31,9 @@ Two builds of the products (`Config.q_terms`, `p_terms`):
   `cvt.rn.f16x2.e4m3x2` per pair, exact), q sigma and P s F are one fp16 term each (q exact, P with fp16's 11 bits).
   sm_90 has no e4m3 `mma.sync` of its own: ptxas converts both operands of each to fp16 and issues fp16 products
   (the SASS of the H200 build, NOTES.md round 8), so the e4m3 build converts every K byte once per q term and every
-  V byte once per P term there. The fp16 build halves the conversions and the products (SASS of the loop: 272
-  conversions and 68 HMMA against 512 and 132 for each 32-key tile) and is the one sm_90 takes.
+  V byte once per P term there. The fp16 build needs about half the instructions (SASS of the sm_90 loop under
+  Triton 3.6, one 32-key tile: 905 instructions, 272 conversions and 68 HMMA, against 1698, 448 and 132) and is
+  the one sm_90 takes.
 The rope part (64 bf16 per row) is a bf16 product in both.
 
 A program owns (token, split of its top-k list) and all its heads: `2 * G` warps, G head groups of 8 (G = 1 up to
@@ -98,9 +99,9 @@ class Config(NamedTuple):
 CONFIGS = [Config(0, 1, 1), Config(1, 1, 1), Config(2, 1, 1), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2),
            Config(2, 3, 2)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group
-# (H200 at 08e4e10, `fp8mma_h200.json`: 0.87x / 0.89x the time of the e4m3 build at decode B32 / B128 and 0.87x at
-# prefill, 8 heads; 0.77-0.86x at 16 heads, where it takes 0.72-0.83x the Triton kernel's time and the e4m3 build
-# 0.92-0.97x). The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and forced only): the e4m3 build
+# (H200 at 33e8f55, `fp8mma_h200.json`: 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x at
+# prefill, 8 heads; 0.75-0.81x at 16 heads, where it takes 0.70-0.77x the Triton kernel's time and the e4m3 build
+# 0.89-0.95x). The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and forced only): the e4m3 build
 # with one slot (31 KB, 3 programs per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit e4m3
 # terms) except for elements whose scaled value is below 2^-2 (about 2^-11 of the head's largest): their rest falls
 # under e4m3's subnormal step
@@ -111,8 +112,8 @@ DEFAULT = CONFIG_BY_CLASS["big"]
 def ring_slots(nbuf: int, G: int) -> int:
     """The gather ring's slots: nbuf, or for nbuf = 0 one per head group (G): 1 at 1-8 heads (4 programs per SM by
     registers, so 4 tiles in flight), 2 at 9-16 (2 programs of 4 warps: 4 tiles again). On the H200 (fp16 build,
-    `fp8mma_h200.json`) one slot was 3-6 % faster than two at 8 heads' decode and within 1 % at prefill; two were
-    6-12 % faster at 16 heads."""
+    `sweeps/fp8mma_h200_08e4e10.json`) one slot was 3-6 % faster than two at 8 heads' decode and within 1 % at
+    prefill; two were 6-12 % faster at 16 heads."""
     return nbuf or G
 
 
