@@ -493,6 +493,18 @@ def test_evidence_fp8mma_h200_round9_sanitizers_host_time_and_call_path():
         log = (BENCH / f"{tool}_fp8mma_h200.log").read_text()
         assert summary in log and "3/3 cases pass on cuda" in log, tool
         assert log.count("fp8_ds_mla") == 2 and log.count("config=fp8mma-nbufG-f16") == 2, tool
+    # the same checks at 08e4e10 (v14b, first dispatched) and the matrix through the pre-bound launch at 687b4f1
+    for tool in ("racecheck", "synccheck"):
+        log = (BENCH / "sweeps" / f"{tool}_fp8mma_h200_08e4e10.log").read_text()
+        assert "3/3 cases pass on cuda" in log and log.count("config=fp8mma-nbufG-f16") == 2, tool
+    assert "ERROR SUMMARY: 0 errors" in (BENCH / "sweeps" / "sanitizer_h200_08e4e10.log").read_text()
+    for rev in ("08e4e10", "687b4f1"):
+        rows = json.loads((BENCH / "sweeps" / f"checks_h200_full_{rev}.json").read_text())
+        assert len(rows) == 124 and all(r["ok"] for r in rows), rev
+        assert sum(r.get("config") == "fp8mma-nbufG-f16" for r in rows) == 19, rev
+    prebound = json.loads((BENCH / "sweeps" / "fp8mma_small_batch_h200_687b4f1.json").read_text())
+    assert prebound["meta"]["commit"] == "687b4f1"
+    assert all(35 < r["fp8mma_eager_host_us"] < 65 for r in prebound["rows"])
     before = json.loads((BENCH / "sweeps" / "fp8mma_small_batch_h200_08e4e10.json").read_text())
     after = json.loads((BENCH / "sweeps" / "fp8mma_small_batch_h200_33e8f55.json").read_text())
     assert before["meta"]["commit"] == "08e4e10" and after["meta"]["commit"] == "33e8f55"
@@ -523,3 +535,22 @@ def test_evidence_fp8mma_ncu_decode_before_v14c():
         stalls[name.replace("smsp__pcsamp_warps_issue_stalled_", "")] = float(value)
     top = sorted(stalls, key=stalls.get, reverse=True)[:2]
     assert top == ["short_scoreboard", "mio_throttle"], top
+
+
+def test_evidence_fp8mma_sass_loop_counts():
+    """docs/kernels.md v14: the sm_90 loop under Triton 3.6 (`scripts/fp8mma_sass_count.py`, no GPU needed) has
+    905 instructions, 272 conversions and 68 HMMA in the fp16-product build against 1698, 448 and 132 in the e4m3
+    one, and 3 barriers a tile."""
+    import re
+
+    text = (BENCH / "sweeps" / "fp8mma_sass_loop_sm90_triton36.txt").read_text()
+    assert text.startswith("triton 3.6.0, sm_90, 8 heads")
+    rows = {m[1]: (int(m[2]), int(m[3]), m[4]) for m in re.finditer(r"^(\S+): (\d+) instructions in the loop "
+                                                                     r"\(BAR (\d+)\); (.*)$", text, re.M)}
+    f16, e4 = rows["fp8mma-nbufG-f16"], rows["fp8mma-nbuf2-q2-p2"]
+
+    def op(row, name):
+        return int(re.search(rf"\b{name} (\d+)", row[2])[1])
+
+    assert (f16[0], op(f16, "F2FP"), op(f16, "HMMA"), f16[1]) == (905, 272, 68, 3)
+    assert (e4[0], op(e4, "F2FP"), op(e4, "HMMA")) == (1698, 448, 132)

@@ -268,3 +268,28 @@ def test_dispatch_branches_on_a_gpu_that_runs_it(monkeypatch):
     ready["value"] = False  # a GPU without the kernel (sm_80, software e4m3, no Gluon)
     monkeypatch.setenv("GLM5LIB_FP8MMA", "1")
     assert mla.fp8mma_route(128, 8, "fp8_ds_mla", gpu, torch.bfloat16) is None
+
+
+def _sass_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "fp8mma_sass_count.py"
+    spec = importlib.util.spec_from_file_location("fp8mma_sass_count", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sass_loop_counter_takes_the_longest_backward_branch():
+    sass = "\n".join([
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+        "        /*0010*/                   HMMA.16816.F32 R4, R8, R12, R4 ;",  # the long loop: 0x10 .. 0x50
+        "        /*0020*/                   F2FP.F16.E4M3.UNPACK_B R2, R3 ;",
+        "        /*0030*/                   HMMA.16816.F32 R4, R8, R12, R4 ;",
+        "        /*0040*/               @P0 BRA 0x30 ;",  # a short inner loop
+        "        /*0050*/               @P1 BRA 0x10 ;",
+        "        /*0060*/                   EXIT ;",
+        "        /*0070*/                   BRA 0x70 ;"])  # the trailing self-branch is not a loop
+    n, ops = _sass_script().loop_counts(sass)
+    assert n == 5 and ops["HMMA"] == 2 and ops["F2FP"] == 1 and ops["BRA"] == 2 and "MOV" not in ops

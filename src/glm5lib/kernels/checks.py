@@ -200,7 +200,7 @@ def mla_cases(profile: str) -> list[MLACase]:
         for inv, H in (("mixed", 64), ("oob", 128), ("mixed", 40)):
             cases.append(MLACase(T=160, H=H, topk=2048, n_kv=4096, kv_format=fmt, invalid=inv, group="invalid"))
         cases.append(MLACase(T=16, H=16, topk=2048, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64, group="paged"))
-        # enough tokens for the fp8-product kernel on sm_90 (mla.FP8MMA_MIN_T): paged, and an odd head count and top-k
+        # enough tokens for the fp8-cache kernel on sm_90 (mla.FP8MMA_MIN_T): paged, and an odd head count and top-k
         cases.append(MLACase(T=40, H=8, topk=1000, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64, group="paged"))
         cases.append(MLACase(T=45, H=5, topk=999, n_kv=3000, kv_format=fmt, group="irregular"))
         cases.append(MLACase(T=130, H=128, topk=1000, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64,

@@ -612,9 +612,9 @@ def _fp8mma_ready(dev_type: str, dev_index: int | None, forced: bool) -> bool:
 
 
 def fp8mma_route(T: int, H: int, kv_format: str, device: torch.device, q_dtype: torch.dtype,
-                 aligned: bool = True) -> tuple[int, int, int] | None:
-    """What `sparse_mla` decides for a call: the `mla_gluon_fp8mma` config `(nbuf, q_terms, p_terms)` (one slot in the
-    99 KB class), or None. aligned: cache base and row stride are multiples of 16 bytes."""
+                 aligned: bool = True):
+    """What `sparse_mla` decides for a call: the `mla_gluon_fp8mma.Config` of the device's shared-memory class
+    (`CONFIG_BY_CLASS`), or None. aligned: cache base and row stride are multiples of 16 bytes."""
     if q_dtype != torch.bfloat16 or not aligned or not fp8mma_shape(T, H, kv_format):
         return None
     mode = fp8mma_mode()
@@ -639,7 +639,7 @@ def dispatched(T: int, H: int, kv_format: str, device: torch.device,
     """(key, config name) of what `sparse_mla` runs for a shape on a device, for q (and a bf16-format cache) in
     q_dtype with 16-byte aligned rows, as the case matrix and the benchmark build them: a `CONFIGS` entry,
     (("large-gluon", format, "big"), `gluon_large_name`) for the Gluon kernel (`gluon_large_route`), or
-    (("small-fp8mma", "fp8_ds_mla", class), `fp8mma_name`) for the fp8-product kernel (`fp8mma_route`)."""
+    (("small-fp8mma", "fp8_ds_mla", class), `fp8mma_name`) for the fp8-cache kernel (`fp8mma_route`)."""
     smem = smem_class(device)
     fmt = "fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16"
     cfg8 = fp8mma_route(T, H, fmt, device, q_dtype)
@@ -812,7 +812,7 @@ def sparse_mla(
 
     On sm_90 with Gluon, 17-128 heads and at least `GLUON_LARGE_MIN_T` tokens (bf16 q, bf16 or fp8_ds_mla rows on
     16-byte boundaries) run the Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_route`), 1-16 heads over an
-    fp8_ds_mla cache and at least `FP8MMA_MIN_T` tokens the fp8-product kernel of `mla_gluon_fp8mma`
+    fp8_ds_mla cache and at least `FP8MMA_MIN_T` tokens the fp8-cache kernel of `mla_gluon_fp8mma`
     (`fp8mma_route`); everything else the Triton kernel below.
     """
     fmt = "bf16" if kv_format == "fp16" else kv_format

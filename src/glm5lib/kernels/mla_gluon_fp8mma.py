@@ -38,10 +38,11 @@ The rope part (64 bf16 per row) is a bf16 product in both.
 
 A program owns (token, split of its top-k list) and all its heads: `2 * G` warps, G head groups of 8 (G = 1 up to
 8 heads, 2 up to 16). Each tile of `BLOCK_N` = 32 keys is gathered once by `cp.async` into a ring of `NBUF` slots
-(a barrier per tile; `Config.nbuf = 0` takes one slot per head group, `ring_slots`); the two warps of a head group
-split the tile's keys for S and the value columns for `O^T`, so per-tile state crosses warps only through the
-compiler's row-max reduction and P^T, passed through shared memory (a second barrier). The online softmax runs in
-the log2 domain; invalid keys (-1, >= N rows, past the split) are gathered as zero-filled masked copies of row 0 and
+(a barrier per tile, two with one slot; `Config.nbuf = 0` takes one slot per head group, `ring_slots`); the two
+warps of a head group split the tile's keys for S and the value columns for `O^T`, so per-tile state crosses them
+only through shared memory: P^T, against each half's own row max, and the two halves' maxima (`m_s`), after which
+both warps bring P to the common max (one more barrier; at 9-16 heads the check whether the accumulators need a
+rescale still reduces across the head groups). The online softmax runs in the log2 domain; invalid keys (-1, >= N rows, past the split) are gathered as zero-filled masked copies of row 0 and
 get logit -inf. Split-K partials use `mla._part_rows`'s layout and are merged by `mla.merge_splits`.
 
 The e4m3 values are made by inline PTX, four per asm block (`_to_e4m3`), and never widened again: Triton 3.6's own
@@ -509,8 +510,8 @@ if HAVE_GLUON:
 
         for i in range(n_tiles):
             if NBUF == 1:
-                # one slot (the 99 KB class: more programs per SM instead): the last tile's reads are done, then tile i
-                # is gathered and waited for
+                # one slot (1-8 heads on sm_90, the 99 KB class: more programs per SM instead): the last tile's reads
+                # are done, then tile i is gathered and waited for
                 _barrier()
                 _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, 0, LW, LR)
                 cp.commit_group()

@@ -1,0 +1,73 @@
+"""Static instruction counts of `mla_gluon_fp8mma`'s main loop without a GPU: AOT compile for sm_90 (`aot_compile`),
+`cuobjdump -sass`, then the instructions between the loop's head and its backward branch (the longest backward
+branch of the kernel), by opcode. What docs/kernels.md v14 quotes for the fp16- and e4m3-product builds.
+
+`TRITON_INTERPRET=0 python scripts/fp8mma_sass_count.py [--arch 90] [--heads 8] [CONFIG ...]` with CONFIG as
+`nbuf,q_terms,p_terms[,maxnreg]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`). The H200 runs
+Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+_BRA = re.compile(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
+
+
+def loop_counts(sass: str) -> tuple[int, collections.Counter]:
+    """(instructions, opcode counts) between the target and the source of the longest backward branch."""
+    insts = [(int(m[1], 16), m[2], line) for line in sass.splitlines() if (m := _LINE.match(line))]
+    best = None
+    for addr, op, line in insts:
+        b = _BRA.search(line) if op == "BRA" else None
+        if b and int(b[1], 16) < addr and (best is None or addr - int(b[1], 16) > best[1] - best[0]):
+            best = (int(b[1], 16), addr)
+    if best is None:
+        raise SystemExit("fp8mma_sass_count: no backward branch in the SASS")
+    ops = collections.Counter(op for addr, op, _ in insts if best[0] <= addr <= best[1])
+    return sum(ops.values()), ops
+
+
+def main(argv=None) -> int:
+    # compiling needs Triton's interpreter off, decided when Triton is first imported (here, not at module import:
+    # the tests import `loop_counts` alone)
+    os.environ["TRITON_INTERPRET"] = "0"
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    import triton
+
+    from glm5lib.kernels import mla_gluon_fp8mma as fm
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("configs", nargs="*", default=[",".join(map(str, fm.CONFIG_BY_CLASS["big"])), "2,2,2"],
+                    help="nbuf,q_terms,p_terms[,maxnreg] builds")
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--heads", type=int, default=8)
+    a = ap.parse_args(argv)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, split build; loop = one {fm.BLOCK_N}-key tile")
+    for text in a.configs:
+        try:
+            cfg = fm.Config(*(int(x) for x in text.split(",")))
+        except (TypeError, ValueError):
+            sys.exit(f"fp8mma_sass_count: a config is nbuf,q_terms,p_terms[,maxnreg], got {text!r}")
+        k = fm.aot_compile(a.arch, fm.head_groups(a.heads), cfg.nbuf, cfg.q_terms, cfg.p_terms, True,
+                           maxnreg=cfg.maxnreg)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        n, ops = loop_counts(sass)
+        top = ", ".join(f"{op} {c}" for op, c in ops.most_common(12))
+        print(f"{fm.config_name(cfg)}: {n} instructions in the loop (BAR {ops['BAR']}); {top}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
