@@ -128,7 +128,8 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
             mla.force_smem_class("small")
             try:
                 res["small_class_" + fm.config_name(small) + "_us"] = 1e3 * bk._graph_ms([
-                    lambda i=i: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, **fm.config_kwargs(small), out=out) for i in idx_sets])
+                    lambda i=i: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, **fm.config_kwargs(small), out=out)
+                    for i in idx_sets])
                 res["small_class_triton_us"] = 1e3 * bk._graph_ms([lambda i=i: mla.sparse_mla_launch(
                     q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out) for i in idx_sets])
             finally:

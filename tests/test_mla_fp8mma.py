@@ -72,10 +72,33 @@ def _bits(perm: torch.Tensor) -> list[int]:
     return [int(perm[1 << b]) for b in range(n)]
 
 
-# product column k -> memory byte p of the latent row: the kernel's `_k_logical` / `_k_logical16` (the same reshape and
-# permute orders, without the row dimension)
-K_ORDER_E4M3 = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 4).permute(0, 3, 4, 5, 1, 2, 6).reshape(512)
-K_ORDER_F16 = torch.arange(512).reshape(4, 2, 2, 2, 2, 2, 2, 2).permute(0, 3, 4, 5, 6, 1, 2, 7).reshape(512)
+# the kernel's bit permutations as data, without the row (or head) dimension: reshape sizes after the chunk, and the
+# permute order; `test_permutations_are_the_kernels` holds them to the kernel's source
+K_E4M3 = ((2, 2, 2, 2, 2, 4), (0, 3, 4, 5, 1, 2, 6))  # `_k_logical`
+K_F16 = ((2, 2, 2, 2, 2, 2, 2), (0, 3, 4, 5, 6, 1, 2, 7))  # `_k_logical16`
+V_ROWS = (4, 5, 0, 6, 1, 2, 3)  # `_v_logical`'s order over the 7 bits of a chunk's column
+D_ROWS = (2, 4, 5, 6, 0, 1, 3)  # `_d_order`: its inverse
+# product column k -> memory byte p of the latent row (512 bytes: 4 chunks)
+K_ORDER_E4M3 = torch.arange(512).reshape(4, *K_E4M3[0]).permute(*K_E4M3[1]).reshape(512)
+K_ORDER_F16 = torch.arange(512).reshape(4, *K_F16[0]).permute(*K_F16[1]).reshape(512)
+
+
+def _kernel_lists(fn, call: str) -> list[list[int]]:
+    """The integer lists passed to `gl.<call>(x, [...])` in a Gluon function's source, in order."""
+    import inspect
+    import re
+
+    src = inspect.getsource(fn.fn)
+    return [[int(v) for v in re.findall(r"-?\d+", m)] for m in re.findall(rf"gl\.{call}\(\w+, \[([^\]]*)\]", src)]
+
+
+def test_permutations_are_the_kernels():
+    # the kernel's lists carry the row dimension first (K) or the key / head dimension last (V^T rows, O rows)
+    for fn, (dims, perm) in ((fm._k_logical, K_E4M3), (fm._k_logical16, K_F16)):
+        shapes, perms = _kernel_lists(fn, "reshape"), _kernel_lists(fn, "permute")
+        assert shapes[0][-len(dims):] == list(dims) and perms == [[0] + [p + 1 for p in perm]], fn.fn.__name__
+    assert _kernel_lists(fm._v_logical, "permute") == [[1, 0], list(V_ROWS) + [7]]
+    assert _kernel_lists(fm._d_order, "permute") == [list(D_ROWS) + [7]]
 
 
 def _thread_units(order: torch.Tensor, owned) -> dict:
@@ -142,9 +165,9 @@ def test_k16_columns_give_each_thread_its_fp16_operand_pairs_in_16_contiguous_by
 
 def test_v_rows_and_their_inverse():
     # `_v_logical`: V^T row m -> memory column d inside a chunk; `_d_order` must put the rows back
-    d = torch.arange(128).reshape(2, 2, 2, 2, 2, 2, 2).permute(4, 5, 0, 6, 1, 2, 3).reshape(128)
+    d = torch.arange(128).reshape(2, 2, 2, 2, 2, 2, 2).permute(*V_ROWS).reshape(128)
     assert sorted(d.tolist()) == list(range(128))
-    back = d.reshape(2, 2, 2, 2, 2, 2, 2).permute(2, 4, 5, 6, 0, 1, 3).reshape(128)
+    back = d.reshape(2, 2, 2, 2, 2, 2, 2).permute(*D_ROWS).reshape(128)
     assert torch.equal(back, torch.arange(128))
     # the operand thread with lane // 4 = g owns rows g + {0, 8, 32, 64} (+16 for the second warp): 8 contiguous
     # bytes of each of its keys
@@ -222,7 +245,8 @@ def test_launcher_refuses_bad_input():
 
 def test_configs_name_their_builds():
     assert fm.config_name(fm.Config(0, 1, 1)) == "fp8mma-nbufG-f16"
-    assert fm.config_name((2, 2, 2)) == "fp8mma-nbuf2-q2-p2" and fm.config_name((1, 1, 1, 168)) == "fp8mma-nbuf1-f16-r168"
+    assert fm.config_name((2, 2, 2)) == "fp8mma-nbuf2-q2-p2"
+    assert fm.config_name((1, 1, 1, 168)) == "fp8mma-nbuf1-f16-r168"
     assert len({fm.config_name(c) for c in fm.CONFIGS}) == len(fm.CONFIGS)
     assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0}
     # nbuf 0: one ring slot per head group, in the shared-memory estimate too

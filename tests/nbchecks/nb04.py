@@ -98,7 +98,8 @@ def check(report: dict) -> None:
                                                                                   for t in out_of_reach)
     # the 8-16-head fp8 decode: "1.1-1.4x as fast as FlashMLA padded to 64 heads at 8 heads, a little less at 16"
     def speedups(H):
-        return [t["value"] for t in targets if t["target"].startswith(f"decode fp8 H{H} ") and "speed-up" in t["target"]]
+        return [t["value"] for t in targets
+                if t["target"].startswith(f"decode fp8 H{H} ") and "speed-up" in t["target"]]
 
     assert len(speedups(8)) == 2 and all(1.1 < v < 1.5 for v in speedups(8))
     assert len(speedups(16)) == 2 and all(1.0 < v < 1.4 for v in speedups(16))

@@ -103,7 +103,8 @@ def _configs(named: list[tuple[str, str | None]], smem: str, fp8mma_max_h: int |
 def _matrix(path: Path, smem: str = SMEM, commit: str = RUN_COMMIT, fp8mma_max_h: int | None = None) -> dict:
     rows = json.loads(path.read_text())
     configs, recorded = _configs([(r["name"], r.get("config")) for r in rows], smem, fp8mma_max_h)
-    what = "full case matrix (sparse MLA + indexer)" + ("" if smem == SMEM else f", {smem} shared-memory configs forced")
+    what = "full case matrix (sparse MLA + indexer)"
+    what += "" if smem == SMEM else f", {smem} shared-memory configs forced"
     what += f", fp8-cache kernel for 1-{fp8mma_max_h} heads" if fp8mma_max_h else ""
     return {"file": str(path), "commit": commit, "what": what, "recorded": recorded,
             "cases": len(rows), "passed": sum(bool(r["ok"]) for r in rows), "configs": configs}

@@ -14,9 +14,9 @@ and pass the widened rows through shared memory. This kernel does neither:
 - the K and V operands are loaded from the gathered tile straight into the mma's registers: the order of the 128
   columns inside a chunk is free in `S = sum_k K[:, k] q[:, k]` as long as q takes the same order, so it is chosen
   so that each thread's share of a row is 32 contiguous bytes, read without bank conflicts (`_k_logical`,
-  `_k_logical16`). For `O^T = V^T P^T`
-  the output rows (the value columns) may be permuted the same way and put back when stored (`_v_logical`,
-  `_d_order`): each thread loads 8 contiguous bytes of 8 keys, and only the bytes' order inside registers changes.
+  `_k_logical16`). For `O^T = V^T P^T` the output rows (the value columns) may be permuted the same way and put
+  back when stored (`_v_logical`, `_d_order`): each thread loads 8 contiguous bytes of 8 keys, and only the bytes'
+  order inside registers changes.
   Every such load is `convert_layout(..., assert_trivial=True)`: a layout under which any byte had to cross threads
   does not compile.
 
@@ -42,8 +42,9 @@ A program owns (token, split of its top-k list) and all its heads: `2 * G` warps
 warps of a head group split the tile's keys for S and the value columns for `O^T`, so per-tile state crosses them
 only through shared memory: P^T, against each half's own row max, and the two halves' maxima (`m_s`), after which
 both warps bring P to the common max (one more barrier; at 9-16 heads the check whether the accumulators need a
-rescale still reduces across the head groups). The online softmax runs in the log2 domain; invalid keys (-1, >= N rows, past the split) are gathered as zero-filled masked copies of row 0 and
-get logit -inf. Split-K partials use `mla._part_rows`'s layout and are merged by `mla.merge_splits`.
+rescale still reduces across the head groups). The online softmax runs in the log2 domain; invalid keys (-1,
+>= N rows, past the split) are gathered as zero-filled masked copies of row 0 and get logit -inf. Split-K partials
+use `mla._part_rows`'s layout and are merged by `mla.merge_splits`.
 
 The e4m3 values are made by inline PTX, four per asm block (`_to_e4m3`), and never widened again: Triton 3.6's own
 fp32 -> e4m3 -> fp32 chain returned wrong fp32 values for about half of a 512-wide row on the H200
@@ -87,9 +88,10 @@ BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the 
 
 
 class Config(NamedTuple):
-    """One build: ring slots (0: one per head group, `ring_slots`), e4m3 terms of q and of P (1 and 1: the fp16-product build of the module docstring: K and
-    V widened to fp16 once, q and P one fp16 term each, m16n8k16 products), and a register cap per thread (0: the
-    compiler's choice, 208-242; a cap lets more programs share an SM's 64 K registers)."""
+    """One build: ring slots (0: one per head group, `ring_slots`), e4m3 terms of q and of P (1 and 1: the
+    fp16-product build of the module docstring: K and V widened to fp16 once, q and P one fp16 term each, m16n8k16
+    products), and a register cap per thread (0: the compiler's choice, 208-242; a cap lets more programs share an
+    SM's 64 K registers)."""
     nbuf: int
     q_terms: int
     p_terms: int
@@ -430,7 +432,8 @@ if HAVE_GLUON:
         LK: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 16]],
             lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]], warp_bases=WB, block_bases=[], shape=[BN, CH])
-        VK: gl.constexpr = [[1, 0], [8, 0], [16, 0], [2, 0], [4, 0]] if F16 else [[1, 0], [2, 0], [16, 0], [4, 0], [8, 0]]
+        VK: gl.constexpr = ([[1, 0], [8, 0], [16, 0], [2, 0], [4, 0]] if F16 else
+                            [[1, 0], [2, 0], [16, 0], [4, 0], [8, 0]])  # key bases: 3 in registers, 2 in lanes
         LV: gl.constexpr = gl.DistributedLinearLayout(
             reg_bases=[[0, 1], [0, 2], [0, 4], VK[0], VK[1], VK[2]],
             lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
@@ -714,7 +717,8 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _sparse_mla_fp8mma_kernel
-    consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms, "DEBUG": debug}
+    consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
+              "DEBUG": debug}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -738,5 +742,5 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
     return row
 
 
-__all__ = ["sparse_mla_fp8mma", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs", "check_terms", "head_groups", "plan_splits",
-           "smem_bytes_estimate", "aot_compile", "compile_stats"]
+__all__ = ["sparse_mla_fp8mma", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs",
+           "check_terms", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats"]
