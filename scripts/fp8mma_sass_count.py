@@ -12,27 +12,20 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import subprocess
 import sys
 import tempfile
 
-_LINE = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
-_BRA = re.compile(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)")
-
 
 def loop_counts(sass: str) -> tuple[int, collections.Counter]:
-    """(instructions, opcode counts) between the target and the source of the longest backward branch."""
-    insts = [(int(m[1], 16), m[2], line) for line in sass.splitlines() if (m := _LINE.match(line))]
-    best = None
-    for addr, op, line in insts:
-        b = _BRA.search(line) if op == "BRA" else None
-        if b and int(b[1], 16) < addr and (best is None or addr - int(b[1], 16) > best[1] - best[0]):
-            best = (int(b[1], 16), addr)
-    if best is None:
+    """(instructions, opcode counts) of the main loop, NOPs included (`compile_report.sass_loop`, the parser
+    `scripts/mla_static_cost.py` uses too)."""
+    from glm5lib.kernels.compile_report import sass_loop
+
+    n, _, hist = sass_loop(sass, nops=True)
+    if not n:
         raise SystemExit("fp8mma_sass_count: no backward branch in the SASS")
-    ops = collections.Counter(op for addr, op, _ in insts if best[0] <= addr <= best[1])
-    return sum(ops.values()), ops
+    return n, collections.Counter(hist)
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from glm5lib.kernels import mla  # noqa: E402
-from glm5lib.kernels.compile_report import SMEM_LIMIT, _sig  # noqa: E402
+from glm5lib.kernels.compile_report import SMEM_LIMIT, _sig, sass_loop as _sass_loop_text  # noqa: E402
 from glm5lib.kernels.naive import D_NOPE, D_ROPE  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -82,25 +82,7 @@ def sass_loop(cubin: bytes) -> tuple[int, int, dict]:
         res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path], capture_output=True, text=True).stdout
     finally:
         os.unlink(path)
-    ins = []  # (addr, text)
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            ins.append((int(m.group(1), 16), m.group(2).strip()))
-    best = (0, 0)
-    for addr, text in ins:
-        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr:
-            lo = int(m.group(1), 16)
-            if addr - lo > best[1] - best[0]:
-                best = (lo, addr)
-    body = [t for a, t in ins if best[0] <= a <= best[1] and not t.startswith("NOP")]
-    hist: dict = {}
-    for t in body:
-        op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0]
-        op = op.split(".")[0]
-        hist[op] = hist.get(op, 0) + 1
-    return len(body), len([1 for _, t in ins if not t.startswith("NOP")]), dict(sorted(hist.items(), key=lambda kv: -kv[1])), res
+    return (*_sass_loop_text(sass), res)
 
 
 def stats(cfg, fmt, arch, dump=None):

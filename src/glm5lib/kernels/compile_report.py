@@ -12,12 +12,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 # usable shared memory per block (opt-in maximum), bytes
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 120: 99 * 1024}
+
+
+def sass_loop(sass: str, nops: bool = False) -> tuple[int, int, dict]:
+    """(instructions in the main loop, instructions in the kernel, {opcode: count} of the loop, most frequent first)
+    from `cuobjdump -sass` text. The main loop runs from the target of the kernel's longest backward branch to that
+    branch; opcodes lose their suffixes (`HMMA.16816.F32` -> `HMMA`); NOPs are left out unless `nops`."""
+    ins = []  # (address, instruction text)
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m and (nops or not m.group(2).strip().startswith("NOP")):
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    best = (0, 0)
+    for addr, text in ins:
+        m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > best[1] - best[0]:
+            best = (int(m.group(1), 16), addr)
+    hist: dict = {}
+    body = [t for a, t in ins if best[0] <= a <= best[1]]
+    for t in body:
+        op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+        hist[op] = hist.get(op, 0) + 1
+    return len(body), len(ins), dict(sorted(hist.items(), key=lambda kv: -kv[1]))
 ARCHS = (80, 89, 90, 120)
 
 

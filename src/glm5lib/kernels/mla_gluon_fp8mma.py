@@ -678,11 +678,10 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     T, H, d = q.shape
     if d != D_QK:
         raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
-    G = head_groups(H)
+    head_groups(H)  # 1-16 heads, else ValueError
     check_terms(q_terms, p_terms)
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
-    nbuf = ring_slots(nbuf, G)
     if debug is not None and q_terms == 1:
         raise ValueError("the DEBUG record is built for the e4m3 products (q_terms 2 or 3), not the fp16 ones")
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
