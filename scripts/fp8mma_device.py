@@ -2,8 +2,9 @@
 Triton kernel and FlashMLA, in one process.
 
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json [--configs 2,3,2 2,2,2] [--no-time] [--budget-s S]`
-`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --small-batch`: only batch 1-16 at 8 heads (graph replay, and
-the host time of one eager call), the shipped config beside the Triton kernel (`mla.FP8MMA_MIN_T`'s question)
+`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --small-batch`: only batch 1-32 at 8 and 16 heads (graph
+replay, and the host time of one eager call), the shipped config beside the Triton kernel and `sparse_mla` itself
+(`mla.FP8MMA_MIN_T`'s and `mla.FP8MMA_MIN_T_GRAPH`'s question)
 
 Checks (fp8_ds_mla cache of 32768 rows, `naive.sparse_mla_ref` in fp32, `checks`' bf16 tolerances): B in {1, 32, 128}
 x H in {8, 16}; invalid indices (-1, out of range, duplicates, a token with none valid); top-k values that are not a
@@ -180,17 +181,23 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
 
 
 def run_small_batch(rows):
-    """Batch 1-16 decode at 8 heads: GPU time (graph replay) and one eager call's host time, both kernels."""
+    """Batch 1-32 decode at 8 and 16 heads: GPU time (graph replay) and one eager call's host time, both kernels;
+    and `sparse_mla` itself in graph replay ("dispatch"): under capture it takes the fp8-cache kernel from
+    `mla.FP8MMA_MIN_T_GRAPH` tokens, so its time must follow that kernel's from there and Triton's below."""
     import time as _time
 
     cfg = fm.CONFIG_BY_CLASS["big"]
-    for B in (1, 4, 16):
-        q, cache, base = bk._make_decode(B, 8, 32768, TOPK, "fp8_ds_mla")
+    for H, B in [(8, b) for b in (1, 4, 8, 12, 16, 24, 32)] + [(16, b) for b in (8, 16, 24)]:
+        q, cache, base = bk._make_decode(B, H, 32768, TOPK, "fp8_ds_mla")
         idx_sets = [bk._rand_indices(B, 32768, TOPK, base) for _ in range(8)]
-        out = torch.empty(B, 8, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
         calls = {"triton": lambda i: mla.sparse_mla_launch(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out),
                  "fp8mma": lambda i: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, **fm.config_kwargs(cfg), out=out)}
-        res = {"kind": "small-batch", "B": B, "H": 8, "config": fm.config_name(cfg)}
+        res = {"kind": "small-batch", "B": B, "H": H, "config": fm.config_name(cfg),
+               "dispatch_graph_us": 1e3 * bk._graph_ms(
+                   [lambda i=i: mla.sparse_mla(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out)
+                    for i in idx_sets]),
+               "graph_rule": "fp8mma" if mla.fp8mma_shape(B, H, "fp8_ds_mla", capturing=True) else "triton"}
         for name, f in calls.items():
             res[name + "_graph_us"] = 1e3 * bk._graph_ms([lambda i=i, f=f: f(i) for i in idx_sets])
             for _ in range(20):

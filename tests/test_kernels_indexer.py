@@ -345,3 +345,58 @@ def test_paged_dot_layout_follows_q_dtype(monkeypatch, forced):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
     expect = [False, True] if forced is None else [forced, forced]
     assert launched == expect
+
+
+def test_paged_f16_dot_rule(monkeypatch):
+    """bf16 q over fp8 keys takes the fp16 dot, nothing else does unless PAGED_F16_DOT forces it (never for fp8 q
+    or bf16 keys)."""
+    import glm5lib.kernels.indexer as ix
+
+    assert ix.paged_f16_dot(torch.bfloat16, "fp8")
+    assert not ix.paged_f16_dot(torch.float16, "fp8") and not ix.paged_f16_dot(torch.float32, "fp8")
+    assert not ix.paged_f16_dot(torch.bfloat16, "bf16") and not ix.paged_f16_dot(torch.float8_e4m3fn, "fp8")
+    monkeypatch.setattr(ix, "PAGED_F16_DOT", True)
+    assert ix.paged_f16_dot(torch.float32, "fp8") and not ix.paged_f16_dot(torch.float8_e4m3fn, "fp8")
+    assert not ix.paged_f16_dot(torch.bfloat16, "bf16")
+    monkeypatch.setattr(ix, "PAGED_F16_DOT", False)
+    assert not ix.paged_f16_dot(torch.bfloat16, "fp8")
+
+
+@pytest.mark.parametrize("where", ["prepass", "kernel"])
+@pytest.mark.parametrize("keys_m", [False, True], ids=["heads-M", "keys-M"])
+def test_paged_f16_dot_scores_like_the_reference(monkeypatch, keys_m, where):
+    """The fp16 dot (q scaled per head by a power of two, the inverse in the weight; in the scores kernel or in a
+    launch before it) scores like the fp32
+    reference, for heads whose magnitudes span 2^-40..2^40 (each needs its own factor: one shared factor would
+    overflow fp16 or flush the small heads to zero), a zero head and a head of fp16 subnormals' size. q holds
+    bf16 values, which the rescale carries into fp16 exactly, so the only error left is fp32 summation order."""
+    import glm5lib.kernels.indexer as ix
+
+    monkeypatch.setattr(ix, "PAGED_F16_DOT", True)
+    monkeypatch.setattr(ix, "PAGED_KEYS_M", keys_m)
+    monkeypatch.setattr(ix, "PAGED_F16_WHERE", where)
+    launched = []
+    real = ix._PAGED
+    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: launched.append((kw["F16_DOT"], a[0].dtype))
+                        or real(grid, *a, **kw))
+    g = torch.Generator().manual_seed(5)
+    cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(8 * 16, 128, generator=g)), 16)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    ctx = torch.tensor([64, 45], dtype=torch.int32)
+    HI = 8
+    mag = torch.tensor([1.0, 2.0 ** 40, 2.0 ** -40, 0.0, 2.0 ** -20, 3.0, 2.0 ** 17, 2.0 ** -126])
+    q = (torch.randn(2, HI, 128, generator=g) * mag[None, :, None]).to(torch.bfloat16).float()
+    w = torch.rand(2, HI, generator=g) / mag.clamp(min=2.0 ** -60)[None, :]  # every head weighs in alike
+    kw = dict(k_format="fp8", block_table=table, context_lens=ctx, max_len=64)
+    got = indexer_logits(q, cache, w, **kw)
+    want = naive.indexer_logits_ref(q, cache, w, **kw)
+    # rescaled in the scores kernel, or before it (then the scores kernel takes an fp16 q as it is)
+    assert launched == ([(True, torch.float32)] if where == "kernel" else [(False, torch.float16)])
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = torch.isfinite(want)
+    assert torch.allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5 * float(want[fin].abs().max()))
+    # each head scored on its own: drop one, and the scores must move (the rescale did not zero it)
+    for h in (1, 2, 4):
+        w_drop = w.clone()
+        w_drop[:, h] = 0
+        assert not torch.allclose(indexer_logits(q, cache, w_drop, **kw)[fin], got[fin], rtol=1e-4, atol=0), h

@@ -200,6 +200,11 @@ def test_power_of_two_never_overflows_e4m3_and_is_the_largest(amax):
 def test_dispatch_rule_and_switch(monkeypatch):
     assert mla.fp8mma_shape(32, 8, "fp8_ds_mla") and mla.fp8mma_shape(4096, 1, "fp8_ds_mla")
     assert not mla.fp8mma_shape(31, 8, "fp8_ds_mla")  # fewer tokens: not timed, stays on Triton
+    # under CUDA-graph capture (no host time replayed) from 16 tokens, still 1-16 heads over fp8_ds_mla only
+    assert mla.fp8mma_shape(16, 8, "fp8_ds_mla", capturing=True) and mla.fp8mma_shape(31, 16, "fp8_ds_mla", True)
+    assert not mla.fp8mma_shape(15, 8, "fp8_ds_mla", True) and not mla.fp8mma_shape(16, 17, "fp8_ds_mla", True)
+    assert not mla.fp8mma_shape(16, 8, "bf16", True)
+    assert not mla.capturing(torch.device("cpu"))
     assert mla.fp8mma_shape(128, 16, "fp8_ds_mla") and mla.fp8mma_shape(64, 13, "fp8_ds_mla")
     assert not mla.fp8mma_shape(128, 17, "fp8_ds_mla") and not mla.fp8mma_shape(128, 8, "bf16")
     cpu = torch.device("cpu")
@@ -283,6 +288,10 @@ def test_dispatch_branches_on_a_gpu_that_runs_it(monkeypatch):
         assert mla.fp8mma_route(128, 8, "fp8_ds_mla", gpu, torch.bfloat16) == want, (smem, mode)
         assert mla.fp8mma_route(128, 8, "fp8_ds_mla", gpu, torch.float16) is None  # bf16 q only
         assert mla.fp8mma_route(128, 8, "fp8_ds_mla", gpu, torch.bfloat16, aligned=False) is None
+        assert mla.fp8mma_route(16, 8, "fp8_ds_mla", gpu, torch.bfloat16) is None  # eager: Triton below 32 tokens
+        assert mla.fp8mma_route(16, 8, "fp8_ds_mla", gpu, torch.bfloat16, graph=True) == want  # captured: this one
+        assert (mla.dispatched(16, 8, "fp8_ds_mla", gpu, graph=True)[0][0] == "small-fp8mma") == (want is not None)
+        assert mla.dispatched(16, 8, "fp8_ds_mla", gpu)[0][0] != "small-fp8mma"
         key, name = mla.dispatched(128, 8, "fp8_ds_mla", gpu)
         assert (key[0] == "small-fp8mma") == (want is not None)
         if want:

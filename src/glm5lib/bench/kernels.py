@@ -528,6 +528,21 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
                     except Exception as exc:
                         rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
             ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M = keep
+            if fmt == "fp8":  # bf16 q over fp8 keys: the bf16 dot, the fp16 dot rescaled in the kernel or before it
+                keep_f16 = ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE
+                for f16, where in ((False, keep_f16[1]), (True, "kernel"), (True, "prepass")):
+                    for keys_m in (False, True):
+                        ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE, ix.PAGED_KEYS_M = f16, where, keys_m
+                        name = f"triton:dot-{f'f16-{where}' if f16 else 'bf16'}" + ("-keysM" if keys_m else "")
+                        try:
+                            ok = bool(torch.allclose(indexer_logits(q, cache, w, **kw)[:2], r, rtol=1e-3, atol=1e-3))
+                            ms_c = _median_ms(lambda: indexer_logits(q, cache, w, out=o, **kw))
+                            rows.append(_row("indexer-decode-sweep", name, B, HI, ctx, fmt, ms_c, flops, byts, ceil,
+                                             {"ok": ok}))
+                        except Exception as exc:
+                            rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
+                ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE = keep_f16
+                ix.PAGED_KEYS_M = keep[2]
         ms_t = _median_ms(lambda: topk_indices(o, topk))
         rows.append(_row("topk-decode", "torch.topk", B, HI, topk, fmt, ms_t, 0.0, B * ctx * 4, ceil, {"ctx": ctx}))
         rows.append(_topk_select_row("topk-decode", o, topk, dict(lengths=ctxs), B, HI, fmt, ceil, ctx))

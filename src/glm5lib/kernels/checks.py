@@ -291,7 +291,7 @@ def run_indexer_case(case: IndexerCase, device: str = "cpu", dtype: torch.dtype 
         q, amax = naive.quantize_indexer_q(q.float())
         w = w * amax
         if not fp8_hw(q.device):  # as vLLM's path does without hardware e4m3 (sm_80): widened, exactly
-            q = q.to(dtype)
+            q = q.to(torch.float16 if dtype == torch.bfloat16 else dtype)  # (`vllm_plugin.paged.indexer_q`)
             notes.append("fp8 q widened (software e4m3)")
     run_kw = dict(kw)
     if case.row_bound_only:  # writes each row up to the tile holding its context: the rest stays -inf here
@@ -362,6 +362,8 @@ def indexer_cases(profile: str) -> list[IndexerCase]:
         IndexerCase("ragged", T=3000, HI=32, n=1000, k_format="fp8", topk=2048),
         IndexerCase("paged", T=16, HI=32, n=9000, next_n=1, topk=2048),
         IndexerCase("paged", T=8, HI=32, n=20000, k_format="fp8", next_n=2, topk=2048),
+        # bf16 q over fp8 keys (the fp16 dot, `indexer.PAGED_F16_DOT`) on the looping grid of CUDA-graph decode
+        IndexerCase("paged", T=64, HI=32, n=20000, k_format="fp8", topk=2048, row_bound_only=True),
         IndexerCase("paged", T=5, HI=32, n=1000, k_format="fp8", next_n=1, topk=2048),
         IndexerCase("paged", T=8, HI=32, n=20000, k_format="fp8", next_n=2, topk=2048, q_fp8=True),
         # 64 requests of 157 tiles: at 32 programs per SM on 132 SMs each program loops over 2-3 tiles

@@ -82,11 +82,34 @@ def _sig(fn, types: dict, consts: dict) -> dict:
     return out
 
 
+def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool | None = None,
+                       f16_dot: bool | None = None) -> KernelSpec:
+    """The paged indexer kernel as `indexer_logits` launches it on `arch` for q of `q_dtype` (32 index heads, the
+    shipped tile); keys_m / f16_dot: force its dot layout / its fp16 dot instead of the dispatch rule."""
+    import torch
+
+    from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, paged_f16_dot, paged_keys_m
+    from glm5lib.kernels.naive import INDEXER_DIM
+
+    _, bn, nw, ns = INDEXER_CONFIGS["paged"]
+    fn = _indexer_paged_kernel
+    qty = "fp8e4nv" if q_dtype == torch.float8_e4m3fn else "bf16"
+    types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
+             "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
+    consts = {"KV_FP8": fp8, "FP8_HW": arch >= 89, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
+              "TILE_LOOP": loop, "KEYS_M": paged_keys_m(q_dtype) if keys_m is None else keys_m,
+              "F16_DOT": paged_f16_dot(q_dtype, "fp8" if fp8 else "bf16") if f16_dot is None else f16_dot}
+    qtag = "" if qty == "bf16" else ":q8"
+    name = f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}{':loop' if loop else ''}]"
+    return KernelSpec(name, fn, _sig(fn, types, consts), consts, nw, ns,
+                      ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val"))
+
+
 def shipped_kernels(arch: int) -> list[KernelSpec]:
     """Every (kernel, config) the dispatchers can launch on `arch` (fp8 conversion is software before sm_89)."""
     import torch
 
-    from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, _indexer_ragged_kernel, paged_keys_m
+    from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_ragged_kernel
     from glm5lib.kernels.mla import CONFIGS, _merge_splits_kernel, _sparse_mla_fwd_kernel, merge_tile
     from glm5lib.kernels.naive import D_NOPE, D_ROPE, INDEXER_DIM, INDEXER_FP8_ROW_BYTES
 
@@ -129,17 +152,8 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         specs.append(KernelSpec(f"indexer_ragged[M{bm}-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
                                 _sig(fn, types, consts), consts, nw, ns,
                                 ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_k", "stride_ot")))
-        _, bn, nw, ns = INDEXER_CONFIGS["paged"]
-        fn = _indexer_paged_kernel
-        types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
-                 "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
         for loop in (False, True):  # one program per tile; a fixed grid looping over tiles (CUDA-graph decode)
-            consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
-                      "TILE_LOOP": loop, "KEYS_M": paged_keys_m(qdt)}
-            specs.append(KernelSpec(f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}"
-                                    f"{':loop' if loop else ''}]", fn, _sig(fn, types, consts), consts, nw, ns,
-                                    ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk",
-                                     "stride_val")))
+            specs.append(indexer_paged_spec(arch, qdt, fp8, loop))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
     from glm5lib.kernels.topk import SELECT_CONFIG, _topk_select_kernel
 
@@ -178,19 +192,24 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     return specs
 
 
-def compile_one(spec: KernelSpec, arch: int) -> CompileRow:
+def compile_spec(spec: KernelSpec, arch: int):
+    """`triton.compile` of one spec for `arch` (no GPU needed): the compiled kernel, its `asm` and `metadata`."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    consts = {(spec.fn.arg_names.index(k),): v for k, v in spec.constexprs.items()}
+    attrs = {(spec.fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in spec.divisible}
+    src = ASTSource(spec.fn, spec.signature, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+
+
+def compile_one(spec: KernelSpec, arch: int) -> CompileRow:
     t0 = time.time()
     limit = SMEM_LIMIT[arch]
     try:
-        consts = {(spec.fn.arg_names.index(k),): v for k, v in spec.constexprs.items()}
-        attrs = {(spec.fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in spec.divisible}
-        src = ASTSource(spec.fn, spec.signature, constexprs=consts, attrs=attrs)
-        k = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                           options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+        k = compile_spec(spec, arch)
         shared = int(k.metadata.shared)
         ptx = k.asm.get("ptx", "")
         vec = ptx.count("ld.global.v4") + ptx.count("cp.async.cg")

@@ -11,7 +11,8 @@ bounds. Two kernels behind one function:
   block-split layout `[num_blocks, block_size, 132]`) read through a block table; query `b * next_n + i`
   sees positions `j <= context_lens[b] - next_n + i`. A program owns one query and `BLOCK_N` positions and
   does `[Hi, 128] x [128, BLOCK_N]` (`[BLOCK_N, 128] x [128, Hi]` for fp8 q: `PAGED_KEYS_M`): every key byte is
-  read once per query, a bandwidth problem.
+  read once per query, a bandwidth problem. bf16 q over fp8 keys dots in fp16, q scaled per head by a power of
+  two (`PAGED_F16_DOT`): e4m3 widens to fp16 in one instruction per pair, to bf16 in several.
 
 The fp8 per-token scale is positive, so `relu(x * s) = relu(x) * s`: the kernel applies it once after the
 head sum instead of per head.
@@ -45,9 +46,76 @@ PAGED_LOOP_PROGRAMS_PER_SM = 32
 PAGED_KEYS_M: bool | None = None
 
 
+# bf16 q over fp8 keys (the paged kernel): the dot runs in fp16, not bf16. sm_89+ widens e4m3 to fp16 in one
+# instruction per pair (`cvt.rn.f16x2.e4m3x2`) but has no direct e4m3 -> bf16, so a bf16 dot costs several
+# conversions per key byte, and decode reads each key byte once per query: the conversions, not the bytes, set
+# its pace (47 % of copy at B 128, ctx 32K, against 75 % with fp8 q). q takes a power of two per head into fp16's
+# range (`_rows_to_f16`; exact for bf16 values) and its inverse joins the head weight. None: that rule; True /
+# False force it for any non-fp8 q over fp8 keys (tests run it on the interpreter's fp32 q; the benchmark sweep
+# times both). The ragged (prefill) kernel converts each key tile once for all heads and queries and keeps bf16.
+PAGED_F16_DOT: bool | None = None
+# Where q is rescaled: "prepass" (a launch of `_q_f16_kernel` before the scores: one program per query writes the
+# fp16 q and the weights times the inverse factors, and the scores kernel takes that fp16 q as it is) or "kernel"
+# (every program of the scores kernel rescales its query's heads, a 128-wide max per head per tile: `F16_DOT`).
+PAGED_F16_WHERE = "prepass"
+
+
 def paged_keys_m(q_dtype: torch.dtype) -> bool:
     """Whether the paged kernel puts the keys as the dot's M for queries of this dtype (see PAGED_KEYS_M)."""
     return q_dtype == torch.float8_e4m3fn if PAGED_KEYS_M is None else PAGED_KEYS_M
+
+
+def paged_f16_dot(q_dtype: torch.dtype, k_format: str) -> bool:
+    """Whether the paged kernel scores q of this dtype against keys of this format in fp16 (see PAGED_F16_DOT)."""
+    if k_format != "fp8" or q_dtype == torch.float8_e4m3fn:
+        return False
+    return q_dtype == torch.bfloat16 if PAGED_F16_DOT is None else PAGED_F16_DOT
+
+
+@triton.jit
+def _rows_to_f16(x):
+    """`[R, D]` rows (bf16 / fp32) -> (fp16 rows `x * up`, `down = 1 / up` per row, fp32 `[R]`), `up` a power of two
+    that puts the row's largest |x| in [2^14, 2^15) (at most 2^126, for zero or tiny rows). Powers of two scale
+    exactly, and a bf16 value's 8 significant bits fit fp16's 11, so for bf16 rows the fp16 values are exact down
+    to 2^-29 of the row's largest (fp16 subnormals below that): the dot then sums the same products as a bf16 dot.
+    The power of two is built from the exponent bits, not `exp2` (an approximation)."""
+    xf = x.to(tl.float32)
+    e = (tl.max(tl.abs(xf), 1).to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent of the row's max
+    up_e = tl.minimum(268 - e, 253)  # 2^(14 - (e - 127)), capped at 2^126 so that its inverse stays normal
+    up = (up_e << 23).to(tl.float32, bitcast=True)
+    down = ((254 - up_e) << 23).to(tl.float32, bitcast=True)
+    return (xf * up[:, None]).to(tl.float16), down
+
+
+@triton.jit
+def _q_f16_kernel(Q, W, Q16, W16, stride_qt, stride_qh, stride_wt, HI, BLOCK_HI: tl.constexpr, D: tl.constexpr):
+    """Query t's heads into fp16 by `_rows_to_f16`, and its weights times the inverse factors (`PAGED_F16_WHERE`);
+    Q16 `[T, HI, D]` and W16 `[T, HI]` contiguous."""
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_HI)
+    offs_d = tl.arange(0, D)
+    h_mask = offs_h < HI
+    q = tl.load(Q + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :], mask=h_mask[:, None], other=0.0)
+    q16, down = _rows_to_f16(q)
+    tl.store(Q16 + (t * HI + offs_h)[:, None] * D + offs_d[None, :], q16, mask=h_mask[:, None])
+    w = tl.load(W + t * stride_wt + offs_h, mask=h_mask, other=0.0)
+    tl.store(W16 + t * HI + offs_h, w * down, mask=h_mask)
+
+
+_Q_F16 = Prebound(_q_f16_kernel)
+
+
+def q_to_f16(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp16 q, fp32 weights) that score as (q, weights) do: each head of q times a power of two into fp16's range
+    (exact for bf16 q), its inverse folded into that head's weight (`_rows_to_f16`). q `[T, Hi, 128]`, weights
+    `[T, Hi]` fp32 contiguous."""
+    T, HI, D = q.shape
+    q16 = torch.empty(T, HI, D, dtype=torch.float16, device=q.device)
+    w16 = torch.empty(T, HI, dtype=torch.float32, device=q.device)
+    if T:
+        _Q_F16((T,), q, weights, q16, w16, q.stride(0), q.stride(1), weights.stride(0), HI,
+               BLOCK_HI=max(16, triton.next_power_of_2(HI)), D=D, num_warps=4)
+    return q16, w16
 
 
 @triton.jit
@@ -98,13 +166,14 @@ def _indexer_ragged_kernel(
 def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
                 stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
                 KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr,
-                D: tl.constexpr, KEYS_M: tl.constexpr):
+                D: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr):
     """Scores of query t against positions [tile * BLOCK_N, +BLOCK_N): -inf past its own position `last`. KEYS_M: the
-    dot with the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads (`paged_keys_m`)."""
+    dot with the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads (`paged_keys_m`).
+    F16_DOT: q rescaled per head into fp16 and the keys widened to fp16 (`paged_f16_dot`)."""
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     see = (offs_n <= last) & (offs_n < MAX_LEN)
     acc = tl.zeros([BLOCK_N], tl.float32)
-    DOT_DTYPE: tl.constexpr = Q.dtype.element_ty
+    DOT_DTYPE: tl.constexpr = tl.float16 if F16_DOT else Q.dtype.element_ty
     if tile * BLOCK_N <= last:
         offs_h = tl.arange(0, BLOCK_HI)
         offs_d = tl.arange(0, D)
@@ -118,6 +187,9 @@ def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, s
         q = tl.load(Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
                     mask=h_mask[:, None], other=0.0)
         w = tl.load(W + t.to(tl.int64) * stride_wt + offs_h, mask=h_mask, other=0.0)
+        if F16_DOT:  # relu(down * x) = down * relu(x): the per-head factor joins the weight
+            q, down = _rows_to_f16(q)
+            w = w * down
         if KEYS_M:
             s = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_HI]
             acc = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
@@ -140,7 +212,7 @@ def _indexer_paged_kernel(
     stride_blk, stride_val, scale_base, stride_sc,
     HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale,
     KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-    TILE_LOOP: tl.constexpr, KEYS_M: tl.constexpr,
+    TILE_LOOP: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -155,11 +227,11 @@ def _indexer_paged_kernel(
         for tile in range(pid_n, n_tiles, tl.num_programs(1)):
             _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_wt, stride_bt,
                         stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
-                        KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M)
+                        KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT)
     else:
         _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, pid_n, stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
                     stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
-                    KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M)
+                    KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT)
 
 
 _PAGED = Prebound(_indexer_paged_kernel)
@@ -264,13 +336,18 @@ def indexer_logits(
     else:
         grid = (T, tiles)
     block_table = block_table.to(torch.int32)
+    f16_dot = paged_f16_dot(q.dtype, k_format)
+    if f16_dot and PAGED_F16_WHERE == "prepass":
+        q, weights = q_to_f16(q, weights)
+        f16_dot = False  # the scores kernel takes the fp16 q as it is
     _PAGED(grid,
         q, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
         q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0), out.stride(0),
         k_cache.stride(0), stride_val, scale_base, stride_sc,
         HI, max_len, next_n, bs, float(scale),
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
-        TILE_LOOP=row_bound_only, KEYS_M=paged_keys_m(q.dtype), num_warps=nw, num_stages=ns,
+        TILE_LOOP=row_bound_only, KEYS_M=paged_keys_m(q.dtype), F16_DOT=f16_dot,
+        num_warps=nw, num_stages=ns,
     )
     return out
 
@@ -280,4 +357,4 @@ def indexer_flops(T: int, n_keys: float, HI: int) -> float:
     return 2.0 * T * n_keys * HI * INDEXER_DIM
 
 
-__all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "INDEXER_CONFIGS"]
+__all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "paged_f16_dot", "q_to_f16", "INDEXER_CONFIGS"]

@@ -570,6 +570,9 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
 # e4m3 products natively, where sm_90 converts both operands of each (its SASS), but were not measured:
 # GLM5LIB_FP8MMA=1 takes the kernel there too (its one-slot e4m3 build for the 99 KB class), 0 turns it off.
 FP8MMA_MIN_T = 32
+# Under CUDA-graph capture a call's host time is paid once, at capture, and only the GPU time is replayed: there
+# the kernel takes 16 tokens and more (B16 graph replay 0.83x the Triton kernel's, same file).
+FP8MMA_MIN_T_GRAPH = 16
 FP8MMA_MAX_H = 16
 FP8MMA_CAPS = {(9, 0)}  # measured; sm_89 / sm_120 only with GLM5LIB_FP8MMA=1
 
@@ -586,9 +589,16 @@ def fp8mma_mode() -> str:
     raise ValueError(f"GLM5LIB_FP8MMA must be 0 / off, 1 / on or auto, got {value!r}")
 
 
-def fp8mma_shape(T: int, H: int, kv_format: str) -> bool:
-    """The rule alone: this shape goes to `mla_gluon_fp8mma` on a GPU that runs it."""
-    return kv_format == "fp8_ds_mla" and 1 <= H <= FP8MMA_MAX_H and T >= FP8MMA_MIN_T
+def fp8mma_shape(T: int, H: int, kv_format: str, capturing: bool = False) -> bool:
+    """The rule alone: this shape goes to `mla_gluon_fp8mma` on a GPU that runs it; capturing: the call is being
+    captured into a CUDA graph (`FP8MMA_MIN_T_GRAPH` tokens suffice)."""
+    min_t = FP8MMA_MIN_T_GRAPH if capturing else FP8MMA_MIN_T
+    return kv_format == "fp8_ds_mla" and 1 <= H <= FP8MMA_MAX_H and T >= min_t
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether work on the device's current stream is being captured into a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 @functools.lru_cache(maxsize=16)
@@ -612,10 +622,11 @@ def _fp8mma_ready(dev_type: str, dev_index: int | None, forced: bool) -> bool:
 
 
 def fp8mma_route(T: int, H: int, kv_format: str, device: torch.device, q_dtype: torch.dtype,
-                 aligned: bool = True):
+                 aligned: bool = True, graph: bool = False):
     """What `sparse_mla` decides for a call: the `mla_gluon_fp8mma.Config` of the device's shared-memory class
-    (`CONFIG_BY_CLASS`), or None. aligned: cache base and row stride are multiples of 16 bytes."""
-    if q_dtype != torch.bfloat16 or not aligned or not fp8mma_shape(T, H, kv_format):
+    (`CONFIG_BY_CLASS`), or None. aligned: cache base and row stride are multiples of 16 bytes; graph: the call
+    is being captured into a CUDA graph (`capturing`)."""
+    if q_dtype != torch.bfloat16 or not aligned or not fp8mma_shape(T, H, kv_format, graph):
         return None
     mode = fp8mma_mode()
     if mode == "off" or not _fp8mma_ready(device.type, device.index, mode == "on"):
@@ -635,14 +646,15 @@ def fp8mma_name(cfg) -> str:
 
 
 def dispatched(T: int, H: int, kv_format: str, device: torch.device,
-               q_dtype: torch.dtype = torch.bfloat16) -> tuple[tuple[str, str, str], str]:
+               q_dtype: torch.dtype = torch.bfloat16, graph: bool = False) -> tuple[tuple[str, str, str], str]:
     """(key, config name) of what `sparse_mla` runs for a shape on a device, for q (and a bf16-format cache) in
     q_dtype with 16-byte aligned rows, as the case matrix and the benchmark build them: a `CONFIGS` entry,
     (("large-gluon", format, "big"), `gluon_large_name`) for the Gluon kernel (`gluon_large_route`), or
-    (("small-fp8mma", "fp8_ds_mla", class), `fp8mma_name`) for the fp8-cache kernel (`fp8mma_route`)."""
+    (("small-fp8mma", "fp8_ds_mla", class), `fp8mma_name`) for the fp8-cache kernel (`fp8mma_route`). graph: as
+    captured into a CUDA graph."""
     smem = smem_class(device)
     fmt = "fp8_ds_mla" if kv_format == "fp8_ds_mla" else "bf16"
-    cfg8 = fp8mma_route(T, H, fmt, device, q_dtype)
+    cfg8 = fp8mma_route(T, H, fmt, device, q_dtype, graph=graph)
     if cfg8:
         return ("small-fp8mma", fmt, smem), fp8mma_name(cfg8)
     if gluon_large_route(T, H, fmt, device, q_dtype, q_dtype if fmt == "bf16" else torch.uint8):
@@ -812,20 +824,23 @@ def sparse_mla(
 
     On sm_90 with Gluon, 17-128 heads and at least `GLUON_LARGE_MIN_T` tokens (bf16 q, bf16 or fp8_ds_mla rows on
     16-byte boundaries) run the Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_route`), 1-16 heads over an
-    fp8_ds_mla cache and at least `FP8MMA_MIN_T` tokens the fp8-cache kernel of `mla_gluon_fp8mma`
-    (`fp8mma_route`); everything else the Triton kernel below.
+    fp8_ds_mla cache and at least `FP8MMA_MIN_T` tokens (`FP8MMA_MIN_T_GRAPH` under CUDA-graph capture) the
+    fp8-cache kernel of `mla_gluon_fp8mma` (`fp8mma_route`); everything else the Triton kernel below.
     """
     fmt = "bf16" if kv_format == "fp16" else kv_format
     _check_inputs(q, kv_cache, indices, d_v, kv_format)
     if block_size is not None and kv_cache.dim() >= 3 and kv_cache.shape[1] != block_size:
         raise ValueError(f"block_size {block_size} does not match the cache view's {kv_cache.shape[1]}")
     T, H, _ = q.shape
+    graph = False
     gluon_fp8 = fp8mma_shape(T, H, fmt)
+    if not gluon_fp8 and fp8mma_shape(T, H, fmt, capturing=True) and capturing(q.device):  # asked only when it matters
+        gluon_fp8 = graph = True
     if q.is_cuda and (gluon_fp8 or (H > 16 and T >= GLUON_LARGE_MIN_T)):
         # every Gluon gather is a 16-byte cp.async
         aligned = kv_cache.data_ptr() % 16 == 0 and (kv_row_geometry(kv_cache)[0] * kv_cache.element_size()) % 16 == 0
     if gluon_fp8 and q.is_cuda:
-        cfg8 = fp8mma_route(T, H, fmt, q.device, q.dtype, aligned)
+        cfg8 = fp8mma_route(T, H, fmt, q.device, q.dtype, aligned, graph)
         if cfg8:
             from glm5lib.kernels.mla_gluon_fp8mma import config_kwargs, sparse_mla_fp8mma
 
@@ -853,5 +868,5 @@ def sparse_mla_kv_bytes(T: int, topk: int, kv_format: str) -> float:
 __all__ = ["sparse_mla", "sparse_mla_launch", "CONFIGS", "MLAConfig", "pick_config", "pick_num_splits",
            "dispatched", "gluon_large_shape", "gluon_large_route", "gluon_large_ready", "gluon_large_enabled",
            "gluon_large_name", "GLUON_LARGE_MIN_T", "fp8mma_route", "fp8mma_shape", "fp8mma_mode", "fp8mma_name",
-           "FP8MMA_MIN_T",
+           "FP8MMA_MIN_T", "FP8MMA_MIN_T_GRAPH", "capturing",
            "config_num_splits", "sparse_mla_flops", "sparse_mla_kv_bytes"]

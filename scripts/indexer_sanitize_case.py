@@ -1,0 +1,55 @@
+"""Paged indexer launches for `compute-sanitizer --tool memcheck` (GPU): bf16 q over fp8 keys with the fp16 dot
+rescaled before the scores (`PAGED_F16_WHERE = "prepass"`) and inside them ("kernel"), the bf16 dot, fp8 q; 32 and
+24 index heads (a masked head tile), both launch grids, contexts that end inside a tile, and a padding request.
+Each launch is compared with `naive.indexer_logits_ref` (bf16 tolerance), so a wrong result fails here too.
+
+`PYTHONPATH=src compute-sanitizer --tool memcheck python scripts/indexer_sanitize_case.py`
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from glm5lib.kernels import indexer as ix
+from glm5lib.kernels import naive
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        sys.exit("indexer_sanitize_case: needs a CUDA GPU")
+    g = torch.Generator().manual_seed(0)
+    bs, nb = 64, 40
+    cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(nb * bs, 128, generator=g)),
+                                           bs).cuda()
+    table = torch.randperm(nb, generator=g)[:36].view(4, 9).to(torch.int32).cuda()
+    ctx = torch.tensor([576, 0, 300, 77], dtype=torch.int32).cuda()
+    bad = total = 0
+    for HI in (32, 24):
+        q = torch.randn(4, HI, 128, generator=g).to(torch.bfloat16).cuda()
+        w = (torch.rand(4, HI, generator=g) * HI ** -0.5).cuda()
+        q8, amax = naive.quantize_indexer_q(q.float())
+        kw = dict(k_format="fp8", block_table=table, context_lens=ctx, max_len=9 * bs, scale=128 ** -0.5)
+        ref = naive.indexer_logits_ref(q.float(), cache, w, **kw)
+        ref8 = naive.indexer_logits_ref(q8.float(), cache, w * amax, **kw)
+        runs = (("f16-prepass", True, "prepass", q, w, ref), ("f16-kernel", True, "kernel", q, w, ref),
+                ("bf16", False, "prepass", q, w, ref), ("q8", None, "prepass", q8, w * amax, ref8))
+        for label, f16, where, qq, ww, want in runs:
+            ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE = f16, where
+            for loop in (False, True):
+                out = torch.full_like(ref, float("-inf"))
+                ix.indexer_logits(qq, cache, ww, out=out, row_bound_only=loop, **kw)
+                fin = torch.isfinite(want)
+                ok = torch.equal(torch.isinf(out), torch.isinf(want)) and torch.allclose(out[fin], want[fin],
+                                                                                         rtol=1e-3, atol=1e-3)
+                bad += not ok
+                total += 1
+                print(f"indexer paged H{HI} {label}{' loop' if loop else ''}: {'ok' if ok else 'FAILED'}", flush=True)
+    ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE = None, "prepass"
+    print(f"{total - bad}/{total} indexer launches match the reference")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Static instruction counts of the paged indexer kernel (decode) for bf16 q over fp8 keys without a GPU: its bf16
+dot against its fp16 dot (`indexer.PAGED_F16_DOT`), both dot layouts, per architecture. AOT compile
+(`compile_report.indexer_paged_spec`), `cuobjdump -sass`, whole kernel (one 128-key tile a program), by opcode.
+
+`TRITON_INTERPRET=0 python scripts/indexer_sass_count.py [--arch 90 89 120 80]`. The H200 runs Triton 3.6: put a
+3.6 install first on PYTHONPATH to count what it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+# an instruction line of `cuobjdump -sass`: /*0120*/  @!P0 LDG.E.128 R4, desc[UR6][R2.64] ;
+_INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)", re.M)
+
+
+def opcode_counts(sass: str) -> collections.Counter:
+    """Opcodes (the part before the first '.') of every instruction in a SASS listing, NOPs left out."""
+    ops = collections.Counter(_INSTR.findall(sass))
+    ops.pop("NOP", None)
+    return ops
+
+
+def main(argv=None) -> int:
+    os.environ["TRITON_INTERPRET"] = "0"  # decided when Triton is first imported: here, not at module import
+    import torch
+    import triton
+
+    from glm5lib.kernels.compile_report import compile_spec, indexer_paged_spec
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, nargs="+", default=[90, 89, 120, 80])
+    a = ap.parse_args(argv)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    print(f"triton {triton.__version__}; paged indexer, bf16 q [32 heads] over fp8 keys, one 128-key tile, 4 warps")
+    for arch in a.arch:
+        for keys_m in (False, True):
+            for f16 in (False, True):
+                spec = indexer_paged_spec(arch, torch.bfloat16, True, False, keys_m=keys_m, f16_dot=f16)
+                k = compile_spec(spec, arch)
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(k.asm["cubin"])
+                    f.flush()
+                    sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True,
+                                          check=True).stdout
+                ops = opcode_counts(sass)
+                conv = sum(ops[o] for o in ("F2FP", "F2F", "I2F", "HADD2", "PRMT"))
+                top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
+                print(f"sm_{arch} {'keys' if keys_m else 'heads'}-as-M {'fp16' if f16 else 'bf16'} dot: "
+                      f"{sum(ops.values())} instructions, F2FP+F2F+HADD2+PRMT+I2F {conv}; {top}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
