@@ -1,6 +1,7 @@
-"""Paged indexer launches for `compute-sanitizer --tool memcheck` (GPU): bf16 q over fp8 keys with the fp16 dot
-rescaled before the scores (`PAGED_F16_WHERE = "prepass"`) and inside them ("kernel"), the bf16 dot, fp8 q; 32 and
-24 index heads (a masked head tile), both launch grids, contexts that end inside a tile, and a padding request.
+"""Paged indexer launches for `compute-sanitizer --tool memcheck` (GPU): bf16 q over fp8 keys in each rewrite
+(`indexer.PAGED_Q_FORM`: fp16 by a prepass or inside the scores kernel, two e4m3 terms) and as it is (a bf16 dot),
+fp8 q; 32 and 24 index heads (a masked head tile), both launch grids, contexts that end inside a tile, and a
+padding request.
 Each launch is compared with `naive.indexer_logits_ref` (bf16 tolerance), so a wrong result fails here too.
 
 `PYTHONPATH=src compute-sanitizer --tool memcheck python scripts/indexer_sanitize_case.py`
@@ -33,10 +34,10 @@ def main() -> int:
         kw = dict(k_format="fp8", block_table=table, context_lens=ctx, max_len=9 * bs, scale=128 ** -0.5)
         ref = naive.indexer_logits_ref(q.float(), cache, w, **kw)
         ref8 = naive.indexer_logits_ref(q8.float(), cache, w * amax, **kw)
-        runs = (("f16-prepass", True, "prepass", q, w, ref), ("f16-kernel", True, "kernel", q, w, ref),
-                ("bf16", False, "prepass", q, w, ref), ("q8", None, "prepass", q8, w * amax, ref8))
-        for label, f16, where, qq, ww, want in runs:
-            ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE = f16, where
+        runs = [(form, True, form, q, w, ref) for form in ix.Q_FORMS]
+        runs += [("bf16", False, "f16", q, w, ref), ("q8", None, "f16", q8, w * amax, ref8)]
+        for label, rewrite, form, qq, ww, want in runs:
+            ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM = rewrite, form
             for loop in (False, True):
                 out = torch.full_like(ref, float("-inf"))
                 ix.indexer_logits(qq, cache, ww, out=out, row_bound_only=loop, **kw)
@@ -46,7 +47,7 @@ def main() -> int:
                 bad += not ok
                 total += 1
                 print(f"indexer paged H{HI} {label}{' loop' if loop else ''}: {'ok' if ok else 'FAILED'}", flush=True)
-    ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE = None, "prepass"
+    ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM = None, "f16"
     print(f"{total - bad}/{total} indexer launches match the reference")
     return 1 if bad else 0
 

@@ -1,6 +1,7 @@
-"""Static instruction counts of the paged indexer kernel (decode) for bf16 q over fp8 keys without a GPU: its bf16
-dot against its fp16 dot (`indexer.PAGED_F16_DOT`), both dot layouts, per architecture. AOT compile
-(`compile_report.indexer_paged_spec`), `cuobjdump -sass`, whole kernel (one 128-key tile a program), by opcode.
+"""Static instruction counts of the paged indexer kernel (decode) for bf16 q over fp8 keys without a GPU: q scored as
+it is (a bf16 dot) against each rewrite of q (`indexer.PAGED_Q_FORM`), both dot layouts, per architecture. AOT
+compile (`compile_report.indexer_paged_spec`), `cuobjdump -sass`, whole scores kernel (one 128-key tile a
+program; the prepass is not counted), by opcode.
 
 `TRITON_INTERPRET=0 python scripts/indexer_sass_count.py [--arch 90 89 120 80]`. The H200 runs Triton 3.6: put a
 3.6 install first on PYTHONPATH to count what it runs.
@@ -37,12 +38,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, nargs="+", default=[90, 89, 120, 80])
     a = ap.parse_args(argv)
+    if len(a.arch) > 1:  # one process per target: Triton 3.6 fails ptxas on a second target in one process
+        for arch in a.arch:
+            rc = subprocess.run([sys.executable, __file__, "--arch", str(arch)]).returncode
+            if rc:
+                return rc
+        return 0
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    print(f"triton {triton.__version__}; paged indexer, bf16 q [32 heads] over fp8 keys, one 128-key tile, 4 warps")
+    print(f"triton {triton.__version__}; paged indexer, bf16 q [32 heads] over fp8 keys, one 128-key tile, 4 warps",
+          flush=True)
     for arch in a.arch:
         for keys_m in (False, True):
-            for f16 in (False, True):
-                spec = indexer_paged_spec(arch, torch.bfloat16, True, False, keys_m=keys_m, f16_dot=f16)
+            for form in (None, "f16-kernel", "f16", "e4m3x2"):
+                if form == "e4m3x2" and arch < 89:
+                    continue
+                spec = indexer_paged_spec(arch, torch.bfloat16, True, False, keys_m=keys_m, form=form)
                 k = compile_spec(spec, arch)
                 with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                     f.write(k.asm["cubin"])
@@ -52,8 +62,8 @@ def main(argv=None) -> int:
                 ops = opcode_counts(sass)
                 conv = sum(ops[o] for o in ("F2FP", "F2F", "I2F", "HADD2", "PRMT"))
                 top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
-                print(f"sm_{arch} {'keys' if keys_m else 'heads'}-as-M {'fp16' if f16 else 'bf16'} dot: "
-                      f"{sum(ops.values())} instructions, F2FP+F2F+HADD2+PRMT+I2F {conv}; {top}")
+                print(f"sm_{arch} {'keys' if keys_m else 'heads'}-as-M, q {form or 'as it is (bf16 dot)'}: "
+                      f"{sum(ops.values())} instructions, F2FP+F2F+HADD2+PRMT+I2F {conv}; {top}", flush=True)
     return 0
 
 

@@ -347,37 +347,48 @@ def test_paged_dot_layout_follows_q_dtype(monkeypatch, forced):
     assert launched == expect
 
 
-def test_paged_f16_dot_rule(monkeypatch):
-    """bf16 q over fp8 keys takes the fp16 dot, nothing else does unless PAGED_F16_DOT forces it (never for fp8 q
-    or bf16 keys)."""
+def test_paged_q_form_rule(monkeypatch):
+    """bf16 q over fp8 keys is rewritten (into PAGED_Q_FORM; "e4m3x2" falls back to "f16" without hardware e4m3),
+    nothing else is unless PAGED_Q_REWRITE forces it (never fp8 q or bf16 keys); a bad form is refused."""
     import glm5lib.kernels.indexer as ix
 
-    assert ix.paged_f16_dot(torch.bfloat16, "fp8")
-    assert not ix.paged_f16_dot(torch.float16, "fp8") and not ix.paged_f16_dot(torch.float32, "fp8")
-    assert not ix.paged_f16_dot(torch.bfloat16, "bf16") and not ix.paged_f16_dot(torch.float8_e4m3fn, "fp8")
-    monkeypatch.setattr(ix, "PAGED_F16_DOT", True)
-    assert ix.paged_f16_dot(torch.float32, "fp8") and not ix.paged_f16_dot(torch.float8_e4m3fn, "fp8")
-    assert not ix.paged_f16_dot(torch.bfloat16, "bf16")
-    monkeypatch.setattr(ix, "PAGED_F16_DOT", False)
-    assert not ix.paged_f16_dot(torch.bfloat16, "fp8")
+    assert ix.paged_q_form(torch.bfloat16, "fp8") == ix.PAGED_Q_FORM == "f16"
+    assert ix.paged_q_form(torch.float16, "fp8") is None and ix.paged_q_form(torch.float32, "fp8") is None
+    assert ix.paged_q_form(torch.bfloat16, "bf16") is None and ix.paged_q_form(torch.float8_e4m3fn, "fp8") is None
+    monkeypatch.setattr(ix, "PAGED_Q_REWRITE", True)
+    assert ix.paged_q_form(torch.float32, "fp8") == "f16" and ix.paged_q_form(torch.float8_e4m3fn, "fp8") is None
+    assert ix.paged_q_form(torch.bfloat16, "bf16") is None
+    monkeypatch.setattr(ix, "PAGED_Q_FORM", "e4m3x2")
+    monkeypatch.setattr(ix, "fp8_hw", lambda dev: dev.type == "cuda")
+    assert ix.paged_q_form(torch.bfloat16, "fp8", torch.device("cuda")) == "e4m3x2"
+    assert ix.paged_q_form(torch.bfloat16, "fp8", torch.device("cpu")) == "f16"
+    monkeypatch.setattr(ix, "PAGED_Q_FORM", "fp4")
+    with pytest.raises(ValueError, match="PAGED_Q_FORM"):
+        ix.paged_q_form(torch.bfloat16, "fp8")
+    monkeypatch.setattr(ix, "PAGED_Q_REWRITE", False)
+    assert ix.paged_q_form(torch.bfloat16, "fp8") is None
+    # the dot layout: keys as M for fp8 q and for rewritten or fp16 q over fp8 keys
+    assert ix.paged_keys_m(torch.float8_e4m3fn) and ix.paged_keys_m(torch.float16, "fp8")
+    assert ix.paged_keys_m(torch.bfloat16, "fp8", "f16-kernel") and not ix.paged_keys_m(torch.bfloat16, "fp8")
+    assert not ix.paged_keys_m(torch.float16, "bf16") and not ix.paged_keys_m(torch.bfloat16)
 
 
-@pytest.mark.parametrize("where", ["prepass", "kernel"])
+@pytest.mark.parametrize("form", ["f16", "f16-kernel", "e4m3x2"])
 @pytest.mark.parametrize("keys_m", [False, True], ids=["heads-M", "keys-M"])
-def test_paged_f16_dot_scores_like_the_reference(monkeypatch, keys_m, where):
-    """The fp16 dot (q scaled per head by a power of two, the inverse in the weight; in the scores kernel or in a
-    launch before it) scores like the fp32
-    reference, for heads whose magnitudes span 2^-40..2^40 (each needs its own factor: one shared factor would
-    overflow fp16 or flush the small heads to zero), a zero head and a head of fp16 subnormals' size. q holds
-    bf16 values, which the rescale carries into fp16 exactly, so the only error left is fp32 summation order."""
+def test_paged_q_rewrite_scores_like_the_reference(monkeypatch, keys_m, form):
+    """Each rewrite of q (fp16 times a power of two per head, the inverse in the weight, in a launch before the
+    scores or inside them; two e4m3 terms per head added before the ReLU) scores like the fp32 reference, for
+    heads whose magnitudes span 2^-40..2^40 (each needs its own factor: one shared factor would overflow or flush
+    the small heads to zero), a zero head and a head of bf16 subnormals. q holds bf16 values: the fp16 forms carry
+    them exactly (only fp32 summation order is left: 1e-5), two e4m3 terms to about 2^-9 (2e-3 here)."""
     import glm5lib.kernels.indexer as ix
 
-    monkeypatch.setattr(ix, "PAGED_F16_DOT", True)
+    monkeypatch.setattr(ix, "PAGED_Q_REWRITE", True)
+    monkeypatch.setattr(ix, "PAGED_Q_FORM", form)
     monkeypatch.setattr(ix, "PAGED_KEYS_M", keys_m)
-    monkeypatch.setattr(ix, "PAGED_F16_WHERE", where)
     launched = []
     real = ix._PAGED
-    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: launched.append((kw["F16_DOT"], a[0].dtype))
+    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: launched.append((kw["F16_DOT"], kw["Q_TERMS"], a[0].dtype))
                         or real(grid, *a, **kw))
     g = torch.Generator().manual_seed(5)
     cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(8 * 16, 128, generator=g)), 16)
@@ -390,13 +401,38 @@ def test_paged_f16_dot_scores_like_the_reference(monkeypatch, keys_m, where):
     kw = dict(k_format="fp8", block_table=table, context_lens=ctx, max_len=64)
     got = indexer_logits(q, cache, w, **kw)
     want = naive.indexer_logits_ref(q, cache, w, **kw)
-    # rescaled in the scores kernel, or before it (then the scores kernel takes an fp16 q as it is)
-    assert launched == ([(True, torch.float32)] if where == "kernel" else [(False, torch.float16)])
+    expect = {"f16": (False, 1, torch.float16), "f16-kernel": (True, 1, torch.float32),
+              "e4m3x2": (False, 2, torch.float8_e4m3fn)}[form]
+    assert launched == [expect]
     assert torch.equal(torch.isinf(got), torch.isinf(want))
     fin = torch.isfinite(want)
-    assert torch.allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5 * float(want[fin].abs().max()))
-    # each head scored on its own: drop one, and the scores must move (the rescale did not zero it)
+    tol = 2e-3 if form == "e4m3x2" else 1e-5
+    assert torch.allclose(got[fin], want[fin], rtol=tol, atol=tol * float(want[fin].abs().max()))
+    # each head scored on its own: drop one, and the scores must move (the rewrite did not zero it)
     for h in (1, 2, 4):
         w_drop = w.clone()
         w_drop[:, h] = 0
         assert not torch.allclose(indexer_logits(q, cache, w_drop, **kw)[fin], got[fin], rtol=1e-4, atol=0), h
+
+
+def test_rewrite_q_e4m3x2_terms():
+    """The two e4m3 terms of a head sum back to it far closer than one term does (vLLM's fp8 q), each term's
+    largest value sits in [2^7, 2^8] before its factor, and the factors are powers of two."""
+    from glm5lib.kernels.indexer import rewrite_q
+
+    g = torch.Generator().manual_seed(7)
+    q = (torch.randn(3, 5, 128, generator=g) * torch.tensor([1e-3, 1.0, 50.0, 1e4, 0.3])[None, :, None])
+    q = q.to(torch.bfloat16).float()
+    w = torch.rand(3, 5, generator=g)
+    terms, w2, f = rewrite_q(q, w, "e4m3x2")
+    assert terms.shape == (2, 3, 5, 128) and terms.dtype == torch.float8_e4m3fn and f.shape == (2, 3, 5)
+    assert torch.equal(w2, w)
+    t = terms.float()
+    one = t[0] * f[0, ..., None]
+    both = one + t[1] * f[1, ..., None]
+    err1 = ((one - q).norm(dim=-1) / q.norm(dim=-1)).max()
+    err2 = ((both - q).norm(dim=-1) / q.norm(dim=-1)).max()
+    assert err2 < 2e-3 and err2 < err1 / 8, (float(err1), float(err2))
+    top = t[0].abs().amax(-1)
+    assert ((top >= 128) & (top <= 256)).all()  # [2^7, 2^8) before rounding, which may reach 2^8
+    assert torch.equal(torch.frexp(f).mantissa, torch.full_like(f, 0.5))

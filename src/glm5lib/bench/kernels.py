@@ -528,20 +528,23 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
                     except Exception as exc:
                         rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
             ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M = keep
-            if fmt == "fp8":  # bf16 q over fp8 keys: the bf16 dot, the fp16 dot rescaled in the kernel or before it
-                keep_f16 = ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE
-                for f16, where in ((False, keep_f16[1]), (True, "kernel"), (True, "prepass")):
+            if fmt == "fp8":  # bf16 q over fp8 keys: scored as it is (a bf16 dot), and each rewrite of q
+                keep_q = ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM
+                for form in (None,) + ix.Q_FORMS:
                     for keys_m in (False, True):
-                        ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE, ix.PAGED_KEYS_M = f16, where, keys_m
-                        name = f"triton:dot-{f'f16-{where}' if f16 else 'bf16'}" + ("-keysM" if keys_m else "")
+                        ix.PAGED_Q_REWRITE, ix.PAGED_KEYS_M = form is not None, keys_m
+                        ix.PAGED_Q_FORM = form or keep_q[1]
+                        name = f"triton:q-{form or 'bf16'}" + ("-keysM" if keys_m else "")
                         try:
-                            ok = bool(torch.allclose(indexer_logits(q, cache, w, **kw)[:2], r, rtol=1e-3, atol=1e-3))
+                            got = indexer_logits(q, cache, w, **kw)[:2]
+                            ok = bool(torch.allclose(got, r, rtol=1e-3, atol=1e-3))
+                            rel_c = float((got - r).norm() / r.norm())
                             ms_c = _median_ms(lambda: indexer_logits(q, cache, w, out=o, **kw))
                             rows.append(_row("indexer-decode-sweep", name, B, HI, ctx, fmt, ms_c, flops, byts, ceil,
-                                             {"ok": ok}))
+                                             {"ok": ok, "rel_err": rel_c}))
                         except Exception as exc:
                             rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
-                ix.PAGED_F16_DOT, ix.PAGED_F16_WHERE = keep_f16
+                ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM = keep_q
                 ix.PAGED_KEYS_M = keep[2]
         ms_t = _median_ms(lambda: topk_indices(o, topk))
         rows.append(_row("topk-decode", "torch.topk", B, HI, topk, fmt, ms_t, 0.0, B * ctx * 4, ceil, {"ctx": ctx}))

@@ -362,7 +362,7 @@ def indexer_cases(profile: str) -> list[IndexerCase]:
         IndexerCase("ragged", T=3000, HI=32, n=1000, k_format="fp8", topk=2048),
         IndexerCase("paged", T=16, HI=32, n=9000, next_n=1, topk=2048),
         IndexerCase("paged", T=8, HI=32, n=20000, k_format="fp8", next_n=2, topk=2048),
-        # bf16 q over fp8 keys (the fp16 dot, `indexer.PAGED_F16_DOT`) on the looping grid of CUDA-graph decode
+        # bf16 q over fp8 keys (rewritten, `indexer.PAGED_Q_FORM`) on the looping grid of CUDA-graph decode
         IndexerCase("paged", T=64, HI=32, n=20000, k_format="fp8", topk=2048, row_bound_only=True),
         IndexerCase("paged", T=5, HI=32, n=1000, k_format="fp8", next_n=1, topk=2048),
         IndexerCase("paged", T=8, HI=32, n=20000, k_format="fp8", next_n=2, topk=2048, q_fp8=True),

@@ -82,27 +82,51 @@ def _sig(fn, types: dict, consts: dict) -> dict:
     return out
 
 
+_RULE = object()
+
+
 def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool | None = None,
-                       f16_dot: bool | None = None) -> KernelSpec:
+                       form=_RULE) -> KernelSpec:
     """The paged indexer kernel as `indexer_logits` launches it on `arch` for q of `q_dtype` (32 index heads, the
-    shipped tile); keys_m / f16_dot: force its dot layout / its fp16 dot instead of the dispatch rule."""
+    shipped tile): after the q rewrite of `form` (a `indexer.Q_FORMS` entry or None; default the dispatch rule,
+    `paged_q_form`), in the dot layout `keys_m` (default the rule)."""
     import torch
 
-    from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, paged_f16_dot, paged_keys_m
+    from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, paged_keys_m, paged_q_form
     from glm5lib.kernels.naive import INDEXER_DIM
 
+    fmt = "fp8" if fp8 else "bf16"
+    if form is _RULE:
+        form = paged_q_form(q_dtype, fmt)
+    if form == "e4m3x2" and arch < 89:
+        form = "f16"  # as `paged_q_form` decides on a GPU without hardware e4m3
+    launched = {"f16": torch.float16, "e4m3x2": torch.float8_e4m3fn}.get(form, q_dtype)
     _, bn, nw, ns = INDEXER_CONFIGS["paged"]
     fn = _indexer_paged_kernel
-    qty = "fp8e4nv" if q_dtype == torch.float8_e4m3fn else "bf16"
-    types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16", "W": "*fp32",
-             "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
+    qty = {torch.float8_e4m3fn: "fp8e4nv", torch.float16: "fp16"}.get(launched, "bf16")
+    types = {"Q": f"*{qty}", "QF": "*fp32", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16",
+             "W": "*fp32", "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
     consts = {"KV_FP8": fp8, "FP8_HW": arch >= 89, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
-              "TILE_LOOP": loop, "KEYS_M": paged_keys_m(q_dtype) if keys_m is None else keys_m,
-              "F16_DOT": paged_f16_dot(q_dtype, "fp8" if fp8 else "bf16") if f16_dot is None else f16_dot}
-    qtag = "" if qty == "bf16" else ":q8"
-    name = f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}{':loop' if loop else ''}]"
+              "TILE_LOOP": loop, "KEYS_M": paged_keys_m(launched, fmt, form) if keys_m is None else keys_m,
+              "F16_DOT": form == "f16-kernel", "Q_TERMS": 2 if form == "e4m3x2" else 1}
+    qtag = "" if q_dtype == torch.bfloat16 else ":q8"
+    ftag = f":{form}" if form else ""
+    name = f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{fmt}{qtag}{ftag}{':loop' if loop else ''}]"
     return KernelSpec(name, fn, _sig(fn, types, consts), consts, nw, ns,
                       ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val"))
+
+
+def indexer_prep_spec(arch: int, form: str) -> KernelSpec:
+    """The q rewrite launched before the paged scores for `form` ("f16" or "e4m3x2"; "f16" below sm_89)."""
+    from glm5lib.kernels.indexer import _q_prep_kernel
+    from glm5lib.kernels.naive import INDEXER_DIM
+
+    terms = 2 if form == "e4m3x2" and arch >= 89 else 0
+    fn = _q_prep_kernel
+    types = {"Q": "*bf16", "W": "*fp32", "QO": "*fp8e4nv" if terms else "*fp16", "WO": "*fp32", "DO": "*fp32"}
+    consts = {"BLOCK_HI": 32, "D": INDEXER_DIM, "TERMS": terms}
+    return KernelSpec(f"indexer_q_prep[Hi32:{'e4m3x2' if terms else 'f16'}]", fn, _sig(fn, types, consts), consts,
+                      4, 1, ("Q", "QO", "stride_qt", "stride_qh"))
 
 
 def shipped_kernels(arch: int) -> list[KernelSpec]:
@@ -154,6 +178,11 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                                 ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_k", "stride_ot")))
         for loop in (False, True):  # one program per tile; a fixed grid looping over tiles (CUDA-graph decode)
             specs.append(indexer_paged_spec(arch, qdt, fp8, loop))
+    from glm5lib.kernels.indexer import paged_q_form
+
+    form = paged_q_form(torch.bfloat16, "fp8")
+    if form in ("f16", "e4m3x2"):  # the rewrite of bf16 q over fp8 keys, launched before the scores
+        specs.append(indexer_prep_spec(arch, form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
     from glm5lib.kernels.topk import SELECT_CONFIG, _topk_select_kernel
 

@@ -11,8 +11,9 @@ bounds. Two kernels behind one function:
   block-split layout `[num_blocks, block_size, 132]`) read through a block table; query `b * next_n + i`
   sees positions `j <= context_lens[b] - next_n + i`. A program owns one query and `BLOCK_N` positions and
   does `[Hi, 128] x [128, BLOCK_N]` (`[BLOCK_N, 128] x [128, Hi]` for fp8 q: `PAGED_KEYS_M`): every key byte is
-  read once per query, a bandwidth problem. bf16 q over fp8 keys dots in fp16, q scaled per head by a power of
-  two (`PAGED_F16_DOT`): e4m3 widens to fp16 in one instruction per pair, to bf16 in several.
+  read once per query, a bandwidth problem. bf16 q over fp8 keys is rewritten first (`PAGED_Q_FORM`: fp16 scaled
+  per head by a power of two, or two e4m3 terms): e4m3 widens to fp16 in one instruction per pair, to bf16 in
+  several.
 
 The fp8 per-token scale is positive, so `relu(x * s) = relu(x) * s`: the kernel applies it once after the
 head sum instead of per head.
@@ -40,36 +41,54 @@ INDEXER_CONFIGS = {
 PAGED_LOOP_PROGRAMS_PER_SM = 32
 # The paged kernel's dot layout. Keys as M (`[BLOCK_N, 128] x [128, Hi]`, the head sum along rows) when q is fp8:
 # the fp8 MMA then takes the key tile as it sits in shared memory (K-contiguous) and only the small q tile as the
-# transposed operand; heads as M (`[Hi, 128] x [128, BLOCK_N]`) otherwise. H200 sweep (B 128, ctx 32K, fp8 keys):
-# fp8 q 179 us keys-as-M against 202 us heads-as-M; bf16 q 313 against 283 (outputs/bench/sweeps/
-# indexer_sweep_v10d_h200.json). None: that rule; True/False force one layout (`bench_indexer(sweep=True)`).
+# transposed operand; so too when q is rewritten over fp8 keys (`PAGED_Q_FORM`) or is fp16 there; heads as M
+# (`[Hi, 128] x [128, BLOCK_N]`) otherwise. H200 sweeps (B 128, ctx 32K, fp8 keys): fp8 q 179 us keys-as-M against
+# 202 us heads-as-M, bf16 q (its bf16 dot) 313 against 283 (outputs/bench/sweeps/indexer_sweep_v10d_h200.json);
+# q rewritten into fp16 224 against 250 (outputs/bench/sweeps/bench_h200_5ea7109.json). None: that rule;
+# True/False force one layout (`bench_indexer(sweep=True)`).
 PAGED_KEYS_M: bool | None = None
 
 
-# bf16 q over fp8 keys (the paged kernel): the dot runs in fp16, not bf16. sm_89+ widens e4m3 to fp16 in one
+# bf16 q over fp8 keys (the paged kernel) is rewritten before it is scored: sm_89+ widens e4m3 to fp16 in one
 # instruction per pair (`cvt.rn.f16x2.e4m3x2`) but has no direct e4m3 -> bf16, so a bf16 dot costs several
 # conversions per key byte, and decode reads each key byte once per query: the conversions, not the bytes, set
-# its pace (47 % of copy at B 128, ctx 32K, against 75 % with fp8 q). q takes a power of two per head into fp16's
-# range (`_rows_to_f16`; exact for bf16 values) and its inverse joins the head weight. None: that rule; True /
-# False force it for any non-fp8 q over fp8 keys (tests run it on the interpreter's fp32 q; the benchmark sweep
-# times both). The ragged (prefill) kernel converts each key tile once for all heads and queries and keeps bf16.
-PAGED_F16_DOT: bool | None = None
-# Where q is rescaled: "prepass" (a launch of `_q_f16_kernel` before the scores: one program per query writes the
-# fp16 q and the weights times the inverse factors, and the scores kernel takes that fp16 q as it is) or "kernel"
-# (every program of the scores kernel rescales its query's heads, a 128-wide max per head per tile: `F16_DOT`).
-PAGED_F16_WHERE = "prepass"
+# its pace (47 % of copy at B 128, ctx 32K, against 75 % with fp8 q). PAGED_Q_FORM says into what:
+# - "f16": a launch before the scores (`_q_prep_kernel`, one program per query) writes q times a power of two per
+#   head in fp16 (`_rows_to_f16`; exact for bf16 values) and the weights times the inverse; the scores kernel then
+#   takes that fp16 q as it is and widens the keys to fp16;
+# - "f16-kernel": the same rescale inside every program of the scores kernel (a 128-wide max per head per tile);
+# - "e4m3x2": the prepass writes q as two e4m3 terms per head, each with its power of two (`_rows_to_e4m3`: the
+#   second is the first's rounding error), and the scores kernel runs two fp8 dots on the keys' bytes as they are
+#   and adds them before the ReLU. Not exact: within ~2e-4 of the bf16 dot's scores (bf16's own rounding of q is
+#   ~1e-3; one term, vLLM's fp8 q, 9e-3). Needs sm_89+ (elsewhere "f16").
+# PAGED_Q_REWRITE: None is the rule (bf16 q over fp8 keys only); True / False force it for any non-fp8 q over fp8
+# keys (tests run it on the interpreter's fp32 q; the benchmark sweep times every form). The ragged (prefill)
+# kernel converts each key tile once for all heads and queries and keeps bf16.
+PAGED_Q_REWRITE: bool | None = None
+PAGED_Q_FORM = "f16"
+Q_FORMS = ("f16", "f16-kernel", "e4m3x2")
 
 
-def paged_keys_m(q_dtype: torch.dtype) -> bool:
-    """Whether the paged kernel puts the keys as the dot's M for queries of this dtype (see PAGED_KEYS_M)."""
-    return q_dtype == torch.float8_e4m3fn if PAGED_KEYS_M is None else PAGED_KEYS_M
+def paged_keys_m(q_dtype: torch.dtype, k_format: str = "bf16", form: str | None = None) -> bool:
+    """Whether the paged kernel puts the keys as the dot's M for queries of this dtype over keys of this format,
+    q rewritten into `form` (`paged_q_form`) or not (see PAGED_KEYS_M)."""
+    if PAGED_KEYS_M is not None:
+        return PAGED_KEYS_M
+    return q_dtype == torch.float8_e4m3fn or (k_format == "fp8" and (q_dtype == torch.float16 or form is not None))
 
 
-def paged_f16_dot(q_dtype: torch.dtype, k_format: str) -> bool:
-    """Whether the paged kernel scores q of this dtype against keys of this format in fp16 (see PAGED_F16_DOT)."""
+def paged_q_form(q_dtype: torch.dtype, k_format: str, device: torch.device | None = None) -> str | None:
+    """Into what the paged launch rewrites q of this dtype over keys of this format (a `Q_FORMS` entry, see
+    PAGED_Q_FORM), or None: scored as it is. "e4m3x2" becomes "f16" on a device without hardware e4m3."""
     if k_format != "fp8" or q_dtype == torch.float8_e4m3fn:
-        return False
-    return q_dtype == torch.bfloat16 if PAGED_F16_DOT is None else PAGED_F16_DOT
+        return None
+    if not (q_dtype == torch.bfloat16 if PAGED_Q_REWRITE is None else PAGED_Q_REWRITE):
+        return None
+    if PAGED_Q_FORM not in Q_FORMS:
+        raise ValueError(f"indexer.PAGED_Q_FORM must be one of {Q_FORMS}, got {PAGED_Q_FORM!r}")
+    if PAGED_Q_FORM == "e4m3x2" and device is not None and not fp8_hw(device):
+        return "f16"
+    return PAGED_Q_FORM
 
 
 @triton.jit
@@ -88,34 +107,71 @@ def _rows_to_f16(x):
 
 
 @triton.jit
-def _q_f16_kernel(Q, W, Q16, W16, stride_qt, stride_qh, stride_wt, HI, BLOCK_HI: tl.constexpr, D: tl.constexpr):
-    """Query t's heads into fp16 by `_rows_to_f16`, and its weights times the inverse factors (`PAGED_F16_WHERE`);
-    Q16 `[T, HI, D]` and W16 `[T, HI]` contiguous."""
+def _rows_to_e4m3(x):
+    """`[R, D]` fp32 rows -> (e4m3 rows `rn(x * up)`, `down = 1 / up` per row), `up` a power of two that puts the
+    row's largest |x| in [2^7, 2^8) (under e4m3's 448; at most 2^126). `x - e4m3 * down` is then exact in fp32."""
+    e = (tl.max(tl.abs(x), 1).to(tl.int32, bitcast=True) >> 23) & 0xFF
+    up_e = tl.minimum(261 - e, 253)  # 2^(7 - (e - 127))
+    up = (up_e << 23).to(tl.float32, bitcast=True)
+    down = ((254 - up_e) << 23).to(tl.float32, bitcast=True)
+    y = x * up[:, None]
+    # rounded to e4m3's grid here, so that the conversion below is exact: Triton's interpreter rounds fp32 -> e4m3
+    # wrongly (126 -> 64, ties away from even), and the CI runs the interpreter. Normals (|y| >= 2^-6) keep 4
+    # significant bits, ties to even, by integer rounding of the fp32 bits; subnormals are multiples of 2^-9,
+    # rounded by fp32 addition of 1.5 * 2^14 (whose ulp is 2^-9).
+    b = y.to(tl.int32, bitcast=True)
+    norm = ((b + 0x7FFFF + ((b >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    sub = (y + 24576.0) - 24576.0
+    return tl.where(tl.abs(y) >= 0.015625, norm, sub).to(tl.float8e4nv), down
+
+
+@triton.jit
+def _q_prep_kernel(Q, W, QO, WO, DO, stride_qt, stride_qh, stride_wt, T, HI, BLOCK_HI: tl.constexpr,
+                   D: tl.constexpr, TERMS: tl.constexpr):
+    """Query t's heads rewritten for the scores kernel (`PAGED_Q_FORM`), outputs contiguous. TERMS 0: fp16 q into
+    QO `[T, HI, D]` (`_rows_to_f16`) and the weights times the inverse factors into WO `[T, HI]`. TERMS 2: two e4m3
+    terms into QO `[2, T, HI, D]` (the second rounds the first's error), their inverse factors into DO `[2, T, HI]`,
+    the weights unchanged into WO (the terms are added before the ReLU, so their factors cannot join the weight)."""
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_HI)
     offs_d = tl.arange(0, D)
     h_mask = offs_h < HI
     q = tl.load(Q + t * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :], mask=h_mask[:, None], other=0.0)
-    q16, down = _rows_to_f16(q)
-    tl.store(Q16 + (t * HI + offs_h)[:, None] * D + offs_d[None, :], q16, mask=h_mask[:, None])
     w = tl.load(W + t * stride_wt + offs_h, mask=h_mask, other=0.0)
-    tl.store(W16 + t * HI + offs_h, w * down, mask=h_mask)
+    rows = (t * HI + offs_h)[:, None] * D + offs_d[None, :]
+    if TERMS == 0:
+        q16, down = _rows_to_f16(q)
+        tl.store(QO + rows, q16, mask=h_mask[:, None])
+        tl.store(WO + t * HI + offs_h, w * down, mask=h_mask)
+    else:
+        qf = q.to(tl.float32)
+        q1, d1 = _rows_to_e4m3(qf)
+        q2, d2 = _rows_to_e4m3(qf - q1.to(tl.float32) * d1[:, None])
+        tl.store(QO + rows, q1, mask=h_mask[:, None])
+        tl.store(QO + T * HI * D + rows, q2, mask=h_mask[:, None])
+        tl.store(DO + t * HI + offs_h, d1, mask=h_mask)
+        tl.store(DO + T * HI + t * HI + offs_h, d2, mask=h_mask)
+        tl.store(WO + t * HI + offs_h, w, mask=h_mask)
 
 
-_Q_F16 = Prebound(_q_f16_kernel)
+_Q_PREP = Prebound(_q_prep_kernel)
 
 
-def q_to_f16(q: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp16 q, fp32 weights) that score as (q, weights) do: each head of q times a power of two into fp16's range
-    (exact for bf16 q), its inverse folded into that head's weight (`_rows_to_f16`). q `[T, Hi, 128]`, weights
-    `[T, Hi]` fp32 contiguous."""
+def rewrite_q(q: torch.Tensor, weights: torch.Tensor, form: str):
+    """q and weights rewritten by the prepass for `form` ("f16" or "e4m3x2", see PAGED_Q_FORM): (q', weights',
+    term factors or None). "f16": fp16 `[T, Hi, 128]`, each head times a power of two (exact for bf16 q), the
+    inverse folded into its weight. "e4m3x2": e4m3 `[2, T, Hi, 128]`, factors fp32 `[2, T, Hi]`, weights as given.
+    q `[T, Hi, 128]` with unit last stride, weights `[T, Hi]` fp32 contiguous."""
     T, HI, D = q.shape
-    q16 = torch.empty(T, HI, D, dtype=torch.float16, device=q.device)
-    w16 = torch.empty(T, HI, dtype=torch.float32, device=q.device)
+    terms = 2 if form == "e4m3x2" else 0
+    dt = torch.float8_e4m3fn if terms else torch.float16
+    qo = torch.empty(*((2,) if terms else ()), T, HI, D, dtype=dt, device=q.device)
+    wo = torch.empty(T, HI, dtype=torch.float32, device=q.device)
+    do = torch.empty(2, T, HI, dtype=torch.float32, device=q.device) if terms else wo
     if T:
-        _Q_F16((T,), q, weights, q16, w16, q.stride(0), q.stride(1), weights.stride(0), HI,
-               BLOCK_HI=max(16, triton.next_power_of_2(HI)), D=D, num_warps=4)
-    return q16, w16
+        _Q_PREP((T,), q, weights, qo, wo, do, q.stride(0), q.stride(1), weights.stride(0), T, HI,
+                BLOCK_HI=max(16, triton.next_power_of_2(HI)), D=D, TERMS=terms, num_warps=4)
+    return qo, wo, (do if terms else None)
 
 
 @triton.jit
@@ -163,13 +219,15 @@ def _indexer_ragged_kernel(
 
 
 @triton.jit
-def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
-                stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
-                KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr,
-                D: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr):
+def _paged_tile(Q, QF, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm, stride_fterm,
+                stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN,
+                BLOCK_SIZE, scale, KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr,
+                BLOCK_N: tl.constexpr, D: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr,
+                Q_TERMS: tl.constexpr):
     """Scores of query t against positions [tile * BLOCK_N, +BLOCK_N): -inf past its own position `last`. KEYS_M: the
     dot with the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads (`paged_keys_m`).
-    F16_DOT: q rescaled per head into fp16 and the keys widened to fp16 (`paged_f16_dot`)."""
+    F16_DOT: q rescaled per head into fp16 and the keys widened to fp16 ("f16-kernel"). Q_TERMS 2: q is two e4m3
+    terms `stride_qterm` elements apart, their inverse factors at QF `[2, T, HI]` ("e4m3x2", `PAGED_Q_FORM`)."""
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     see = (offs_n <= last) & (offs_n < MAX_LEN)
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -190,11 +248,20 @@ def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, s
         if F16_DOT:  # relu(down * x) = down * relu(x): the per-head factor joins the weight
             q, down = _rows_to_f16(q)
             w = w * down
+        if Q_TERMS == 2:  # the second term and both factors; the terms are added before the ReLU
+            q2 = tl.load(Q + stride_qterm + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
+                         + offs_d[None, :], mask=h_mask[:, None], other=0.0)
+            f1 = tl.load(QF + t.to(tl.int64) * HI + offs_h, mask=h_mask, other=0.0)
+            f2 = tl.load(QF + stride_fterm + t.to(tl.int64) * HI + offs_h, mask=h_mask, other=0.0)
         if KEYS_M:
             s = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_HI]
+            if Q_TERMS == 2:
+                s = s * f1[None, :] + tl.dot(k, tl.trans(q2)) * f2[None, :]
             acc = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
         else:
             s = tl.dot(q, tl.trans(k))  # [BLOCK_HI, BLOCK_N]
+            if Q_TERMS == 2:
+                s = s * f1[:, None] + tl.dot(q2, tl.trans(k)) * f2[:, None]
             acc = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
         if KV_FP8:
             ksc = tl.load(KF + (base + scale_base + off * stride_sc) // 4, mask=see, other=0.0)
@@ -207,12 +274,12 @@ def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, s
 
 @triton.jit
 def _indexer_paged_kernel(
-    Q, K8, KF, W, BT, CTX, OUT,
-    stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
+    Q, QF, K8, KF, W, BT, CTX, OUT,
+    stride_qt, stride_qh, stride_qterm, stride_fterm, stride_wt, stride_bt, stride_ot,
     stride_blk, stride_val, scale_base, stride_sc,
     HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale,
     KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-    TILE_LOOP: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr,
+    TILE_LOOP: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr, Q_TERMS: tl.constexpr,
 ):
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -225,13 +292,14 @@ def _indexer_paged_kernel(
         # the launch's cost follows the contexts, not MAX_LEN
         n_tiles = tl.cdiv(tl.minimum(ctx, MAX_LEN), BLOCK_N)
         for tile in range(pid_n, n_tiles, tl.num_programs(1)):
-            _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_wt, stride_bt,
-                        stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
-                        KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT)
+            _paged_tile(Q, QF, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm,
+                        stride_fterm, stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc,
+                        HI, MAX_LEN, BLOCK_SIZE, scale, KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT,
+                        Q_TERMS)
     else:
-        _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, pid_n, stride_qt, stride_qh, stride_wt, stride_bt, stride_ot,
-                    stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
-                    KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT)
+        _paged_tile(Q, QF, K8, KF, W, BT, OUT, t, b, last, pid_n, stride_qt, stride_qh, stride_qterm, stride_fterm,
+                    stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN,
+                    BLOCK_SIZE, scale, KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT, Q_TERMS)
 
 
 _PAGED = Prebound(_indexer_paged_kernel)
@@ -336,18 +404,21 @@ def indexer_logits(
     else:
         grid = (T, tiles)
     block_table = block_table.to(torch.int32)
-    f16_dot = paged_f16_dot(q.dtype, k_format)
-    if f16_dot and PAGED_F16_WHERE == "prepass":
-        q, weights = q_to_f16(q, weights)
-        f16_dot = False  # the scores kernel takes the fp16 q as it is
+    form = paged_q_form(q.dtype, k_format, dev)
+    qf, q_terms = weights, 1
+    if form in ("f16", "e4m3x2"):  # rewritten by the prepass: the scores kernel takes that q as it is
+        q, weights, factors = rewrite_q(q, weights, form)
+        if factors is not None:
+            qf, q_terms = factors, 2
+            q = q[0]  # the first term; the second lies T * Hi * 128 elements further
     _PAGED(grid,
-        q, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
-        q.stride(0), q.stride(1), weights.stride(0), block_table.stride(0), out.stride(0),
+        q, qf, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
+        q.stride(0), q.stride(1), T * HI * INDEXER_DIM, T * HI, weights.stride(0), block_table.stride(0), out.stride(0),
         k_cache.stride(0), stride_val, scale_base, stride_sc,
         HI, max_len, next_n, bs, float(scale),
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
-        TILE_LOOP=row_bound_only, KEYS_M=paged_keys_m(q.dtype), F16_DOT=f16_dot,
-        num_warps=nw, num_stages=ns,
+        TILE_LOOP=row_bound_only, KEYS_M=paged_keys_m(q.dtype, k_format, form), F16_DOT=form == "f16-kernel",
+        Q_TERMS=q_terms, num_warps=nw, num_stages=ns,
     )
     return out
 
@@ -357,4 +428,5 @@ def indexer_flops(T: int, n_keys: float, HI: int) -> float:
     return 2.0 * T * n_keys * HI * INDEXER_DIM
 
 
-__all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "paged_f16_dot", "q_to_f16", "INDEXER_CONFIGS"]
+__all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "paged_q_form", "rewrite_q", "INDEXER_CONFIGS",
+           "Q_FORMS"]

@@ -571,8 +571,10 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
 # GLM5LIB_FP8MMA=1 takes the kernel there too (its one-slot e4m3 build for the 99 KB class), 0 turns it off.
 FP8MMA_MIN_T = 32
 # Under CUDA-graph capture a call's host time is paid once, at capture, and only the GPU time is replayed: there
-# the kernel takes 16 tokens and more (B16 graph replay 0.83x the Triton kernel's, same file).
-FP8MMA_MIN_T_GRAPH = 16
+# the kernel takes 8 tokens and more. Graph replay against the Triton kernel (outputs/bench/sweeps/
+# fp8mma_small_batch_h200_5ea7109.json): 8 heads 0.99x / 0.89x / 0.80x / 0.83x at B4 / B8 / B12 / B16, 16 heads
+# 1.01x / 0.87x at B8 / B16.
+FP8MMA_MIN_T_GRAPH = 8
 FP8MMA_MAX_H = 16
 FP8MMA_CAPS = {(9, 0)}  # measured; sm_89 / sm_120 only with GLM5LIB_FP8MMA=1
 

@@ -230,7 +230,7 @@ def indexer_q(q: torch.Tensor) -> torch.Tensor:
     """q as the Triton indexer takes it. vLLM hands the indexer fp8 q (per-token-group quantized, the scale folded
     into the weights): kept where the GPU converts fp8 in hardware (sm_89+: an fp8 x fp8 tensor-core dot),
     widened to fp16 elsewhere (exact: every e4m3 value is an fp16 value; the kernel's fp16 dot needs no rescale,
-    see `indexer.PAGED_F16_DOT`). bf16/fp16 as they are; fp32 becomes bf16 on CUDA. Off CUDA (Triton's
+    see `indexer.PAGED_Q_FORM`). bf16/fp16 as they are; fp32 becomes bf16 on CUDA. Off CUDA (Triton's
     interpreter) q is left alone."""
     if q.device.type != "cuda" or q.dtype in (torch.bfloat16, torch.float16):
         return q
