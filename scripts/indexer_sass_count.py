@@ -59,11 +59,15 @@ def main(argv=None) -> int:
                     f.flush()
                     sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True,
                                           check=True).stdout
+                    res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True,
+                                         check=True).stdout
+                regs = re.search(r"REG:(\d+)", res)
                 ops = opcode_counts(sass)
                 conv = sum(ops[o] for o in ("F2FP", "F2F", "I2F", "HADD2", "PRMT"))
                 top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
                 print(f"sm_{arch} {'keys' if keys_m else 'heads'}-as-M, q {form or 'as it is (bf16 dot)'}: "
-                      f"{sum(ops.values())} instructions, F2FP+F2F+HADD2+PRMT+I2F {conv}; {top}", flush=True)
+                      f"{regs.group(1) if regs else '?'} registers, {sum(ops.values())} instructions, "
+                      f"F2FP+F2F+HADD2+PRMT+I2F {conv}; {top}", flush=True)
     return 0
 
 

@@ -416,23 +416,27 @@ def test_paged_q_rewrite_scores_like_the_reference(monkeypatch, keys_m, form):
 
 
 def test_rewrite_q_e4m3x2_terms():
-    """The two e4m3 terms of a head sum back to it far closer than one term does (vLLM's fp8 q), each term's
-    largest value sits in [2^7, 2^8] before its factor, and the factors are powers of two."""
+    """The two e4m3 terms of a head sum back to it far closer than one term does (vLLM's fp8 q), every value is
+    e4m3's round-to-nearest-even of what it rounds (torch's conversion as the reference, subnormals included), each
+    head's largest value sits in [2^7, 2^8] before the factor, and the factors are powers of two folded into the
+    weights."""
     from glm5lib.kernels.indexer import rewrite_q
 
     g = torch.Generator().manual_seed(7)
-    q = (torch.randn(3, 5, 128, generator=g) * torch.tensor([1e-3, 1.0, 50.0, 1e4, 0.3])[None, :, None])
+    q = (torch.randn(64, 5, 128, generator=g) * torch.tensor([1e-3, 1.0, 50.0, 1e4, 0.3])[None, :, None])
+    q[0, 0] = torch.linspace(-3, 3, 128) * 2.0 ** -7  # values that land among e4m3's subnormals after the factor
     q = q.to(torch.bfloat16).float()
-    w = torch.rand(3, 5, generator=g)
-    terms, w2, f = rewrite_q(q, w, "e4m3x2")
-    assert terms.shape == (2, 3, 5, 128) and terms.dtype == torch.float8_e4m3fn and f.shape == (2, 3, 5)
-    assert torch.equal(w2, w)
+    w = torch.rand(64, 5, generator=g)
+    terms, w2 = rewrite_q(q, w, "e4m3x2")
+    assert terms.shape == (2, 64, 5, 128) and terms.dtype == torch.float8_e4m3fn
+    down = w2 / w
+    assert torch.equal(torch.frexp(down).mantissa, torch.full_like(down, 0.5))
+    y = q / down[..., None]
     t = terms.float()
-    one = t[0] * f[0, ..., None]
-    both = one + t[1] * f[1, ..., None]
-    err1 = ((one - q).norm(dim=-1) / q.norm(dim=-1)).max()
-    err2 = ((both - q).norm(dim=-1) / q.norm(dim=-1)).max()
+    assert torch.equal(t[0], y.to(torch.float8_e4m3fn).float())
+    assert torch.equal(t[1], (y - t[0]).to(torch.float8_e4m3fn).float())
+    err1 = ((t[0] - y).norm(dim=-1) / y.norm(dim=-1)).max()
+    err2 = ((t[0] + t[1] - y).norm(dim=-1) / y.norm(dim=-1)).max()
     assert err2 < 2e-3 and err2 < err1 / 8, (float(err1), float(err2))
     top = t[0].abs().amax(-1)
     assert ((top >= 128) & (top <= 256)).all()  # [2^7, 2^8) before rounding, which may reach 2^8
-    assert torch.equal(torch.frexp(f).mantissa, torch.full_like(f, 0.5))

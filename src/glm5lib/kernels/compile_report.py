@@ -104,7 +104,7 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
     _, bn, nw, ns = INDEXER_CONFIGS["paged"]
     fn = _indexer_paged_kernel
     qty = {torch.float8_e4m3fn: "fp8e4nv", torch.float16: "fp16"}.get(launched, "bf16")
-    types = {"Q": f"*{qty}", "QF": "*fp32", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16",
+    types = {"Q": f"*{qty}", "K8": "*u8" if fp8 else "*bf16", "KF": "*fp32" if fp8 else "*bf16",
              "W": "*fp32", "BT": "*i32", "CTX": "*i32", "OUT": "*fp32", "scale": "fp32"}
     consts = {"KV_FP8": fp8, "FP8_HW": arch >= 89, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
               "TILE_LOOP": loop, "KEYS_M": paged_keys_m(launched, fmt, form) if keys_m is None else keys_m,
@@ -123,7 +123,7 @@ def indexer_prep_spec(arch: int, form: str) -> KernelSpec:
 
     terms = 2 if form == "e4m3x2" and arch >= 89 else 0
     fn = _q_prep_kernel
-    types = {"Q": "*bf16", "W": "*fp32", "QO": "*fp8e4nv" if terms else "*fp16", "WO": "*fp32", "DO": "*fp32"}
+    types = {"Q": "*bf16", "W": "*fp32", "QO": "*fp8e4nv" if terms else "*fp16", "WO": "*fp32"}
     consts = {"BLOCK_HI": 32, "D": INDEXER_DIM, "TERMS": terms}
     return KernelSpec(f"indexer_q_prep[Hi32:{'e4m3x2' if terms else 'f16'}]", fn, _sig(fn, types, consts), consts,
                       4, 1, ("Q", "QO", "stride_qt", "stride_qh"))

@@ -57,10 +57,11 @@ PAGED_KEYS_M: bool | None = None
 #   head in fp16 (`_rows_to_f16`; exact for bf16 values) and the weights times the inverse; the scores kernel then
 #   takes that fp16 q as it is and widens the keys to fp16;
 # - "f16-kernel": the same rescale inside every program of the scores kernel (a 128-wide max per head per tile);
-# - "e4m3x2": the prepass writes q as two e4m3 terms per head, each with its power of two (`_rows_to_e4m3`: the
-#   second is the first's rounding error), and the scores kernel runs two fp8 dots on the keys' bytes as they are
-#   and adds them before the ReLU. Not exact: within ~2e-4 of the bf16 dot's scores (bf16's own rounding of q is
-#   ~1e-3; one term, vLLM's fp8 q, 9e-3). Needs sm_89+ (elsewhere "f16").
+# - "e4m3x2": the prepass writes q as two e4m3 terms per head under one power of two (`_rows_to_e4m3`: the second
+#   is the first's rounding error, e4m3's exponent keeping it to 4 bits) and the inverse into the weight; the scores
+#   kernel accumulates two fp8 dots on the keys' bytes as they are into one accumulator. Not exact: within ~1e-4
+#   of the bf16 dot's scores (bf16's own rounding of q is ~1e-3; one term, vLLM's fp8 q, 9e-3). sm_89+ only
+#   (elsewhere "f16").
 # PAGED_Q_REWRITE: None is the rule (bf16 q over fp8 keys only); True / False force it for any non-fp8 q over fp8
 # keys (tests run it on the interpreter's fp32 q; the benchmark sweep times every form). The ragged (prefill)
 # kernel converts each key tile once for all heads and queries and keeps bf16.
@@ -107,31 +108,38 @@ def _rows_to_f16(x):
 
 
 @triton.jit
+def _e4m3_rn(y):
+    """fp32 -> the nearest e4m3 value (ties to even), as fp32 (|y| < 448). Rounded to e4m3's grid by hand: Triton's
+    interpreter rounds fp32 -> e4m3 wrongly (126 -> 64, ties away from even), and the CI runs the interpreter; a
+    value on the grid converts exactly everywhere. Normals (|y| >= 2^-6) keep 4 significant bits by integer
+    rounding of the fp32 bits; subnormals are multiples of 2^-9, rounded by fp32 addition of 1.5 * 2^14 (whose ulp
+    is 2^-9)."""
+    b = y.to(tl.int32, bitcast=True)
+    norm = ((b + 0x7FFFF + ((b >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
+    sub = (y + 24576.0) - 24576.0
+    return tl.where(tl.abs(y) >= 0.015625, norm, sub)
+
+
+@triton.jit
 def _rows_to_e4m3(x):
-    """`[R, D]` fp32 rows -> (e4m3 rows `rn(x * up)`, `down = 1 / up` per row), `up` a power of two that puts the
-    row's largest |x| in [2^7, 2^8) (under e4m3's 448; at most 2^126). `x - e4m3 * down` is then exact in fp32."""
+    """`[R, D]` fp32 rows -> (two e4m3 terms `a`, `b` with `a + b ~= x * up`, `down = 1 / up` per row), `up` a
+    power of two that puts the row's largest |x| in [2^7, 2^8) (under e4m3's 448; at most 2^126). `x * up - a` is
+    exact in fp32 and `b` rounds it: e4m3's own exponent keeps 4 significant bits of each element's error."""
     e = (tl.max(tl.abs(x), 1).to(tl.int32, bitcast=True) >> 23) & 0xFF
     up_e = tl.minimum(261 - e, 253)  # 2^(7 - (e - 127))
     up = (up_e << 23).to(tl.float32, bitcast=True)
     down = ((254 - up_e) << 23).to(tl.float32, bitcast=True)
     y = x * up[:, None]
-    # rounded to e4m3's grid here, so that the conversion below is exact: Triton's interpreter rounds fp32 -> e4m3
-    # wrongly (126 -> 64, ties away from even), and the CI runs the interpreter. Normals (|y| >= 2^-6) keep 4
-    # significant bits, ties to even, by integer rounding of the fp32 bits; subnormals are multiples of 2^-9,
-    # rounded by fp32 addition of 1.5 * 2^14 (whose ulp is 2^-9).
-    b = y.to(tl.int32, bitcast=True)
-    norm = ((b + 0x7FFFF + ((b >> 20) & 1)) & -0x100000).to(tl.float32, bitcast=True)
-    sub = (y + 24576.0) - 24576.0
-    return tl.where(tl.abs(y) >= 0.015625, norm, sub).to(tl.float8e4nv), down
+    a = _e4m3_rn(y)
+    return a.to(tl.float8e4nv), _e4m3_rn(y - a).to(tl.float8e4nv), down
 
 
 @triton.jit
-def _q_prep_kernel(Q, W, QO, WO, DO, stride_qt, stride_qh, stride_wt, T, HI, BLOCK_HI: tl.constexpr,
+def _q_prep_kernel(Q, W, QO, WO, stride_qt, stride_qh, stride_wt, T, HI, BLOCK_HI: tl.constexpr,
                    D: tl.constexpr, TERMS: tl.constexpr):
-    """Query t's heads rewritten for the scores kernel (`PAGED_Q_FORM`), outputs contiguous. TERMS 0: fp16 q into
-    QO `[T, HI, D]` (`_rows_to_f16`) and the weights times the inverse factors into WO `[T, HI]`. TERMS 2: two e4m3
-    terms into QO `[2, T, HI, D]` (the second rounds the first's error), their inverse factors into DO `[2, T, HI]`,
-    the weights unchanged into WO (the terms are added before the ReLU, so their factors cannot join the weight)."""
+    """Query t's heads rewritten for the scores kernel (`PAGED_Q_FORM`), outputs contiguous, and the weights times
+    the inverse factors into WO `[T, HI]`. TERMS 0: fp16 q into QO `[T, HI, D]` (`_rows_to_f16`). TERMS 2: two e4m3
+    terms into QO `[2, T, HI, D]` (`_rows_to_e4m3`)."""
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_HI)
     offs_d = tl.arange(0, D)
@@ -142,36 +150,30 @@ def _q_prep_kernel(Q, W, QO, WO, DO, stride_qt, stride_qh, stride_wt, T, HI, BLO
     if TERMS == 0:
         q16, down = _rows_to_f16(q)
         tl.store(QO + rows, q16, mask=h_mask[:, None])
-        tl.store(WO + t * HI + offs_h, w * down, mask=h_mask)
     else:
-        qf = q.to(tl.float32)
-        q1, d1 = _rows_to_e4m3(qf)
-        q2, d2 = _rows_to_e4m3(qf - q1.to(tl.float32) * d1[:, None])
+        q1, q2, down = _rows_to_e4m3(q.to(tl.float32))
         tl.store(QO + rows, q1, mask=h_mask[:, None])
         tl.store(QO + T * HI * D + rows, q2, mask=h_mask[:, None])
-        tl.store(DO + t * HI + offs_h, d1, mask=h_mask)
-        tl.store(DO + T * HI + t * HI + offs_h, d2, mask=h_mask)
-        tl.store(WO + t * HI + offs_h, w, mask=h_mask)
+    tl.store(WO + t * HI + offs_h, w * down, mask=h_mask)
 
 
 _Q_PREP = Prebound(_q_prep_kernel)
 
 
 def rewrite_q(q: torch.Tensor, weights: torch.Tensor, form: str):
-    """q and weights rewritten by the prepass for `form` ("f16" or "e4m3x2", see PAGED_Q_FORM): (q', weights',
-    term factors or None). "f16": fp16 `[T, Hi, 128]`, each head times a power of two (exact for bf16 q), the
-    inverse folded into its weight. "e4m3x2": e4m3 `[2, T, Hi, 128]`, factors fp32 `[2, T, Hi]`, weights as given.
-    q `[T, Hi, 128]` with unit last stride, weights `[T, Hi]` fp32 contiguous."""
+    """(q', weights') that score as (q, weights) do, rewritten by the prepass for `form` ("f16" or "e4m3x2", see
+    PAGED_Q_FORM): each head times a power of two, its inverse folded into that head's weight. "f16": fp16
+    `[T, Hi, 128]` (exact for bf16 q). "e4m3x2": e4m3 `[2, T, Hi, 128]`, two terms to add. q `[T, Hi, 128]` with
+    unit last stride, weights `[T, Hi]` fp32 contiguous."""
     T, HI, D = q.shape
     terms = 2 if form == "e4m3x2" else 0
     dt = torch.float8_e4m3fn if terms else torch.float16
     qo = torch.empty(*((2,) if terms else ()), T, HI, D, dtype=dt, device=q.device)
     wo = torch.empty(T, HI, dtype=torch.float32, device=q.device)
-    do = torch.empty(2, T, HI, dtype=torch.float32, device=q.device) if terms else wo
     if T:
-        _Q_PREP((T,), q, weights, qo, wo, do, q.stride(0), q.stride(1), weights.stride(0), T, HI,
+        _Q_PREP((T,), q, weights, qo, wo, q.stride(0), q.stride(1), weights.stride(0), T, HI,
                 BLOCK_HI=max(16, triton.next_power_of_2(HI)), D=D, TERMS=terms, num_warps=4)
-    return qo, wo, (do if terms else None)
+    return qo, wo
 
 
 @triton.jit
@@ -219,15 +221,14 @@ def _indexer_ragged_kernel(
 
 
 @triton.jit
-def _paged_tile(Q, QF, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm, stride_fterm,
-                stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN,
+def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm, stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN,
                 BLOCK_SIZE, scale, KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr,
                 BLOCK_N: tl.constexpr, D: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr,
                 Q_TERMS: tl.constexpr):
     """Scores of query t against positions [tile * BLOCK_N, +BLOCK_N): -inf past its own position `last`. KEYS_M: the
     dot with the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads (`paged_keys_m`).
     F16_DOT: q rescaled per head into fp16 and the keys widened to fp16 ("f16-kernel"). Q_TERMS 2: q is two e4m3
-    terms `stride_qterm` elements apart, their inverse factors at QF `[2, T, HI]` ("e4m3x2", `PAGED_Q_FORM`)."""
+    terms `stride_qterm` elements apart, accumulated into one dot ("e4m3x2", `PAGED_Q_FORM`)."""
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     see = (offs_n <= last) & (offs_n < MAX_LEN)
     acc = tl.zeros([BLOCK_N], tl.float32)
@@ -248,20 +249,18 @@ def _paged_tile(Q, QF, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_q
         if F16_DOT:  # relu(down * x) = down * relu(x): the per-head factor joins the weight
             q, down = _rows_to_f16(q)
             w = w * down
-        if Q_TERMS == 2:  # the second term and both factors; the terms are added before the ReLU
+        if Q_TERMS == 2:  # the second term, accumulated with the first before the ReLU
             q2 = tl.load(Q + stride_qterm + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
                          + offs_d[None, :], mask=h_mask[:, None], other=0.0)
-            f1 = tl.load(QF + t.to(tl.int64) * HI + offs_h, mask=h_mask, other=0.0)
-            f2 = tl.load(QF + stride_fterm + t.to(tl.int64) * HI + offs_h, mask=h_mask, other=0.0)
         if KEYS_M:
             s = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_HI]
             if Q_TERMS == 2:
-                s = s * f1[None, :] + tl.dot(k, tl.trans(q2)) * f2[None, :]
+                s = tl.dot(k, tl.trans(q2), s)
             acc = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
         else:
             s = tl.dot(q, tl.trans(k))  # [BLOCK_HI, BLOCK_N]
             if Q_TERMS == 2:
-                s = s * f1[:, None] + tl.dot(q2, tl.trans(k)) * f2[:, None]
+                s = tl.dot(q2, tl.trans(k), s)
             acc = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
         if KV_FP8:
             ksc = tl.load(KF + (base + scale_base + off * stride_sc) // 4, mask=see, other=0.0)
@@ -274,8 +273,8 @@ def _paged_tile(Q, QF, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_q
 
 @triton.jit
 def _indexer_paged_kernel(
-    Q, QF, K8, KF, W, BT, CTX, OUT,
-    stride_qt, stride_qh, stride_qterm, stride_fterm, stride_wt, stride_bt, stride_ot,
+    Q, K8, KF, W, BT, CTX, OUT,
+    stride_qt, stride_qh, stride_qterm, stride_wt, stride_bt, stride_ot,
     stride_blk, stride_val, scale_base, stride_sc,
     HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale,
     KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
@@ -292,12 +291,12 @@ def _indexer_paged_kernel(
         # the launch's cost follows the contexts, not MAX_LEN
         n_tiles = tl.cdiv(tl.minimum(ctx, MAX_LEN), BLOCK_N)
         for tile in range(pid_n, n_tiles, tl.num_programs(1)):
-            _paged_tile(Q, QF, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm,
-                        stride_fterm, stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc,
+            _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm,
+                        stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc,
                         HI, MAX_LEN, BLOCK_SIZE, scale, KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT,
                         Q_TERMS)
     else:
-        _paged_tile(Q, QF, K8, KF, W, BT, OUT, t, b, last, pid_n, stride_qt, stride_qh, stride_qterm, stride_fterm,
+        _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, pid_n, stride_qt, stride_qh, stride_qterm,
                     stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN,
                     BLOCK_SIZE, scale, KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT, Q_TERMS)
 
@@ -405,15 +404,14 @@ def indexer_logits(
         grid = (T, tiles)
     block_table = block_table.to(torch.int32)
     form = paged_q_form(q.dtype, k_format, dev)
-    qf, q_terms = weights, 1
+    q_terms = 1
     if form in ("f16", "e4m3x2"):  # rewritten by the prepass: the scores kernel takes that q as it is
-        q, weights, factors = rewrite_q(q, weights, form)
-        if factors is not None:
-            qf, q_terms = factors, 2
-            q = q[0]  # the first term; the second lies T * Hi * 128 elements further
+        q, weights = rewrite_q(q, weights, form)
+        if form == "e4m3x2":
+            q, q_terms = q[0], 2  # the first term; the second lies T * Hi * 128 elements further
     _PAGED(grid,
-        q, qf, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
-        q.stride(0), q.stride(1), T * HI * INDEXER_DIM, T * HI, weights.stride(0), block_table.stride(0), out.stride(0),
+        q, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
+        q.stride(0), q.stride(1), T * HI * INDEXER_DIM, weights.stride(0), block_table.stride(0), out.stride(0),
         k_cache.stride(0), stride_val, scale_base, stride_sc,
         HI, max_len, next_n, bs, float(scale),
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
