@@ -483,8 +483,11 @@ def paged_indexer_case(B: int, ctx: int, fmt: str, HI: int, block_size: int = 64
 def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size=64, sweep=False):
     from glm5lib.kernels import indexer as ix
 
+    from glm5lib.kernels.common import fp8_hw
+
     rows = []
     scale = naive.INDEXER_DIM ** -0.5
+    q8_ok = fp8_hw(torch.device("cuda"))  # fp8 q needs hardware e4m3 (not GLM5LIB_FP8_SOFTWARE, not sm_80)
     # decode: B requests of ctx tokens, fp8 paged (block-split) and bf16 paged
     for fmt in ("fp8", "bf16"):
         cache, bt, ctxs, q, w = paged_indexer_case(B, ctx, fmt, HI, block_size)
@@ -497,7 +500,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
         flops = indexer_flops(B, ctx, HI)
         ms = _median_ms(lambda: indexer_logits(q, cache, w, out=o, **kw))
         rows.append(_row("indexer-decode", "triton", B, HI, ctx, fmt, ms, flops, byts, ceil, {"rel_err": rel, "ctx": ctx}))
-        if fmt == "fp8":
+        if fmt == "fp8" and q8_ok:
             # fp8 q (per-(token, head) scale folded into the weights): fp8 x fp8 tensor-core dot, no conversion
             q8, q_scale = naive.quantize_indexer_q(q)
             w8 = w * q_scale
@@ -509,7 +512,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
         if sweep:  # configs in both dot layouts (heads as M; "-keysM"), and the looping grid (`row_bound_only`,
             # what CUDA-graph decode launches) per SM count with the shipped config and layout rule
             keep = ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M
-            qs = [("", q, w, r)] + ([("q8:", q8, w8, o8[:2].clone())] if fmt == "fp8" else [])  # ref: the shipped
+            qs = [("", q, w, r)] + ([("q8:", q8, w8, o8[:2].clone())] if fmt == "fp8" and q8_ok else [])  # ref: shipped
             runs = ([(c, None, km) for km in (False, True) for c in SWEEP_INDEXER_PAGED]
                     + [(keep[0], p, None) for p in (8, 32)])
             for cfg, loop, keys_m in runs:
@@ -567,7 +570,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
         flops = indexer_flops(s_q, visible / s_q, HI)
         ms = _median_ms(lambda: indexer_logits(q, cache, w, scale=scale, k_format=fmt, ks=ks, ke=ke, out=o))
         rows.append(_row("indexer-prefill", "triton", s_q, HI, N, fmt, ms, flops, s_q * N * 4, ceil, {"rel_err": rel, "ctx": N}))
-        if fmt == "fp8":
+        if fmt == "fp8" and q8_ok:
             q8, q_scale = naive.quantize_indexer_q(q)
             w8 = w * q_scale
             o8 = indexer_logits(q8, cache, w8, scale=scale, k_format=fmt, ks=ks, ke=ke)
