@@ -547,6 +547,24 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
                                              {"ok": ok, "rel_err": rel_c}))
                         except Exception as exc:
                             rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
+                # a register cap (more programs per SM) on the keys-as-M forms and fp8 q
+                capped = [("f16", q, w, None, "f16"), ("e4m3x2", q, w, True, "e4m3x2")]
+                capped += [("q8", q8, w8, None, keep_q[1])] if q8_ok else []
+                for maxnreg in (80, 96):
+                    for label, qq, ww, rewrite, form in capped:
+                        ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM, ix.PAGED_KEYS_M = rewrite, form, True
+                        ix.PAGED_MAXNREG = maxnreg
+                        name = f"triton:q-{label}-keysM-r{maxnreg}"
+                        ref = r if label != "q8" else o8[:2].clone()
+                        try:
+                            got = indexer_logits(qq, cache, ww, **kw)[:2]
+                            ok = bool(torch.allclose(got, ref, rtol=1e-3, atol=1e-3))
+                            ms_c = _median_ms(lambda: indexer_logits(qq, cache, ww, out=o, **kw))
+                            rows.append(_row("indexer-decode-sweep", name, B, HI, ctx, fmt, ms_c, flops, byts, ceil,
+                                             {"ok": ok, "rel_err": float((got - ref).norm() / ref.norm())}))
+                        except Exception as exc:
+                            rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
+                ix.PAGED_MAXNREG = None
                 ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM = keep_q
                 ix.PAGED_KEYS_M = keep[2]
         ms_t = _median_ms(lambda: topk_indices(o, topk))

@@ -44,9 +44,13 @@ PAGED_LOOP_PROGRAMS_PER_SM = 32
 # transposed operand; so too when q is rewritten over fp8 keys (`PAGED_Q_FORM`) or is fp16 there; heads as M
 # (`[Hi, 128] x [128, BLOCK_N]`) otherwise. H200 sweeps (B 128, ctx 32K, fp8 keys): fp8 q 179 us keys-as-M against
 # 202 us heads-as-M, bf16 q (its bf16 dot) 313 against 283 (outputs/bench/sweeps/indexer_sweep_v10d_h200.json);
-# q rewritten into fp16 224 against 250 (outputs/bench/sweeps/bench_h200_5ea7109.json). None: that rule;
-# True/False force one layout (`bench_indexer(sweep=True)`).
+# q rewritten into fp16 224 against 250, into two e4m3 terms 199 against 302 (outputs/bench/sweeps/
+# indexer_forms_h200_af1202a.json; with software e4m3, sm_80's path, fp16 294 against 328:
+# indexer_forms_swfp8_h200_d9ce336.json). None: that rule; True/False force one layout (`bench_indexer(sweep=True)`).
 PAGED_KEYS_M: bool | None = None
+# A register cap for the paged kernel (Triton's `maxnreg`), None: the compiler's choice. At 4 warps a program, the
+# 65536 registers of an SM hold 5 programs at <= 102 registers a thread, 6 at <= 85 (`bench_indexer(sweep=True)`).
+PAGED_MAXNREG: int | None = None
 
 
 # bf16 q over fp8 keys (the paged kernel) is rewritten before it is scored: sm_89+ widens e4m3 to fp16 in one
@@ -221,10 +225,10 @@ def _indexer_ragged_kernel(
 
 
 @triton.jit
-def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm, stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN,
-                BLOCK_SIZE, scale, KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr,
-                BLOCK_N: tl.constexpr, D: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr,
-                Q_TERMS: tl.constexpr):
+def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm, stride_wt, stride_bt,
+                stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
+                KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr,
+                D: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr, Q_TERMS: tl.constexpr):
     """Scores of query t against positions [tile * BLOCK_N, +BLOCK_N): -inf past its own position `last`. KEYS_M: the
     dot with the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads (`paged_keys_m`).
     F16_DOT: q rescaled per head into fp16 and the keys widened to fp16 ("f16-kernel"). Q_TERMS 2: q is two e4m3
@@ -417,6 +421,7 @@ def indexer_logits(
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
         TILE_LOOP=row_bound_only, KEYS_M=paged_keys_m(q.dtype, k_format, form), F16_DOT=form == "f16-kernel",
         Q_TERMS=q_terms, num_warps=nw, num_stages=ns,
+        **({} if PAGED_MAXNREG is None else {"maxnreg": PAGED_MAXNREG}),
     )
     return out
 
