@@ -1,7 +1,7 @@
 """Static instruction counts of the paged indexer kernel (decode) for bf16 q over fp8 keys without a GPU: q scored as
 it is (a bf16 dot) against each rewrite of q (`indexer.PAGED_Q_FORM`), both dot layouts, per architecture. AOT
 compile (`compile_report.indexer_paged_spec`), `cuobjdump -sass`, whole scores kernel (one 128-key tile a
-program; the prepass is not counted), by opcode.
+program, with the register cap `indexer.paged_maxnreg` sets; the prepass is not counted), by opcode.
 
 `TRITON_INTERPRET=0 python scripts/indexer_sass_count.py [--arch 90 89 120 80]`. The H200 runs Triton 3.6: put a
 3.6 install first on PYTHONPATH to count what it runs.
@@ -66,7 +66,8 @@ def main(argv=None) -> int:
                 conv = sum(ops[o] for o in ("F2FP", "F2F", "I2F", "HADD2", "PRMT"))
                 top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
                 print(f"sm_{arch} {'keys' if keys_m else 'heads'}-as-M, q {form or 'as it is (bf16 dot)'}: "
-                      f"{regs.group(1) if regs else '?'} registers, {sum(ops.values())} instructions, "
+                      f"{regs.group(1) if regs else '?'} registers{f' (cap {spec.maxnreg})' if spec.maxnreg else ''}, "
+                      f"{sum(ops.values())} instructions, "
                       f"F2FP+F2F+HADD2+PRMT+I2F {conv}; {top}", flush=True)
     return 0
 

@@ -635,7 +635,8 @@ def test_evidence_indexer_sass_counts():
 
     text = (BENCH / "sweeps" / "indexer_sass_triton36.txt").read_text()
     rows = {(m[1], m[2], m[3]): (int(m[4]), int(m[6])) for m in re.finditer(
-        r"^sm_(\d+) (heads|keys)-as-M, q (.+?): (\d+) registers, (\d+) instructions, F2FP\+F2F\+HADD2\+PRMT\+I2F "
+        r"^sm_(\d+) (heads|keys)-as-M, q (.+?): (\d+) registers(?: \(cap \d+\))?, (\d+) instructions, "
+        r"F2FP\+F2F\+HADD2\+PRMT\+I2F "
         r"(\d+);", text, re.M)}
     for arch in ("90", "89", "120"):
         assert rows[(arch, "keys", "as it is (bf16 dot)")][1] == 258 and rows[(arch, "keys", "f16")][1] == 66

@@ -440,3 +440,41 @@ def test_rewrite_q_e4m3x2_terms():
     assert err2 < 2e-3 and err2 < err1 / 8, (float(err1), float(err2))
     top = t[0].abs().amax(-1)
     assert ((top >= 128) & (top <= 256)).all()  # [2^7, 2^8) before rounding, which may reach 2^8
+
+
+def test_paged_maxnreg_rule(monkeypatch):
+    """The register cap: on sm_90 only, keys as M over fp8 keys, one tile a program, 80 for one fp8 term, 96 for
+    fp16; none for two e4m3 terms, the looping grid, other layouts or GPUs; PAGED_MAXNREG overrides (0: no cap);
+    the launch passes it to Triton."""
+    import glm5lib.kernels.indexer as ix
+
+    gpu = torch.device("cuda", 0)
+    cap = {"value": (9, 0)}
+    monkeypatch.setattr(ix, "capability", lambda dev: cap["value"])
+    f8, f16 = torch.float8_e4m3fn, torch.float16
+    rule = ix.paged_maxnreg
+    assert rule(f8, "fp8", True, 1, False, gpu) == 80 and rule(f16, "fp8", True, 1, False, gpu) == 96
+    assert rule(f8, "fp8", True, 2, False, gpu) is None and rule(f16, "fp8", False, 1, False, gpu) is None
+    assert rule(f16, "fp8", True, 1, True, gpu) is None  # the looping grid: the caps spill there
+    assert rule(torch.bfloat16, "fp8", True, 1, False, gpu) is None
+    assert rule(f16, "bf16", True, 1, False, gpu) is None
+    assert rule(f16, "fp8", True, 1, False, torch.device("cpu")) is None
+    cap["value"] = (12, 0)
+    assert rule(f16, "fp8", True, 1, False, gpu) is None  # not measured there
+    monkeypatch.setattr(ix, "PAGED_MAXNREG", 0)
+    cap["value"] = (9, 0)
+    assert rule(f16, "fp8", True, 1, False, gpu) is None
+    monkeypatch.setattr(ix, "PAGED_MAXNREG", 64)
+    assert rule(torch.bfloat16, "bf16", False, 1, True, torch.device("cpu")) == 64
+    launched = []
+    real = ix._PAGED
+    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: launched.append(kw.get("maxnreg")) or real(grid, *a, **kw))
+    g = torch.Generator().manual_seed(4)
+    cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(4 * 16, 128, generator=g)), 16)
+    kw = dict(k_format="fp8", block_table=torch.arange(4, dtype=torch.int32).view(1, 4),
+              context_lens=torch.tensor([50], dtype=torch.int32), max_len=64)
+    q, w = torch.randn(1, 4, 128, generator=g), torch.rand(1, 4, generator=g)
+    indexer_logits(q, cache, w, **kw)  # the interpreter ignores the cap
+    monkeypatch.setattr(ix, "PAGED_MAXNREG", None)
+    indexer_logits(q, cache, w, **kw)
+    assert launched == [64, None]

@@ -536,7 +536,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
                 for form in (None,) + ix.Q_FORMS:
                     for keys_m in (False, True):
                         ix.PAGED_Q_REWRITE, ix.PAGED_KEYS_M = form is not None, keys_m
-                        ix.PAGED_Q_FORM = form or keep_q[1]
+                        ix.PAGED_Q_FORM, ix.PAGED_MAXNREG = form or keep_q[1], 0  # no register cap
                         name = f"triton:q-{form or 'bf16'}" + ("-keysM" if keys_m else "")
                         try:
                             got = indexer_logits(q, cache, w, **kw)[:2]
@@ -547,7 +547,7 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
                                              {"ok": ok, "rel_err": rel_c}))
                         except Exception as exc:
                             rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
-                # a register cap (more programs per SM) on the keys-as-M forms and fp8 q
+                # register caps (more programs per SM) on the keys-as-M forms and fp8 q; the rows above: none
                 capped = [("f16", q, w, None, "f16"), ("e4m3x2", q, w, True, "e4m3x2")]
                 capped += [("q8", q8, w8, None, keep_q[1])] if q8_ok else []
                 for maxnreg in (80, 96):

@@ -55,6 +55,7 @@ class KernelSpec:
     num_warps: int
     num_stages: int
     divisible: tuple = ()  # args Triton's launcher would specialise as multiples of 16 (pointers, row strides)
+    maxnreg: int | None = None  # a register cap the launch sets
 
 
 @dataclass
@@ -92,7 +93,8 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
     `paged_q_form`), in the dot layout `keys_m` (default the rule)."""
     import torch
 
-    from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_paged_kernel, paged_keys_m, paged_q_form
+    from glm5lib.kernels.indexer import (INDEXER_CONFIGS, _indexer_paged_kernel, maxnreg_rule, paged_keys_m,
+                                         paged_q_form)
     from glm5lib.kernels.naive import INDEXER_DIM
 
     fmt = "fp8" if fp8 else "bf16"
@@ -111,9 +113,11 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
               "F16_DOT": form == "f16-kernel", "Q_TERMS": 2 if form == "e4m3x2" else 1}
     qtag = "" if q_dtype == torch.bfloat16 else ":q8"
     ftag = f":{form}" if form else ""
-    name = f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}:{fmt}{qtag}{ftag}{':loop' if loop else ''}]"
+    maxnreg = maxnreg_rule(launched, fmt, consts["KEYS_M"], consts["Q_TERMS"], loop, divmod(arch, 10))  # as launched
+    name = (f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}{f'-r{maxnreg}' if maxnreg else ''}:{fmt}{qtag}{ftag}"
+            f"{':loop' if loop else ''}]")
     return KernelSpec(name, fn, _sig(fn, types, consts), consts, nw, ns,
-                      ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val"))
+                      ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val"), maxnreg)
 
 
 def indexer_prep_spec(arch: int, form: str) -> KernelSpec:
@@ -230,8 +234,10 @@ def compile_spec(spec: KernelSpec, arch: int):
     consts = {(spec.fn.arg_names.index(k),): v for k, v in spec.constexprs.items()}
     attrs = {(spec.fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in spec.divisible}
     src = ASTSource(spec.fn, spec.signature, constexprs=consts, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    options = {"num_warps": spec.num_warps, "num_stages": spec.num_stages}
+    if spec.maxnreg:
+        options["maxnreg"] = spec.maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def compile_one(spec: KernelSpec, arch: int) -> CompileRow:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from glm5lib.kernels.common import Prebound, e4m3_bits_to, fp8_hw, num_sms  # before triton: interpreter
+from glm5lib.kernels.common import Prebound, capability, e4m3_bits_to, fp8_hw, num_sms  # before triton: interpreter
 import triton  # noqa: E402  (after common, which sets the interpreter switch)
 import triton.language as tl  # noqa: E402
 
@@ -48,9 +48,15 @@ PAGED_LOOP_PROGRAMS_PER_SM = 32
 # indexer_forms_h200_af1202a.json; with software e4m3, sm_80's path, fp16 294 against 328:
 # indexer_forms_swfp8_h200_d9ce336.json). None: that rule; True/False force one layout (`bench_indexer(sweep=True)`).
 PAGED_KEYS_M: bool | None = None
-# A register cap for the paged kernel (Triton's `maxnreg`), None: the compiler's choice. At 4 warps a program, the
-# 65536 registers of an SM hold 5 programs at <= 102 registers a thread, 6 at <= 85 (`bench_indexer(sweep=True)`).
+# A register cap for the paged kernel (Triton's `maxnreg`). At 4 warps a program the 65536 registers of an SM hold
+# 4 programs at the 122 registers the fp16 q form takes, 5 at <= 102, 6 at <= 85 (fp8 q takes 90). H200, keys as
+# M, B 128, ctx 32K (outputs/bench/sweeps/indexer_maxnreg_h200_81217ca.json): fp16 q 226 -> 214 us at a cap of
+# 96 (219 at 80), fp8 q 180 -> 171 us at 80 (181 at 96), two e4m3 terms 200 -> 213 at 80 (200 at 96, not capped).
+# So the rule caps those two on sm_90 (one tile a program; not the looping grid); other GPUs are not measured and
+# keep the compiler's choice.
+# None: that rule (`paged_maxnreg`); 0: no cap; a number: that cap on every launch (`bench_indexer(sweep=True)`).
 PAGED_MAXNREG: int | None = None
+MAXNREG_SM90 = {"fp8": 80, "fp16": 96}
 
 
 # bf16 q over fp8 keys (the paged kernel) is rewritten before it is scored: sm_89+ widens e4m3 to fp16 in one
@@ -94,6 +100,24 @@ def paged_q_form(q_dtype: torch.dtype, k_format: str, device: torch.device | Non
     if PAGED_Q_FORM == "e4m3x2" and device is not None and not fp8_hw(device):
         return "f16"
     return PAGED_Q_FORM
+
+
+def paged_maxnreg(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int, loop: bool,
+                  device: torch.device) -> int | None:
+    """The register cap of a paged launch (see PAGED_MAXNREG) for the q it launches with (after any rewrite), in
+    the dot layout `keys_m`, with `q_terms` terms, on the looping grid or not; None: no cap."""
+    if PAGED_MAXNREG is not None:
+        return PAGED_MAXNREG or None
+    cap = capability(device) if device.type == "cuda" else None
+    return maxnreg_rule(q_dtype, k_format, keys_m, q_terms, loop, cap)
+
+
+def maxnreg_rule(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int, loop: bool, cap) -> int | None:
+    """`paged_maxnreg`'s rule for a GPU of compute capability `cap` (None: not a GPU). Not on the looping grid
+    (`row_bound_only`): there the caps spill (ptxas, Triton 3.6: 56 / 32 bytes of stack) and were not timed."""
+    if k_format != "fp8" or not keys_m or q_terms != 1 or loop or cap != (9, 0):
+        return None
+    return MAXNREG_SM90.get({torch.float8_e4m3fn: "fp8", torch.float16: "fp16"}.get(q_dtype))
 
 
 @triton.jit
@@ -413,15 +437,16 @@ def indexer_logits(
         q, weights = rewrite_q(q, weights, form)
         if form == "e4m3x2":
             q, q_terms = q[0], 2  # the first term; the second lies T * Hi * 128 elements further
+    keys_m = paged_keys_m(q.dtype, k_format, form)
+    maxnreg = paged_maxnreg(q.dtype, k_format, keys_m, q_terms, row_bound_only, dev)
     _PAGED(grid,
         q, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
         q.stride(0), q.stride(1), T * HI * INDEXER_DIM, weights.stride(0), block_table.stride(0), out.stride(0),
         k_cache.stride(0), stride_val, scale_base, stride_sc,
         HI, max_len, next_n, bs, float(scale),
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
-        TILE_LOOP=row_bound_only, KEYS_M=paged_keys_m(q.dtype, k_format, form), F16_DOT=form == "f16-kernel",
-        Q_TERMS=q_terms, num_warps=nw, num_stages=ns,
-        **({} if PAGED_MAXNREG is None else {"maxnreg": PAGED_MAXNREG}),
+        TILE_LOOP=row_bound_only, KEYS_M=keys_m, F16_DOT=form == "f16-kernel", Q_TERMS=q_terms, num_warps=nw,
+        num_stages=ns, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return out
 
@@ -431,5 +456,6 @@ def indexer_flops(T: int, n_keys: float, HI: int) -> float:
     return 2.0 * T * n_keys * HI * INDEXER_DIM
 
 
-__all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "paged_q_form", "rewrite_q", "INDEXER_CONFIGS",
+__all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "paged_q_form", "paged_maxnreg", "rewrite_q",
+           "INDEXER_CONFIGS",
            "Q_FORMS"]
