@@ -250,8 +250,9 @@ if INTERACTIVE:
 # the kernel's own latency: two warps per scheduler, waiting mostly on shared memory); at 64-128 heads the
 # prefill (on sm_90 the Gluon ping-pong kernel of `mla_gluon_large`) reaches about 0.9x FlashMLA's TFLOP/s;
 # H = 8 prefill is bound by L2 bandwidth for both kernels, so the two run at about the same speed. The indexer's
-# decode reads its keys at 75-82 % of the copy bandwidth (fp8 keys with fp8 q, bf16 keys); bf16 q on fp8 keys,
-# what a GPU without hardware e4m3 runs, converts every key in registers and stays near 47 %.
+# decode reads its keys at 79-82 % of the copy bandwidth (fp8 keys with fp8 q, bf16 keys); bf16 q on fp8 keys is
+# first rewritten into fp16 (each head times a power of two, exactly) and reaches about 63 %: its widened keys take
+# registers, so fewer programs fit on an SM.
 
 # %%
 head = kbench.headline(res)

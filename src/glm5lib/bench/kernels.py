@@ -1040,6 +1040,8 @@ def headline(res: dict) -> dict:
         "prefill_h8_speedup_vs_flashmla": fm8["ms"] / ours8["ms"] if ours8 and fm8 else None,
         "indexer_decode_fp8q_bf16_pct_copy": span(r.get("pct_bw") for r in rows if r["kind"] == "indexer-decode" and (
             (r["impl"], r["kv_format"]) in (("triton-q8", "fp8"), ("triton", "bf16")))),
+        "indexer_decode_bf16q_fp8_pct_copy": next((r.get("pct_bw") for r in rows if r["kind"] == "indexer-decode"
+                                                   and (r["impl"], r["kv_format"]) == ("triton", "fp8")), None),
     }
 
 
