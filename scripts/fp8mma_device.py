@@ -197,7 +197,7 @@ def run_small_batch(rows):
                "dispatch_graph_us": 1e3 * bk._graph_ms(
                    [lambda i=i: mla.sparse_mla(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out)
                     for i in idx_sets]),
-               "graph_rule": "fp8mma" if mla.fp8mma_shape(B, H, "fp8_ds_mla", capturing=True) else "triton"}
+               "graph_rule": "fp8mma" if mla.fp8mma_shape(B, H, "fp8_ds_mla", graph=True) else "triton"}
         for name, f in calls.items():
             res[name + "_graph_us"] = 1e3 * bk._graph_ms([lambda i=i, f=f: f(i) for i in idx_sets])
             for _ in range(20):

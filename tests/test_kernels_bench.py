@@ -354,3 +354,58 @@ def test_run_measures_every_target_and_records_the_commit(monkeypatch, tmp_path)
     assert {c[1:4] for c in main} == {(B, H, f) for f in ("bf16", "fp8_ds_mla") for H in (8, 16) for B in (32, 128)} | {
         (128, H, f) for f in ("bf16", "fp8_ds_mla") for H in (64, 128)}
     assert res["targets"] == saved["targets"]
+
+
+def test_indexer_decode_sweep_rows_and_knobs_restored(monkeypatch):
+    """The indexer sweep (interpreter, timing stubbed): every row checked against the reference and named by what
+    it ran (tile, q rewrite, layout, register cap); e4m3x2 only with hardware e4m3; the module knobs are back to
+    what they were afterwards, also when a row raises something that is not an Exception."""
+    import glm5lib.kernels.indexer as ix
+    from glm5lib.bench import kernels as bk
+    from glm5lib.kernels import naive
+
+    monkeypatch.setattr(bk, "_median_ms", lambda fn: 1.0)
+    monkeypatch.setattr(bk, "SWEEP_INDEXER_PAGED", [(0, 128, 4, 2)])
+    g = torch.Generator().manual_seed(1)
+    cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(8 * 16, 128, generator=g)), 16)
+    kw = dict(scale=128 ** -0.5, k_format="fp8", block_table=torch.arange(8, dtype=torch.int32).view(2, 4),
+              context_lens=torch.tensor([64, 64], dtype=torch.int32), max_len=64)
+    q = torch.randn(2, 4, 128, generator=g).to(torch.bfloat16).float()
+    w = torch.rand(2, 4, generator=g)
+    q8, amax = naive.quantize_indexer_q(q)
+    ref = naive.indexer_logits_ref(q, cache, w, **kw)
+    ref8 = naive.indexer_logits_ref(q8.float(), cache, w * amax, **kw)
+    monkeypatch.setattr(ix, "PAGED_Q_REWRITE", True)  # the interpreter's fp32 q stands for bf16 q
+
+    def knobs():
+        return (dict(ix.INDEXER_CONFIGS), ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M, ix.PAGED_Q_REWRITE,
+                ix.PAGED_Q_FORM, ix.PAGED_MAXNREG)
+
+    before = knobs()
+    out = torch.empty(2, 64)
+    with bk._indexer_knobs():
+        rows = bk._indexer_decode_sweep("fp8", q, w, ref, (q8, w * amax, ref8), cache, out, kw, 2, 4, 64, 1.0, 1.0,
+                                        None)
+    names = [r["impl"] for r in rows]
+    assert all("error" not in r and r["ok"] for r in rows), [r for r in rows if "error" in r or not r["ok"]]
+    assert {"triton:f16:N128-w4-s2", "triton:q8:N128-w4-s2-keysM", "triton:f16:N128-w4-s2-loop8",
+            "triton:q-bf16", "triton:q-e4m3x2-keysM", "triton:q-f16-keysM-r96", "triton:q-q8-keysM-r80"} <= set(names)
+    assert len(names) == len(set(names)) == 2 * 2 + 2 * 2 + 2 * 4 + 2 * 3
+    assert max(r["rel_err"] for r in rows if "e4m3x2" not in r["impl"] and "q8" not in r["impl"]) < 1e-5
+    assert knobs() == before
+    import glm5lib.kernels.common as common
+
+    monkeypatch.setattr(common, "fp8_hw", lambda dev: False)
+    with bk._indexer_knobs():
+        rows = bk._indexer_decode_sweep("fp8", q, w, ref, None, cache, out, kw, 2, 4, 64, 1.0, 1.0, None)
+    assert not any("e4m3x2" in r["impl"] or "q8" in r["impl"] for r in rows)
+    monkeypatch.setattr(common, "fp8_hw", lambda dev: True)
+
+    def interrupted(*a, **k):
+        ix.PAGED_MAXNREG = 12
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bk, "indexer_logits", interrupted)
+    with pytest.raises(KeyboardInterrupt), bk._indexer_knobs():
+        bk._indexer_decode_sweep("fp8", q, w, ref, None, cache, out, kw, 2, 4, 64, 1.0, 1.0, None)
+    assert knobs() == before

@@ -201,7 +201,7 @@ def test_dispatch_rule_and_switch(monkeypatch):
     assert mla.fp8mma_shape(32, 8, "fp8_ds_mla") and mla.fp8mma_shape(4096, 1, "fp8_ds_mla")
     assert not mla.fp8mma_shape(31, 8, "fp8_ds_mla")  # fewer tokens: not timed, stays on Triton
     # under CUDA-graph capture (no host time replayed) from 8 tokens, still 1-16 heads over fp8_ds_mla only
-    assert mla.fp8mma_shape(8, 8, "fp8_ds_mla", capturing=True) and mla.fp8mma_shape(31, 16, "fp8_ds_mla", True)
+    assert mla.fp8mma_shape(8, 8, "fp8_ds_mla", graph=True) and mla.fp8mma_shape(31, 16, "fp8_ds_mla", True)
     assert not mla.fp8mma_shape(7, 8, "fp8_ds_mla", True) and not mla.fp8mma_shape(16, 17, "fp8_ds_mla", True)
     assert not mla.fp8mma_shape(16, 8, "bf16", True)
     assert not mla.capturing(torch.device("cpu"))

@@ -480,9 +480,85 @@ def paged_indexer_case(B: int, ctx: int, fmt: str, HI: int, block_size: int = 64
     return cache, table, ctxs, q, w
 
 
-def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size=64, sweep=False):
+@contextlib.contextmanager
+def _indexer_knobs():
+    """Restores the paged indexer's module knobs (tile, looping-grid programs, dot layout, q rewrite, register
+    cap) however the sweep inside ends."""
     from glm5lib.kernels import indexer as ix
 
+    names = ("PAGED_LOOP_PROGRAMS_PER_SM", "PAGED_KEYS_M", "PAGED_Q_REWRITE", "PAGED_Q_FORM", "PAGED_MAXNREG")
+    kept = {n: getattr(ix, n) for n in names}
+    tile = ix.INDEXER_CONFIGS["paged"]
+    try:
+        yield
+    finally:
+        ix.INDEXER_CONFIGS["paged"] = tile
+        for n, v in kept.items():
+            setattr(ix, n, v)
+
+
+def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, byts, ceil) -> list[dict]:
+    """The paged indexer's decode alternatives, each checked against the reference and timed (`bench_indexer`):
+    - tiles in both dot layouts (heads as M; "-keysM") and the looping grid (`row_bound_only`, what CUDA-graph
+      decode launches) per SM count with the shipped tile, without register caps; bf16 q over fp8 keys rewritten
+      by the rule ("f16:"), fp8 q ("q8:");
+    - fp8 keys: bf16 q scored as it is ("q-bf16") and in each `indexer.Q_FORMS` rewrite, both layouts, no cap
+      ("e4m3x2" only with hardware e4m3);
+    - fp8 keys: register caps 80 and 96 on the keys-as-M forms and fp8 q (`indexer.PAGED_MAXNREG`).
+    fp8q: (q8, w8, the shipped kernel's scores of the first two queries) or None. Call inside `_indexer_knobs`."""
+    from glm5lib.kernels import indexer as ix
+    from glm5lib.kernels.common import fp8_hw
+
+    rows = []
+    fp8 = fmt == "fp8"
+
+    def time_row(name, qq, ww, ref, extra=None, **over):
+        try:
+            got = indexer_logits(qq, cache, ww, **{**kw, **over})[:2]
+            ok = bool(torch.allclose(got, ref, rtol=1e-3, atol=1e-3))
+            ms_c = _median_ms(lambda: indexer_logits(qq, cache, ww, out=o, **{**kw, **over}))
+            rows.append(_row("indexer-decode-sweep", name, B, HI, ctx, fmt, ms_c, flops, byts, ceil,
+                             {"ok": ok, "rel_err": float((got - ref).norm() / ref.norm()), **(extra or {})}))
+        except Exception as exc:
+            rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
+
+    shipped = ix.INDEXER_CONFIGS["paged"]
+    qs = [("f16:" if fp8 else "", q, w, r)] + ([("q8:", fp8q[0], fp8q[1], fp8q[2])] if fp8q else [])
+    runs = ([(c, None, km) for km in (False, True) for c in SWEEP_INDEXER_PAGED]
+            + [(shipped, p, None) for p in (8, 32)])
+    loop_programs = ix.PAGED_LOOP_PROGRAMS_PER_SM
+    ix.PAGED_MAXNREG = 0  # each tile with the compiler's registers (the caps were timed for the shipped tile only)
+    for cfg, loop, keys_m in runs:
+        ix.INDEXER_CONFIGS["paged"] = cfg
+        ix.PAGED_LOOP_PROGRAMS_PER_SM = loop or loop_programs
+        ix.PAGED_KEYS_M = keys_m
+        for tag, qq, ww, ref in qs:
+            name = (f"triton:{tag}N{cfg[1]}-w{cfg[2]}-s{cfg[3]}" + (f"-loop{loop}" if loop else "")
+                    + ("-keysM" if keys_m else ""))
+            time_row(name, qq, ww, ref, row_bound_only=loop is not None)
+    ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM = shipped, loop_programs
+    if not fp8:
+        return rows
+    hw = fp8_hw(q.device)
+    forms = [f for f in ix.Q_FORMS if hw or f != "e4m3x2"]
+    for form in [None] + forms:  # bf16 q over fp8 keys, as it is and rewritten
+        for keys_m in (False, True):
+            ix.PAGED_Q_REWRITE, ix.PAGED_KEYS_M = form is not None, keys_m
+            if form:
+                ix.PAGED_Q_FORM = form
+            time_row(f"triton:q-{form or 'bf16'}" + ("-keysM" if keys_m else ""), q, w, r)
+    capped = [("f16", q, w, r, "f16")] + ([("e4m3x2", q, w, r, "e4m3x2")] if hw else [])
+    capped += [("q8", fp8q[0], fp8q[1], fp8q[2], None)] if fp8q else []
+    for maxnreg in (80, 96):
+        for label, qq, ww, ref, form in capped:
+            ix.PAGED_Q_REWRITE, ix.PAGED_KEYS_M, ix.PAGED_MAXNREG = form is not None, True, maxnreg
+            if form:
+                ix.PAGED_Q_FORM = form
+            time_row(f"triton:q-{label}-keysM-r{maxnreg}", qq, ww, ref)
+    return rows
+
+
+def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size=64, sweep=False):
     from glm5lib.kernels.common import fp8_hw
 
     rows = []
@@ -509,64 +585,10 @@ def bench_indexer(ceil, B=128, ctx=32768, s_q=4096, HI=32, topk=TOPK, block_size
             ms8 = _median_ms(lambda: indexer_logits(q8, cache, w8, out=o8, **kw))
             rows.append(_row("indexer-decode", "triton-q8", B, HI, ctx, fmt, ms8, flops, byts, ceil,
                              {"rel_err_vs_bf16_q": rel8, "ctx": ctx}))
-        if sweep:  # configs in both dot layouts (heads as M; "-keysM"), and the looping grid (`row_bound_only`,
-            # what CUDA-graph decode launches) per SM count with the shipped config and layout rule
-            keep = ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M
-            qs = [("", q, w, r)] + ([("q8:", q8, w8, o8[:2].clone())] if fmt == "fp8" and q8_ok else [])  # ref: shipped
-            runs = ([(c, None, km) for km in (False, True) for c in SWEEP_INDEXER_PAGED]
-                    + [(keep[0], p, None) for p in (8, 32)])
-            for cfg, loop, keys_m in runs:
-                ix.INDEXER_CONFIGS["paged"] = cfg
-                ix.PAGED_LOOP_PROGRAMS_PER_SM = loop or keep[1]
-                ix.PAGED_KEYS_M = keys_m
-                kw_c = {**kw, "row_bound_only": loop is not None}
-                for tag, qq, ww, ref in qs:
-                    name = (f"triton:{tag}N{cfg[1]}-w{cfg[2]}-s{cfg[3]}" + (f"-loop{loop}" if loop else "")
-                            + ("-keysM" if keys_m else ""))
-                    try:
-                        ok = bool(torch.allclose(indexer_logits(qq, cache, ww, **kw_c)[:2], ref, rtol=1e-3, atol=1e-3))
-                        ms_c = _median_ms(lambda: indexer_logits(qq, cache, ww, out=o, **kw_c))
-                        rows.append(_row("indexer-decode-sweep", name, B, HI, ctx, fmt, ms_c, flops, byts, ceil,
-                                         {"ok": ok}))
-                    except Exception as exc:
-                        rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
-            ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M = keep
-            if fmt == "fp8":  # bf16 q over fp8 keys: scored as it is (a bf16 dot), and each rewrite of q
-                keep_q = ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM
-                for form in (None,) + ix.Q_FORMS:
-                    for keys_m in (False, True):
-                        ix.PAGED_Q_REWRITE, ix.PAGED_KEYS_M = form is not None, keys_m
-                        ix.PAGED_Q_FORM, ix.PAGED_MAXNREG = form or keep_q[1], 0  # no register cap
-                        name = f"triton:q-{form or 'bf16'}" + ("-keysM" if keys_m else "")
-                        try:
-                            got = indexer_logits(q, cache, w, **kw)[:2]
-                            ok = bool(torch.allclose(got, r, rtol=1e-3, atol=1e-3))
-                            rel_c = float((got - r).norm() / r.norm())
-                            ms_c = _median_ms(lambda: indexer_logits(q, cache, w, out=o, **kw))
-                            rows.append(_row("indexer-decode-sweep", name, B, HI, ctx, fmt, ms_c, flops, byts, ceil,
-                                             {"ok": ok, "rel_err": rel_c}))
-                        except Exception as exc:
-                            rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
-                # register caps (more programs per SM) on the keys-as-M forms and fp8 q; the rows above: none
-                capped = [("f16", q, w, None, "f16"), ("e4m3x2", q, w, True, "e4m3x2")]
-                capped += [("q8", q8, w8, None, keep_q[1])] if q8_ok else []
-                for maxnreg in (80, 96):
-                    for label, qq, ww, rewrite, form in capped:
-                        ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM, ix.PAGED_KEYS_M = rewrite, form, True
-                        ix.PAGED_MAXNREG = maxnreg
-                        name = f"triton:q-{label}-keysM-r{maxnreg}"
-                        ref = r if label != "q8" else o8[:2].clone()
-                        try:
-                            got = indexer_logits(qq, cache, ww, **kw)[:2]
-                            ok = bool(torch.allclose(got, ref, rtol=1e-3, atol=1e-3))
-                            ms_c = _median_ms(lambda: indexer_logits(qq, cache, ww, out=o, **kw))
-                            rows.append(_row("indexer-decode-sweep", name, B, HI, ctx, fmt, ms_c, flops, byts, ceil,
-                                             {"ok": ok, "rel_err": float((got - ref).norm() / ref.norm())}))
-                        except Exception as exc:
-                            rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
-                ix.PAGED_MAXNREG = None
-                ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM = keep_q
-                ix.PAGED_KEYS_M = keep[2]
+        if sweep:
+            with _indexer_knobs():
+                rows += _indexer_decode_sweep(fmt, q, w, r, (q8, w8, o8[:2].clone()) if fmt == "fp8" and q8_ok
+                                              else None, cache, o, kw, B, HI, ctx, flops, byts, ceil)
         ms_t = _median_ms(lambda: topk_indices(o, topk))
         rows.append(_row("topk-decode", "torch.topk", B, HI, topk, fmt, ms_t, 0.0, B * ctx * 4, ceil, {"ctx": ctx}))
         rows.append(_topk_select_row("topk-decode", o, topk, dict(lengths=ctxs), B, HI, fmt, ceil, ctx))

@@ -111,13 +111,14 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
     consts = {"KV_FP8": fp8, "FP8_HW": arch >= 89, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
               "TILE_LOOP": loop, "KEYS_M": paged_keys_m(launched, fmt, form) if keys_m is None else keys_m,
               "F16_DOT": form == "f16-kernel", "Q_TERMS": 2 if form == "e4m3x2" else 1}
-    qtag = "" if q_dtype == torch.bfloat16 else ":q8"
+    qtag = {torch.bfloat16: "", torch.float8_e4m3fn: ":q8"}.get(q_dtype, f":{str(q_dtype).removeprefix('torch.')}")
     ftag = f":{form}" if form else ""
     maxnreg = maxnreg_rule(launched, fmt, consts["KEYS_M"], consts["Q_TERMS"], loop, divmod(arch, 10))  # as launched
     name = (f"indexer_paged[Hi32-N{bn}-w{nw}-s{ns}{f'-r{maxnreg}' if maxnreg else ''}:{fmt}{qtag}{ftag}"
             f"{':loop' if loop else ''}]")
     return KernelSpec(name, fn, _sig(fn, types, consts), consts, nw, ns,
-                      ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_blk", "stride_val"), maxnreg)
+                      ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_qterm", "stride_blk",
+                       "stride_val"), maxnreg)
 
 
 def indexer_prep_spec(arch: int, form: str) -> KernelSpec:
@@ -130,7 +131,7 @@ def indexer_prep_spec(arch: int, form: str) -> KernelSpec:
     types = {"Q": "*bf16", "W": "*fp32", "QO": "*fp8e4nv" if terms else "*fp16", "WO": "*fp32"}
     consts = {"BLOCK_HI": 32, "D": INDEXER_DIM, "TERMS": terms}
     return KernelSpec(f"indexer_q_prep[Hi32:{'e4m3x2' if terms else 'f16'}]", fn, _sig(fn, types, consts), consts,
-                      4, 1, ("Q", "QO", "stride_qt", "stride_qh"))
+                      4, 1, ("Q", "QO", "stride_qt", "stride_qh", "stride_term"))
 
 
 def shipped_kernels(arch: int) -> list[KernelSpec]:

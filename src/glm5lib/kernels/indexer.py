@@ -41,28 +41,32 @@ INDEXER_CONFIGS = {
 PAGED_LOOP_PROGRAMS_PER_SM = 32
 # The paged kernel's dot layout. Keys as M (`[BLOCK_N, 128] x [128, Hi]`, the head sum along rows) when q is fp8:
 # the fp8 MMA then takes the key tile as it sits in shared memory (K-contiguous) and only the small q tile as the
-# transposed operand; so too when q is rewritten over fp8 keys (`PAGED_Q_FORM`) or is fp16 there; heads as M
-# (`[Hi, 128] x [128, BLOCK_N]`) otherwise. H200 sweeps (B 128, ctx 32K, fp8 keys): fp8 q 179 us keys-as-M against
+# transposed operand; so too when q is rewritten over fp8 keys (`PAGED_Q_FORM`) or is fp16 there (timed on sm_90,
+# and on the H200 with sm_80's software e4m3; not on sm_89 / sm_120); heads as M (`[Hi, 128] x [128, BLOCK_N]`)
+# otherwise. H200 sweeps (B 128, ctx 32K, fp8 keys): fp8 q 179 us keys-as-M against
 # 202 us heads-as-M, bf16 q (its bf16 dot) 313 against 283 (outputs/bench/sweeps/indexer_sweep_v10d_h200.json);
 # q rewritten into fp16 224 against 250, into two e4m3 terms 199 against 302 (outputs/bench/sweeps/
 # indexer_forms_h200_af1202a.json; with software e4m3, sm_80's path, fp16 294 against 328:
 # indexer_forms_swfp8_h200_d9ce336.json). None: that rule; True/False force one layout (`bench_indexer(sweep=True)`).
 PAGED_KEYS_M: bool | None = None
-# A register cap for the paged kernel (Triton's `maxnreg`). At 4 warps a program the 65536 registers of an SM hold
-# 4 programs at the 122 registers the fp16 q form takes, 5 at <= 102, 6 at <= 85 (fp8 q takes 90). H200, keys as
-# M, B 128, ctx 32K (outputs/bench/sweeps/indexer_maxnreg_h200_81217ca.json): fp16 q 226 -> 214 us at a cap of
-# 96 (219 at 80), fp8 q 180 -> 171 us at 80 (181 at 96), two e4m3 terms 200 -> 213 at 80 (200 at 96, not capped).
-# So the rule caps those two on sm_90 (one tile a program; not the looping grid); other GPUs are not measured and
-# keep the compiler's choice.
+# A register cap for the paged kernel (Triton's `maxnreg`). At 4 warps a program (registers are allocated 8 a
+# thread at a time) the 65536 registers of an SM hold 4 programs at the 122 registers the fp16 q form takes, 5 at
+# <= 96, 6 at <= 80 (fp8 q takes 90). H200, keys as M, the shipped tile, B 128, ctx 32K (outputs/bench/sweeps/
+# indexer_maxnreg_h200_81217ca.json): fp16 q 226 -> 214 us at a cap of 96 (219 at 80), fp8 q 180 -> 171 us at 80
+# (181 at 96), two e4m3 terms 200 -> 213 at 80 (200 at 96, not capped). So the rule caps those two on sm_90, for
+# the tile they were timed with (`MAXNREG_CONFIG`), one tile a program (not the looping grid); other GPUs and
+# tiles are not measured and keep the compiler's choice.
 # None: that rule (`paged_maxnreg`); 0: no cap; a number: that cap on every launch (`bench_indexer(sweep=True)`).
 PAGED_MAXNREG: int | None = None
 MAXNREG_SM90 = {"fp8": 80, "fp16": 96}
+MAXNREG_CONFIG = (0, 128, 4, 2)
 
 
 # bf16 q over fp8 keys (the paged kernel) is rewritten before it is scored: sm_89+ widens e4m3 to fp16 in one
 # instruction per pair (`cvt.rn.f16x2.e4m3x2`) but has no direct e4m3 -> bf16, so a bf16 dot costs several
 # conversions per key byte, and decode reads each key byte once per query: the conversions, not the bytes, set
-# its pace (47 % of copy at B 128, ctx 32K, against 75 % with fp8 q). PAGED_Q_FORM says into what:
+# its pace (H200, B 128, ctx 32K: 47 % of copy scored as it is, 63 % rewritten into fp16 under the register cap,
+# 79 % with fp8 q; outputs/bench/bench_h200.json). PAGED_Q_FORM says into what:
 # - "f16": a launch before the scores (`_q_prep_kernel`, one program per query) writes q times a power of two per
 #   head in fp16 (`_rows_to_f16`; exact for bf16 values) and the weights times the inverse; the scores kernel then
 #   takes that fp16 q as it is and widens the keys to fp16;
@@ -117,6 +121,8 @@ def maxnreg_rule(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int
     (`row_bound_only`): there the caps spill (ptxas, Triton 3.6: 56 / 32 bytes of stack) and were not timed."""
     if k_format != "fp8" or not keys_m or q_terms != 1 or loop or cap != (9, 0):
         return None
+    if tuple(INDEXER_CONFIGS["paged"]) != MAXNREG_CONFIG:
+        return None
     return MAXNREG_SM90.get({torch.float8_e4m3fn: "fp8", torch.float16: "fp16"}.get(q_dtype))
 
 
@@ -163,11 +169,12 @@ def _rows_to_e4m3(x):
 
 
 @triton.jit
-def _q_prep_kernel(Q, W, QO, WO, stride_qt, stride_qh, stride_wt, T, HI, BLOCK_HI: tl.constexpr,
+def _q_prep_kernel(Q, W, QO, WO, stride_qt, stride_qh, stride_wt, stride_term, HI, BLOCK_HI: tl.constexpr,
                    D: tl.constexpr, TERMS: tl.constexpr):
     """Query t's heads rewritten for the scores kernel (`PAGED_Q_FORM`), outputs contiguous, and the weights times
     the inverse factors into WO `[T, HI]`. TERMS 0: fp16 q into QO `[T, HI, D]` (`_rows_to_f16`). TERMS 2: two e4m3
-    terms into QO `[2, T, HI, D]` (`_rows_to_e4m3`)."""
+    terms into QO `[2, T, HI, D]` (`_rows_to_e4m3`), the second `stride_term = T * HI * D` elements after the first
+    (from the host: 64-bit where it must be)."""
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_HI)
     offs_d = tl.arange(0, D)
@@ -181,7 +188,7 @@ def _q_prep_kernel(Q, W, QO, WO, stride_qt, stride_qh, stride_wt, T, HI, BLOCK_H
     else:
         q1, q2, down = _rows_to_e4m3(q.to(tl.float32))
         tl.store(QO + rows, q1, mask=h_mask[:, None])
-        tl.store(QO + T * HI * D + rows, q2, mask=h_mask[:, None])
+        tl.store(QO + stride_term + rows, q2, mask=h_mask[:, None])
     tl.store(WO + t * HI + offs_h, w * down, mask=h_mask)
 
 
@@ -199,7 +206,7 @@ def rewrite_q(q: torch.Tensor, weights: torch.Tensor, form: str):
     qo = torch.empty(*((2,) if terms else ()), T, HI, D, dtype=dt, device=q.device)
     wo = torch.empty(T, HI, dtype=torch.float32, device=q.device)
     if T:
-        _Q_PREP((T,), q, weights, qo, wo, q.stride(0), q.stride(1), weights.stride(0), T, HI,
+        _Q_PREP((T,), q, weights, qo, wo, q.stride(0), q.stride(1), weights.stride(0), T * HI * D, HI,
                 BLOCK_HI=max(16, triton.next_power_of_2(HI)), D=D, TERMS=terms, num_warps=4)
     return qo, wo
 
@@ -359,8 +366,9 @@ def indexer_logits(
 
     q: `[T, Hi, 128]` bf16/fp16 (fp32 under the interpreter), or float8_e4m3fn with fp8 keys: then the key bytes
     feed an fp8 tensor-core dot as they are (no conversion, twice the bf16 rate) and the caller folds q's
-    per-(token, head) scale into `weights`, as vLLM's DeepGEMM path does. weights: `[T, Hi]` fp32 (keep fp32:
-    bf16 weights flip near-tied top-k picks). `scale` multiplies `q . k` (GLM-5: 128^-0.5; fold 32^-0.5 into weights).
+    per-(token, head) scale into `weights`, as vLLM's DeepGEMM path does. Paged, bf16 q over fp8 keys is first
+    rewritten by a launch of its own into two new tensors (`PAGED_Q_FORM`; exact by default). weights: `[T, Hi]`
+    fp32 (keep fp32: bf16 weights flip near-tied top-k picks). `scale` multiplies `q . k` (GLM-5: 128^-0.5; fold 32^-0.5 into weights).
     Ragged: `k_cache` `[N, 128]` or fp8 `[N, 132]` uint8; `ks`/`ke` int32 `[T]` (defaults 0 / N) -> `[T, N]`.
     Paged: `k_cache` `[num_blocks, block_size, 128]` or fp8 `[num_blocks, block_size, 132]` (block-split);
     `block_table` int32 `[B, max_blocks]`, `context_lens` int32 `[B]`, `T = B * next_n` -> `[T, max_len]`.
@@ -457,5 +465,4 @@ def indexer_flops(T: int, n_keys: float, HI: int) -> float:
 
 
 __all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "paged_q_form", "paged_maxnreg", "rewrite_q",
-           "INDEXER_CONFIGS",
-           "Q_FORMS"]
+           "INDEXER_CONFIGS", "Q_FORMS"]

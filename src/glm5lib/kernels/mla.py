@@ -572,7 +572,7 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
 FP8MMA_MIN_T = 32
 # Under CUDA-graph capture a call's host time is paid once, at capture, and only the GPU time is replayed: there
 # the kernel takes 8 tokens and more. Graph replay against the Triton kernel (outputs/bench/sweeps/
-# fp8mma_small_batch_h200_5ea7109.json): 8 heads 0.99x / 0.89x / 0.80x / 0.83x at B4 / B8 / B12 / B16, 16 heads
+# fp8mma_small_batch_h200_2f2bff4.json): 8 heads 0.99x / 0.89x / 0.80x / 0.83x at B4 / B8 / B12 / B16, 16 heads
 # 1.01x / 0.87x at B8 / B16.
 FP8MMA_MIN_T_GRAPH = 8
 FP8MMA_MAX_H = 16
@@ -591,10 +591,10 @@ def fp8mma_mode() -> str:
     raise ValueError(f"GLM5LIB_FP8MMA must be 0 / off, 1 / on or auto, got {value!r}")
 
 
-def fp8mma_shape(T: int, H: int, kv_format: str, capturing: bool = False) -> bool:
-    """The rule alone: this shape goes to `mla_gluon_fp8mma` on a GPU that runs it; capturing: the call is being
-    captured into a CUDA graph (`FP8MMA_MIN_T_GRAPH` tokens suffice)."""
-    min_t = FP8MMA_MIN_T_GRAPH if capturing else FP8MMA_MIN_T
+def fp8mma_shape(T: int, H: int, kv_format: str, graph: bool = False) -> bool:
+    """The rule alone: this shape goes to `mla_gluon_fp8mma` on a GPU that runs it; graph: the call is being
+    captured into a CUDA graph (`capturing`: `FP8MMA_MIN_T_GRAPH` tokens suffice)."""
+    min_t = FP8MMA_MIN_T_GRAPH if graph else FP8MMA_MIN_T
     return kv_format == "fp8_ds_mla" and 1 <= H <= FP8MMA_MAX_H and T >= min_t
 
 
@@ -836,7 +836,7 @@ def sparse_mla(
     T, H, _ = q.shape
     graph = False
     gluon_fp8 = fp8mma_shape(T, H, fmt)
-    if not gluon_fp8 and fp8mma_shape(T, H, fmt, capturing=True) and capturing(q.device):  # asked only when it matters
+    if not gluon_fp8 and fp8mma_shape(T, H, fmt, graph=True) and capturing(q.device):  # asked only when it matters
         gluon_fp8 = graph = True
     if q.is_cuda and (gluon_fp8 or (H > 16 and T >= GLUON_LARGE_MIN_T)):
         # every Gluon gather is a 16-byte cp.async
