@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
-# usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [racecheck] [sanitize-small] [harness]
+# usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
 #   [topk-long] [tune] [verify] [compile] [fp8mma]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
@@ -14,6 +14,7 @@
 # racecheck: compute-sanitizer racecheck and synccheck on the sanitize cases that reach the Gluon kernels on sm_90
 #   (the T130 ones); racecheck-fp8mma: the same on two cases of the fp8-cache kernel (8 heads; 12 heads, paged)
 # checks-small / sanitize-small: the case matrix / compute-sanitizer with the sm_89/sm_120 (99 KB) configs forced
+# sanitize-indexer: compute-sanitizer memcheck on every paged-indexer q form (scripts/indexer_sanitize_case.py)
 # prefill-fp8-sweep: fp8_ds_mla prefill at 8/16 heads, shipped config vs bench.kernels.SWEEP_PREFILL_FP8_SMALL
 # bounds: the small-head decode kernel taken apart (gather / gather+convert / kernel), glm5lib.bench.bounds
 # gather: the decode's rows gathered with nothing after them (torch / Triton pointers / TMA per row; random, sorted and
@@ -44,6 +45,8 @@ for step in "$@"; do
                  timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize \
                    --only T40-H8-K2048-N3000-fp8,T33-H12 > "$OUT/${tool}_fp8mma.log" 2>&1; echo "$tool rc=$?"
                  tail -3 "$OUT/${tool}_fp8mma.log"; done ;;
+    sanitize-indexer) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/indexer_sanitize_case.py > "$OUT/sanitizer_indexer_h200.log" 2>&1
+            echo "sanitizer-indexer rc=$?"; tail -2 "$OUT/sanitizer_indexer_h200.log" ;;
     sanitize-small) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize --smem-class small > "$OUT/sanitizer_small.log" 2>&1
             echo "sanitizer-small rc=$?"; tail -4 "$OUT/sanitizer_small.log" ;;
     harness) timeout 300 python3 -m glm5lib.serving.harness --json "$OUT/vllm_harness_h200.json" > "$OUT/vllm_harness_h200.log" 2>&1
