@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import subprocess
 import sys
-import tempfile
 
 
 def loop_counts(sass: str) -> tuple[int, collections.Counter]:
@@ -36,6 +34,7 @@ def main(argv=None) -> int:
     import triton
 
     from glm5lib.kernels import mla_gluon_fp8mma as fm
+    from glm5lib.kernels.compile_report import cuobjdump
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="*", default=[",".join(map(str, fm.CONFIG_BY_CLASS["big"])), "2,2,2"],
@@ -43,7 +42,6 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--heads", type=int, default=8)
     a = ap.parse_args(argv)
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, split build; loop = one {fm.BLOCK_N}-key tile")
     for text in a.configs:
         try:
@@ -52,10 +50,7 @@ def main(argv=None) -> int:
             sys.exit(f"fp8mma_sass_count: a config is nbuf,q_terms,p_terms[,maxnreg], got {text!r}")
         k = fm.aot_compile(a.arch, fm.head_groups(a.heads), cfg.nbuf, cfg.q_terms, cfg.p_terms, True,
                            maxnreg=cfg.maxnreg)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(k.asm["cubin"])
-            f.flush()
-            sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        sass = cuobjdump(k.asm["cubin"], "-sass")
         n, ops = loop_counts(sass)
         top = ", ".join(f"{op} {c}" for op, c in ops.most_common(12))
         print(f"{fm.config_name(cfg)}: {n} instructions in the loop (BAR {ops['BAR']}); {top}")

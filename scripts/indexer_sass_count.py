@@ -15,25 +15,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
-
-# an instruction line of `cuobjdump -sass`: /*0120*/  @!P0 LDG.E.128 R4, desc[UR6][R2.64] ;
-_INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)", re.M)
-
-
-def opcode_counts(sass: str) -> collections.Counter:
-    """Opcodes (the part before the first '.') of every instruction in a SASS listing, NOPs left out."""
-    ops = collections.Counter(_INSTR.findall(sass))
-    ops.pop("NOP", None)
-    return ops
-
 
 def main(argv=None) -> int:
     os.environ["TRITON_INTERPRET"] = "0"  # decided when Triton is first imported: here, not at module import
     import torch
     import triton
 
-    from glm5lib.kernels.compile_report import compile_spec, indexer_paged_spec
+    from glm5lib.kernels.compile_report import compile_spec, cuobjdump, indexer_paged_spec, sass_opcodes
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, nargs="+", default=[90, 89, 120, 80])
@@ -44,7 +32,6 @@ def main(argv=None) -> int:
             if rc:
                 return rc
         return 0
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     print(f"triton {triton.__version__}; paged indexer, bf16 q [32 heads] over fp8 keys, one 128-key tile, 4 warps",
           flush=True)
     for arch in a.arch:
@@ -53,16 +40,9 @@ def main(argv=None) -> int:
                 if form == "e4m3x2" and arch < 89:
                     continue
                 spec = indexer_paged_spec(arch, torch.bfloat16, True, False, keys_m=keys_m, form=form)
-                k = compile_spec(spec, arch)
-                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                    f.write(k.asm["cubin"])
-                    f.flush()
-                    sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True,
-                                          check=True).stdout
-                    res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True,
-                                         check=True).stdout
-                regs = re.search(r"REG:(\d+)", res)
-                ops = opcode_counts(sass)
+                cubin = compile_spec(spec, arch).asm["cubin"]
+                regs = re.search(r"REG:(\d+)", cuobjdump(cubin, "-res-usage"))
+                ops = collections.Counter(sass_opcodes(cuobjdump(cubin, "-sass")))
                 conv = sum(ops[o] for o in ("F2FP", "F2F", "I2F", "HADD2", "PRMT"))
                 top = ", ".join(f"{op} {c}" for op, c in ops.most_common(8))
                 print(f"sm_{arch} {'keys' if keys_m else 'heads'}-as-M, q {form or 'as it is (bf16 dot)'}: "

@@ -14,9 +14,7 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ["TRITON_INTERPRET"] = "0"
 os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -26,10 +24,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from glm5lib.kernels import mla  # noqa: E402
-from glm5lib.kernels.compile_report import SMEM_LIMIT, _sig, sass_loop as _sass_loop_text  # noqa: E402
+from glm5lib.kernels.compile_report import SMEM_LIMIT, _sig, cuobjdump, sass_loop as _sass_loop_text  # noqa: E402
 from glm5lib.kernels.naive import D_NOPE, D_ROPE  # noqa: E402
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 DIV = ("Q", "KV", "IDX", "O", "LSE", "PART", "stride_qt", "stride_qh", "stride_kv", "stride_it", "stride_ot",
        "stride_oh")  # as compile_report
 
@@ -72,17 +69,9 @@ def _loop_of_ttgir(ttgir: str) -> str:
     return ttgir[i:]
 
 
-def sass_loop(cubin: bytes) -> tuple[int, int, dict]:
-    """(instructions in the main loop, instructions in the kernel, opcode histogram of the loop)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-        path = f.name
-    try:
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", path], capture_output=True, text=True).stdout
-        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", path], capture_output=True, text=True).stdout
-    finally:
-        os.unlink(path)
-    return (*_sass_loop_text(sass), res)
+def sass_loop(cubin: bytes) -> tuple[int, int, dict, str]:
+    """(instructions in the main loop, instructions in the kernel, opcode histogram of the loop, `-res-usage`)."""
+    return (*_sass_loop_text(cuobjdump(cubin, "-sass")), cuobjdump(cubin, "-res-usage"))
 
 
 def stats(cfg, fmt, arch, dump=None):

@@ -651,3 +651,21 @@ def test_evidence_indexer_sass_counts():
         assert rows[(arch, "keys", "as it is (bf16 dot)")][1] == 258 and rows[(arch, "keys", "f16")][1] == 66
     assert rows[("90", "keys", "f16")][0] == 96 and "96 registers (cap 96)" in text
     assert all(rows[(arch, "keys", "e4m3x2")][1] <= 2 for arch in ("90", "89", "120"))
+
+
+def test_evidence_readme_target_numbers():
+    """The README's issue-#13 paragraph, held to the committed `bench_h200.json` (rounded as it prints them)."""
+    t = {x["target"]: x["value"] for x in load("bench_h200.json")["targets"]}
+
+    def r2(name):
+        return round(t[name], 2)
+
+    assert [r2(f"prefill bf16 H{h}: ratio to FlashMLA (time)") for h in (64, 128)] == [0.86, 0.88]
+    assert [r2(f"decode fp8 H8 B{b}: speed-up vs FlashMLA padded to 64") for b in (128, 32)] == [1.15, 1.44]
+    assert [r2(f"decode fp8 H16 B{b}: speed-up vs FlashMLA padded to 64") for b in (128, 32)] == [1.07, 1.36]
+    assert [r2(f"prefill fp8_ds_mla H{h}: speed-up vs FlashMLA bf16 padded to 64 (time)") for h in (8, 16)] == [
+        0.97, 0.68]
+    assert [int(t[f"indexer prefill {f}: % of bf16 matmul rate"]) for f in ("fp8", "bf16")] == [58, 58]
+    assert round(t["indexer decode bf16: % of copy bandwidth"]) == 82
+    assert round(t["indexer decode fp8 (fp8 q): % of copy bandwidth"]) == 79
+    assert round(t["indexer decode fp8: % of copy bandwidth"]) == 63

@@ -21,26 +21,59 @@ from dataclasses import asdict, dataclass
 SMEM_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024, 120: 99 * 1024}
 
 
-def sass_loop(sass: str, nops: bool = False) -> tuple[int, int, dict]:
-    """(instructions in the main loop, instructions in the kernel, {opcode: count} of the loop, most frequent first)
-    from `cuobjdump -sass` text. The main loop runs from the target of the kernel's longest backward branch to that
-    branch; opcodes lose their suffixes (`HMMA.16816.F32` -> `HMMA`); NOPs are left out unless `nops`."""
-    ins = []  # (address, instruction text)
+def _sass_instructions(sass: str, nops: bool) -> list[tuple[int, str]]:
+    """(address, instruction text) of every instruction in `cuobjdump -sass` text, NOPs only if `nops`."""
+    ins = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if m and (nops or not m.group(2).strip().startswith("NOP")):
             ins.append((int(m.group(1), 16), m.group(2).strip()))
+    return ins
+
+
+def _opcode_hist(texts) -> dict:
+    """{opcode: count}, most frequent first; opcodes lose their predicate and suffixes (`HMMA.16816.F32` -> `HMMA`)."""
+    hist: dict = {}
+    for t in texts:
+        op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+        hist[op] = hist.get(op, 0) + 1
+    return dict(sorted(hist.items(), key=lambda kv: -kv[1]))
+
+
+def sass_opcodes(sass: str, nops: bool = False) -> dict:
+    """{opcode: count} over the whole kernel in `cuobjdump -sass` text (NOPs left out unless `nops`)."""
+    return _opcode_hist(t for _, t in _sass_instructions(sass, nops))
+
+
+def sass_loop(sass: str, nops: bool = False) -> tuple[int, int, dict]:
+    """(instructions in the main loop, instructions in the kernel, {opcode: count} of the loop, most frequent first)
+    from `cuobjdump -sass` text. The main loop runs from the target of the kernel's longest backward branch to that
+    branch; opcodes as `sass_opcodes` counts them; NOPs are left out unless `nops`."""
+    ins = _sass_instructions(sass, nops)
     best = (0, 0)
     for addr, text in ins:
         m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > best[1] - best[0]:
             best = (int(m.group(1), 16), addr)
-    hist: dict = {}
     body = [t for a, t in ins if best[0] <= a <= best[1]]
-    for t in body:
-        op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
-        hist[op] = hist.get(op, 0) + 1
-    return len(body), len(ins), dict(sorted(hist.items(), key=lambda kv: -kv[1]))
+    return len(body), len(ins), _opcode_hist(body)
+
+
+def cuobjdump(cubin: bytes, *flags: str) -> str:
+    """The output of Triton's bundled `cuobjdump` (e.g. `-sass`, `-res-usage`) on a cubin, no GPU needed."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, *flags, f.name], capture_output=True, text=True, check=True).stdout
+
+
 ARCHS = (80, 89, 90, 120)
 
 
@@ -93,16 +126,14 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
     `paged_q_form`), in the dot layout `keys_m` (default the rule)."""
     import torch
 
-    from glm5lib.kernels.indexer import (INDEXER_CONFIGS, _indexer_paged_kernel, maxnreg_rule, paged_keys_m,
-                                         paged_q_form)
+    from glm5lib.kernels.indexer import (INDEXER_CONFIGS, REWRITTEN_DTYPE, _indexer_paged_kernel, maxnreg_rule,
+                                         paged_keys_m, q_form_rule)
     from glm5lib.kernels.naive import INDEXER_DIM
 
     fmt = "fp8" if fp8 else "bf16"
     if form is _RULE:
-        form = paged_q_form(q_dtype, fmt)
-    if form == "e4m3x2" and arch < 89:
-        form = "f16"  # as `paged_q_form` decides on a GPU without hardware e4m3
-    launched = {"f16": torch.float16, "e4m3x2": torch.float8_e4m3fn}.get(form, q_dtype)
+        form = q_form_rule(q_dtype, fmt, arch >= 89)
+    launched = REWRITTEN_DTYPE.get(form, q_dtype)
     _, bn, nw, ns = INDEXER_CONFIGS["paged"]
     fn = _indexer_paged_kernel
     qty = {torch.float8_e4m3fn: "fp8e4nv", torch.float16: "fp16"}.get(launched, "bf16")
@@ -121,12 +152,12 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
                        "stride_val"), maxnreg)
 
 
-def indexer_prep_spec(arch: int, form: str) -> KernelSpec:
-    """The q rewrite launched before the paged scores for `form` ("f16" or "e4m3x2"; "f16" below sm_89)."""
+def indexer_prep_spec(form: str) -> KernelSpec:
+    """The q rewrite launched before the paged scores for `form` ("f16" or "e4m3x2", as `q_form_rule` resolved it)."""
     from glm5lib.kernels.indexer import _q_prep_kernel
     from glm5lib.kernels.naive import INDEXER_DIM
 
-    terms = 2 if form == "e4m3x2" and arch >= 89 else 0
+    terms = 2 if form == "e4m3x2" else 0
     fn = _q_prep_kernel
     types = {"Q": "*bf16", "W": "*fp32", "QO": "*fp8e4nv" if terms else "*fp16", "WO": "*fp32"}
     consts = {"BLOCK_HI": 32, "D": INDEXER_DIM, "TERMS": terms}
@@ -183,11 +214,11 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                                 ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_k", "stride_ot")))
         for loop in (False, True):  # one program per tile; a fixed grid looping over tiles (CUDA-graph decode)
             specs.append(indexer_paged_spec(arch, qdt, fp8, loop))
-    from glm5lib.kernels.indexer import paged_q_form
+    from glm5lib.kernels.indexer import REWRITTEN_DTYPE, q_form_rule
 
-    form = paged_q_form(torch.bfloat16, "fp8")
-    if form in ("f16", "e4m3x2"):  # the rewrite of bf16 q over fp8 keys, launched before the scores
-        specs.append(indexer_prep_spec(arch, form))
+    form = q_form_rule(torch.bfloat16, "fp8", fp8_hw)
+    if form in REWRITTEN_DTYPE:  # the rewrite of bf16 q over fp8 keys, launched before the scores
+        specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
     from glm5lib.kernels.topk import SELECT_CONFIG, _topk_select_kernel
 

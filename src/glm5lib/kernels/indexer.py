@@ -82,6 +82,7 @@ MAXNREG_CONFIG = (0, 128, 4, 2)
 PAGED_Q_REWRITE: bool | None = None
 PAGED_Q_FORM = "f16"
 Q_FORMS = ("f16", "f16-kernel", "e4m3x2")
+REWRITTEN_DTYPE = {"f16": torch.float16, "e4m3x2": torch.float8_e4m3fn}  # the forms the prepass writes
 
 
 def paged_keys_m(q_dtype: torch.dtype, k_format: str = "bf16", form: str | None = None) -> bool:
@@ -95,15 +96,18 @@ def paged_keys_m(q_dtype: torch.dtype, k_format: str = "bf16", form: str | None 
 def paged_q_form(q_dtype: torch.dtype, k_format: str, device: torch.device | None = None) -> str | None:
     """Into what the paged launch rewrites q of this dtype over keys of this format (a `Q_FORMS` entry, see
     PAGED_Q_FORM), or None: scored as it is. "e4m3x2" becomes "f16" on a device without hardware e4m3."""
+    return q_form_rule(q_dtype, k_format, device is None or fp8_hw(device))
+
+
+def q_form_rule(q_dtype: torch.dtype, k_format: str, e4m3_hw: bool) -> str | None:
+    """`paged_q_form`'s rule for a GPU with (or without) hardware e4m3."""
     if k_format != "fp8" or q_dtype == torch.float8_e4m3fn:
         return None
     if not (q_dtype == torch.bfloat16 if PAGED_Q_REWRITE is None else PAGED_Q_REWRITE):
         return None
     if PAGED_Q_FORM not in Q_FORMS:
         raise ValueError(f"indexer.PAGED_Q_FORM must be one of {Q_FORMS}, got {PAGED_Q_FORM!r}")
-    if PAGED_Q_FORM == "e4m3x2" and device is not None and not fp8_hw(device):
-        return "f16"
-    return PAGED_Q_FORM
+    return "f16" if PAGED_Q_FORM == "e4m3x2" and not e4m3_hw else PAGED_Q_FORM
 
 
 def paged_maxnreg(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int, loop: bool,
@@ -127,17 +131,24 @@ def maxnreg_rule(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int
 
 
 @triton.jit
+def _pow2_rows(x, TOP: tl.constexpr):
+    """(up, down = 1 / up) per row of fp32 `[R, D]`: `up` the power of two that puts the row's largest |x| in
+    [2^TOP, 2^(TOP + 1)), at most 2^126 (zero or tiny rows) so that `down` stays normal. Built from the exponent
+    bits, not `exp2` (an approximation)."""
+    e = (tl.max(tl.abs(x), 1).to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent of the row's max
+    up_e = tl.minimum(254 + TOP - e, 253)  # 2^(TOP - (e - 127))
+    return (up_e << 23).to(tl.float32, bitcast=True), ((254 - up_e) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _rows_to_f16(x):
     """`[R, D]` rows (bf16 / fp32) -> (fp16 rows `x * up`, `down = 1 / up` per row, fp32 `[R]`), `up` a power of two
     that puts the row's largest |x| in [2^14, 2^15) (at most 2^126, for zero or tiny rows). Powers of two scale
     exactly, and a bf16 value's 8 significant bits fit fp16's 11, so for bf16 rows the fp16 values are exact down
-    to 2^-29 of the row's largest (fp16 subnormals below that): the dot then sums the same products as a bf16 dot.
-    The power of two is built from the exponent bits, not `exp2` (an approximation)."""
+    to 2^-29 of the row's largest (fp16 subnormals below that): the dot then sums the same products as a bf16 dot
+    (`_pow2_rows`)."""
     xf = x.to(tl.float32)
-    e = (tl.max(tl.abs(xf), 1).to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent of the row's max
-    up_e = tl.minimum(268 - e, 253)  # 2^(14 - (e - 127)), capped at 2^126 so that its inverse stays normal
-    up = (up_e << 23).to(tl.float32, bitcast=True)
-    down = ((254 - up_e) << 23).to(tl.float32, bitcast=True)
+    up, down = _pow2_rows(xf, 14)
     return (xf * up[:, None]).to(tl.float16), down
 
 
@@ -158,11 +169,9 @@ def _e4m3_rn(y):
 def _rows_to_e4m3(x):
     """`[R, D]` fp32 rows -> (two e4m3 terms `a`, `b` with `a + b ~= x * up`, `down = 1 / up` per row), `up` a
     power of two that puts the row's largest |x| in [2^7, 2^8) (under e4m3's 448; at most 2^126). `x * up - a` is
-    exact in fp32 and `b` rounds it: e4m3's own exponent keeps 4 significant bits of each element's error."""
-    e = (tl.max(tl.abs(x), 1).to(tl.int32, bitcast=True) >> 23) & 0xFF
-    up_e = tl.minimum(261 - e, 253)  # 2^(7 - (e - 127))
-    up = (up_e << 23).to(tl.float32, bitcast=True)
-    down = ((254 - up_e) << 23).to(tl.float32, bitcast=True)
+    exact in fp32 and `b` rounds it: e4m3's own exponent keeps 4 significant bits of each element's error
+    (`_pow2_rows`)."""
+    up, down = _pow2_rows(x, 7)
     y = x * up[:, None]
     a = _e4m3_rn(y)
     return a.to(tl.float8e4nv), _e4m3_rn(y - a).to(tl.float8e4nv), down
@@ -202,8 +211,7 @@ def rewrite_q(q: torch.Tensor, weights: torch.Tensor, form: str):
     unit last stride, weights `[T, Hi]` fp32 contiguous."""
     T, HI, D = q.shape
     terms = 2 if form == "e4m3x2" else 0
-    dt = torch.float8_e4m3fn if terms else torch.float16
-    qo = torch.empty(*((2,) if terms else ()), T, HI, D, dtype=dt, device=q.device)
+    qo = torch.empty(*((2,) if terms else ()), T, HI, D, dtype=REWRITTEN_DTYPE[form], device=q.device)
     wo = torch.empty(T, HI, dtype=torch.float32, device=q.device)
     if T:
         _Q_PREP((T,), q, weights, qo, wo, q.stride(0), q.stride(1), weights.stride(0), T * HI * D, HI,
@@ -368,7 +376,8 @@ def indexer_logits(
     feed an fp8 tensor-core dot as they are (no conversion, twice the bf16 rate) and the caller folds q's
     per-(token, head) scale into `weights`, as vLLM's DeepGEMM path does. Paged, bf16 q over fp8 keys is first
     rewritten by a launch of its own into two new tensors (`PAGED_Q_FORM`; exact by default). weights: `[T, Hi]`
-    fp32 (keep fp32: bf16 weights flip near-tied top-k picks). `scale` multiplies `q . k` (GLM-5: 128^-0.5; fold 32^-0.5 into weights).
+    fp32 (keep fp32: bf16 weights flip near-tied top-k picks). `scale` multiplies `q . k` (GLM-5: 128^-0.5; fold
+    32^-0.5 into weights).
     Ragged: `k_cache` `[N, 128]` or fp8 `[N, 132]` uint8; `ks`/`ke` int32 `[T]` (defaults 0 / N) -> `[T, N]`.
     Paged: `k_cache` `[num_blocks, block_size, 128]` or fp8 `[num_blocks, block_size, 132]` (block-split);
     `block_table` int32 `[B, max_blocks]`, `context_lens` int32 `[B]`, `T = B * next_n` -> `[T, max_len]`.
@@ -441,7 +450,7 @@ def indexer_logits(
     block_table = block_table.to(torch.int32)
     form = paged_q_form(q.dtype, k_format, dev)
     q_terms = 1
-    if form in ("f16", "e4m3x2"):  # rewritten by the prepass: the scores kernel takes that q as it is
+    if form in REWRITTEN_DTYPE:  # rewritten by the prepass: the scores kernel takes that q as it is
         q, weights = rewrite_q(q, weights, form)
         if form == "e4m3x2":
             q, q_terms = q[0], 2  # the first term; the second lies T * Hi * 128 elements further
@@ -465,4 +474,4 @@ def indexer_flops(T: int, n_keys: float, HI: int) -> float:
 
 
 __all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "paged_q_form", "paged_maxnreg", "rewrite_q",
-           "INDEXER_CONFIGS", "Q_FORMS"]
+           "INDEXER_CONFIGS", "Q_FORMS", "REWRITTEN_DTYPE"]
