@@ -366,6 +366,7 @@ def test_indexer_decode_sweep_rows_and_knobs_restored(monkeypatch):
 
     monkeypatch.setattr(bk, "_median_ms", lambda fn: 1.0)
     monkeypatch.setattr(bk, "SWEEP_INDEXER_PAGED", [(0, 128, 4, 2)])
+    monkeypatch.setattr(bk, "SWEEP_INDEXER_TILES", [(2, 2, True), (3, 3, False)])
     g = torch.Generator().manual_seed(1)
     cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(8 * 16, 128, generator=g)), 16)
     kw = dict(scale=128 ** -0.5, k_format="fp8", block_table=torch.arange(8, dtype=torch.int32).view(2, 4),
@@ -379,7 +380,7 @@ def test_indexer_decode_sweep_rows_and_knobs_restored(monkeypatch):
 
     def knobs():
         return (dict(ix.INDEXER_CONFIGS), ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_KEYS_M, ix.PAGED_Q_REWRITE,
-                ix.PAGED_Q_FORM, ix.PAGED_MAXNREG)
+                ix.PAGED_Q_FORM, ix.PAGED_MAXNREG, ix.PAGED_TILES)
 
     before = knobs()
     out = torch.empty(2, 64)
@@ -389,8 +390,9 @@ def test_indexer_decode_sweep_rows_and_knobs_restored(monkeypatch):
     names = [r["impl"] for r in rows]
     assert all("error" not in r and r["ok"] for r in rows), [r for r in rows if "error" in r or not r["ok"]]
     assert {"triton:f16:N128-w4-s2", "triton:q8:N128-w4-s2-keysM", "triton:f16:N128-w4-s2-loop8",
-            "triton:q-bf16", "triton:q-e4m3x2-keysM", "triton:q-f16-keysM-r96", "triton:q-q8-keysM-r80"} <= set(names)
-    assert len(names) == len(set(names)) == 2 * 2 + 2 * 2 + 2 * 4 + 2 * 3
+            "triton:q-bf16", "triton:q-e4m3x2-keysM", "triton:q-f16-keysM-r96", "triton:q-q8-keysM-r80",
+            "triton:q-f16-t2-s2", "triton:q-f16-t2-s2-r96", "triton:q-e4m3x2-t2-s2-r80", "triton:q-q8-t3-s3"} <= set(names)
+    assert len(names) == len(set(names)) == 2 * 2 + 2 * 2 + 2 * 4 + 2 * 3 + 3 * 2 + 3
     assert max(r["rel_err"] for r in rows if "e4m3x2" not in r["impl"] and "q8" not in r["impl"]) < 1e-5
     assert knobs() == before
     import glm5lib.kernels.common as common

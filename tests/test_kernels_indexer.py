@@ -316,6 +316,43 @@ def test_paged_row_bound_only_fixed_grid(monkeypatch, programs, q_fp8):
         assert torch.isinf(want[t, L:]).all()
 
 
+@pytest.mark.parametrize("k_format", ["bf16", "fp8"])
+@pytest.mark.parametrize("tiles", [2, 3, 8])
+def test_paged_tiles_per_program(monkeypatch, tiles, k_format):
+    """`PAGED_TILES` programs (several consecutive tiles each, q loaded once): the launch's grid shrinks by that
+    factor and the scores are those of one tile a program bit for bit, every position of every row written (-inf
+    past each query's own), for chunks cut short by the row's end, queries whose position ends mid-chunk, in the
+    chunk's first tile or before it (context 0), next_n 2. Rows of 5 tiles: chunks of 2 (three programs, the last
+    one tile), 3 (two) and 8 (one)."""
+    import glm5lib.kernels.indexer as ix
+
+    grids = []
+    real = ix._PAGED
+    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: grids.append((grid, a[-1])) or real(grid, *a, **kw))
+    g = torch.Generator().manual_seed(7)
+    bs, nb, HI, n = 16, 80, 4, 2
+    keys = torch.randn(nb * bs, 128, generator=g)
+    cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(keys), bs) if k_format == "fp8" else \
+        keys.to(DTYPE).view(nb, bs, 128)
+    table = torch.randperm(nb, generator=g)[:76].view(4, 19).to(torch.int32)
+    ctx = torch.tensor([140, 0, 300, 129], dtype=torch.int32)  # ends in tile 1, none, tile 2, the first key of tile 1
+    q = torch.randn(4 * n, HI, 128, generator=g).to(DTYPE)
+    w = torch.randn(4 * n, HI, generator=g)
+    width = 600  # five 128-key tiles, the last one cut at 88
+    kw = dict(k_format=k_format, block_table=table, context_lens=ctx, next_n=n, max_len=width)
+    one = indexer_logits(q, cache, w, **kw)
+    monkeypatch.setattr(ix, "PAGED_TILES", tiles)
+    got = indexer_logits(q, cache, w, **kw, out=torch.full((4 * n, width), 12345.0))
+    assert [gr for gr, _ in grids] == [(4 * n, 5), (4 * n, -(-5 // tiles))] and grids[-1][1] == tiles
+    assert torch.equal(got, one)
+    ref = naive.indexer_logits_ref(q.float(), cache, w, **kw)
+    assert torch.equal(torch.isinf(got), torch.isinf(ref))
+    fin = torch.isfinite(ref)
+    assert torch.allclose(got[fin], ref[fin], rtol=1e-5, atol=1e-5)
+    for t in range(4 * n):
+        assert torch.isinf(got[t, int(ctx[t // n]) - n + t % n + 1:]).all(), t
+
+
 @pytest.mark.parametrize("forced", [None, False, True])
 def test_paged_dot_layout_follows_q_dtype(monkeypatch, forced):
     """The paged launch takes `paged_keys_m(q.dtype)` (keys as M for fp8 q, heads as M otherwise) unless

@@ -486,7 +486,8 @@ def _indexer_knobs():
     cap) however the sweep inside ends."""
     from glm5lib.kernels import indexer as ix
 
-    names = ("PAGED_LOOP_PROGRAMS_PER_SM", "PAGED_KEYS_M", "PAGED_Q_REWRITE", "PAGED_Q_FORM", "PAGED_MAXNREG")
+    names = ("PAGED_LOOP_PROGRAMS_PER_SM", "PAGED_KEYS_M", "PAGED_Q_REWRITE", "PAGED_Q_FORM", "PAGED_MAXNREG",
+             "PAGED_TILES")
     kept = {n: getattr(ix, n) for n in names}
     tile = ix.INDEXER_CONFIGS["paged"]
     try:
@@ -504,7 +505,9 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
       by the rule ("f16:"), fp8 q ("q8:");
     - fp8 keys: bf16 q scored as it is ("q-bf16") and in each `indexer.Q_FORMS` rewrite, both layouts, no cap
       ("e4m3x2" only with hardware e4m3);
-    - fp8 keys: register caps 80 and 96 on the keys-as-M forms and fp8 q (`indexer.PAGED_MAXNREG`).
+    - fp8 keys: register caps 80 and 96 on the keys-as-M forms and fp8 q (`indexer.PAGED_MAXNREG`);
+    - tiles a program scores (`indexer.PAGED_TILES`, "-t<n>") per stage count, in the rule's layout, uncapped and
+      (fp8 keys) under the caps; bf16 q over fp8 keys in each form.
     fp8q: (q8, w8, the shipped kernel's scores of the first two queries) or None. Call inside `_indexer_knobs`."""
     from glm5lib.kernels import indexer as ix
     from glm5lib.kernels.common import fp8_hw
@@ -527,7 +530,7 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
     runs = ([(c, None, km) for km in (False, True) for c in SWEEP_INDEXER_PAGED]
             + [(shipped, p, None) for p in (8, 32)])
     loop_programs = ix.PAGED_LOOP_PROGRAMS_PER_SM
-    ix.PAGED_MAXNREG = 0  # each tile with the compiler's registers (the caps were timed for the shipped tile only)
+    ix.PAGED_TILES, ix.PAGED_MAXNREG = 1, 0  # each tile with the compiler's registers (the caps were timed for the shipped tile only)
     for cfg, loop, keys_m in runs:
         ix.INDEXER_CONFIGS["paged"] = cfg
         ix.PAGED_LOOP_PROGRAMS_PER_SM = loop or loop_programs
@@ -537,9 +540,24 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
                     + ("-keysM" if keys_m else ""))
             time_row(name, qq, ww, ref, row_bound_only=loop is not None)
     ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM = shipped, loop_programs
+    hw = fp8_hw(q.device)
+    if fp8:  # (label, q, weights, reference, q form, the sm_90 cap of its launched dtype)
+        tiled = [("f16", q, w, r, "f16", ix.MAXNREG_SM90["fp16"])]
+        tiled += [("e4m3x2", q, w, r, "e4m3x2", ix.MAXNREG_SM90["fp8"])] if hw else []
+        tiled += [("q8", fp8q[0], fp8q[1], fp8q[2], None, ix.MAXNREG_SM90["fp8"])] if fp8q else []
+    else:
+        tiled = [("bf16", q, w, r, None, None)]
+    ix.PAGED_KEYS_M = None
+    for per, stages, caps in SWEEP_INDEXER_TILES:  # several tiles a program, in the rule's layout
+        ix.INDEXER_CONFIGS["paged"], ix.PAGED_TILES = (*shipped[:3], stages), per
+        for label, qq, ww, ref, form, cap in tiled:
+            ix.PAGED_Q_FORM = form or "f16"
+            for maxnreg in (0, cap) if caps and cap else (0,):
+                ix.PAGED_MAXNREG = maxnreg
+                time_row(f"triton:q-{label}-t{per}-s{stages}" + (f"-r{maxnreg}" if maxnreg else ""), qq, ww, ref)
+    ix.INDEXER_CONFIGS["paged"], ix.PAGED_TILES, ix.PAGED_Q_FORM, ix.PAGED_MAXNREG = shipped, 1, "f16", 0
     if not fp8:
         return rows
-    hw = fp8_hw(q.device)
     forms = [f for f in ix.Q_FORMS if hw or f != "e4m3x2"]
     for form in [None] + forms:  # bf16 q over fp8 keys, as it is and rewritten
         for keys_m in (False, True):
@@ -645,6 +663,9 @@ SWEEP_PREFILL_FP8_SMALL = [C(16, 32, 4, 2, prefetch=2, nope_f16=True),
 # the paged indexer (decode): (0, BLOCK_N, num_warps, num_stages), `indexer.INDEXER_CONFIGS["paged"]`'s form
 SWEEP_INDEXER_PAGED = [(0, 128, 4, 2), (0, 128, 8, 2), (0, 256, 8, 2), (0, 64, 4, 3), (0, 128, 4, 3), (0, 256, 4, 2),
                        (0, 64, 2, 2)]
+# tiles a program of the paged indexer scores (`indexer.PAGED_TILES`), its stage count, and whether to time it
+# under the sm_90 register caps of `indexer.MAXNREG_SM90` too (fp8 keys); the shipped tile otherwise
+SWEEP_INDEXER_TILES = [(per, stages, per in (4, 8)) for per in (2, 4, 8, 16) for stages in (2, 3, 5)]
 SWEEP_PREFILL = [C(64, 64, 8, 2), C(64, 64, 8, 3), C(64, 64, 8, 2, True), C(64, 64, 8, 1, True), C(64, 32, 8, 1),
                  C(32, 32, 4, 2), C(16, 32, 4, 2), C(16, 64, 4, 2, True)]
 

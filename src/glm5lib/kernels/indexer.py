@@ -39,6 +39,9 @@ INDEXER_CONFIGS = {
 # within 1-13 % of the one-tile launch where 8 was 18-38 % behind (fp8 q 204 us against 250); at B 32 every count
 # from 8 to 32 is within 1.5 % of each other.
 PAGED_LOOP_PROGRAMS_PER_SM = 32
+# Launches without `row_bound_only`: tiles a program scores, consecutive, one q load for all of them (grid
+# (T, cdiv(tiles, PAGED_TILES))); 1: one tile a program.
+PAGED_TILES = 1
 # The paged kernel's dot layout. Keys as M (`[BLOCK_N, 128] x [128, Hi]`, the head sum along rows) when q is fp8:
 # the fp8 MMA then takes the key tile as it sits in shared memory (K-contiguous) and only the small q tile as the
 # transposed operand; so too when q is rewritten over fp8 keys (`PAGED_Q_FORM`) or is fp16 there (timed on sm_90,
@@ -264,54 +267,39 @@ def _indexer_ragged_kernel(
 
 
 @triton.jit
-def _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm, stride_wt, stride_bt,
-                stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN, BLOCK_SIZE, scale,
-                KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr,
-                D: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr, Q_TERMS: tl.constexpr):
-    """Scores of query t against positions [tile * BLOCK_N, +BLOCK_N): -inf past its own position `last`. KEYS_M: the
-    dot with the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads (`paged_keys_m`).
-    F16_DOT: q rescaled per head into fp16 and the keys widened to fp16 ("f16-kernel"). Q_TERMS 2: q is two e4m3
-    terms `stride_qterm` elements apart, accumulated into one dot ("e4m3x2", `PAGED_Q_FORM`)."""
+def _paged_tile(q, q2, w, K8, KF, BT, OUT, t, b, last, tile, stride_bt, stride_ot, stride_blk, stride_val,
+                scale_base, stride_sc, MAX_LEN, BLOCK_SIZE, scale, KV_FP8: tl.constexpr, FP8_HW: tl.constexpr,
+                BLOCK_N: tl.constexpr, D: tl.constexpr, KEYS_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                Q_TERMS: tl.constexpr):
+    """Scores of query t (its q, second term q2 and weights w as loaded by the kernel) against positions
+    [tile * BLOCK_N, +BLOCK_N), a tile holding at least one position <= `last`: -inf past it. KEYS_M: the dot with
+    the keys as M ([BLOCK_N, BLOCK_HI], the head sum along rows) instead of the heads (`paged_keys_m`). Q_TERMS 2:
+    q + q2 accumulated into one dot ("e4m3x2", `PAGED_Q_FORM`)."""
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
     see = (offs_n <= last) & (offs_n < MAX_LEN)
-    acc = tl.zeros([BLOCK_N], tl.float32)
-    DOT_DTYPE: tl.constexpr = tl.float16 if F16_DOT else Q.dtype.element_ty
-    if tile * BLOCK_N <= last:
-        offs_h = tl.arange(0, BLOCK_HI)
-        offs_d = tl.arange(0, D)
-        h_mask = offs_h < HI
-        blk = tl.load(BT + b.to(tl.int64) * stride_bt + offs_n // BLOCK_SIZE, mask=see, other=0)
-        base = blk.to(tl.int64) * stride_blk
-        off = (offs_n % BLOCK_SIZE).to(tl.int64)
-        k = tl.load(K8 + (base + off * stride_val)[:, None] + offs_d[None, :], mask=see[:, None], other=0)
-        if KV_FP8:
-            k, f8 = e4m3_bits_to(k, DOT_DTYPE, FP8_HW)
-        q = tl.load(Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
-                    mask=h_mask[:, None], other=0.0)
-        w = tl.load(W + t.to(tl.int64) * stride_wt + offs_h, mask=h_mask, other=0.0)
-        if F16_DOT:  # relu(down * x) = down * relu(x): the per-head factor joins the weight
-            q, down = _rows_to_f16(q)
-            w = w * down
-        if Q_TERMS == 2:  # the second term, accumulated with the first before the ReLU
-            q2 = tl.load(Q + stride_qterm + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh
-                         + offs_d[None, :], mask=h_mask[:, None], other=0.0)
-        if KEYS_M:
-            s = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_HI]
-            if Q_TERMS == 2:
-                s = tl.dot(k, tl.trans(q2), s)
-            acc = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
-        else:
-            s = tl.dot(q, tl.trans(k))  # [BLOCK_HI, BLOCK_N]
-            if Q_TERMS == 2:
-                s = tl.dot(q2, tl.trans(k), s)
-            acc = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
-        if KV_FP8:
-            ksc = tl.load(KF + (base + scale_base + off * stride_sc) // 4, mask=see, other=0.0)
-            acc = acc * ksc * (scale * f8)
-        else:
-            acc = acc * scale
-    out = tl.where(see, acc, float("-inf"))
-    tl.store(OUT + t.to(tl.int64) * stride_ot + offs_n, out, mask=offs_n < MAX_LEN)
+    blk = tl.load(BT + b.to(tl.int64) * stride_bt + offs_n // BLOCK_SIZE, mask=see, other=0)
+    base = blk.to(tl.int64) * stride_blk
+    off = (offs_n % BLOCK_SIZE).to(tl.int64)
+    k = tl.load(K8 + (base + off * stride_val)[:, None] + offs_d[None, :], mask=see[:, None], other=0)
+    if KV_FP8:  # the scales' load issued with the keys', in flight through the dot
+        ksc = tl.load(KF + (base + scale_base + off * stride_sc) // 4, mask=see, other=0.0)
+        k, f8 = e4m3_bits_to(k, DOT_DTYPE, FP8_HW)
+    if KEYS_M:
+        s = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_HI]
+        if Q_TERMS == 2:
+            s = tl.dot(k, tl.trans(q2), s)
+        acc = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
+    else:
+        s = tl.dot(q, tl.trans(k))  # [BLOCK_HI, BLOCK_N]
+        if Q_TERMS == 2:
+            s = tl.dot(q2, tl.trans(k), s)
+        acc = tl.sum(tl.maximum(s, 0.0) * w[:, None], 0)
+    if KV_FP8:
+        acc = acc * ksc * (scale * f8)
+    else:
+        acc = acc * scale
+    tl.store(OUT + t.to(tl.int64) * stride_ot + offs_n, tl.where(see, acc, float("-inf")), mask=offs_n < MAX_LEN)
 
 
 @triton.jit
@@ -319,29 +307,53 @@ def _indexer_paged_kernel(
     Q, K8, KF, W, BT, CTX, OUT,
     stride_qt, stride_qh, stride_qterm, stride_wt, stride_bt, stride_ot,
     stride_blk, stride_val, scale_base, stride_sc,
-    HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale,
+    HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale, TILES,
     KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     TILE_LOOP: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr, Q_TERMS: tl.constexpr,
 ):
+    """Program (t, pid_n) scores query t over its tiles: TILES consecutive tiles from pid_n * TILES, or (TILE_LOOP)
+    tiles pid_n, pid_n + G, ... up to the request's context. q and the weights are loaded (and, F16_DOT, rescaled
+    per head into fp16: "f16-kernel") once for all of them, and the loop over the tiles holding a visible position
+    has no branch in it, so the compiler pipelines its key loads (num_stages); the program's tiles past the query's
+    position are then written -inf."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = t // NEXT_N
     ctx = tl.load(CTX + b)
     last = ctx - NEXT_N + t % NEXT_N  # this query's own position
     if TILE_LOOP:
-        # a fixed grid (T, G) over a row of MAX_LEN: program pid_n takes tiles pid_n, pid_n + G, ... up to the
-        # request's context and leaves the rest of the row alone (the reader bounds each row by its context), so
-        # the launch's cost follows the contexts, not MAX_LEN
-        n_tiles = tl.cdiv(tl.minimum(ctx, MAX_LEN), BLOCK_N)
-        for tile in range(pid_n, n_tiles, tl.num_programs(1)):
-            _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, tile, stride_qt, stride_qh, stride_qterm,
-                        stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc,
-                        HI, MAX_LEN, BLOCK_SIZE, scale, KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT,
-                        Q_TERMS)
+        # a fixed grid (T, G) over a row of MAX_LEN: the program leaves the row past the request's context alone
+        # (the reader bounds each row by its context), so the launch's cost follows the contexts, not MAX_LEN
+        start = pid_n
+        step = tl.num_programs(1)
+        stop = tl.cdiv(tl.minimum(ctx, MAX_LEN), BLOCK_N)
     else:
-        _paged_tile(Q, K8, KF, W, BT, OUT, t, b, last, pid_n, stride_qt, stride_qh, stride_qterm,
-                    stride_wt, stride_bt, stride_ot, stride_blk, stride_val, scale_base, stride_sc, HI, MAX_LEN,
-                    BLOCK_SIZE, scale, KV_FP8, FP8_HW, BLOCK_HI, BLOCK_N, D, KEYS_M, F16_DOT, Q_TERMS)
+        start = pid_n * TILES
+        step = 1
+        stop = tl.minimum(start + TILES, tl.cdiv(MAX_LEN, BLOCK_N))
+    seen = tl.minimum(stop, tl.cdiv(tl.maximum(last + 1, 0), BLOCK_N))  # tiles [.., seen) hold a visible position
+    offs_h = tl.arange(0, BLOCK_HI)
+    offs_d = tl.arange(0, D)
+    h_mask = offs_h < HI
+    q = tl.load(Q + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
+                mask=h_mask[:, None], other=0.0)
+    w = tl.load(W + t.to(tl.int64) * stride_wt + offs_h, mask=h_mask, other=0.0)
+    DOT_DTYPE: tl.constexpr = tl.float16 if F16_DOT else Q.dtype.element_ty
+    if F16_DOT:  # relu(down * x) = down * relu(x): the per-head factor joins the weight
+        q, down = _rows_to_f16(q)
+        w = w * down
+    q2 = q
+    if Q_TERMS == 2:  # the second term, accumulated with the first before the ReLU
+        q2 = tl.load(Q + stride_qterm + t.to(tl.int64) * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :],
+                     mask=h_mask[:, None], other=0.0)
+    for tile in range(start, seen, step):
+        _paged_tile(q, q2, w, K8, KF, BT, OUT, t, b, last, tile, stride_bt, stride_ot, stride_blk, stride_val,
+                    scale_base, stride_sc, MAX_LEN, BLOCK_SIZE, scale, KV_FP8, FP8_HW, BLOCK_N, D, KEYS_M,
+                    DOT_DTYPE, Q_TERMS)
+    for tile in range(start + tl.cdiv(tl.maximum(seen - start, 0), step) * step, stop, step):
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(OUT + t.to(tl.int64) * stride_ot + offs_n, tl.full([BLOCK_N], float("-inf"), tl.float32),
+                 mask=offs_n < MAX_LEN)
 
 
 _PAGED = Prebound(_indexer_paged_kernel)
@@ -443,10 +455,12 @@ def indexer_logits(
         stride_val, scale_base, stride_sc = k_cache.stride(1), 0, 0
     _, bn, nw, ns = INDEXER_CONFIGS["paged"]
     tiles = triton.cdiv(max_len, bn)
+    per = 1
     if row_bound_only:  # enough programs per row to fill the GPU a few times over, each looping over its tiles
         grid = (T, max(1, min(tiles, triton.cdiv(PAGED_LOOP_PROGRAMS_PER_SM * num_sms(dev), T))))
     else:
-        grid = (T, tiles)
+        per = max(1, int(PAGED_TILES))
+        grid = (T, triton.cdiv(tiles, per))
     block_table = block_table.to(torch.int32)
     form = paged_q_form(q.dtype, k_format, dev)
     q_terms = 1
@@ -460,7 +474,7 @@ def indexer_logits(
         q, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
         q.stride(0), q.stride(1), T * HI * INDEXER_DIM, weights.stride(0), block_table.stride(0), out.stride(0),
         k_cache.stride(0), stride_val, scale_base, stride_sc,
-        HI, max_len, next_n, bs, float(scale),
+        HI, max_len, next_n, bs, float(scale), per,
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
         TILE_LOOP=row_bound_only, KEYS_M=keys_m, F16_DOT=form == "f16-kernel", Q_TERMS=q_terms, num_warps=nw,
         num_stages=ns, **({} if maxnreg is None else {"maxnreg": maxnreg}),
