@@ -328,7 +328,7 @@ def test_paged_tiles_per_program(monkeypatch, tiles, k_format):
 
     grids = []
     real = ix._PAGED
-    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: grids.append((grid, a[-1])) or real(grid, *a, **kw))
+    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: grids.append((grid, kw["TILES"])) or real(grid, *a, **kw))
     g = torch.Generator().manual_seed(7)
     bs, nb, HI, n = 16, 80, 4, 2
     keys = torch.randn(nb * bs, 128, generator=g)
