@@ -45,7 +45,7 @@ for step in "$@"; do
                  timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize \
                    --only T40-H8-K2048-N3000-fp8,T33-H12 > "$OUT/${tool}_fp8mma.log" 2>&1; echo "$tool rc=$?"
                  tail -3 "$OUT/${tool}_fp8mma.log"; done ;;
-    sanitize-indexer) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/indexer_sanitize_case.py > "$OUT/sanitizer_indexer_h200.log" 2>&1
+    sanitize-indexer) timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/indexer_sanitize_case.py > "$OUT/sanitizer_indexer_h200.log" 2>&1
             echo "sanitizer-indexer rc=$?"; tail -2 "$OUT/sanitizer_indexer_h200.log" ;;
     sanitize-small) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize --smem-class small > "$OUT/sanitizer_small.log" 2>&1
             echo "sanitizer-small rc=$?"; tail -4 "$OUT/sanitizer_small.log" ;;

@@ -479,6 +479,42 @@ def test_rewrite_q_e4m3x2_terms():
     assert ((top >= 128) & (top <= 256)).all()  # [2^7, 2^8) before rounding, which may reach 2^8
 
 
+def test_paged_tiles_rule(monkeypatch):
+    """Tiles a program: 8 over bf16 keys on sm_90 with the tile it was timed with, 1 over fp8 keys, on other GPUs,
+    off a GPU and for another tile; PAGED_TILES overrides; the launch takes the rule's count."""
+    import glm5lib.kernels.indexer as ix
+
+    gpu = torch.device("cuda", 0)
+    cap = {"value": (9, 0)}
+    monkeypatch.setattr(ix, "capability", lambda dev: cap["value"])
+    assert ix.paged_tiles("bf16", gpu) == 8 and ix.paged_tiles("fp8", gpu) == 1
+    assert ix.paged_tiles("bf16", torch.device("cpu")) == 1
+    cap["value"] = (12, 0)
+    assert ix.paged_tiles("bf16", gpu) == 1  # not measured there
+    cap["value"] = (9, 0)
+    monkeypatch.setitem(ix.INDEXER_CONFIGS, "paged", (0, 64, 4, 2))
+    assert ix.paged_tiles("bf16", gpu) == 1
+    monkeypatch.setattr(ix, "PAGED_TILES", 3)
+    assert ix.paged_tiles("fp8", torch.device("cpu")) == 3
+    monkeypatch.setattr(ix, "PAGED_TILES", None)
+    monkeypatch.setitem(ix.INDEXER_CONFIGS, "paged", ix.TILES_CONFIG)
+    monkeypatch.setattr(ix, "tiles_rule", lambda fmt, c: 4)  # as a GPU of the rule would: the launch follows it
+    launched = []
+    real = ix._PAGED
+    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: launched.append((grid, kw["TILES"])) or real(grid, *a, **kw))
+    g = torch.Generator().manual_seed(8)
+    keys = torch.randn(40 * 16, 128, generator=g).to(DTYPE).view(40, 16, 128)
+    q = torch.randn(2, 4, 128, generator=g).to(DTYPE)
+    w = torch.rand(2, 4, generator=g)
+    kw = dict(block_table=torch.arange(40, dtype=torch.int32).view(2, 20), context_lens=torch.tensor([320, 9]),
+              max_len=320)
+    got = indexer_logits(q, keys, w, **kw)
+    assert launched == [((2, 1), 4)]
+    want = naive.indexer_logits_ref(q.float(), keys, w, **kw)
+    fin = torch.isfinite(want)
+    assert torch.equal(fin, torch.isfinite(got)) and torch.allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+
+
 def test_paged_maxnreg_rule(monkeypatch):
     """The register cap: on sm_90 only, keys as M over fp8 keys, one tile a program, 80 for one fp8 term, 96 for
     fp16; none for two e4m3 terms, the looping grid, other layouts or GPUs; PAGED_MAXNREG overrides (0: no cap);

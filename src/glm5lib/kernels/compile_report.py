@@ -143,7 +143,8 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
     consts = {"KV_FP8": fp8, "FP8_HW": arch >= 89, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
               "TILE_LOOP": loop, "KEYS_M": paged_keys_m(launched, fmt, form) if keys_m is None else keys_m,
               "F16_DOT": form == "f16-kernel", "Q_TERMS": 2 if form == "e4m3x2" else 1}
-    consts["TILES"] = 1 if loop else max(1, int(ix.PAGED_TILES))
+    consts["TILES"] = 1 if loop else (ix.tiles_rule(fmt, divmod(arch, 10)) if ix.PAGED_TILES is None
+                                      else max(1, int(ix.PAGED_TILES)))
     qtag = {torch.bfloat16: "", torch.float8_e4m3fn: ":q8"}.get(q_dtype, f":{str(q_dtype).removeprefix('torch.')}")
     ftag = f":{form}" if form else ""
     maxnreg = maxnreg_rule(launched, fmt, consts["KEYS_M"], consts["Q_TERMS"], loop, divmod(arch, 10))  # as launched

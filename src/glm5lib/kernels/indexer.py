@@ -39,9 +39,16 @@ INDEXER_CONFIGS = {
 # within 1-13 % of the one-tile launch where 8 was 18-38 % behind (fp8 q 204 us against 250); at B 32 every count
 # from 8 to 32 is within 1.5 % of each other.
 PAGED_LOOP_PROGRAMS_PER_SM = 32
-# Launches without `row_bound_only`: tiles a program scores, consecutive, one q load for all of them (grid
-# (T, cdiv(tiles, PAGED_TILES))); 1: one tile a program.
-PAGED_TILES = 1
+# Launches without `row_bound_only`: how many consecutive tiles a program scores (grid (T, cdiv(tiles, n))), q
+# loaded once for all of them and the key loads pipelined by the compiler across them (`_indexer_paged_kernel`).
+# H200, the shipped tile, B 128, ctx 32K (outputs/bench/sweeps/indexer_tiles_h200_a15190a.json, beside
+# indexer_tiles_h200_f593c87.json): bf16 keys 8 tiles 283 us against 312 for one (82 -> 91 % of copy); over fp8
+# keys no count beat one tile a program: fp16 q 225 us at best (8 tiles, no pipelining, cap 96) against 209, fp8 q
+# 170 against 166, two e4m3 terms 196 against 192. So the rule takes 8 for bf16 keys on sm_90, with the tile it
+# was timed with (`TILES_CONFIG`), and 1 elsewhere (`paged_tiles`); None: that rule; a number: that count.
+PAGED_TILES: int | None = None
+TILES_SM90 = {"bf16": 8}
+TILES_CONFIG = (0, 128, 4, 2)
 # The paged kernel's dot layout. Keys as M (`[BLOCK_N, 128] x [128, Hi]`, the head sum along rows) when q is fp8:
 # the fp8 MMA then takes the key tile as it sits in shared memory (K-contiguous) and only the small q tile as the
 # transposed operand; so too when q is rewritten over fp8 keys (`PAGED_Q_FORM`) or is fp16 there (timed on sm_90,
@@ -111,6 +118,20 @@ def q_form_rule(q_dtype: torch.dtype, k_format: str, e4m3_hw: bool) -> str | Non
     if PAGED_Q_FORM not in Q_FORMS:
         raise ValueError(f"indexer.PAGED_Q_FORM must be one of {Q_FORMS}, got {PAGED_Q_FORM!r}")
     return "f16" if PAGED_Q_FORM == "e4m3x2" and not e4m3_hw else PAGED_Q_FORM
+
+
+def paged_tiles(k_format: str, device: torch.device) -> int:
+    """Tiles a program of a paged launch without `row_bound_only` scores over keys of `k_format` (see PAGED_TILES)."""
+    if PAGED_TILES is not None:
+        return max(1, int(PAGED_TILES))
+    return tiles_rule(k_format, capability(device) if device.type == "cuda" else None)
+
+
+def tiles_rule(k_format: str, cap) -> int:
+    """`paged_tiles`' rule for a GPU of compute capability `cap` (None: not a GPU)."""
+    if cap != (9, 0) or tuple(INDEXER_CONFIGS["paged"]) != TILES_CONFIG:
+        return 1
+    return TILES_SM90.get(k_format, 1)
 
 
 def paged_maxnreg(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int, loop: bool,
@@ -486,7 +507,7 @@ def indexer_logits(
     if row_bound_only:  # enough programs per row to fill the GPU a few times over, each looping over its tiles
         grid = (T, max(1, min(tiles, triton.cdiv(PAGED_LOOP_PROGRAMS_PER_SM * num_sms(dev), T))))
     else:
-        per = max(1, int(PAGED_TILES))
+        per = paged_tiles("fp8" if fp8 else "bf16", dev)
         grid = (T, triton.cdiv(tiles, per))
     block_table = block_table.to(torch.int32)
     form = paged_q_form(q.dtype, k_format, dev)
@@ -514,5 +535,5 @@ def indexer_flops(T: int, n_keys: float, HI: int) -> float:
     return 2.0 * T * n_keys * HI * INDEXER_DIM
 
 
-__all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "paged_q_form", "paged_maxnreg", "rewrite_q",
-           "INDEXER_CONFIGS", "Q_FORMS", "REWRITTEN_DTYPE"]
+__all__ = ["indexer_logits", "indexer_flops", "paged_keys_m", "paged_q_form", "paged_maxnreg", "paged_tiles",
+           "rewrite_q", "INDEXER_CONFIGS", "Q_FORMS", "REWRITTEN_DTYPE"]
