@@ -316,8 +316,10 @@ def _paged_tile(q, q2, w, K8, KF, BT, OUT, t, b, last, tile, stride_bt, stride_o
     """Scores of query t (`_paged_q`'s q, q2, w) against positions [tile * BLOCK_N, +BLOCK_N), a tile holding at
     least one position <= `last`: -inf past it. KEYS_M: the dot with the keys as M ([BLOCK_N, BLOCK_HI], the head
     sum along rows) instead of the heads (`paged_keys_m`). Q_TERMS 2: q + q2 into one dot. SCALES_FIRST: the key
-    scales loaded with the keys (in flight through the dot; the tile loop), else after the dot (one tile a
-    program, where the earlier load cost the fp16 dot 60 % more time on the H200)."""
+    scales loaded with the keys (in flight through the dot; the tile loop), else after the dot, as the one-tile
+    kernel was timed (H200: sending one tile a program through the tile loop with the scales first took the fp16
+    form from 217 to 366 us, outputs/bench/sweeps/indexer_tiles_h200_f593c87.json; the two changes were not timed
+    apart)."""
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     see = (offs_n <= last) & (offs_n < MAX_LEN)
