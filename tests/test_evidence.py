@@ -658,6 +658,21 @@ def test_evidence_indexer_tiles_per_program_h200():
     assert 60 < target["indexer decode fp8: % of copy bandwidth"]["value"] < 70
 
 
+def test_evidence_indexer_form_topk_h200():
+    """NOTES round 11 (`scripts/indexer_form_topk.py`, all 128 decode rows against the fp32 reference): the fp16
+    rewrite and the bf16 dot pick the reference's top-2048 in every row; two e4m3 terms move a few positions (at
+    most 4 of 2048 in a row) for a faster call; vLLM's fp8 q moves some 2-3 %, an order of magnitude more."""
+    res = json.loads((BENCH / "sweeps" / "indexer_form_topk_h200_63637dd.json").read_text())
+    assert res["meta"]["gpu"] == "NVIDIA H200" and res["meta"]["commit"] == "63637dd" and res["meta"]["batch"] == 128
+    rows = {r["form"]: r for r in res["rows"]}
+    for exact in ("f16", "bf16 dot"):
+        assert rows[exact]["rows_identical"] == rows[exact]["rows"] == 128 and rows[exact]["rel_err"] < 1e-6
+    two, q8 = rows["e4m3x2"], rows["fp8 q"]
+    assert 1e-5 < two["rel_err"] < 1e-3 and two["topk_agree_min"] >= 1 - 4 / 2048
+    assert 1 - q8["topk_agree_mean"] > 10 * (1 - two["topk_agree_mean"])
+    assert two["us"] < 0.95 * rows["f16"]["us"] < rows["bf16 dot"]["us"] and q8["us"] < two["us"]
+
+
 def test_evidence_fp8mma_graph_threshold_h200():
     """mla.FP8MMA_MIN_T_GRAPH: `sparse_mla` captured in a CUDA graph runs the fp8-cache kernel from 8 tokens (its
     replay time is that kernel's) and the Triton kernel below; at 8 heads the kernel is faster from B8 on."""
