@@ -285,30 +285,33 @@ def test_paged_row_bound_only_fixed_grid(monkeypatch, programs, q_fp8):
     """`row_bound_only` (the CUDA-graph decode launch, rows as wide as max_model_len): the same scores as the
     per-tile launch within each request's context, -inf up to the end of the tile holding it, nothing written
     after that tile, whether one program loops over a whole row (1 per SM), two share a row's tiles by stride (12
-    for 6 queries) or each takes one tile (64). Contexts span up to three 128-key tiles."""
+    for 10 queries) or each takes one tile (64). Contexts end in tiles 0-2, one is longer than the row, and a query
+    whose position ends a tile has the next tile of its context written -inf (the tile loop's second loop)."""
     import glm5lib.kernels.indexer as ix
 
     monkeypatch.setattr(ix, "num_sms", lambda device: 1)
     monkeypatch.setattr(ix, "PAGED_LOOP_PROGRAMS_PER_SM", programs)
     g = torch.Generator().manual_seed(2)
-    bs, nb, HI, n = 16, 60, 4, 2
+    bs, nb, HI, n, R = 16, 200, 4, 2, 5
     cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(torch.randn(nb * bs, 128, generator=g)), bs)
-    table = torch.randperm(nb, generator=g)[:57].view(3, 19).to(torch.int32)
-    ctx = torch.tensor([300, 0, 140], dtype=torch.int32)  # a padding request (context 0) in the middle
-    q = torch.randn(3 * n, HI, 128, generator=g).to(DTYPE)
-    w = torch.randn(3 * n, HI, generator=g)
+    table = torch.randperm(nb, generator=g)[:R * 40].view(R, 40).to(torch.int32)
+    # a padding request (context 0) in the middle; 129: the first query's position ends tile 0, so its tile 1 is
+    # -inf after the loop; 700: longer than the row
+    ctx = torch.tensor([300, 0, 140, 129, 700], dtype=torch.int32)
+    q = torch.randn(R * n, HI, 128, generator=g).to(DTYPE)
+    w = torch.randn(R * n, HI, generator=g)
     if q_fp8:
         q, amax = naive.quantize_indexer_q(q.float())
         w = w * amax
-    width = 640  # five 128-key tiles; the longest context ends in the third
+    width = 640  # five 128-key tiles
     want = indexer_logits(q, cache, w, k_format="fp8", block_table=table, context_lens=ctx, next_n=n, max_len=width)
     ref = naive.indexer_logits_ref(q.float(), cache, w, k_format="fp8", block_table=table, context_lens=ctx, next_n=n,
                                    max_len=width)
     assert torch.allclose(want, ref, rtol=1e-5, atol=1e-5)
-    got = torch.full((3 * n, width), 12345.0)
+    got = torch.full((R * n, width), 12345.0)
     indexer_logits(q, cache, w, k_format="fp8", block_table=table, context_lens=ctx, next_n=n, max_len=width,
                    out=got, row_bound_only=True)
-    for t in range(3 * n):
+    for t in range(R * n):
         L = int(ctx[t // n])
         assert torch.equal(got[t, :L], want[t, :L]), t
         end = 0 if L == 0 else -(-L // 128) * 128
@@ -328,7 +331,7 @@ def test_paged_tiles_per_program(monkeypatch, tiles, k_format):
 
     grids = []
     real = ix._PAGED
-    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: grids.append((grid, kw["TILES"])) or real(grid, *a, **kw))
+    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: grids.append((grid, a[-1])) or real(grid, *a, **kw))
     g = torch.Generator().manual_seed(7)
     bs, nb, HI, n = 16, 80, 4, 2
     keys = torch.randn(nb * bs, 128, generator=g)
@@ -480,14 +483,15 @@ def test_rewrite_q_e4m3x2_terms():
 
 
 def test_paged_tiles_rule(monkeypatch):
-    """Tiles a program: 8 over bf16 keys on sm_90 with the tile it was timed with, 1 over fp8 keys, on other GPUs,
-    off a GPU and for another tile; PAGED_TILES overrides; the launch takes the rule's count."""
+    """Tiles a program: 8 over bf16 keys on sm_90 with the tile it was timed with, 1 over fp8 or fp16 keys, on
+    other GPUs, off a GPU and for another tile; PAGED_TILES overrides; the compile report and the launch take that
+    count."""
     import glm5lib.kernels.indexer as ix
 
     gpu = torch.device("cuda", 0)
     cap = {"value": (9, 0)}
     monkeypatch.setattr(ix, "capability", lambda dev: cap["value"])
-    assert ix.paged_tiles("bf16", gpu) == 8 and ix.paged_tiles("fp8", gpu) == 1
+    assert ix.paged_tiles("bf16", gpu) == 8 and ix.paged_tiles("fp8", gpu) == 1 and ix.paged_tiles("fp16", gpu) == 1
     assert ix.paged_tiles("bf16", torch.device("cpu")) == 1
     cap["value"] = (12, 0)
     assert ix.paged_tiles("bf16", gpu) == 1  # not measured there
@@ -498,10 +502,19 @@ def test_paged_tiles_rule(monkeypatch):
     assert ix.paged_tiles("fp8", torch.device("cpu")) == 3
     monkeypatch.setattr(ix, "PAGED_TILES", None)
     monkeypatch.setitem(ix.INDEXER_CONFIGS, "paged", ix.TILES_CONFIG)
-    monkeypatch.setattr(ix, "tiles_rule", lambda fmt, c: 4)  # as a GPU of the rule would: the launch follows it
+    from glm5lib.kernels.compile_report import indexer_paged_spec
+
+    # the compile report builds what the rule launches: 8 tiles over bf16 keys on sm_90, uncapped; 1 over fp8 keys
+    # (capped) and on the looping grid
+    spec = indexer_paged_spec(90, torch.bfloat16, False, False)
+    assert spec.constexprs["MULTI"] and "TILES" not in spec.constexprs and spec.maxnreg is None and "-t8-" in spec.name
+    for one in (indexer_paged_spec(90, torch.float8_e4m3fn, True, False), indexer_paged_spec(90, torch.bfloat16, False, True),
+                indexer_paged_spec(89, torch.bfloat16, False, False)):
+        assert not one.constexprs["MULTI"] and one.constexprs["TILES"] == 1, one.name
+    monkeypatch.setattr(ix, "PAGED_TILES", 4)  # as a GPU of the rule would: the launch follows it
     launched = []
     real = ix._PAGED
-    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: launched.append((grid, kw["TILES"])) or real(grid, *a, **kw))
+    monkeypatch.setattr(ix, "_PAGED", lambda grid, *a, **kw: launched.append((grid, a[-1])) or real(grid, *a, **kw))
     g = torch.Generator().manual_seed(8)
     keys = torch.randn(40 * 16, 128, generator=g).to(DTYPE).view(40, 16, 128)
     q = torch.randn(2, 4, 128, generator=g).to(DTYPE)
@@ -529,6 +542,7 @@ def test_paged_maxnreg_rule(monkeypatch):
     assert rule(f8, "fp8", True, 1, False, gpu) == 80 and rule(f16, "fp8", True, 1, False, gpu) == 96
     assert rule(f8, "fp8", True, 2, False, gpu) is None and rule(f16, "fp8", False, 1, False, gpu) is None
     assert rule(f16, "fp8", True, 1, True, gpu) is None  # the looping grid: the caps spill there
+    assert rule(f8, "fp8", True, 1, False, gpu, 4) is None  # several tiles a program: the same loop
     assert rule(torch.bfloat16, "fp8", True, 1, False, gpu) is None
     assert rule(f16, "bf16", True, 1, False, gpu) is None
     assert rule(f16, "fp8", True, 1, False, torch.device("cpu")) is None

@@ -123,12 +123,12 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
                        form=_RULE) -> KernelSpec:
     """The paged indexer kernel as `indexer_logits` launches it on `arch` for q of `q_dtype` (32 index heads, the
     shipped tile): after the q rewrite of `form` (a `indexer.Q_FORMS` entry or None; default the dispatch rule,
-    `paged_q_form`), in the dot layout `keys_m` (default the rule)."""
+    `paged_q_form`), in the dot layout `keys_m` (default the rule), with the tiles a program of `paged_tiles` (one
+    on the looping grid `loop`) and the register cap of `paged_maxnreg`'s rule."""
     import torch
 
-    from glm5lib.kernels import indexer as ix
     from glm5lib.kernels.indexer import (INDEXER_CONFIGS, REWRITTEN_DTYPE, _indexer_paged_kernel, maxnreg_rule,
-                                         paged_keys_m, q_form_rule)
+                                         paged_keys_m, q_form_rule, tiles_for)
     from glm5lib.kernels.naive import INDEXER_DIM
 
     fmt = "fp8" if fp8 else "bf16"
@@ -143,12 +143,15 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
     consts = {"KV_FP8": fp8, "FP8_HW": arch >= 89, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
               "TILE_LOOP": loop, "KEYS_M": paged_keys_m(launched, fmt, form) if keys_m is None else keys_m,
               "F16_DOT": form == "f16-kernel", "Q_TERMS": 2 if form == "e4m3x2" else 1}
-    consts["TILES"] = 1 if loop else (ix.tiles_rule(fmt, divmod(arch, 10)) if ix.PAGED_TILES is None
-                                      else max(1, int(ix.PAGED_TILES)))
+    per = 1 if loop else tiles_for(fmt, divmod(arch, 10))
+    consts["MULTI"] = per > 1
+    if per == 1:  # Triton specialises an integer argument of 1 as a constant: so does the report
+        consts["TILES"] = 1
     qtag = {torch.bfloat16: "", torch.float8_e4m3fn: ":q8"}.get(q_dtype, f":{str(q_dtype).removeprefix('torch.')}")
     ftag = f":{form}" if form else ""
-    maxnreg = maxnreg_rule(launched, fmt, consts["KEYS_M"], consts["Q_TERMS"], loop, divmod(arch, 10))  # as launched
-    tiles = f"-t{consts['TILES']}" if consts["TILES"] > 1 else ""
+    maxnreg = maxnreg_rule(launched, fmt, consts["KEYS_M"], consts["Q_TERMS"], loop, divmod(arch, 10),
+                           per)  # as launched
+    tiles = f"-t{per}" if per > 1 else ""
     name = (f"indexer_paged[Hi32-N{bn}{tiles}-w{nw}-s{ns}{f'-r{maxnreg}' if maxnreg else ''}:{fmt}{qtag}{ftag}"
             f"{':loop' if loop else ''}]")
     return KernelSpec(name, fn, _sig(fn, types, consts), consts, nw, ns,
@@ -216,7 +219,8 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         specs.append(KernelSpec(f"indexer_ragged[M{bm}-N{bn}-w{nw}-s{ns}:{'fp8' if fp8 else 'bf16'}{qtag}]", fn,
                                 _sig(fn, types, consts), consts, nw, ns,
                                 ("Q", "K8", "KF", "W", "OUT", "stride_qt", "stride_qh", "stride_k", "stride_ot")))
-        for loop in (False, True):  # one program per tile; a fixed grid looping over tiles (CUDA-graph decode)
+        for loop in (False, True):  # the rule's tiles a program (`paged_tiles`); a fixed grid looping over tiles
+            # (CUDA-graph decode)
             specs.append(indexer_paged_spec(arch, qdt, fp8, loop))
     from glm5lib.kernels.indexer import REWRITTEN_DTYPE, q_form_rule
 

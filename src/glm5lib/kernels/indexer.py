@@ -9,9 +9,10 @@ bounds. Two kernels behind one function:
   all heads and queries: the FLOPs (`2 T N Hi 128`) dominate and the tile is tensor-core bound.
 - paged (decode): a vLLM paged cache (`[num_blocks, block_size, 128]` bf16, or fp8 in vLLM/DeepGEMM's
   block-split layout `[num_blocks, block_size, 132]`) read through a block table; query `b * next_n + i`
-  sees positions `j <= context_lens[b] - next_n + i`. A program owns one query and `BLOCK_N` positions and
-  does `[Hi, 128] x [128, BLOCK_N]` (`[BLOCK_N, 128] x [128, Hi]` for fp8 q: `PAGED_KEYS_M`): every key byte is
-  read once per query, a bandwidth problem. bf16 q over fp8 keys is rewritten first (`PAGED_Q_FORM`: fp16 scaled
+  sees positions `j <= context_lens[b] - next_n + i`. A program owns one query and `BLOCK_N` positions (or several
+  such tiles: `PAGED_TILES`, and the looping grid of `row_bound_only`) and does `[Hi, 128] x [128, BLOCK_N]`
+  (`[BLOCK_N, 128] x [128, Hi]` for fp8 q: `PAGED_KEYS_M`): every key byte is read once per query, a bandwidth
+  problem. bf16 q over fp8 keys is rewritten first (`PAGED_Q_FORM`: fp16 scaled
   per head by a power of two, or two e4m3 terms): e4m3 widens to fp16 in one instruction per pair, to bf16 in
   several.
 
@@ -32,7 +33,7 @@ from glm5lib.kernels.naive import INDEXER_DIM, INDEXER_FP8_ROW_BYTES
 INDEXER_CONFIGS = {
     # name: (BLOCK_M, BLOCK_N, num_warps, num_stages); ragged uses M and N, paged uses N only
     "ragged": (64, 128, 8, 2),
-    "paged": (0, 128, 4, 2),  # H200 sweep: 283 us against 334 us for N=64 (fp8, B=128, ctx 32K)
+    "paged": (0, 128, 4, 2),  # H200 sweep (round 6, fp8 keys, bf16 q, B=128, ctx 32K): 283 us against 334 for N=64
 }
 # row_bound_only launches (the CUDA-graph decode path, rows as wide as max_model_len): programs per SM in all.
 # H200, ctx 32K in 128K-wide rows (outputs/bench/sweeps/indexer_loop_sweep_h200.json): at B 128, 32 per SM is
@@ -44,11 +45,13 @@ PAGED_LOOP_PROGRAMS_PER_SM = 32
 # H200, the shipped tile, B 128, ctx 32K (outputs/bench/sweeps/indexer_tiles_h200_a15190a.json, beside
 # indexer_tiles_h200_f593c87.json): bf16 keys 8 tiles 283 us against 312 for one (82 -> 91 % of copy); over fp8
 # keys no count beat one tile a program: fp16 q 225 us at best (8 tiles, no pipelining, cap 96) against 209, fp8 q
-# 170 against 166, two e4m3 terms 196 against 192. So the rule takes 8 for bf16 keys on sm_90, with the tile it
-# was timed with (`TILES_CONFIG`), and 1 elsewhere (`paged_tiles`); None: that rule; a number: that count.
+# 170 against 166, two e4m3 terms 196 against 192 (f593c87's build, TILES a runtime argument, ran the fp8-dot
+# loops 8-10 % faster, two e4m3 terms at 8 tiles 186 us, with 9 % fewer instructions: sweeps/
+# indexer_tiles_sass_triton36.txt; not re-timed). So the rule takes 8 for bf16 keys on sm_90, with the tile it
+# was timed with (`TILES_CONFIG`, the caps' `MAXNREG_CONFIG`), and 1 elsewhere (`paged_tiles`); None: that rule;
+# a number: that count.
 PAGED_TILES: int | None = None
 TILES_SM90 = {"bf16": 8}
-TILES_CONFIG = (0, 128, 4, 2)
 # The paged kernel's dot layout. Keys as M (`[BLOCK_N, 128] x [128, Hi]`, the head sum along rows) when q is fp8:
 # the fp8 MMA then takes the key tile as it sits in shared memory (K-contiguous) and only the small q tile as the
 # transposed operand; so too when q is rewritten over fp8 keys (`PAGED_Q_FORM`) or is fp16 there (timed on sm_90,
@@ -64,19 +67,19 @@ PAGED_KEYS_M: bool | None = None
 # <= 96, 6 at <= 80 (fp8 q takes 90). H200, keys as M, the shipped tile, B 128, ctx 32K (outputs/bench/sweeps/
 # indexer_maxnreg_h200_81217ca.json): fp16 q 226 -> 214 us at a cap of 96 (219 at 80), fp8 q 180 -> 171 us at 80
 # (181 at 96), two e4m3 terms 200 -> 213 at 80 (200 at 96, not capped). So the rule caps those two on sm_90, for
-# the tile they were timed with (`MAXNREG_CONFIG`), one tile a program (not the looping grid); other GPUs and
-# tiles are not measured and keep the compiler's choice.
+# the tile they were timed with (`MAXNREG_CONFIG`), one tile a program (not several, not the looping grid); other
+# GPUs and tiles are not measured and keep the compiler's choice.
 # None: that rule (`paged_maxnreg`); 0: no cap; a number: that cap on every launch (`bench_indexer(sweep=True)`).
 PAGED_MAXNREG: int | None = None
 MAXNREG_SM90 = {"fp8": 80, "fp16": 96}
-MAXNREG_CONFIG = (0, 128, 4, 2)
+MAXNREG_CONFIG = TILES_CONFIG = (0, 128, 4, 2)
 
 
 # bf16 q over fp8 keys (the paged kernel) is rewritten before it is scored: sm_89+ widens e4m3 to fp16 in one
 # instruction per pair (`cvt.rn.f16x2.e4m3x2`) but has no direct e4m3 -> bf16, so a bf16 dot costs several
 # conversions per key byte, and decode reads each key byte once per query: the conversions, not the bytes, set
 # its pace (H200, B 128, ctx 32K: 47 % of copy scored as it is, 63 % rewritten into fp16 under the register cap,
-# 79 % with fp8 q; outputs/bench/bench_h200.json). PAGED_Q_FORM says into what:
+# 79 % with fp8 q; outputs/bench/sweeps/bench_h200_413d3e3.json). PAGED_Q_FORM says into what:
 # - "f16": a launch before the scores (`_q_prep_kernel`, one program per query) writes q times a power of two per
 #   head in fp16 (`_rows_to_f16`; exact for bf16 values) and the weights times the inverse; the scores kernel then
 #   takes that fp16 q as it is and widens the keys to fp16;
@@ -122,32 +125,34 @@ def q_form_rule(q_dtype: torch.dtype, k_format: str, e4m3_hw: bool) -> str | Non
 
 def paged_tiles(k_format: str, device: torch.device) -> int:
     """Tiles a program of a paged launch without `row_bound_only` scores over keys of `k_format` (see PAGED_TILES)."""
+    return tiles_for(k_format, capability(device) if device.type == "cuda" else None)
+
+
+def tiles_for(k_format: str, cap) -> int:
+    """`paged_tiles` for a GPU of compute capability `cap` (None: not a GPU): PAGED_TILES if set, else the rule."""
     if PAGED_TILES is not None:
         return max(1, int(PAGED_TILES))
-    return tiles_rule(k_format, capability(device) if device.type == "cuda" else None)
-
-
-def tiles_rule(k_format: str, cap) -> int:
-    """`paged_tiles`' rule for a GPU of compute capability `cap` (None: not a GPU)."""
     if cap != (9, 0) or tuple(INDEXER_CONFIGS["paged"]) != TILES_CONFIG:
         return 1
     return TILES_SM90.get(k_format, 1)
 
 
 def paged_maxnreg(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int, loop: bool,
-                  device: torch.device) -> int | None:
+                  device: torch.device, tiles: int = 1) -> int | None:
     """The register cap of a paged launch (see PAGED_MAXNREG) for the q it launches with (after any rewrite), in
-    the dot layout `keys_m`, with `q_terms` terms, on the looping grid or not; None: no cap."""
+    the dot layout `keys_m`, with `q_terms` terms, on the looping grid or not, `tiles` a program; None: no cap."""
     if PAGED_MAXNREG is not None:
         return PAGED_MAXNREG or None
     cap = capability(device) if device.type == "cuda" else None
-    return maxnreg_rule(q_dtype, k_format, keys_m, q_terms, loop, cap)
+    return maxnreg_rule(q_dtype, k_format, keys_m, q_terms, loop, cap, tiles)
 
 
-def maxnreg_rule(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int, loop: bool, cap) -> int | None:
+def maxnreg_rule(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int, loop: bool, cap,
+                 tiles: int = 1) -> int | None:
     """`paged_maxnreg`'s rule for a GPU of compute capability `cap` (None: not a GPU). Not on the looping grid
-    (`row_bound_only`): there the caps spill (ptxas, Triton 3.6: 56 / 32 bytes of stack) and were not timed."""
-    if k_format != "fp8" or not keys_m or q_terms != 1 or loop or cap != (9, 0):
+    (`row_bound_only`): there the caps spill (ptxas, Triton 3.6: 56 / 32 bytes of stack) and were not timed; not
+    for several tiles a program (the same loop; timed under the caps in the sweeps only)."""
+    if k_format != "fp8" or not keys_m or q_terms != 1 or loop or tiles != 1 or cap != (9, 0):
         return None
     if tuple(INDEXER_CONFIGS["paged"]) != MAXNREG_CONFIG:
         return None
@@ -362,13 +367,15 @@ def _indexer_paged_kernel(
     Q, K8, KF, W, BT, CTX, OUT,
     stride_qt, stride_qh, stride_qterm, stride_wt, stride_bt, stride_ot,
     stride_blk, stride_val, scale_base, stride_sc,
-    HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale,
+    HI, MAX_LEN, NEXT_N, BLOCK_SIZE, scale, TILES,
     KV_FP8: tl.constexpr, FP8_HW: tl.constexpr, BLOCK_HI: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
     TILE_LOOP: tl.constexpr, KEYS_M: tl.constexpr, F16_DOT: tl.constexpr, Q_TERMS: tl.constexpr,
-    TILES: tl.constexpr,
+    MULTI: tl.constexpr,
 ):
-    """Program (t, pid_n) scores query t over its tiles: tile pid_n (TILES 1), TILES consecutive tiles from
-    pid_n * TILES, or (TILE_LOOP) tiles pid_n, pid_n + G, ... up to the request's context. With more than one tile,
+    """Program (t, pid_n) scores query t over its tiles: tile pid_n (not MULTI), TILES consecutive tiles from
+    pid_n * TILES (MULTI), or (TILE_LOOP) tiles pid_n, pid_n + G, ... up to the request's context. With more than one
+    tile (TILES a runtime argument: as a constexpr the 8-tile loop compiles to 9 % more instructions under Triton
+    3.6, outputs/bench/sweeps/indexer_tiles_sass_triton36.txt),
     q and the weights are loaded once for all of them and the loop over the tiles holding a visible position has
     no branch in it, so the compiler pipelines its key loads (num_stages); the program's tiles past the query's
     position are written -inf after it."""
@@ -378,7 +385,7 @@ def _indexer_paged_kernel(
     ctx = tl.load(CTX + b)
     last = ctx - NEXT_N + t % NEXT_N  # this query's own position
     DOT_DTYPE: tl.constexpr = tl.float16 if F16_DOT else Q.dtype.element_ty
-    if TILE_LOOP or TILES > 1:
+    if TILE_LOOP or MULTI:
         if TILE_LOOP:
             # a fixed grid (T, G) over a row of MAX_LEN: the program leaves the row past the request's context
             # alone (the reader bounds each row by its context), so the launch's cost follows the contexts
@@ -509,7 +516,7 @@ def indexer_logits(
     if row_bound_only:  # enough programs per row to fill the GPU a few times over, each looping over its tiles
         grid = (T, max(1, min(tiles, triton.cdiv(PAGED_LOOP_PROGRAMS_PER_SM * num_sms(dev), T))))
     else:
-        per = paged_tiles("fp8" if fp8 else "bf16", dev)
+        per = paged_tiles(k_format, dev)
         grid = (T, triton.cdiv(tiles, per))
     block_table = block_table.to(torch.int32)
     form = paged_q_form(q.dtype, k_format, dev)
@@ -519,14 +526,15 @@ def indexer_logits(
         if form == "e4m3x2":
             q, q_terms = q[0], 2  # the first term; the second lies T * Hi * 128 elements further
     keys_m = paged_keys_m(q.dtype, k_format, form)
-    maxnreg = paged_maxnreg(q.dtype, k_format, keys_m, q_terms, row_bound_only, dev)
+    maxnreg = paged_maxnreg(q.dtype, k_format, keys_m, q_terms, row_bound_only, dev, per)
     _PAGED(grid,
         q, k_cache, kf, weights, block_table, context_lens.to(torch.int32).contiguous(), out,
         q.stride(0), q.stride(1), T * HI * INDEXER_DIM, weights.stride(0), block_table.stride(0), out.stride(0),
         k_cache.stride(0), stride_val, scale_base, stride_sc,
-        HI, max_len, next_n, bs, float(scale),
+        HI, max_len, next_n, bs, float(scale), per,
         KV_FP8=fp8, FP8_HW=fp8_hw(dev), BLOCK_HI=max(16, triton.next_power_of_2(HI)), BLOCK_N=bn, D=INDEXER_DIM,
-        TILE_LOOP=row_bound_only, KEYS_M=keys_m, F16_DOT=form == "f16-kernel", Q_TERMS=q_terms, TILES=per, num_warps=nw,
+        TILE_LOOP=row_bound_only, KEYS_M=keys_m, F16_DOT=form == "f16-kernel", Q_TERMS=q_terms, MULTI=per > 1,
+        num_warps=nw,
         num_stages=ns, **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return out
