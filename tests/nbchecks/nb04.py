@@ -44,8 +44,8 @@ def check(report: dict) -> None:
     assert all(0.85 < o / t < 0.95 for o, t in zip(ours, theirs))  # "about 0.9x FlashMLA's TFLOP/s"
     assert 0.8 < head["prefill_h8_speedup_vs_flashmla"] < 1.25  # "about the same speed"
     lo, hi = head["indexer_decode_fp8q_bf16_pct_copy"]
-    assert 78 < lo < 86 and 88 < hi < 97  # "82 % ... with fp8 keys and fp8 q, and 93 % with bf16 keys"
-    assert 60 < head["indexer_decode_bf16q_fp8_pct_copy"] < 68  # bf16 q on fp8 keys: "about 65 %"
+    assert 78 < lo < 86 and 88 < hi < 97  # "81 % ... with fp8 keys and fp8 q, and 91 % with bf16 keys"
+    assert 60 < head["indexer_decode_bf16q_fp8_pct_copy"] < 68  # bf16 q on fp8 keys: "about 64 %"
     # the speed targets recomputed from the committed rows: each verdict follows from its value and goal, the
     # count is theirs, and they agree with the verdicts committed with the H200 results
     targets = report["targets"]
