@@ -676,6 +676,19 @@ def test_evidence_indexer_tiles_per_program_h200():
     assert sass[0].startswith("f593c87") and sass[1].startswith("a15190a")
     for q in ("fp8 q", "two e4m3 terms"):
         assert count[1][q] > 1.05 * count[0][q], q
+    # the committed build (TILES a runtime argument again) runs those loops at f593c87's times, and its rule holds:
+    # the shipped forms over fp8 keys gain nothing from several tiles (under 3 %), bf16 keys do
+    third_commit, third = _decode_us("sweeps/indexer_tiles_h200_1d31ed4.json")
+    assert third_commit == "1d31ed4" and all(r["ok"] for k, r in third.items() if k[1].startswith("triton:"))
+    for row in ("triton:q-e4m3x2-t8-s2", "triton:q-q8-t8-s2"):
+        assert abs(third["fp8", row]["us"] / first["fp8", row]["us"] - 1) < 0.03, row
+    t3 = {k: r["us"] for k, r in third.items()}
+
+    def tiled3(fmt, label):
+        return min(v for (f, i), v in t3.items() if f == fmt and i.startswith(f"triton:q-{label}-t"))
+
+    assert tiled3("fp8", "f16") > 0.97 * t3["fp8", "triton"] and tiled3("fp8", "q8") > 0.97 * t3["fp8", "triton-q8"]
+    assert tiled3("bf16", "bf16") < 0.93 * t3["bf16", "triton:N128-w4-s2"]
 
 
 def test_evidence_indexer_form_topk_h200():
