@@ -533,7 +533,8 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
     runs = ([(c, None, km) for km in (False, True) for c in SWEEP_INDEXER_PAGED]
             + [(shipped, p, None) for p in (8, 32)])
     loop_programs = ix.PAGED_LOOP_PROGRAMS_PER_SM
-    ix.PAGED_TILES, ix.PAGED_MAXNREG = 1, 0  # each tile with the compiler's registers (the caps were timed for the shipped tile only)
+    # one tile a program, each tile with the compiler's registers (the caps were timed for the shipped tile only)
+    ix.PAGED_TILES, ix.PAGED_MAXNREG = 1, 0
     for cfg, loop, keys_m in runs:
         ix.INDEXER_CONFIGS["paged"] = cfg
         ix.PAGED_LOOP_PROGRAMS_PER_SM = loop or loop_programs

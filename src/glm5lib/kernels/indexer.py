@@ -42,14 +42,12 @@ INDEXER_CONFIGS = {
 PAGED_LOOP_PROGRAMS_PER_SM = 32
 # Launches without `row_bound_only`: how many consecutive tiles a program scores (grid (T, cdiv(tiles, n))), q
 # loaded once for all of them and the key loads pipelined by the compiler across them (`_indexer_paged_kernel`).
-# H200, the shipped tile, B 128, ctx 32K (outputs/bench/sweeps/indexer_tiles_h200_a15190a.json, beside
-# indexer_tiles_h200_f593c87.json): bf16 keys 8 tiles 283 us against 312 for one (82 -> 91 % of copy); over fp8
-# keys no count beat one tile a program: fp16 q 225 us at best (8 tiles, no pipelining, cap 96) against 209, fp8 q
-# 170 against 166, two e4m3 terms 196 against 192 (f593c87's build, TILES a runtime argument, ran the fp8-dot
-# loops 8-10 % faster, two e4m3 terms at 8 tiles 186 us, with 9 % fewer instructions: sweeps/
-# indexer_tiles_sass_triton36.txt; not re-timed). So the rule takes 8 for bf16 keys on sm_90, with the tile it
-# was timed with (`TILES_CONFIG`, the caps' `MAXNREG_CONFIG`), and 1 elsewhere (`paged_tiles`); None: that rule;
-# a number: that count.
+# H200, the shipped tile, B 128, ctx 32K (outputs/bench/sweeps/indexer_tiles_h200_1d31ed4.json; the earlier
+# builds: indexer_tiles_h200_f593c87.json, a15190a.json): bf16 keys 8 tiles 284 us against 310 for one (83 -> 90 %
+# of copy); over fp8 keys the shipped forms gain nothing: fp16 q 208 us at 4-8 tiles (1 stage, cap 96) against
+# 208, fp8 q 166 (4 tiles, cap 80) against 165; two e4m3 terms, not a default, 185 against 190. So the rule takes
+# 8 for bf16 keys on sm_90, with the tile it was timed with (`TILES_CONFIG`, the caps' `MAXNREG_CONFIG`), and 1
+# elsewhere (`paged_tiles`); None: that rule; a number: that count.
 PAGED_TILES: int | None = None
 TILES_SM90 = {"bf16": 8}
 # The paged kernel's dot layout. Keys as M (`[BLOCK_N, 128] x [128, Hi]`, the head sum along rows) when q is fp8:
@@ -373,12 +371,11 @@ def _indexer_paged_kernel(
     MULTI: tl.constexpr,
 ):
     """Program (t, pid_n) scores query t over its tiles: tile pid_n (not MULTI), TILES consecutive tiles from
-    pid_n * TILES (MULTI), or (TILE_LOOP) tiles pid_n, pid_n + G, ... up to the request's context. With more than one
-    tile (TILES a runtime argument: as a constexpr the 8-tile loop compiles to 9 % more instructions under Triton
-    3.6, outputs/bench/sweeps/indexer_tiles_sass_triton36.txt),
-    q and the weights are loaded once for all of them and the loop over the tiles holding a visible position has
-    no branch in it, so the compiler pipelines its key loads (num_stages); the program's tiles past the query's
-    position are written -inf after it."""
+    pid_n * TILES (MULTI), or (TILE_LOOP) tiles pid_n, pid_n + G, ... up to the request's context. With more than
+    one tile, q and the weights are loaded once for all of them and the loop over the tiles holding a visible
+    position has no branch in it, so the compiler pipelines its key loads (num_stages); the program's tiles past
+    the query's position are written -inf after it. TILES is a runtime argument: as a constexpr the 8-tile loop
+    compiled to 9 % more instructions under Triton 3.6 (outputs/bench/sweeps/indexer_tiles_sass_triton36.txt)."""
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = t // NEXT_N
@@ -450,6 +447,7 @@ def indexer_logits(
     Ragged: `k_cache` `[N, 128]` or fp8 `[N, 132]` uint8; `ks`/`ke` int32 `[T]` (defaults 0 / N) -> `[T, N]`.
     Paged: `k_cache` `[num_blocks, block_size, 128]` or fp8 `[num_blocks, block_size, 132]` (block-split);
     `block_table` int32 `[B, max_blocks]`, `context_lens` int32 `[B]`, `T = B * next_n` -> `[T, max_len]`.
+    Paged launches score `paged_tiles` consecutive key tiles a program (`PAGED_TILES`: 8 over bf16 keys on sm_90).
     `row_bound_only`: row t is written only up to the end of the key tile holding its request's context (the rest
     keeps whatever `out` held)
     and the grid no longer grows with `max_len`: for a fixed, wide `max_len` (max_model_len, CUDA graphs) read
