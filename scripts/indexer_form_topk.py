@@ -25,9 +25,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("indexer_form_topk: needs a CUDA GPU")
-    from glm5lib.bench.kernels import TOPK, _median_ms, paged_indexer_case, source_commit
+    from glm5lib.bench.kernels import TOPK, _indexer_knobs, _median_ms, paged_indexer_case, source_commit
     from glm5lib.kernels import indexer as ix
     from glm5lib.kernels import naive
+    from glm5lib.kernels.topk import topk_overlap
 
     g = torch.Generator(device="cuda").manual_seed(0)
     cache, table, ctxs, q, w = paged_indexer_case(a.batch, a.ctx, "fp8", 32, generator=g)
@@ -38,19 +39,16 @@ def main(argv=None) -> int:
     forms = [("f16", True, "f16", q, w), ("e4m3x2", True, "e4m3x2", q, w), ("bf16 dot", False, "f16", q, w),
              ("fp8 q", None, "f16", q8, w * amax)]
     rows = []
-    try:
+    with _indexer_knobs():
         for label, rewrite, form, qq, ww in forms:
             ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM = rewrite, form
             got = ix.indexer_logits(qq, cache, ww, **kw)
-            agree = torch.tensor([len(set(x.tolist()) & set(y.tolist())) / TOPK
-                                  for x, y in zip(got.topk(TOPK).indices.cpu(), want.cpu())])
+            agree = torch.tensor(topk_overlap(got.topk(TOPK).indices, want), dtype=torch.float64) / TOPK
             rows.append({"form": label, "rel_err": float((got - ref).norm() / ref.norm()),
                          "topk_agree_min": float(agree.min()), "topk_agree_mean": float(agree.mean()),
                          "rows_identical": int((agree == 1).sum()), "rows": len(agree),
                          "us": 1000 * _median_ms(lambda: ix.indexer_logits(qq, cache, ww, out=got, **kw))})
             print(json.dumps(rows[-1]), flush=True)
-    finally:
-        ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM = None, "f16"
     meta = {"gpu": torch.cuda.get_device_name(), "commit": source_commit(), "batch": a.batch, "ctx": a.ctx,
             "heads": 32, "topk": TOPK}
     with open(a.out, "w") as f:

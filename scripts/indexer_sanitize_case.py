@@ -14,6 +14,7 @@ import sys
 
 import torch
 
+from glm5lib.bench.kernels import _indexer_knobs
 from glm5lib.kernels import indexer as ix
 from glm5lib.kernels import naive
 
@@ -29,32 +30,32 @@ def main() -> int:
     table = torch.randperm(nb, generator=g)[:36].view(4, 9).to(torch.int32).cuda()
     ctx = torch.tensor([576, 0, 300, 77], dtype=torch.int32).cuda()
     bad = total = 0
-    for HI in (32, 24):
-        q = torch.randn(4, HI, 128, generator=g).to(torch.bfloat16).cuda()
-        w = (torch.rand(4, HI, generator=g) * HI ** -0.5).cuda()
-        q8, amax = naive.quantize_indexer_q(q.float())
-        kw = dict(k_format="fp8", block_table=table, context_lens=ctx, max_len=9 * bs, scale=128 ** -0.5)
-        ref = naive.indexer_logits_ref(q.float(), cache, w, **kw)
-        ref8 = naive.indexer_logits_ref(q8.float(), cache, w * amax, **kw)
-        kw16 = {**kw, "k_format": "bf16"}
-        ref16 = naive.indexer_logits_ref(q.float(), cache16, w, **kw16)
-        runs = [(form, True, form, q, w, ref, cache, kw) for form in ix.Q_FORMS]
-        runs += [("bf16", False, "f16", q, w, ref, cache, kw), ("q8", None, "f16", q8, w * amax, ref8, cache, kw),
-                 ("bf16 keys", None, "f16", q, w, ref16, cache16, kw16)]
-        for label, rewrite, form, qq, ww, want, kc, kwk in runs:
-            ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM = rewrite, form
-            for loop, tiles in ((False, None), (False, 1), (False, 4), (True, None)):
-                ix.PAGED_TILES = tiles
-                out = torch.full_like(want, float("-inf"))
-                ix.indexer_logits(qq, kc, ww, out=out, row_bound_only=loop, **kwk)
-                fin = torch.isfinite(want)
-                ok = torch.equal(torch.isinf(out), torch.isinf(want)) and torch.allclose(out[fin], want[fin],
-                                                                                         rtol=1e-3, atol=1e-3)
-                bad += not ok
-                total += 1
-                how = " loop" if loop else f" {ix.paged_tiles(kwk['k_format'], q.device)} tiles a program"
-                print(f"indexer paged H{HI} {label}{how}: {'ok' if ok else 'FAILED'}", flush=True)
-    ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM, ix.PAGED_TILES = None, "f16", None
+    with _indexer_knobs():  # the module's knobs back as they were, however the launches end
+        for HI in (32, 24):
+            q = torch.randn(4, HI, 128, generator=g).to(torch.bfloat16).cuda()
+            w = (torch.rand(4, HI, generator=g) * HI ** -0.5).cuda()
+            q8, amax = naive.quantize_indexer_q(q.float())
+            kw = dict(k_format="fp8", block_table=table, context_lens=ctx, max_len=9 * bs, scale=128 ** -0.5)
+            ref = naive.indexer_logits_ref(q.float(), cache, w, **kw)
+            ref8 = naive.indexer_logits_ref(q8.float(), cache, w * amax, **kw)
+            kw16 = {**kw, "k_format": "bf16"}
+            ref16 = naive.indexer_logits_ref(q.float(), cache16, w, **kw16)
+            runs = [(form, True, form, q, w, ref, cache, kw) for form in ix.Q_FORMS]
+            runs += [("bf16", False, "f16", q, w, ref, cache, kw), ("q8", None, "f16", q8, w * amax, ref8, cache, kw),
+                     ("bf16 keys", None, "f16", q, w, ref16, cache16, kw16)]
+            for label, rewrite, form, qq, ww, want, kc, kwk in runs:
+                ix.PAGED_Q_REWRITE, ix.PAGED_Q_FORM = rewrite, form
+                for loop, tiles in ((False, None), (False, 1), (False, 4), (True, None)):
+                    ix.PAGED_TILES = tiles
+                    out = torch.full_like(want, float("-inf"))
+                    ix.indexer_logits(qq, kc, ww, out=out, row_bound_only=loop, **kwk)
+                    fin = torch.isfinite(want)
+                    ok = torch.equal(torch.isinf(out), torch.isinf(want)) and torch.allclose(out[fin], want[fin],
+                                                                                             rtol=1e-3, atol=1e-3)
+                    bad += not ok
+                    total += 1
+                    how = " loop" if loop else f" {ix.paged_tiles(kwk['k_format'], q.device)} tiles a program"
+                    print(f"indexer paged H{HI} {label}{how}: {'ok' if ok else 'FAILED'}", flush=True)
     print(f"{total - bad}/{total} indexer launches match the reference")
     return 1 if bad else 0
 

@@ -627,6 +627,11 @@ def _decode_us(name: str) -> tuple[str, dict]:
                                    if r["kind"].startswith("indexer-decode") and "error" not in r}
 
 
+def _fastest_tiled(us: dict, fmt: str, label: str) -> tuple[float, str]:
+    """(time, row) of the fastest several-tiles-a-program sweep row for keys `fmt` and q `label`."""
+    return min((v, i) for (f, i), v in us.items() if f == fmt and i.startswith(f"triton:q-{label}-t"))
+
+
 def test_evidence_indexer_tiles_per_program_h200():
     """NOTES round 11 (`indexer.PAGED_TILES`): several tiles a program, q loaded once, the key loads pipelined by
     the compiler. Over bf16 keys 8 tiles beat one by more than 7 % (the rule on sm_90); over fp8 keys no tile
@@ -640,10 +645,10 @@ def test_evidence_indexer_tiles_per_program_h200():
     assert commit == "a15190a" and all(r["ok"] for k, r in rows.items() if k[1].startswith("triton:"))
     us = {k: r["us"] for k, r in rows.items()}
 
-    def tiled(fmt, label):  # the fastest row of several tiles a program for this q
-        return min((v, i) for (f, i), v in us.items() if f == fmt and i.startswith(f"triton:q-{label}-t"))[0]
+    def tiled(fmt, label):
+        return _fastest_tiled(us, fmt, label)[0]
 
-    best = min((v, i) for (f, i), v in us.items() if f == "bf16" and i.startswith("triton:q-bf16-t"))[1]
+    best = _fastest_tiled(us, "bf16", "bf16")[1]
     assert best.startswith(f"triton:q-bf16-t{ix.TILES_SM90['bf16']}-")  # the rule's count is the fastest
     assert tiled("bf16", "bf16") < 0.93 * us["bf16", "triton"]
     one_tile = {"f16": us["fp8", "triton"], "q8": us["fp8", "triton:q-q8-keysM-r80"],
@@ -685,7 +690,7 @@ def test_evidence_indexer_tiles_per_program_h200():
     t3 = {k: r["us"] for k, r in third.items()}
 
     def tiled3(fmt, label):
-        return min(v for (f, i), v in t3.items() if f == fmt and i.startswith(f"triton:q-{label}-t"))
+        return _fastest_tiled(t3, fmt, label)[0]
 
     assert tiled3("fp8", "f16") > 0.97 * t3["fp8", "triton"] and tiled3("fp8", "q8") > 0.97 * t3["fp8", "triton-q8"]
     assert tiled3("bf16", "bf16") < 0.93 * t3["bf16", "triton:N128-w4-s2"]

@@ -501,7 +501,7 @@ def test_paged_tiles_rule(monkeypatch):
     monkeypatch.setattr(ix, "PAGED_TILES", 3)
     assert ix.paged_tiles("fp8", torch.device("cpu")) == 3
     monkeypatch.setattr(ix, "PAGED_TILES", None)
-    monkeypatch.setitem(ix.INDEXER_CONFIGS, "paged", ix.TILES_CONFIG)
+    monkeypatch.setitem(ix.INDEXER_CONFIGS, "paged", ix.SM90_TIMED_TILE)
     from glm5lib.kernels.compile_report import indexer_paged_spec
 
     # the compile report builds what the rule launches: 8 tiles over bf16 keys on sm_90, uncapped; 1 over fp8 keys

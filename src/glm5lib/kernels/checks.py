@@ -32,7 +32,7 @@ from glm5lib.kernels.common import fp8_hw
 from glm5lib.kernels.indexer import indexer_logits
 from glm5lib.kernels.naive import cos_diff  # lives in naive (cheap to import); checks.cos_diff stays valid
 from glm5lib.kernels.mla import dispatched, sparse_mla
-from glm5lib.kernels.topk import topk_indices
+from glm5lib.kernels.topk import topk_indices, topk_overlap
 from glm5lib.model.spec import GLM5Config
 
 SM_SCALE = GLM5Config.glm5().softmax_scale  # 1/16 = (192 + 64) ** -0.5
@@ -319,7 +319,7 @@ def run_indexer_case(case: IndexerCase, device: str = "cpu", dtype: torch.dtype 
         ok = False
         notes.append("topk picks are not the k largest finite scores")
     ref_sel2 = naive.topk_ref(r, case.topk, ks=ks_arg)
-    inter = sum(len(set(a.tolist()) & set(b.tolist()) - {-1}) for a, b in zip(sel.cpu(), ref_sel2.cpu()))
+    inter = sum(topk_overlap(sel, ref_sel2))
     total = int((ref_sel2 >= 0).sum())
     notes.append(f"topk overlap with reference scores {inter}/{total}")
     return Result(case.name, ok, max_abs, rel, cos_diff(o[fin], r[fin]) if fin.any() else 0.0, 0.0, notes)

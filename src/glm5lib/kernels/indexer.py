@@ -46,7 +46,7 @@ PAGED_LOOP_PROGRAMS_PER_SM = 32
 # builds: indexer_tiles_h200_f593c87.json, a15190a.json): bf16 keys 8 tiles 284 us against 310 for one (83 -> 90 %
 # of copy); over fp8 keys the shipped forms gain nothing: fp16 q 208 us at 4-8 tiles (1 stage, cap 96) against
 # 208, fp8 q 166 (4 tiles, cap 80) against 165; two e4m3 terms, not a default, 185 against 190. So the rule takes
-# 8 for bf16 keys on sm_90, with the tile it was timed with (`TILES_CONFIG`, the caps' `MAXNREG_CONFIG`), and 1
+# 8 for bf16 keys on sm_90, with the tile it was timed with (`SM90_TIMED_TILE`, as the caps), and 1
 # elsewhere (`paged_tiles`); None: that rule; a number: that count.
 PAGED_TILES: int | None = None
 TILES_SM90 = {"bf16": 8}
@@ -65,12 +65,12 @@ PAGED_KEYS_M: bool | None = None
 # <= 96, 6 at <= 80 (fp8 q takes 90). H200, keys as M, the shipped tile, B 128, ctx 32K (outputs/bench/sweeps/
 # indexer_maxnreg_h200_81217ca.json): fp16 q 226 -> 214 us at a cap of 96 (219 at 80), fp8 q 180 -> 171 us at 80
 # (181 at 96), two e4m3 terms 200 -> 213 at 80 (200 at 96, not capped). So the rule caps those two on sm_90, for
-# the tile they were timed with (`MAXNREG_CONFIG`), one tile a program (not several, not the looping grid); other
+# the tile they were timed with (`SM90_TIMED_TILE`), one tile a program (not several, not the looping grid); other
 # GPUs and tiles are not measured and keep the compiler's choice.
 # None: that rule (`paged_maxnreg`); 0: no cap; a number: that cap on every launch (`bench_indexer(sweep=True)`).
 PAGED_MAXNREG: int | None = None
 MAXNREG_SM90 = {"fp8": 80, "fp16": 96}
-MAXNREG_CONFIG = TILES_CONFIG = (0, 128, 4, 2)
+SM90_TIMED_TILE = (0, 128, 4, 2)  # `INDEXER_CONFIGS["paged"]` when the sm_90 caps and tile counts were timed
 
 
 # bf16 q over fp8 keys (the paged kernel) is rewritten before it is scored: sm_89+ widens e4m3 to fp16 in one
@@ -130,7 +130,7 @@ def tiles_for(k_format: str, cap) -> int:
     """`paged_tiles` for a GPU of compute capability `cap` (None: not a GPU): PAGED_TILES if set, else the rule."""
     if PAGED_TILES is not None:
         return max(1, int(PAGED_TILES))
-    if cap != (9, 0) or tuple(INDEXER_CONFIGS["paged"]) != TILES_CONFIG:
+    if cap != (9, 0) or tuple(INDEXER_CONFIGS["paged"]) != SM90_TIMED_TILE:
         return 1
     return TILES_SM90.get(k_format, 1)
 
@@ -152,7 +152,7 @@ def maxnreg_rule(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int
     for several tiles a program (the same loop; timed under the caps in the sweeps only)."""
     if k_format != "fp8" or not keys_m or q_terms != 1 or loop or tiles != 1 or cap != (9, 0):
         return None
-    if tuple(INDEXER_CONFIGS["paged"]) != MAXNREG_CONFIG:
+    if tuple(INDEXER_CONFIGS["paged"]) != SM90_TIMED_TILE:
         return None
     return MAXNREG_SM90.get({torch.float8_e4m3fn: "fp8", torch.float16: "fp16"}.get(q_dtype))
 

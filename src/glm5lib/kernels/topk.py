@@ -241,6 +241,11 @@ def topk_indices(logits: torch.Tensor, k: int = 2048, *, ks: torch.Tensor | None
     return out
 
 
+def topk_overlap(sel: torch.Tensor, ref: torch.Tensor) -> list[int]:
+    """Per row, how many positions two selections `[T, k]` (int, -1 padded, any order) share, padding left out."""
+    return [len(set(a.tolist()) & set(b.tolist()) - {-1}) for a, b in zip(sel.cpu(), ref.cpu())]
+
+
 def topk_fast(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor:
     """The faster of the two on the H200 when called eagerly (as the indexer step calls it): `topk_select` (ties to
@@ -253,4 +258,4 @@ def topk_fast(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | No
     return topk_indices(logits, k, out=out)
 
 
-__all__ = ["topk_indices", "topk_select", "topk_fast", "SELECT_MAX_N", "SELECT_CHUNK", "TOPK_FAST_TORCH_ABOVE"]
+__all__ = ["topk_indices", "topk_select", "topk_fast", "topk_overlap", "SELECT_MAX_N", "SELECT_CHUNK", "TOPK_FAST_TORCH_ABOVE"]
