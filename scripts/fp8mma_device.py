@@ -92,7 +92,7 @@ def run_checks(cfgs, dev, rows, broken):
                     torch.cuda.synchronize()
                     r.update(compare(o, lse, ro, rlse))
                     r["splits"] = fm.plan_splits(c["B"], idx.shape[1], fm.head_groups(c["H"]), dev, None, cfg.nbuf,
-                                                 cfg.q_terms, cfg.maxnreg)[0]
+                                                 cfg.q_terms, cfg.maxnreg, cfg.block_n)[0]
                 except Exception as exc:  # noqa: BLE001
                     msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                     r.update(ok=False, error=msg[-1500:])

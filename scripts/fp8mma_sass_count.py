@@ -38,18 +38,18 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="*", default=[",".join(map(str, fm.CONFIG_BY_CLASS["big"])), "2,2,2"],
-                    help="nbuf,q_terms,p_terms[,maxnreg] builds")
+                    help="nbuf,q_terms,p_terms[,maxnreg[,block_n]] builds")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--heads", type=int, default=8)
     a = ap.parse_args(argv)
-    print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, split build; loop = one {fm.BLOCK_N}-key tile")
+    print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, split build; loop = one tile (32 keys unless the config's name ends -n<keys>)")
     for text in a.configs:
         try:
             cfg = fm.Config(*(int(x) for x in text.split(",")))
         except (TypeError, ValueError):
-            sys.exit(f"fp8mma_sass_count: a config is nbuf,q_terms,p_terms[,maxnreg], got {text!r}")
+            sys.exit(f"fp8mma_sass_count: a config is nbuf,q_terms,p_terms[,maxnreg[,block_n]], got {text!r}")
         k = fm.aot_compile(a.arch, fm.head_groups(a.heads), cfg.nbuf, cfg.q_terms, cfg.p_terms, True,
-                           maxnreg=cfg.maxnreg)
+                           maxnreg=cfg.maxnreg, block_n=cfg.block_n)
         sass = cuobjdump(k.asm["cubin"], "-sass")
         n, ops = loop_counts(sass)
         top = ", ".join(f"{op} {c}" for op, c in ops.most_common(12))

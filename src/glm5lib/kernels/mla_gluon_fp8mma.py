@@ -84,23 +84,26 @@ if HAVE_GLUON:
 
     from glm5lib.kernels.mla_gluon import _as, _async_copy, _barrier, _tile_idx
 
-BLOCK_N = 32  # keys per tile: two m16 tiles, one per warp of a head group; the P V product's K (m16n8k32)
+BLOCK_N = 32  # keys per tile unless a Config says otherwise: two m16 tiles, one per warp of a head group
+BLOCK_NS = (32, 64)  # a tile of 64 keys gives each warp two m16 tiles of S that share every q fragment it loads
 
 
 class Config(NamedTuple):
     """One build: ring slots (0: one per head group, `ring_slots`), e4m3 terms of q and of P (1 and 1: the
     fp16-product build of the module docstring: K and V widened to fp16 once, q and P one fp16 term each, m16n8k16
-    products), and a register cap per thread (0: the compiler's choice, 208-242; a cap lets more programs share an
-    SM's 64 K registers)."""
+    products), a register cap per thread (0: the compiler's choice, 208-242; a cap lets more programs share an
+    SM's 64 K registers), and the keys of a tile (`BLOCK_NS`: 32, or 64, where each warp's S is two m16 tiles on
+    the same q fragments and the per-tile steps, barriers included, come once per 64 keys)."""
     nbuf: int
     q_terms: int
     p_terms: int
     maxnreg: int = 0
+    block_n: int = BLOCK_N
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
 CONFIGS = [Config(0, 1, 1), Config(1, 1, 1), Config(2, 1, 1), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2),
-           Config(2, 3, 2)]
+           Config(2, 3, 2), Config(0, 1, 1, 0, 64), Config(1, 2, 2, 0, 64)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group
 # (H200 at 33e8f55, `fp8mma_h200.json`: 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x at
 # prefill, 8 heads; 0.75-0.81x at 16 heads, where it takes 0.70-0.77x the Triton kernel's time and the e4m3 build
@@ -124,12 +127,18 @@ def config_name(cfg) -> str:
     c = Config(*cfg)
     slots = c.nbuf or "G"
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
-    return name + (f"-r{c.maxnreg}" if c.maxnreg else "")
+    return name + (f"-r{c.maxnreg}" if c.maxnreg else "") + (f"-n{c.block_n}" if c.block_n != BLOCK_N else "")
 
 
 def config_kwargs(cfg) -> dict:
     """`sparse_mla_fp8mma`'s keyword arguments for a build."""
     return Config(*cfg)._asdict()
+
+
+def check_block_n(block_n: int) -> None:
+    """32 or 64 keys a tile (`BLOCK_NS`)."""
+    if block_n not in BLOCK_NS:
+        raise ValueError(f"block_n (keys a tile) must be one of {BLOCK_NS}, got {block_n}")
 
 
 def check_terms(q_terms: int, p_terms: int) -> None:
@@ -139,12 +148,12 @@ def check_terms(q_terms: int, p_terms: int) -> None:
                          f"{q_terms}, {p_terms}")
 
 
-def smem_bytes_estimate(G: int, nbuf: int, q_terms: int) -> int:
+def smem_bytes_estimate(G: int, nbuf: int, q_terms: int, block_n: int = BLOCK_N) -> int:
     """Shared memory of one program: the gather ring (latent, rope, scales), q's terms (one fp16 copy when
     q_terms = 1) and rope part, and P."""
     nbuf = ring_slots(nbuf, G)
     q_bytes = 2 * D_NOPE if q_terms == 1 else q_terms * D_NOPE
-    return nbuf * BLOCK_N * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_bytes + 2 * D_ROPE + 4 * BLOCK_N)
+    return nbuf * block_n * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_bytes + 2 * D_ROPE + 4 * block_n)
 
 
 if HAVE_GLUON:
@@ -400,10 +409,9 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
-        DBG=None, DEBUG: gl.constexpr = 0,
+        BN: gl.constexpr, DBG=None, DEBUG: gl.constexpr = 0,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring)."""
-        BN: gl.constexpr = 32
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
@@ -413,7 +421,8 @@ if HAVE_GLUON:
         t = gl.program_id(0)
         sp = gl.program_id(1)
 
-        # S^T [keys, heads] and O^T [value rows, heads]: warps (head group, half) -> heads along N, halves along M
+        # S^T [keys, heads] and O^T [value rows, heads]: warps (head group, half) -> heads along N, halves along M;
+        # key 32 r + 16 w + k of a tile is warp w's (at 64 keys each warp holds two m16 tiles, r = 0, 1)
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, G], instr_shape=[16, 8])
         DA8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
         DB8: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4)
@@ -426,19 +435,21 @@ if HAVE_GLUON:
         PKEYS: gl.constexpr = gl.SliceLayout(1, DB)  # [BN] per key of P^T
         # physical loads of a chunk whose logical view (`_k_logical`, `_v_logical`) is the operand layout: the K tile
         # [BN, 128] 32 contiguous bytes of rows g, g + 8 per thread; the V tile [BN, 128] 8 bytes of 8 keys (keys
-        # 4c + {0..3, 16..19} for the k32 e4m3 product, 2c + {0, 1, 8, 9, 16, 17, 24, 25} for the k16 fp16 one)
+        # 4c + {0..3, 16..19} for the k32 e4m3 product, 2c + {0, 1, 8, 9, 16, 17, 24, 25} for the k16 fp16 one);
+        # at 64 keys the same again for keys 32..63 (RB: one more register basis in each)
+        RB: gl.constexpr = [[32, 0]] if BN == 64 else []
         WB: gl.constexpr = [[0, 0], [16, 0]] if G == 2 else [[16, 0]]
         WBV: gl.constexpr = [[0, 0], [0, 64]] if G == 2 else [[0, 64]]
         LK: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 16]],
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 16]] + RB,
             lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]], warp_bases=WB, block_bases=[], shape=[BN, CH])
         VK: gl.constexpr = ([[1, 0], [8, 0], [16, 0], [2, 0], [4, 0]] if F16 else
                             [[1, 0], [2, 0], [16, 0], [4, 0], [8, 0]])  # key bases: 3 in registers, 2 in lanes
         LV: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], VK[0], VK[1], VK[2]],
+            reg_bases=[[0, 1], [0, 2], [0, 4], VK[0], VK[1], VK[2]] + RB,
             lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
         LVP: gl.constexpr = gl.DistributedLinearLayout(  # LV with keys 2c, 2c + 1 in neighbouring registers
-            reg_bases=[VK[0], [0, 1], [0, 2], [0, 4], VK[1], VK[2]],
+            reg_bases=[VK[0], [0, 1], [0, 2], [0, 4], VK[1], VK[2]] + RB,
             lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
         # [128, HN] output, 8 rows per thread, the warps along the rows (no element is stored twice)
         LO: gl.constexpr = gl.BlockedLayout([8, 1], [4, 8], [NW, 1], [0, 1])
@@ -545,12 +556,13 @@ if HAVE_GLUON:
             s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
             s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
 
-            # P against each warp's own max of its 16 keys (no cross-warp reduction here): the maxima travel with P^T
+            # P against each warp's own max of its keys (no cross-warp reduction here): the maxima travel with P^T
             # through shared memory, and P is brought to the common max after the barrier (g_lo / g_hi below)
-            s3 = gl.reshape(s, [2, BN // 2, HN])  # (warp half, its keys, heads)
-            mu3 = gl.max(s3, axis=1)
+            s4 = gl.reshape(s, [BN // 32, 2, 16, HN])  # (m16 tile of the warp, warp half, its keys, heads)
+            mu3 = gl.max(gl.max(s4, axis=2), axis=0)
             p = gl.convert_layout(gl.reshape(
-                gl.exp2(s3 - gl.where(mu3 == float("-inf"), 0.0, mu3)[:, None, :]), [BN, HN]), MMA, assert_trivial=True)
+                gl.exp2(s4 - gl.where(mu3 == float("-inf"), 0.0, mu3)[None, :, None, :]), [BN, HN]), MMA,
+                assert_trivial=True)
             m_s.store(gl.reshape(mu3, [2 * HN]))
             p_s.store(gl.permute(p, [1, 0]))
             # one P factor 2^e per tile for the four chunks; the accumulators move to it (and to the new max) only
@@ -572,7 +584,7 @@ if HAVE_GLUON:
             # each half's P to the common max (<= 1; a half without a valid key has P = 0 and factor 0)
             g_lo = gl.where(mu_lo == float("-inf"), 0.0, gl.exp2(mu_lo - m_use))
             g_hi = gl.where(mu_hi == float("-inf"), 0.0, gl.exp2(mu_hi - m_use))
-            p = p * gl.where((gl.arange(0, BN, layout=KEYS) < BN // 2)[:, None], g_lo[None, :], g_hi[None, :])
+            p = p * gl.where((gl.arange(0, BN, layout=KEYS) % 32 < 16)[:, None], g_lo[None, :], g_hi[None, :])
             if DEBUG:
                 if i == 0:
                     _debug_f32(DBG, t, sp, HN, 5, s, MMA)
@@ -587,7 +599,7 @@ if HAVE_GLUON:
                 l_acc = l_acc * alpha[None, :]
             l_acc = l_acc + p
             PH: gl.constexpr = gl.SliceLayout(0, DB)
-            pb = p_s.permute([1, 0]).load(DB) * gl.where((gl.arange(0, BN, layout=PKEYS) < BN // 2)[:, None],
+            pb = p_s.permute([1, 0]).load(DB) * gl.where((gl.arange(0, BN, layout=PKEYS) % 32 < 16)[:, None],
                                                          gl.convert_layout(g_lo, PH)[None, :],
                                                          gl.convert_layout(g_hi, PH)[None, :])
             fe = _pow2(e)
@@ -625,23 +637,24 @@ def head_groups(H: int) -> int:
     return 1 if H <= 8 else 2
 
 
-def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big", maxnreg: int = 0) -> int:
+def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big", maxnreg: int = 0,
+                    block_n: int = BLOCK_N) -> int:
     """Programs that fit on one SM by shared memory and registers (the split rule's waves): without a cap the sm_90 /
     sm_120 builds take 208-242 registers a thread, so 64 K registers hold 4 programs of 2 warps (G = 1), 2 of 4
     (G = 2); with a cap of 168, 6 and 3."""
-    need = smem_bytes_estimate(G, nbuf, q_terms) + 2048  # the compiler's scratch and the driver's 1 KB per block
+    need = smem_bytes_estimate(G, nbuf, q_terms, block_n) + 2048  # the compiler's scratch and the driver's 1 KB per block
     by_regs = 65536 // ((maxnreg or 232) * 64 * G)
     return max(1, min(by_regs, SMEM_PER_SM[smem] // need))
 
 
 def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None, nbuf: int = DEFAULT[0],
-                q_terms: int = DEFAULT[1], maxnreg: int = 0) -> tuple[int, int]:
+                q_terms: int = DEFAULT[1], maxnreg: int = 0, block_n: int = DEFAULT.block_n) -> tuple[int, int]:
     """(split count, keys per split): enough programs for every SM's resident slots (`mla.pick_num_splits` with the
-    fit rule), each split whole tiles (`mla.split_keys`)."""
+    fit rule), each split whole tiles of `block_n` keys (`mla.split_keys`)."""
     if num_splits is None:
-        waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg)
-        num_splits = mla.pick_num_splits(T, 1, topk, BLOCK_N, num_sms(device), waves, True)
-    return mla.split_keys(topk, num_splits, BLOCK_N)
+        waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg, block_n)
+        num_splits = mla.pick_num_splits(T, 1, topk, block_n, num_sms(device), waves, True)
+    return mla.split_keys(topk, num_splits, block_n)
 
 
 _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
@@ -649,14 +662,14 @@ _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
 
 @functools.lru_cache(maxsize=4096)
 def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nbuf: int, q_terms: int,
-                 p_terms: int, maxnreg: int, num_splits: int | None) -> tuple[int, int, dict, tuple]:
+                 p_terms: int, maxnreg: int, block_n: int, num_splits: int | None) -> tuple[int, int, dict, tuple]:
     """(splits, keys per split, constexprs and options, their values as a key) for a call shape: the host work an
     eager layer would otherwise repeat on every call."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     G = head_groups(H)
     nbuf = ring_slots(nbuf, G)
-    splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg)
-    kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, DBG=None, DEBUG=0,
+    splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
+    kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=block_n, DBG=None, DEBUG=0,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, kw, tuple(kw.values())
 
@@ -668,11 +681,13 @@ def debug_record_bytes(H: int) -> int:
 
 
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
-                      p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, out=None, debug=None):
+                      p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n, out=None,
+                      debug=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
-    build; maxnreg: register cap per thread (0: none). `config_kwargs(cfg)` gives these for a `Config`."""
+    build; maxnreg: register cap per thread (0: none); block_n: keys a tile (32 or 64). `config_kwargs(cfg)` gives
+    these for a `Config`."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -680,17 +695,18 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
     head_groups(H)  # 1-16 heads, else ValueError
     check_terms(q_terms, p_terms)
+    check_block_n(block_n)
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
-    if debug is not None and q_terms == 1:
-        raise ValueError("the DEBUG record is built for the e4m3 products (q_terms 2 or 3), not the fp16 ones")
+    if debug is not None and (q_terms == 1 or block_n != BLOCK_N):
+        raise ValueError(f"the DEBUG record is built for the e4m3 products (q_terms 2 or 3) over {BLOCK_N}-key tiles")
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
     if T == 0:
         return out, lse
     splits, keys_per_split, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
-                                                      maxnreg, num_splits)
+                                                      maxnreg, block_n, num_splits)
     part = split_buffer(splits, T, H, lse)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
             keys_per_split)
@@ -710,14 +726,15 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
 
 
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
-                p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg):
+                p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
+                block_n: int = DEFAULT.block_n):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _sparse_mla_fp8mma_kernel
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "DEBUG": debug}
+              "BN": block_n, "DEBUG": debug}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -730,16 +747,17 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
 
 
 def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
-                  p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg) -> dict:
+                  p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg,
+                  block_n: int = DEFAULT.block_n) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread."""
-    k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg)
-    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg)), "arch": arch, "G": G, "split": split,
+    k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n)
+    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n)), "arch": arch, "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
-           "estimate": smem_bytes_estimate(G, nbuf, q_terms)}
+           "estimate": smem_bytes_estimate(G, nbuf, q_terms, block_n)}
     row["fits"] = row["shared"] <= row["limit"]
     row.update(cubin_usage(k.asm["cubin"]))
     return row
 
 
 __all__ = ["sparse_mla_fp8mma", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs",
-           "check_terms", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats"]
+           "check_terms", "check_block_n", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats"]
