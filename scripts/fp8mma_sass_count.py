@@ -3,7 +3,7 @@
 branch of the kernel), by opcode. What docs/kernels.md v14 quotes for the fp16- and e4m3-product builds.
 
 `TRITON_INTERPRET=0 python scripts/fp8mma_sass_count.py [--arch 90] [--heads 8] [CONFIG ...]` with CONFIG as
-`nbuf,q_terms,p_terms[,maxnreg]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`). The H200 runs
+`nbuf,q_terms,p_terms[,maxnreg[,block_n]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`). The H200 runs
 Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
 """
 

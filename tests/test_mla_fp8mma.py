@@ -54,10 +54,17 @@ def test_every_config_compiles_for_every_target(stats):
 def test_shipped_configs_spill_nothing_and_fit(stats):
     shipped = {fm.config_name(c) for c in fm.CONFIG_BY_CLASS.values()}
     for r in stats:
-        assert r["fits"], f"{_key(r)}: {r['shared']} B > {r['limit']} B"
-        assert r["shared"] >= r["estimate"], _key(r)  # the split rule's programs per SM may not overcount
-        if "-r" not in r["config"]:  # builds without a register cap (the shipped ones among them) spill nothing
+        # every build fits sm_90; on the 99 KB class every build the estimate (the split rule's count) says fits
+        # (the 64-key build of 16 heads, two 42 KB slots, does not)
+        if r["arch"] == 90 or r["estimate"] + 1024 <= r["limit"]:
+            assert r["fits"], f"{_key(r)}: {r['shared']} B > {r['limit']} B"
+        assert r["estimate"] <= r["shared"] <= r["estimate"] + 1024, _key(r)  # the estimate is the compiler's count
+        if r["config"] in shipped and r["G"] == 1:  # the shipped 1-8-head builds spill nothing at all
             assert not r["stack"] and not r["local"], f"{_key(r)} spills"
+        if "-r" not in r["config"]:  # builds without a register cap spill nothing in their main loop (the 64-key
+            # build of 16 heads keeps 16 bytes on the stack outside it)
+            assert not r["local"] and not r.get("loop_spills"), f"{_key(r)} spills in its loop"
+            assert r["stack"] <= 16, f"{_key(r)}: {r['stack']} B of stack"
         else:  # a capped build holds its cap (the split rule counts programs per SM by it)
             assert r["regs"] <= int(r["config"].rsplit("-r", 1)[1]), _key(r)
     assert shipped and not any("-r" in name for name in shipped)
@@ -253,13 +260,19 @@ def test_configs_name_their_builds():
     assert fm.config_name((2, 2, 2)) == "fp8mma-nbuf2-q2-p2"
     assert fm.config_name((1, 1, 1, 168)) == "fp8mma-nbuf1-f16-r168"
     assert len({fm.config_name(c) for c in fm.CONFIGS}) == len(fm.CONFIGS)
-    assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0}
+    assert fm.config_name((0, 1, 1, 0, 64)) == "fp8mma-nbufG-f16-n64"
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan"
+    assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32}
     # nbuf 0: one ring slot per head group, in the shared-memory estimate too
     assert [fm.ring_slots(0, G) for G in (1, 2)] == [1, 2] and fm.ring_slots(2, 1) == 2
     assert fm.smem_bytes_estimate(1, 0, 1) == fm.smem_bytes_estimate(1, 1, 1)
     assert fm.smem_bytes_estimate(2, 0, 1) == fm.smem_bytes_estimate(2, 2, 1)
     # q's fp16 copy takes as many bytes as two e4m3 terms
     assert fm.smem_bytes_estimate(1, 1, 1) == fm.smem_bytes_estimate(1, 1, 2)
+    # a 64-key tile doubles the ring; the rule's build is counted at its larger tile
+    ring = 32 * (512 + 128 + 16)
+    assert fm.smem_bytes_estimate(1, 1, 1, 64) - fm.smem_bytes_estimate(1, 1, 1) == ring + 8 * 4 * 32
+    assert fm.smem_bytes_estimate(1, 1, 1, 0) == fm.smem_bytes_estimate(1, 1, 1, 64)
 
 
 def test_split_plan_covers_the_top_k():
@@ -272,6 +285,28 @@ def test_split_plan_covers_the_top_k():
     assert fm.programs_per_sm(2, 0, 1, "big") == 2  # 4 warps of ~220 registers
     # a register cap: 6 programs of 2 warps at 168 (shared memory allows 7 with one slot), 4 with two slots
     assert fm.programs_per_sm(1, 1, 1, "big", 168) == 6 and fm.programs_per_sm(1, 2, 1, "big", 168) == 4
+    # 64-key tiles: still 4 programs of 8 heads (53 KB each) and 2 of 16 on sm_90; 1 of 8 heads with two slots
+    assert fm.programs_per_sm(1, 0, 1, "big", 0, 64) == 4 and fm.programs_per_sm(2, 0, 1, "big", 0, 64) == 2
+    assert fm.programs_per_sm(1, 2, 1, "small", 0, 64) == 1
+
+
+def test_tile_rule_takes_64_keys_only_where_a_program_owns_a_token():
+    """block_n 0: 64-key tiles at one split (prefill), 32 when the top-k list is split (decode), the splits planned
+    as for 32-key tiles; fixed block_n values are kept."""
+    cpu = torch.device("cpu")
+    assert [fm.tile_keys(0, s) for s in (1, 2, 16)] == [64, 32, 32] and fm.tile_keys(64, 4) == 64
+    for T in (1, 32, 128, 300, 600, 4096):
+        for G in (1, 2):
+            s32, k32 = fm.plan_splits(T, 2048, G, cpu, block_n=32)
+            s0, k0 = fm.plan_splits(T, 2048, G, cpu, block_n=0)
+            assert s0 == s32, (T, G)
+            assert k0 == (2048 if s32 == 1 else k32) and k0 % fm.tile_keys(0, s0) == 0
+    assert fm.plan_splits(4096, 2048, 1, cpu, block_n=0) == (1, 2048)
+    assert fm.plan_splits(128, 2048, 1, cpu, block_n=0)[0] > 1  # decode B128 splits: 32-key tiles
+    assert fm.plan_splits(4096, 2000, 1, cpu, block_n=0) == (1, 2048)  # whole 64-key tiles
+    for bad in (16, 48, 128, -1):
+        with pytest.raises(ValueError, match="block_n"):
+            fm.check_block_n(bad)
 
 
 def test_dispatch_branches_on_a_gpu_that_runs_it(monkeypatch):

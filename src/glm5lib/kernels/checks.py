@@ -203,6 +203,10 @@ def mla_cases(profile: str) -> list[MLACase]:
         # enough tokens for the fp8-cache kernel on sm_90 (mla.FP8MMA_MIN_T): paged, and an odd head count and top-k
         cases.append(MLACase(T=40, H=8, topk=1000, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64, group="paged"))
         cases.append(MLACase(T=45, H=5, topk=999, n_kv=3000, kv_format=fmt, group="irregular"))
+        # and enough for one split (each program a token's whole list: the fp8-cache kernel's 64-key tiles), paged,
+        # with a last tile mostly past the top-k
+        cases.append(MLACase(T=300, H=5, topk=999, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64,
+                             group="paged"))
         cases.append(MLACase(T=130, H=128, topk=1000, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64,
                              group="paged"))
     return cases

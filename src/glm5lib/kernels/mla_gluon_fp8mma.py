@@ -93,7 +93,8 @@ class Config(NamedTuple):
     fp16-product build of the module docstring: K and V widened to fp16 once, q and P one fp16 term each, m16n8k16
     products), a register cap per thread (0: the compiler's choice, 208-242; a cap lets more programs share an
     SM's 64 K registers), and the keys of a tile (`BLOCK_NS`: 32, or 64, where each warp's S is two m16 tiles on
-    the same q fragments and the per-tile steps, barriers included, come once per 64 keys)."""
+    the same q fragments and the per-tile steps, barriers included, come once per 64 keys; 0: `tile_keys`'s rule,
+    64 where the split plan gives each program a token's whole top-k list, 32 where it splits the list)."""
     nbuf: int
     q_terms: int
     p_terms: int
@@ -102,17 +103,27 @@ class Config(NamedTuple):
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [Config(0, 1, 1), Config(1, 1, 1), Config(2, 1, 1), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2),
-           Config(2, 3, 2), Config(0, 1, 1, 0, 64), Config(1, 2, 2, 0, 64)]
+CONFIGS = [Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1), Config(2, 1, 1),
+           Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2), Config(2, 3, 2)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group
-# (H200 at 33e8f55, `fp8mma_h200.json`: 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x at
+# and `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring)
+# (the 32-key build at 33e8f55, `fp8mma_h200.json`: 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x at
 # prefill, 8 heads; 0.75-0.81x at 16 heads, where it takes 0.70-0.77x the Triton kernel's time and the e4m3 build
 # 0.89-0.95x). The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and forced only): the e4m3 build
 # with one slot (31 KB, 3 programs per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit e4m3
 # terms) except for elements whose scaled value is below 2^-2 (about 2^-11 of the head's largest): their rest falls
 # under e4m3's subnormal step
-CONFIG_BY_CLASS = {"big": Config(0, 1, 1), "small": Config(1, 2, 2)}
+CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0), "small": Config(1, 2, 2)}
 DEFAULT = CONFIG_BY_CLASS["big"]
+
+
+def tile_keys(block_n: int, splits: int) -> int:
+    """Keys a tile: block_n, or for block_n = 0 the rule: 64 at one split (each program a token's whole top-k list:
+    prefill, and batches that fill every SM's programs without splitting), 32 when the list is split (decode).
+    H200, `sweeps/fp8mma_n64_h200_4a3fbe7.json` (one process, the fp16-product build): prefill s_q 4096 over 32K
+    keys 1945 -> 1825 us at 8 heads, 2828 -> 2522 at 16; split decode B32 / B128 34.4 / 97.9 -> 35.7 / 100.3 us at
+    8 heads, 36.5 / 108.8 -> 38.7 / 105.6 at 16."""
+    return block_n or (BLOCK_NS[1] if splits == 1 else BLOCK_N)
 
 
 def ring_slots(nbuf: int, G: int) -> int:
@@ -127,7 +138,8 @@ def config_name(cfg) -> str:
     c = Config(*cfg)
     slots = c.nbuf or "G"
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
-    return name + (f"-r{c.maxnreg}" if c.maxnreg else "") + (f"-n{c.block_n}" if c.block_n != BLOCK_N else "")
+    keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
+    return name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys
 
 
 def config_kwargs(cfg) -> dict:
@@ -136,9 +148,9 @@ def config_kwargs(cfg) -> dict:
 
 
 def check_block_n(block_n: int) -> None:
-    """32 or 64 keys a tile (`BLOCK_NS`)."""
-    if block_n not in BLOCK_NS:
-        raise ValueError(f"block_n (keys a tile) must be one of {BLOCK_NS}, got {block_n}")
+    """32 or 64 keys a tile (`BLOCK_NS`), or 0 (`tile_keys`'s rule)."""
+    if block_n not in (0, *BLOCK_NS):
+        raise ValueError(f"block_n (keys a tile) must be one of {BLOCK_NS} or 0 (the split plan's rule), got {block_n}")
 
 
 def check_terms(q_terms: int, p_terms: int) -> None:
@@ -150,8 +162,9 @@ def check_terms(q_terms: int, p_terms: int) -> None:
 
 def smem_bytes_estimate(G: int, nbuf: int, q_terms: int, block_n: int = BLOCK_N) -> int:
     """Shared memory of one program: the gather ring (latent, rope, scales), q's terms (one fp16 copy when
-    q_terms = 1) and rope part, and P."""
+    q_terms = 1) and rope part, and P (block_n 0: the larger of its two tiles)."""
     nbuf = ring_slots(nbuf, G)
+    block_n = block_n or max(BLOCK_NS)
     q_bytes = 2 * D_NOPE if q_terms == 1 else q_terms * D_NOPE
     return nbuf * block_n * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_bytes + 2 * D_ROPE + 4 * block_n)
 
@@ -650,11 +663,13 @@ def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big", maxnreg:
 def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None, nbuf: int = DEFAULT[0],
                 q_terms: int = DEFAULT[1], maxnreg: int = 0, block_n: int = DEFAULT.block_n) -> tuple[int, int]:
     """(split count, keys per split): enough programs for every SM's resident slots (`mla.pick_num_splits` with the
-    fit rule), each split whole tiles of `block_n` keys (`mla.split_keys`)."""
+    fit rule), each split whole tiles of `block_n` keys (`mla.split_keys`; block_n 0: planned with 32-key tiles,
+    then `tile_keys`'s rule)."""
     if num_splits is None:
-        waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg, block_n)
-        num_splits = mla.pick_num_splits(T, 1, topk, block_n, num_sms(device), waves, True)
-    return mla.split_keys(topk, num_splits, block_n)
+        waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg, block_n or BLOCK_N)
+        num_splits = mla.pick_num_splits(T, 1, topk, block_n or BLOCK_N, num_sms(device), waves, True)
+    splits, _ = mla.split_keys(topk, num_splits, block_n or BLOCK_N)
+    return mla.split_keys(topk, splits, tile_keys(block_n, splits))
 
 
 _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
@@ -669,7 +684,8 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     G = head_groups(H)
     nbuf = ring_slots(nbuf, G)
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
-    kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=block_n, DBG=None, DEBUG=0,
+    kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=tile_keys(block_n, splits),
+              DBG=None, DEBUG=0,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, kw, tuple(kw.values())
 
@@ -728,13 +744,14 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
                 block_n: int = DEFAULT.block_n):
-    """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
+    """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
+    tile `tile_keys` gives a split build (32 keys) or one without splits (64)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = _sparse_mla_fp8mma_kernel
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "BN": block_n, "DEBUG": debug}
+              "BN": tile_keys(block_n, 2 if split else 1), "DEBUG": debug}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -749,13 +766,19 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
 def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                   p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg,
                   block_n: int = DEFAULT.block_n) -> dict:
-    """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread."""
+    """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread, and where
+    the stack is used, the spill stores and loads (STL, LDL) in the main loop's SASS (`loop_spills`)."""
     k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n)
     row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n)), "arch": arch, "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
-           "estimate": smem_bytes_estimate(G, nbuf, q_terms, block_n)}
+           "estimate": smem_bytes_estimate(G, nbuf, q_terms, tile_keys(block_n, 2 if split else 1))}
     row["fits"] = row["shared"] <= row["limit"]
     row.update(cubin_usage(k.asm["cubin"]))
+    if row["stack"]:
+        from glm5lib.kernels.compile_report import cuobjdump, sass_loop
+
+        hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True)[2]
+        row["loop_spills"] = hist.get("STL", 0) + hist.get("LDL", 0)
     return row
 
 
