@@ -2,6 +2,10 @@
 Triton kernel and FlashMLA, in one process.
 
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json [--configs 2,3,2 2,2,2] [--no-time] [--budget-s S]`
+`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --ablate [--configs ...]`: each config's kernel taken apart
+(`mla_gluon_fp8mma.ablate_launch`: the whole kernel, its gathers alone at its programs per SM and unbound, its
+compute alone on rows gathered once) beside the fastest gather route of the same rows (`bench.gather.ceiling_rows`),
+on the timed shapes below; then the checks of the configs
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --small-batch`: only batch 1-32 at 8 and 16 heads (graph
 replay, and the host time of one eager call), the shipped config beside the Triton kernel and `sparse_mla` itself
 (`mla.FP8MMA_MIN_T`'s and `mla.FP8MMA_MIN_T_GRAPH`'s question)
@@ -180,6 +184,51 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
         torch.cuda.empty_cache()
 
 
+def run_ablation(cfgs, ceil, rows, deadline):
+    """`--ablate`: per timed shape and config, the time of each part (`fm.ABLATIONS`) and what they say about
+    overlap: `serial_us` (gathers + compute, nothing overlapped) and `overlap` = (gathers + compute - whole) /
+    min(gathers, compute) (1: the shorter part hidden entirely, 0: none of it)."""
+    from glm5lib.bench.gather import ceiling_rows
+
+    rows += ceiling_rows(ceil, formats=("fp8_ds_mla",))
+    shapes = [("decode", B, H) for B in (32, 128) for H in (8, 16)] + [("prefill", 4096, H) for H in (8, 16)]
+    for kind, B, H in shapes:
+        if time.time() > deadline:
+            rows.append({"kind": "ablate-" + kind, "B": B, "H": H, "error": "skipped: time budget"})
+            continue
+        if kind == "decode":
+            q, cache, base = bk._make_decode(B, H, 32768, TOPK, "fp8_ds_mla")
+            R = bk._rotations(bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla"))
+            idx_sets = [bk._rand_indices(B, 32768, TOPK, base) for _ in range(R)]
+        else:
+            cache = naive.quantize_fp8_ds_mla(torch.randn(32768, naive.D_QK, device="cuda", dtype=torch.bfloat16))
+            q = torch.randn(B, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+            idx_sets = [bk._rand_indices(B, 32768, TOPK)]
+        out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
+        for cfg in cfgs:
+            res = {"kind": "ablate-" + kind, "B": B, "H": H, "config": fm.config_name(cfg),
+                   "splits": fm.plan_splits(B, TOPK, fm.head_groups(H), q.device, None, cfg.nbuf, cfg.q_terms,
+                                            cfg.maxnreg, cfg.block_n)[0]}
+            for part in fm.ABLATIONS:
+                fns = [lambda i=i, part=part: fm.ablate_launch(q, cache, i, SM_SCALE, part, cfg, out=out)
+                       for i in idx_sets]
+                try:
+                    ms = bk._graph_ms(fns) if kind == "decode" else bk._median_ms(fns[0])
+                    res[part + "_us"] = 1e3 * ms
+                except Exception as exc:  # noqa: BLE001
+                    res[part + "_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            if all(p + "_us" in res for p in ("whole", "gathers", "compute")):
+                g, c, w = res["gathers_us"], res["compute_us"], res["whole_us"]
+                res["serial_us"] = g + c
+                res["overlap"] = (g + c - w) / min(g, c)
+            if kind == "decode":
+                res["floor_us"] = bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla") / ceil["copy_GBps"] / 1e3
+            rows.append(res)
+            print(json.dumps(res), flush=True)
+        del q, cache, idx_sets, out
+        torch.cuda.empty_cache()
+
+
 def run_small_batch(rows):
     """Batch 1-32 decode at 8 and 16 heads: GPU time (graph replay) and one eager call's host time, both kernels;
     and `sparse_mla` itself in graph replay ("dispatch"): under capture it takes the fp8-cache kernel from
@@ -241,9 +290,14 @@ def main(argv=None) -> int:
         with open(out_path, "w") as f:
             json.dump({"meta": info, "rows": rows}, f, indent=1)
         return 0
+    if "--ablate" in argv:
+        ceil = bk.measure_ceilings()
+        info["ceilings"] = ceil
+        run_ablation(cfgs, ceil, rows, t0 + budget)
+        info["ablate_s"] = time.time() - t0
     run_checks(cfgs, dev, rows, broken)
     info["checks_s"] = time.time() - t0
-    if "--no-time" not in argv:
+    if "--no-time" not in argv and "--ablate" not in argv:
         ceil = bk.measure_ceilings()
         info["ceilings"] = ceil
         run_timing(cfgs, ceil, rows, broken, t0 + budget, info["flashmla"] is None)

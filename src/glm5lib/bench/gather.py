@@ -437,7 +437,8 @@ def _route_rows(case: str, T: int, fmt: str, words: torch.Tensor, ids: list, cei
     return out
 
 
-def ceiling_rows(ceil: dict, batches=(32, 128), ctx: int = 32768, topk: int = 2048, s_q: int = 4096) -> list[dict]:
+def ceiling_rows(ceil: dict, batches=(32, 128), ctx: int = 32768, topk: int = 2048, s_q: int = 4096,
+                 formats=("fp8_ds_mla", "bf16")) -> list[dict]:
     """`glm5lib bench`'s gather-ceiling rows (`bench.kernels._row`s, H 0: no heads, gathers only; `case` decode
     or prefill), the fastest of `BENCH_ROUTES` (`impl` "best-gather") on the benchmark's own shapes:
 
@@ -451,7 +452,7 @@ def ceiling_rows(ceil: dict, batches=(32, 128), ctx: int = 32768, topk: int = 20
     from glm5lib.bench import kernels as bench
 
     out = []
-    for fmt in ("fp8_ds_mla", "bf16"):
+    for fmt in formats:
         row = row_bytes(fmt)
         for B in batches:
             _, cache, base = bench._make_decode(B, 8, ctx, topk, fmt)

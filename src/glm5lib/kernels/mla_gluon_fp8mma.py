@@ -298,6 +298,45 @@ if HAVE_GLUON:
         _async_copy(sc3.index(slot), KVF + 3, mask=v)
 
     @gluon.jit
+    def _occupancy_pad(PAD: gl.constexpr, NW: gl.constexpr):
+        """PAD int32 words of shared memory (0: none), held by a store, so that fewer programs share an SM (the
+        measurements of `ablate_launch`)."""
+        if PAD > 0:
+            FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+            pad = gl.allocate_shared_memory(gl.int32, [PAD], FLAT1)
+            pad.slice(0, 32 * NW).store(gl.full([32 * NW], 0, gl.int32, gl.BlockedLayout([1], [32], [NW], [0])))
+
+    @gluon.jit
+    def _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3,
+                   NBUF: gl.constexpr, BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, GATHER: gl.constexpr):
+        """The gather ring's step before tile i is computed, as the kernel and `_gathers_alone_kernel` take it: tile
+        i's rows landed in slot i % NBUF and every warp past the barrier; returns the index tile of the next gather.
+        GATHER False (compute alone) keeps the barriers and copies nothing."""
+        IW: gl.constexpr = gl.SliceLayout(1, LW)
+        if NBUF == 1:
+            # one slot (1-8 heads on sm_90, the 99 KB class: more programs per SM instead): the last tile's reads are
+            # done, then tile i is gathered and waited for
+            _barrier()
+            if GATHER:
+                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, 0, LW, LR)
+                cp.commit_group()
+            nxt_w = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IW)
+            if GATHER:
+                cp.wait_group(0)
+            _barrier()
+        else:
+            # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of the slot
+            # refilled next and, the first time, orders q's stores before its loads)
+            if GATHER:
+                cp.wait_group(NBUF - 2)
+            _barrier()
+            if GATHER:
+                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, (i + NBUF - 1) % NBUF, LW, LR)
+                cp.commit_group()
+            nxt_w = _tile_idx(idx_row, k_start + (i + NBUF) * BN, k_end, BN, IW)
+        return nxt_w
+
+    @gluon.jit
     def _scores_chunk(lat8, q_s, c: gl.constexpr, s_c, acc, zero, LK: gl.constexpr, DA: gl.constexpr,
                       DB: gl.constexpr, Q_TERMS: gl.constexpr):
         """acc + s_c * (K_c q_c^T) for latent chunk c: K_c straight from the tile (e4m3 bytes), q_c as its e4m3
@@ -424,9 +463,11 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
-        BN: gl.constexpr, DBG=None, DEBUG: gl.constexpr = 0,
+        BN: gl.constexpr, DBG=None, DEBUG: gl.constexpr = 0, WORK: gl.constexpr = 0, PAD: gl.constexpr = 0,
     ):
-        """One program: token t, split sp of its top-k list, all heads (module docstring)."""
+        """One program: token t, split sp of its top-k list, all heads (module docstring). WORK 2 (a measurement, wrong
+        outputs): compute alone, every tile read from the ring slots gathered before the loop; PAD: `_occupancy_pad`
+        (`ablate_launch`)."""
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
@@ -498,15 +539,22 @@ if HAVE_GLUON:
         p_s = gl.allocate_shared_memory(gl.float32, [HN, BN], SWP)
         m_s = gl.allocate_shared_memory(gl.float32, [2 * HN], FLAT1)  # the two key halves' maxima, low half first
 
+        _occupancy_pad(PAD, NW)
         k_start = sp * KEYS_PER_SPLIT
         k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
         n_tiles = gl.cdiv(k_end - k_start, BN)
         idx_row = IDX + t.to(gl.int64) * stride_it
         IW: gl.constexpr = gl.SliceLayout(1, LW)
+        # the ring's first NBUF - 1 tiles (WORK 2, compute alone: every slot, once; the loop then gathers nothing)
         for j in gl.static_range(NBUF - 1):
             _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, sc0, sc1,
                     sc2, sc3, j, LW, LR)
             cp.commit_group()
+        if WORK == 2:
+            _gather(KV, _tile_idx(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope,
+                    sc0, sc1, sc2, sc3, NBUF - 1, LW, LR)
+            cp.commit_group()
+            cp.wait_group(0)
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
         nxt_w = _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
         nxt_k = _tile_idx(idx_row, k_start, k_end, BN, KEYS)
@@ -538,24 +586,8 @@ if HAVE_GLUON:
         zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
 
         for i in range(n_tiles):
-            if NBUF == 1:
-                # one slot (1-8 heads on sm_90, the 99 KB class: more programs per SM instead): the last tile's reads
-                # are done, then tile i is gathered and waited for
-                _barrier()
-                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, 0, LW, LR)
-                cp.commit_group()
-                nxt_w = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IW)
-                cp.wait_group(0)
-                _barrier()
-            else:
-                # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of the
-                # slot refilled next and, the first time, orders q's stores before its loads)
-                cp.wait_group(NBUF - 2)
-                _barrier()
-                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, (i + NBUF - 1) % NBUF, LW, LR)
-                cp.commit_group()
-                nxt_w = _tile_idx(idx_row, k_start + (i + NBUF) * BN, k_end, BN, IW)
-
+            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3,
+                               NBUF, BN, LW, LR, WORK != 2)
             slot = i % NBUF
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
             nxt_k = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, KEYS)
@@ -640,6 +672,44 @@ if HAVE_GLUON:
             n_t = gl.num_programs(0)
             rows = (sp * n_t + t).to(gl.int64) * H + offs_h
             gl.store(PART + gl.num_programs(1).to(gl.int64) * n_t * H * DN + rows, lse2, mask=offs_h < H)
+
+
+if HAVE_GLUON:
+    @gluon.jit
+    def _gathers_alone_kernel(KV, IDX, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPLIT, G: gl.constexpr,
+                              NBUF: gl.constexpr, BN: gl.constexpr, PAD: gl.constexpr):
+        """A measurement (`ablate_launch`): the kernel's gathers with nothing computed, on its grid, ring and
+        `_ring_step` schedule, its threads' share of each row; PAD int32 words of shared memory (0: none, else a
+        power of two) hold the programs per SM at the whole kernel's."""
+        CH: gl.constexpr = 128
+        NW: gl.constexpr = 2 * G
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // NW, NW], [NW, 1], [1, 0])
+        LR: gl.constexpr = gl.BlockedLayout([1, 8], [32 // NW, NW], [NW, 1], [1, 0])
+        SW32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        SW16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        lat = gl.allocate_shared_memory(gl.int32, [NBUF, BN, CH], SW32)
+        rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 64], SW16)
+        sc0 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
+        sc1 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
+        sc2 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
+        sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
+        _occupancy_pad(PAD, NW)
+        t = gl.program_id(0)
+        sp = gl.program_id(1)
+        k_start = sp * KEYS_PER_SPLIT
+        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+        idx_row = IDX + t.to(gl.int64) * stride_it
+        IW: gl.constexpr = gl.SliceLayout(1, LW)
+        for j in gl.static_range(NBUF - 1):
+            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, sc0, sc1,
+                    sc2, sc3, j, LW, LR)
+            cp.commit_group()
+        nxt_w = _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
+        for i in range(gl.cdiv(k_end - k_start, BN)):
+            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3,
+                               NBUF, BN, LW, LR, True)
+        cp.wait_group(0)
 
 
 SMEM_PER_SM = {"big": 228 * 1024, "small": 100 * 1024}  # sm_90 / sm_89-sm_120 class, per SM (1 KB per block reserved)
@@ -743,6 +813,62 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     return out, lse
 
 
+ABLATIONS = ("whole", "gathers", "gathers-unbound", "compute")
+
+
+def pad_words(own_bytes: int, per_sm: int, smem: str = "big") -> int:
+    """int32 words of padding (a power of two, for the shared tensor's shape) that bring a program of own_bytes of
+    shared memory to per_sm programs per SM (with `programs_per_sm`'s 2 KB a program); ValueError where none does."""
+    avail = SMEM_PER_SM[smem] // per_sm - 2048 - own_bytes
+    words = 1 << (max(avail, 4) // 4).bit_length() - 1
+    if SMEM_PER_SM[smem] // (own_bytes + 4 * words + 2048) != per_sm:
+        raise ValueError(f"no power-of-two pad brings a {own_bytes}-byte program to {per_sm} programs per SM")
+    return words
+
+
+def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=None):
+    """One part of the kernel's work on the shapes and split plan of `sparse_mla_fp8mma(q, kv_cache, indices,
+    sm_scale, **config_kwargs(cfg))` (a measurement: the outputs of every part but "whole" are wrong):
+    - "whole": the kernel (and the split merge);
+    - "gathers": `_gathers_alone_kernel`, the same rows into the same ring on the same schedule, nothing computed,
+      its shared memory padded so that as many programs share an SM as the whole kernel's registers allow;
+    - "gathers-unbound": the same without the pad (as many programs per SM as the ring alone allows);
+    - "compute": the kernel with every ring slot gathered once before the loop and the loop gathering nothing, its
+      programs per SM held at the whole kernel's by a shared-memory pad.
+    The split merge runs after each part, as after the kernel, so that differences are the kernel's."""
+    if part not in ABLATIONS:
+        raise ValueError(f"part must be one of {ABLATIONS}, got {part!r}")
+    c = Config(*cfg)
+    if part == "whole":
+        return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(c), out=out)
+    T, H, _ = q.shape
+    q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
+    topk = indices.shape[1]
+    dev = q.device
+    splits, keys_per_split, kw, _ = _launch_plan(T, H, topk, dev.type, dev.index, c.nbuf, c.q_terms, c.p_terms,
+                                                 c.maxnreg, c.block_n, None)
+    part_buf = split_buffer(splits, T, H, lse)
+    G, nbuf, bn = kw["G"], kw["NBUF"], kw["BN"]
+    smem = mla.smem_class(dev)
+    per_sm = programs_per_sm(G, c.nbuf, c.q_terms, smem, c.maxnreg, bn)
+    if part == "compute":
+        # without its gathers the kernel needs fewer registers (sm_90: 168 against 248), so more programs would share
+        # an SM than the whole kernel's: shared memory holds them at its count
+        pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn), per_sm, smem)
+        _sparse_mla_fp8mma_kernel[(T, splits)](
+            q, kv_cache, indices, out, lse, part_buf, q.stride(0), q.stride(1), stride_kv, indices.stride(0),
+            out.stride(0), out.stride(1), H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
+            **dict(kw, WORK=2, PAD=pad))
+    else:
+        ring = nbuf * bn * (D_NOPE + 2 * D_ROPE + 16)
+        pad = 0 if part == "gathers-unbound" else pad_words(ring, per_sm, smem)
+        _gathers_alone_kernel[(T, splits)](kv_cache, indices, stride_kv, indices.stride(0), topk, n_rows,
+                                           keys_per_split, G=G, NBUF=nbuf, BN=bn, PAD=pad, num_warps=2 * G)
+    if splits > 1:
+        mla.merge_splits(part_buf, out, lse, splits)
+    return out, lse
+
+
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
                 block_n: int = DEFAULT.block_n):
@@ -753,7 +879,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
 
     fn = _sparse_mla_fp8mma_kernel
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "BN": tile_keys(block_n, 2 if split else 1), "DEBUG": debug}
+              "BN": tile_keys(block_n, 2 if split else 1), "DEBUG": debug, "WORK": 0, "PAD": 0}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -784,5 +910,5 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
     return row
 
 
-__all__ = ["sparse_mla_fp8mma", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs",
+__all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs",
            "check_terms", "check_block_n", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats"]
