@@ -88,6 +88,7 @@ if HAVE_GLUON:
 
 BLOCK_N = 32  # keys per tile unless a Config says otherwise: two m16 tiles, one per warp of a head group
 BLOCK_NS = (32, 64)  # a tile of 64 keys gives each warp two m16 tiles of S that share every q fragment it loads
+ROW_THREADS = (0, 2, 4, 8, 16, 32)  # threads a gathered row's 512 latent bytes are spread over (0: 2 G)
 
 
 class Config(NamedTuple):
@@ -96,12 +97,14 @@ class Config(NamedTuple):
     products), a register cap per thread (0: the compiler's choice, 208-242; a cap lets more programs share an
     SM's 64 K registers), and the keys of a tile (`BLOCK_NS`: 32, or 64, where each warp's S is two m16 tiles on
     the same q fragments and the per-tile steps, barriers included, come once per 64 keys; 0: `tile_keys`'s rule,
-    64 where the split plan gives each program a token's whole top-k list, 32 where it splits the list)."""
+    64 where the split plan gives each program a token's whole top-k list, 32 where it splits the list), and the
+    threads that gather one row's latent bytes, 16 each (`ROW_THREADS`; 0: one per warp, 2 or 4)."""
     nbuf: int
     q_terms: int
     p_terms: int
     maxnreg: int = 0
     block_n: int = BLOCK_N
+    row_threads: int = 0
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
@@ -141,7 +144,7 @@ def config_name(cfg) -> str:
     slots = c.nbuf or "G"
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
-    return name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys
+    return name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
 
 
 def config_kwargs(cfg) -> dict:
@@ -274,12 +277,11 @@ if HAVE_GLUON:
         return ((e + 127) << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _gather(KV, idx, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, slot, LW: gl.constexpr,
-                LR: gl.constexpr):
-        """cp.async one tile's rows into ring slot `slot`: the 512 e4m3 bytes as int32 words, the bf16 rope part and the
-        4 fp32 scales, chunk c's into sc<c> (each thread copies pieces of one row, so the index arithmetic is done once
-        a row; the scales are copied by every thread of the row). Invalid rows are masked copies of row 0
-        (zero-filled)."""
+    def _gather(KV, idx, N_ROWS, stride_kv, lat, rope, scs, slot, LW: gl.constexpr, LR: gl.constexpr,
+                LS: gl.constexpr):
+        """cp.async one tile's rows into ring slot `slot`: the 512 e4m3 bytes as int32 words (LW: `Config.row_threads`
+        threads a row, 16 bytes each), the bf16 rope part (LR) and the 4 fp32 scales into scs[slot] as [chunk, key]
+        (LS: one 4-byte copy a scale). Invalid rows are masked copies of row 0 (zero-filled)."""
         v = (idx >= 0) & (idx < N_ROWS)
         rb = gl.where(v, idx, 0).to(gl.int64) * stride_kv  # bytes
         w_off = gl.multiple_of(rb // 4, 4)
@@ -291,11 +293,11 @@ if HAVE_GLUON:
         offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
         _async_copy(rope.index(slot), KV.to(gl.pointer_type(gl.bfloat16), bitcast=True) + h_off[:, None] +
                     offs_r[None, :], mask=vr[:, None])
-        KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True) + (rb // 4 + 128)
-        _async_copy(sc0.index(slot), KVF + 0, mask=v)
-        _async_copy(sc1.index(slot), KVF + 1, mask=v)
-        _async_copy(sc2.index(slot), KVF + 2, mask=v)
-        _async_copy(sc3.index(slot), KVF + 3, mask=v)
+        vs = gl.convert_layout(v, gl.SliceLayout(0, LS))
+        f_off = gl.convert_layout(rb, gl.SliceLayout(0, LS)) // 4 + 128
+        offs_c = gl.arange(0, 4, layout=gl.SliceLayout(1, LS))
+        _async_copy(scs.index(slot), KV.to(gl.pointer_type(gl.float32), bitcast=True) + f_off[None, :] +
+                    offs_c[:, None], mask=vs[None, :])
 
     @gluon.jit
     def _occupancy_pad(PAD: gl.constexpr, NW: gl.constexpr):
@@ -307,8 +309,8 @@ if HAVE_GLUON:
             pad.slice(0, 32 * NW).store(gl.full([32 * NW], 0, gl.int32, gl.BlockedLayout([1], [32], [NW], [0])))
 
     @gluon.jit
-    def _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3,
-                   NBUF: gl.constexpr, BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, GATHER: gl.constexpr):
+    def _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF: gl.constexpr,
+                   BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr, GATHER: gl.constexpr):
         """The gather ring's step before tile i is computed, as the kernel and `_gathers_alone_kernel` take it: tile
         i's rows landed in slot i % NBUF and every warp past the barrier; returns the index tile of the next gather.
         GATHER False (compute alone) keeps the barriers and copies nothing."""
@@ -318,7 +320,7 @@ if HAVE_GLUON:
             # done, then tile i is gathered and waited for
             _barrier()
             if GATHER:
-                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, 0, LW, LR)
+                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, scs, 0, LW, LR, LS)
                 cp.commit_group()
             nxt_w = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IW)
             if GATHER:
@@ -331,7 +333,7 @@ if HAVE_GLUON:
                 cp.wait_group(NBUF - 2)
             _barrier()
             if GATHER:
-                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3, (i + NBUF - 1) % NBUF, LW, LR)
+                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, scs, (i + NBUF - 1) % NBUF, LW, LR, LS)
                 cp.commit_group()
             nxt_w = _tile_idx(idx_row, k_start + (i + NBUF) * BN, k_end, BN, IW)
         return nxt_w
@@ -463,7 +465,8 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
-        BN: gl.constexpr, DBG=None, DEBUG: gl.constexpr = 0, WORK: gl.constexpr = 0, PAD: gl.constexpr = 0,
+        BN: gl.constexpr, TPR: gl.constexpr, DBG=None, DEBUG: gl.constexpr = 0, WORK: gl.constexpr = 0,
+        PAD: gl.constexpr = 0,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). WORK 2 (a measurement, wrong
         outputs): compute alone, every tile read from the ring slots gathered before the loop; PAD: `_occupancy_pad`
@@ -510,9 +513,11 @@ if HAVE_GLUON:
         # [128, HN] output, 8 rows per thread, the warps along the rows (no element is stored twice)
         LO: gl.constexpr = gl.BlockedLayout([8, 1], [4, 8], [NW, 1], [0, 1])
         # the gather: every thread copies pieces of one row (latent words, rope, scales)
-        TPR: gl.constexpr = NW  # threads per row
-        LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPR, TPR], [NW, 1], [1, 0])  # [BN, 128] int32 words
-        LR: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPR, TPR], [NW, 1], [1, 0])  # [BN, 64] bf16
+        TW: gl.constexpr = TPR if TPR > 0 else NW  # threads a row for its latent words (16 bytes each)
+        TR: gl.constexpr = TW if TW < 8 else 8  # and for its rope part (8 x 16 bytes)
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TW, TW], [NW, 1], [1, 0])  # [BN, 128] int32 words
+        LR: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TR, TR], [NW, 1], [1, 0])  # [BN, 64] bf16
+        LS: gl.constexpr = gl.BlockedLayout([4 // NW, 1], [1, 32], [NW, 1], [1, 0])  # [4 chunks, BN] fp32 scales
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
 
         # shared memory: 16-byte units XOR-swizzled by row, so the operand loads of 8 rows hit 8 bank groups
@@ -523,10 +528,9 @@ if HAVE_GLUON:
         lat8 = _as(lat, gl.uint8, [NBUF, BN, DN], SW8)  # the same bytes: SW32 is SW8 in 4-byte units
         rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, DR], SW16)
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        sc0 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)  # the rows' scales of chunk c: sc<c>
-        sc1 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
-        sc2 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
-        sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
+        FLAT2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        scs = gl.allocate_shared_memory(gl.float32, [NBUF, 4, BN], FLAT2)  # the rows' scales as [slot, chunk, key]
+        sc_c = _as(scs, gl.float32, [NBUF * 4, BN], FLAT1)  # the same bytes: chunk c of slot s at 4 s + c
         # q's e4m3 terms (or its fp16 copy), columns in the products' order
         if F16:
             q_s = gl.allocate_shared_memory(gl.float16, [1, HN, DN], SW16)
@@ -547,12 +551,12 @@ if HAVE_GLUON:
         IW: gl.constexpr = gl.SliceLayout(1, LW)
         # the ring's first NBUF - 1 tiles (WORK 2, compute alone: every slot, once; the loop then gathers nothing)
         for j in gl.static_range(NBUF - 1):
-            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, sc0, sc1,
-                    sc2, sc3, j, LW, LR)
+            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, scs, j, LW,
+                    LR, LS)
             cp.commit_group()
         if WORK == 2:
             _gather(KV, _tile_idx(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope,
-                    sc0, sc1, sc2, sc3, NBUF - 1, LW, LR)
+                    scs, NBUF - 1, LW, LR, LS)
             cp.commit_group()
             cp.wait_group(0)
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
@@ -586,8 +590,8 @@ if HAVE_GLUON:
         zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
 
         for i in range(n_tiles):
-            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3,
-                               NBUF, BN, LW, LR, WORK != 2)
+            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW,
+                               LR, LS, WORK != 2)
             slot = i % NBUF
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
             nxt_k = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, KEYS)
@@ -595,11 +599,11 @@ if HAVE_GLUON:
             if DEBUG:  # the e4m3 builds only (the launcher refuses debug with fp16 products)
                 if i == 0:
                     _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS,
-                                sc0.index(slot).load(KEYS), inv_sigma)
-            s = _scores_chunk(t8, q_s, 0, sc0.index(slot).load(KEYS), zero, zero, LK, DA, DB, Q_TERMS)
-            s = _scores_chunk(t8, q_s, 1, sc1.index(slot).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
-            s = _scores_chunk(t8, q_s, 2, sc2.index(slot).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
-            s = _scores_chunk(t8, q_s, 3, sc3.index(slot).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
+                                sc_c.index(4 * slot).load(KEYS), inv_sigma)
+            s = _scores_chunk(t8, q_s, 0, sc_c.index(4 * slot + 0).load(KEYS), zero, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 1, sc_c.index(4 * slot + 1).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 2, sc_c.index(4 * slot + 2).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(t8, q_s, 3, sc_c.index(4 * slot + 3).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
             s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
             s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
 
@@ -614,10 +618,10 @@ if HAVE_GLUON:
             p_s.store(gl.permute(p, [1, 0]))
             # one P factor 2^e per tile for the four chunks; the accumulators move to it (and to the new max) only
             # when either changed
-            ps0 = sc0.index(slot).load(PKEYS)
-            ps1 = sc1.index(slot).load(PKEYS)
-            ps2 = sc2.index(slot).load(PKEYS)
-            ps3 = sc3.index(slot).load(PKEYS)
+            ps0 = sc_c.index(4 * slot + 0).load(PKEYS)
+            ps1 = sc_c.index(4 * slot + 1).load(PKEYS)
+            ps2 = sc_c.index(4 * slot + 2).load(PKEYS)
+            ps3 = sc_c.index(4 * slot + 3).load(PKEYS)
             # e is in [-120, 126] for any row scale; e - e_prev stays in `_pow2`'s range while consecutive tiles'
             # largest scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
             e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
@@ -677,23 +681,24 @@ if HAVE_GLUON:
 if HAVE_GLUON:
     @gluon.jit
     def _gathers_alone_kernel(KV, IDX, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPLIT, G: gl.constexpr,
-                              NBUF: gl.constexpr, BN: gl.constexpr, PAD: gl.constexpr):
+                              NBUF: gl.constexpr, BN: gl.constexpr, TPR: gl.constexpr, PAD: gl.constexpr):
         """A measurement (`ablate_launch`): the kernel's gathers with nothing computed, on its grid, ring and
         `_ring_step` schedule, its threads' share of each row; PAD int32 words of shared memory (0: none, else a
         power of two) hold the programs per SM at the whole kernel's."""
         CH: gl.constexpr = 128
         NW: gl.constexpr = 2 * G
-        LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // NW, NW], [NW, 1], [1, 0])
-        LR: gl.constexpr = gl.BlockedLayout([1, 8], [32 // NW, NW], [NW, 1], [1, 0])
+        TW: gl.constexpr = TPR if TPR > 0 else NW  # the kernel's threads a row (its layouts, repeated here)
+        TR: gl.constexpr = TW if TW < 8 else 8
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TW, TW], [NW, 1], [1, 0])
+        LR: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TR, TR], [NW, 1], [1, 0])
+        LS: gl.constexpr = gl.BlockedLayout([4 // NW, 1], [1, 32], [NW, 1], [1, 0])
         SW32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         SW16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         lat = gl.allocate_shared_memory(gl.int32, [NBUF, BN, CH], SW32)
         rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 64], SW16)
-        sc0 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
-        sc1 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
-        sc2 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
-        sc3 = gl.allocate_shared_memory(gl.float32, [NBUF, BN], FLAT1)
+        FLAT2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        scs = gl.allocate_shared_memory(gl.float32, [NBUF, 4, BN], FLAT2)
         _occupancy_pad(PAD, NW)
         t = gl.program_id(0)
         sp = gl.program_id(1)
@@ -702,13 +707,13 @@ if HAVE_GLUON:
         idx_row = IDX + t.to(gl.int64) * stride_it
         IW: gl.constexpr = gl.SliceLayout(1, LW)
         for j in gl.static_range(NBUF - 1):
-            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, sc0, sc1,
-                    sc2, sc3, j, LW, LR)
+            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, scs, j, LW,
+                    LR, LS)
             cp.commit_group()
         nxt_w = _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
         for i in range(gl.cdiv(k_end - k_start, BN)):
-            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, sc0, sc1, sc2, sc3,
-                               NBUF, BN, LW, LR, True)
+            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW,
+                               LR, LS, True)
         cp.wait_group(0)
 
 
@@ -749,7 +754,8 @@ _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
 
 @functools.lru_cache(maxsize=4096)
 def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nbuf: int, q_terms: int,
-                 p_terms: int, maxnreg: int, block_n: int, num_splits: int | None) -> tuple[int, int, dict, tuple]:
+                 p_terms: int, maxnreg: int, block_n: int, row_threads: int,
+                 num_splits: int | None) -> tuple[int, int, dict, tuple]:
     """(splits, keys per split, constexprs and options, their values as a key) for a call shape: the host work an
     eager layer would otherwise repeat on every call."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
@@ -757,7 +763,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     nbuf = ring_slots(nbuf, G)
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=tile_keys(block_n, splits),
-              DBG=None, DEBUG=0,
+              TPR=row_threads, DBG=None, DEBUG=0, WORK=0, PAD=0,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, kw, tuple(kw.values())
 
@@ -769,13 +775,13 @@ def debug_record_bytes(H: int) -> int:
 
 
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
-                      p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n, out=None,
-                      debug=None):
+                      p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
+                      row_threads=DEFAULT.row_threads, out=None, debug=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
-    build; maxnreg: register cap per thread (0: none); block_n: keys a tile (32 or 64). `config_kwargs(cfg)` gives
-    these for a `Config`."""
+    build; maxnreg: register cap per thread (0: none); block_n: keys a tile (32 or 64); row_threads: threads a
+    gathered row's latent bytes are spread over (`Config`). `config_kwargs(cfg)` gives these for a `Config`."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -784,6 +790,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     head_groups(H)  # 1-16 heads, else ValueError
     check_terms(q_terms, p_terms)
     check_block_n(block_n)
+    if row_threads not in ROW_THREADS:
+        raise ValueError(f"row_threads must be one of {ROW_THREADS}, got {row_threads}")
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
     if debug is not None and (q_terms == 1 or block_n != BLOCK_N):
@@ -794,7 +802,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     if T == 0:
         return out, lse
     splits, keys_per_split, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
-                                                      maxnreg, block_n, num_splits)
+                                                      maxnreg, block_n, row_threads, num_splits)
     part = split_buffer(splits, T, H, lse)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
             keys_per_split)
@@ -846,7 +854,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     topk = indices.shape[1]
     dev = q.device
     splits, keys_per_split, kw, _ = _launch_plan(T, H, topk, dev.type, dev.index, c.nbuf, c.q_terms, c.p_terms,
-                                                 c.maxnreg, c.block_n, None)
+                                                 c.maxnreg, c.block_n, c.row_threads, None)
     part_buf = split_buffer(splits, T, H, lse)
     G, nbuf, bn = kw["G"], kw["NBUF"], kw["BN"]
     smem = mla.smem_class(dev)
@@ -857,13 +865,14 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
         pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn), per_sm, smem)
         _sparse_mla_fp8mma_kernel[(T, splits)](
             q, kv_cache, indices, out, lse, part_buf, q.stride(0), q.stride(1), stride_kv, indices.stride(0),
-            out.stride(0), out.stride(1), H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
+            out.stride(0), out.stride(1), H, H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
             **dict(kw, WORK=2, PAD=pad))
     else:
         ring = nbuf * bn * (D_NOPE + 2 * D_ROPE + 16)
         pad = 0 if part == "gathers-unbound" else pad_words(ring, per_sm, smem)
         _gathers_alone_kernel[(T, splits)](kv_cache, indices, stride_kv, indices.stride(0), topk, n_rows,
-                                           keys_per_split, G=G, NBUF=nbuf, BN=bn, PAD=pad, num_warps=2 * G)
+                                           keys_per_split, G=G, NBUF=nbuf, BN=bn, TPR=kw["TPR"], PAD=pad,
+                                           num_warps=2 * G)
     if splits > 1:
         mla.merge_splits(part_buf, out, lse, splits)
     return out, lse
@@ -871,7 +880,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
 
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
-                block_n: int = DEFAULT.block_n):
+                block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64)."""
     from triton.backends.compiler import GPUTarget
@@ -879,7 +888,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
 
     fn = _sparse_mla_fp8mma_kernel
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "BN": tile_keys(block_n, 2 if split else 1), "DEBUG": debug, "WORK": 0, "PAD": 0}
+              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "DEBUG": debug, "WORK": 0, "PAD": 0}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -893,11 +902,11 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
 
 def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                   p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg,
-                  block_n: int = DEFAULT.block_n) -> dict:
+                  block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread, and where
     the stack is used, the spill stores and loads (STL, LDL) in the main loop's SASS (`loop_spills`)."""
-    k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n)
-    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n)), "arch": arch, "G": G, "split": split,
+    k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n, row_threads=row_threads)
+    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads)), "arch": arch, "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
            "estimate": smem_bytes_estimate(G, nbuf, q_terms, tile_keys(block_n, 2 if split else 1))}
     row["fits"] = row["shared"] <= row["limit"]
