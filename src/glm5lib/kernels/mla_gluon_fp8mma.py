@@ -821,7 +821,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     return out, lse
 
 
-ABLATIONS = ("whole", "gathers", "gathers-unbound", "compute")
+ABLATIONS = ("whole", "gathers", "compute")
 
 
 def pad_words(own_bytes: int, per_sm: int, smem: str = "big") -> int:
@@ -839,8 +839,8 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     sm_scale, **config_kwargs(cfg))` (a measurement: the outputs of every part but "whole" are wrong):
     - "whole": the kernel (and the split merge);
     - "gathers": `_gathers_alone_kernel`, the same rows into the same ring on the same schedule, nothing computed,
-      its shared memory padded so that as many programs share an SM as the whole kernel's registers allow;
-    - "gathers-unbound": the same without the pad (as many programs per SM as the ring alone allows);
+      its shared memory padded so that as many programs share an SM as the whole kernel's registers allow (without
+      the pad the same times on the H200 at bc8f6e0: the split plan's grid holds about that many programs per SM);
     - "compute": the kernel with every ring slot gathered once before the loop and the loop gathering nothing, its
       programs per SM held at the whole kernel's by a shared-memory pad.
     The split merge runs after each part, as after the kernel, so that differences are the kernel's."""
@@ -869,7 +869,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
             **dict(kw, WORK=2, PAD=pad))
     else:
         ring = nbuf * bn * (D_NOPE + 2 * D_ROPE + 16)
-        pad = 0 if part == "gathers-unbound" else pad_words(ring, per_sm, smem)
+        pad = pad_words(ring, per_sm, smem)
         _gathers_alone_kernel[(T, splits)](kv_cache, indices, stride_kv, indices.stride(0), topk, n_rows,
                                            keys_per_split, G=G, NBUF=nbuf, BN=bn, TPR=kw["TPR"], PAD=pad,
                                            num_warps=2 * G)
