@@ -3,7 +3,7 @@ Triton kernel and FlashMLA, in one process.
 
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json [--configs 2,3,2 2,2,2] [--no-time] [--budget-s S]`
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --ablate [--configs ...]`: each config's kernel taken apart
-(`mla_gluon_fp8mma.ablate_launch`: the whole kernel, its gathers alone at its programs per SM and unbound, its
+(`mla_gluon_fp8mma.ablate_launch`: the whole kernel, its gathers alone at its programs per SM, its
 compute alone on rows gathered once) beside the fastest gather route of the same rows (`bench.gather.ceiling_rows`),
 on the timed shapes below; then the checks of the configs
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --small-batch`: only batch 1-32 at 8 and 16 heads (graph
