@@ -3,7 +3,7 @@
 branch of the kernel), by opcode. What docs/kernels.md v14 quotes for the fp16- and e4m3-product builds.
 
 `TRITON_INTERPRET=0 python scripts/fp8mma_sass_count.py [--arch 90] [--heads 8] [CONFIG ...]` with CONFIG as
-`nbuf,q_terms,p_terms[,maxnreg[,block_n]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`). The H200 runs
+`nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads]]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`). The H200 runs
 Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
 """
 
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="*", default=[",".join(map(str, fm.CONFIG_BY_CLASS["big"])), "2,2,2"],
-                    help="nbuf,q_terms,p_terms[,maxnreg[,block_n]] builds")
+                    help="nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads]]] builds")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--heads", type=int, default=8)
     a = ap.parse_args(argv)
@@ -47,9 +47,9 @@ def main(argv=None) -> int:
         try:
             cfg = fm.Config(*(int(x) for x in text.split(",")))
         except (TypeError, ValueError):
-            sys.exit(f"fp8mma_sass_count: a config is nbuf,q_terms,p_terms[,maxnreg[,block_n]], got {text!r}")
+            sys.exit(f"fp8mma_sass_count: a config is nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads]]], got {text!r}")
         k = fm.aot_compile(a.arch, fm.head_groups(a.heads), cfg.nbuf, cfg.q_terms, cfg.p_terms, True,
-                           maxnreg=cfg.maxnreg, block_n=cfg.block_n)
+                           maxnreg=cfg.maxnreg, block_n=cfg.block_n, row_threads=cfg.row_threads)
         sass = cuobjdump(k.asm["cubin"], "-sass")
         n, ops = loop_counts(sass)
         top = ", ".join(f"{op} {c}" for op, c in ops.most_common(12))

@@ -261,8 +261,11 @@ def test_configs_name_their_builds():
     assert fm.config_name((1, 1, 1, 168)) == "fp8mma-nbuf1-f16-r168"
     assert len({fm.config_name(c) for c in fm.CONFIGS}) == len(fm.CONFIGS)
     assert fm.config_name((0, 1, 1, 0, 64)) == "fp8mma-nbufG-f16-n64"
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan"
-    assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32}
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8"
+    assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32,
+                                           "row_threads": 0}
+    assert fm.config_name((1, 2, 2, 0, 32, 8)) == "fp8mma-nbuf1-q2-p2-t8"
+    assert all(c.row_threads == 8 for c in fm.CONFIG_BY_CLASS.values())
     # nbuf 0: one ring slot per head group, in the shared-memory estimate too
     assert [fm.ring_slots(0, G) for G in (1, 2)] == [1, 2] and fm.ring_slots(2, 1) == 2
     assert fm.smem_bytes_estimate(1, 0, 1) == fm.smem_bytes_estimate(1, 1, 1)
@@ -361,3 +364,29 @@ def test_sass_loop_counter_takes_the_longest_backward_branch():
         "        /*0070*/                   BRA 0x70 ;"])  # the trailing self-branch is not a loop
     n, ops = _sass_script().loop_counts(sass)
     assert n == 5 and ops["HMMA"] == 2 and ops["F2FP"] == 1 and ops["BRA"] == 2 and "MOV" not in ops
+
+
+def test_ablation_pads_hold_the_whole_kernels_programs_per_sm():
+    """`ablate_launch`'s parts run at the whole kernel's programs per SM: the shared-memory pad (a power of two) brings
+    a program of the part's own bytes to that count in both classes, and a count no pad can reach is an error."""
+    for smem in ("big", "small"):
+        for G in (1, 2):
+            for cfg in fm.CONFIG_BY_CLASS.values():
+                for bn in fm.BLOCK_NS:
+                    per_sm = fm.programs_per_sm(G, cfg.nbuf, cfg.q_terms, smem, cfg.maxnreg, bn)
+                    for own in (fm.smem_bytes_estimate(G, cfg.nbuf, cfg.q_terms, bn),
+                                fm.ring_slots(cfg.nbuf, G) * bn * 656):
+                        if fm.SMEM_PER_SM[smem] // (own + 2048) < per_sm:
+                            continue  # the part alone already holds fewer programs than the kernel
+                        w = fm.pad_words(own, per_sm, smem)
+                        assert w & (w - 1) == 0
+                        assert fm.SMEM_PER_SM[smem] // (own + 4 * w + 2048) == per_sm, (smem, G, cfg, bn, own)
+    with pytest.raises(ValueError, match="programs per SM"):
+        fm.pad_words(200 * 1024, 2)
+    q = torch.zeros(4, 8, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="part must be one of"):
+        fm.ablate_launch(q, torch.zeros(64, 656, dtype=torch.uint8), torch.zeros(4, 64, dtype=torch.int32), 0.1,
+                         "gathers-only")
+    with pytest.raises(ValueError, match="row_threads"):
+        fm.sparse_mla_fp8mma(q, torch.zeros(64, 656, dtype=torch.uint8), torch.zeros(4, 64, dtype=torch.int32), 0.1,
+                             row_threads=3)

@@ -88,7 +88,13 @@ if HAVE_GLUON:
 
 BLOCK_N = 32  # keys per tile unless a Config says otherwise: two m16 tiles, one per warp of a head group
 BLOCK_NS = (32, 64)  # a tile of 64 keys gives each warp two m16 tiles of S that share every q fragment it loads
-ROW_THREADS = (0, 2, 4, 8, 16, 32)  # threads a gathered row's 512 latent bytes are spread over (0: 2 G)
+# threads a gathered row's 512 latent bytes are spread over, 16 bytes each (0: one a warp, 2 G). With 8 a warp's copy
+# instruction reads 4 whole 128-byte lines; with 2 (the kernel until bc8f6e0) 16 rows' 32-byte pieces, every line
+# over four instructions. H200, 8 heads, the kernel's own gathers alone (`ablate_launch`, rows from HBM at decode
+# B128, from L2 at prefill s_q 4096): 91 -> 68 us and 1706 -> 934 us; the whole kernel 103 -> 77-81 us and 1833 ->
+# 1336-1345 us (2 -> 4 -> 8 -> 16 -> 32 threads: 91, 74, 68, 69, 71 us at decode;
+# `sweeps/fp8mma_ablate_h200_bc8f6e0.json`, `sweeps/fp8mma_ablate_h200_6e4488e.json`)
+ROW_THREADS = (0, 2, 4, 8, 16, 32)
 
 
 class Config(NamedTuple):
@@ -108,17 +114,18 @@ class Config(NamedTuple):
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1), Config(2, 1, 1),
-           Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2), Config(2, 3, 2)]
-# what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group
-# and `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring)
-# (the 32-key build at 33e8f55, `fp8mma_h200.json`: 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x at
-# prefill, 8 heads; 0.75-0.81x at 16 heads, where it takes 0.70-0.77x the Triton kernel's time and the e4m3 build
-# 0.89-0.95x). The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and forced only): the e4m3 build
-# with one slot (31 KB, 3 programs per SM). Two q terms hold a bf16 q exactly (8 significant bits = two 4-bit e4m3
-# terms) except for elements whose scaled value is below 2^-2 (about 2^-11 of the head's largest): their rest falls
-# under e4m3's subnormal step
-CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0), "small": Config(1, 2, 2)}
+CONFIGS = [Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1),
+           Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
+           Config(1, 2, 2), Config(2, 3, 2)]
+# what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group,
+# `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
+# 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e). The 32-key, 2-thread build at
+# 33e8f55 (`fp8mma_h200.json`): 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x
+# at prefill, 8 heads; 0.75-0.81x at 16 heads. The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and
+# forced only): the e4m3 build with one slot (31 KB, 3 programs per SM) and 8 threads a row. Two q terms hold a bf16 q
+# exactly (8 significant bits = two 4-bit e4m3 terms) except for elements whose scaled value is below 2^-2 (about
+# 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
+CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
 DEFAULT = CONFIG_BY_CLASS["big"]
 
 
