@@ -37,6 +37,7 @@ BENCH_JSON = None  # benchmark results to plot when no GPU is present; None: the
 RUN_GPU_BENCH = False  # on a GPU: run `glm5lib bench all` here instead of reading BENCH_JSON
 BENCH_RUN_NAME = None  # file stem for that run (None: bench_<gpu>); an existing file is never overwritten
 FIGURE = "outputs/figures/04_sparse_mla_bench.png"  # relative: to the checkout
+PARTS_FIGURE = "outputs/figures/04_fp8mma_parts.png"  # the fp8-cache kernel taken apart (committed H200 runs)
 
 # %%
 import json
@@ -245,9 +246,9 @@ if INTERACTIVE:
 # short (the numbers are printed below from the JSON): small-head decode with bf16 rows reaches about two thirds of
 # the copy bandwidth, short of the 85 % target, while its rows alone gather at 82-84 % (two runs), at the margin of
 # the goal; the fp8 path at 8-16 heads (on sm_90 the fp8-cache kernel of `mla_gluon_fp8mma`: keys as the mma's M,
-# each cached byte loaded straight into the mma's registers and widened to fp16 once) runs 1.1-1.4x as fast as
-# FlashMLA padded to 64 heads at 8 heads and a little less at 16, far from the 2.5x goal (at B=128 the gathers alone rule the goal out; what is left is
-# the kernel's own latency: two warps per scheduler, waiting mostly on shared memory); at 64-128 heads the
+# each cached byte loaded straight into the mma's registers and widened to fp16 once) runs 1.4-1.7x as fast as
+# FlashMLA padded to 64 heads at 8 heads and 1.1-1.4x at 16, short of the 2.5x goal (at B=128 the gathers alone rule
+# the goal out; the kernel taken apart, below, shows how much of its time is its own gathers); at 64-128 heads the
 # prefill (on sm_90 the Gluon ping-pong kernel of `mla_gluon_large`) reaches about 0.9x FlashMLA's TFLOP/s;
 # H = 8 prefill is bound by L2 bandwidth for both kernels, so the two run at about the same speed. The indexer's
 # decode reads its keys at 81 % of the copy bandwidth with fp8 keys and fp8 q, and 91 % with bf16 keys (8 key tiles
@@ -276,6 +277,39 @@ print("time vs context (H16, B64, fp8, top-k 2048):", cx)
 record("scale_source", source)
 record("scale_topk_us", sc)
 record("scale_ctx_us", cx)
+
+# %% [markdown]
+# ### The fp8-cache kernel taken apart
+#
+# `scripts/fp8mma_device.py --ablate` times each build of `mla_gluon_fp8mma` three ways on the same rows and split
+# plan, at the whole kernel's programs per SM: the whole kernel, its own gathers alone (its ring, schedule and thread
+# mapping, nothing computed) and its compute alone (every ring slot gathered once, then computed on again and
+# again), beside the fastest gather route of the same rows. The first such run showed the 8-head decode's own
+# gathers taking nearly all of the kernel's time: each row's 512 latent bytes were copied by 2 threads, so one copy
+# instruction read 32-byte pieces of 16 rows and every 128-byte line took four instructions. Spread over 8 threads
+# (`ROW_THREADS`), one instruction reads whole lines of 4 rows: the gathers alone went from 91 to 68 us at decode
+# B=128 and from 1706 to 934 us at prefill, the whole kernel from 103 to 77-81 us and from 1833 to 1336-1345 us.
+# What is left at 8 heads: the gathers alone (68 us) take longer than the compute alone (56 us), and both stay above
+# the fastest gather route of the same rows (54 us, which is 2.2x FlashMLA's time, under the 2.5x goal); at 16
+# heads the compute alone sets the pace. More programs per SM under a register cap made it slower (the caps run).
+
+# %%
+from glm5lib.bench import parts as kparts
+
+part_runs = [kparts.load_run(kparts.run_path(name)) for name in kparts.RUNS]
+for run in part_runs:
+    print(kparts.table(run), end="\n\n")
+sweep = part_runs[0]
+parts_fig = kparts.plot(sweep, resolve(PARTS_FIGURE))
+record("fp8mma_parts_figure", str(parts_fig))
+b128 = {cfg: {p: round(sweep["parts"]["decode", 128, 8, cfg][p + "_us"], 1) for p in kparts.PARTS}
+        for cfg in ("fp8mma-nbufG-f16-nplan", "fp8mma-nbufG-f16-nplan-t8")}
+record("fp8mma_parts_decode_b128_h8", b128)
+record("fp8mma_parts_fastest_gather_b128_us", round(sweep["gather"]["decode", 128], 1))
+if INTERACTIVE:
+    from IPython.display import Image, display
+
+    display(Image(str(parts_fig)))
 
 # %% [markdown]
 # ### How fast can the rows be gathered at all?

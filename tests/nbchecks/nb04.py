@@ -97,11 +97,20 @@ def check(report: dict) -> None:
     assert all(80 < t["ceiling"] < 85 for t in bf16)
     assert len(out_of_reach) == 6 + sum(bool(t["bounded"]) for t in bf16) and all(t["met"] is False
                                                                                   for t in out_of_reach)
-    # the 8-16-head fp8 decode: "1.1-1.4x as fast as FlashMLA padded to 64 heads at 8 heads, a little less at 16"
+    # the 8-16-head fp8 decode: "1.4-1.7x as fast as FlashMLA padded to 64 heads at 8 heads and 1.1-1.4x at 16"
     def speedups(H):
         return [t["value"] for t in targets
                 if t["target"].startswith(f"decode fp8 H{H} ") and "speed-up" in t["target"]]
 
-    assert len(speedups(8)) == 2 and all(1.1 < v < 1.5 for v in speedups(8))
-    assert len(speedups(16)) == 2 and all(1.0 < v < 1.4 for v in speedups(16))
+    assert len(speedups(8)) == 2 and all(1.35 < v < 1.75 for v in speedups(8))
+    assert len(speedups(16)) == 2 and all(1.05 < v < 1.45 for v in speedups(16))
     assert all(a > b for a, b in zip(speedups(8), speedups(16)))
+    # the fp8-cache kernel taken apart (section 6), against its prose: 2 -> 8 threads a row cut the gathers alone
+    # "from 91 to 68 us" and the whole kernel "from 103 to 77-81 us" at decode B=128; at 8 threads the gathers
+    # alone (68) outlast the compute alone (56), both above the fastest gather route of the rows (54)
+    assert Path(report["fp8mma_parts_figure"]).is_file()
+    two, eight = (report["fp8mma_parts_decode_b128_h8"][c] for c in ("fp8mma-nbufG-f16-nplan",
+                                                                        "fp8mma-nbufG-f16-nplan-t8"))
+    assert 86 < two["gathers"] < 96 and 64 < eight["gathers"] < 72 and 98 < two["whole"] < 108
+    assert 74 < eight["whole"] < 84 and eight["compute"] < eight["gathers"] < eight["whole"]
+    assert report["fp8mma_parts_fastest_gather_b128_us"] < eight["compute"]
