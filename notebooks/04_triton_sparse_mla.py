@@ -290,8 +290,9 @@ record("scale_ctx_us", cx)
 # (`ROW_THREADS`), one instruction reads whole lines of 4 rows: the gathers alone went from 91 to 68 us at decode
 # B=128 and from 1706 to 934 us at prefill, the whole kernel from 103 to 77-81 us and from 1833 to 1336-1345 us.
 # What is left at 8 heads: the gathers alone (68 us) take longer than the compute alone (56 us), and both stay above
-# the fastest gather route of the same rows (54 us, which is 2.2x FlashMLA's time, under the 2.5x goal); at 16
-# heads the compute alone sets the pace. More programs per SM under a register cap made it slower (the caps run).
+# the fastest gather route of the same rows (54 us: 2.2x as fast as FlashMLA's 118 us, under the 2.5x goal); at
+# 16 heads the compute alone sets the pace. More programs per SM under a register cap made it no faster (the caps
+# run: level at B=128, slower at B=32 and at prefill).
 
 # %%
 from glm5lib.bench import parts as kparts

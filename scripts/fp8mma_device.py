@@ -186,9 +186,10 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
 
 def run_ablation(cfgs, ceil, rows, deadline):
     """`--ablate`: per timed shape and config, the time of each part (`fm.ABLATIONS`) and what they say about
-    overlap: `serial_us` (gathers + compute, nothing overlapped) and `overlap` = (gathers + compute - whole) /
-    min(gathers, compute) (1: the shorter part hidden entirely, 0: none of it)."""
+    overlap: `serial_us` (gathers + compute, nothing overlapped) and `overlap` (`bench.parts.overlap`: 1 when the
+    shorter part is hidden entirely, 0 when none of it is)."""
     from glm5lib.bench.gather import ceiling_rows
+    from glm5lib.bench.parts import overlap
 
     rows += ceiling_rows(ceil, formats=("fp8_ds_mla",))
     shapes = [("decode", B, H) for B in (32, 128) for H in (8, 16)] + [("prefill", 4096, H) for H in (8, 16)]
@@ -217,10 +218,9 @@ def run_ablation(cfgs, ceil, rows, deadline):
                     res[part + "_us"] = 1e3 * ms
                 except Exception as exc:  # noqa: BLE001
                     res[part + "_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-            if all(p + "_us" in res for p in ("whole", "gathers", "compute")):
-                g, c, w = res["gathers_us"], res["compute_us"], res["whole_us"]
-                res["serial_us"] = g + c
-                res["overlap"] = (g + c - w) / min(g, c)
+            if overlap(res) is not None:
+                res["serial_us"] = res["gathers_us"] + res["compute_us"]
+                res["overlap"] = overlap(res)
             if kind == "decode":
                 res["floor_us"] = bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla") / ceil["copy_GBps"] / 1e3
             rows.append(res)

@@ -390,3 +390,18 @@ def test_ablation_pads_hold_the_whole_kernels_programs_per_sm():
     with pytest.raises(ValueError, match="row_threads"):
         fm.sparse_mla_fp8mma(q, torch.zeros(64, 656, dtype=torch.uint8), torch.zeros(4, 64, dtype=torch.int32), 0.1,
                              row_threads=3)
+
+
+@pytest.mark.skipif(not fm.HAVE_GLUON, reason="this Triton has no Gluon")
+def test_ablation_builds_compile_at_the_kernels_programs_per_sm():
+    """The measurement builds `ablate_launch` launches (gathers alone, compute alone) compile for sm_90, each with
+    the shared memory that holds it at the shipped kernel's programs per SM; fewer threads a row than one a warp
+    are refused (a tile's rows would be copied twice, by different warps)."""
+    cfg = fm.CONFIG_BY_CLASS["big"]
+    for G in (1, 2):
+        want = fm.programs_per_sm(G, cfg.nbuf, cfg.q_terms, "big", cfg.maxnreg, fm.BLOCK_N)
+        for part in ("gathers", "compute"):
+            k = fm.aot_compile_part(90, part, G, cfg)
+            assert fm.SMEM_PER_SM["big"] // (int(k.metadata.shared) + 1024) == want, (G, part)
+    with pytest.raises(ValueError, match="row_threads"):
+        fm.aot_compile(90, 2, row_threads=2)

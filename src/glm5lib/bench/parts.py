@@ -42,7 +42,8 @@ def load_run(path: str | Path) -> dict:
     parts = {(r["kind"].removeprefix("ablate-"), r["B"], r["H"], r["config"]): r
              for r in res["rows"] if r.get("kind", "").startswith("ablate-") and "config" in r}
     gather = {(r["case"], r["T"]): r["us"] for r in res["rows"]
-              if r.get("kind") == "gather-ceiling" and r.get("impl") == "best-gather" and "us" in r}
+              if r.get("kind") == "gather-ceiling" and r.get("impl") == "best-gather" and "us" in r
+              and r.get("kv_format") == "fp8_ds_mla"}
     if not parts:
         raise ValueError(f"{path}: no ablation rows (a run of scripts/fp8mma_device.py --ablate?)")
     return {"commit": res["meta"].get("commit"), "parts": parts, "gather": gather}

@@ -165,6 +165,14 @@ def check_block_n(block_n: int) -> None:
         raise ValueError(f"block_n (keys a tile) must be one of {BLOCK_NS} or 0 (the split plan's rule), got {block_n}")
 
 
+def check_row_threads(row_threads: int, G: int) -> None:
+    """`ROW_THREADS`, and not fewer than one a warp (2 G): with fewer, a tile's rows would be covered twice, by
+    copies of different warps into the same bytes."""
+    if row_threads not in ROW_THREADS or 0 < row_threads < 2 * G:
+        raise ValueError(f"row_threads must be 0 or one of {tuple(t for t in ROW_THREADS if t >= 2 * G)} at {8 * G} "
+                         f"heads a program, got {row_threads}")
+
+
 def check_terms(q_terms: int, p_terms: int) -> None:
     """2-3 e4m3 terms each, or 1 and 1: the fp16-product build."""
     if not ((q_terms, p_terms) == (1, 1) or (q_terms in (2, 3) and p_terms in (2, 3))):
@@ -519,7 +527,8 @@ if HAVE_GLUON:
             lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
         # [128, HN] output, 8 rows per thread, the warps along the rows (no element is stored twice)
         LO: gl.constexpr = gl.BlockedLayout([8, 1], [4, 8], [NW, 1], [0, 1])
-        # the gather: every thread copies pieces of one row (latent words, rope, scales)
+        # the gather (`_gather`): 16-byte pieces of a row's latent words over TW threads, of its rope over TR, and
+        # each of its four scales by one thread (LS, [chunk, key]); a thread holds pieces of BN / (32 NW / TW) rows
         TW: gl.constexpr = TPR if TPR > 0 else NW  # threads a row for its latent words (16 bytes each)
         TR: gl.constexpr = TW if TW < 8 else 8  # and for its rope part (8 x 16 bytes)
         LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TW, TW], [NW, 1], [1, 0])  # [BN, 128] int32 words
@@ -797,8 +806,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     head_groups(H)  # 1-16 heads, else ValueError
     check_terms(q_terms, p_terms)
     check_block_n(block_n)
-    if row_threads not in ROW_THREADS:
-        raise ValueError(f"row_threads must be one of {ROW_THREADS}, got {row_threads}")
+    check_row_threads(row_threads, head_groups(H))
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
     if debug is not None and (q_terms == 1 or block_n != BLOCK_N):
@@ -836,7 +844,8 @@ def pad_words(own_bytes: int, per_sm: int, smem: str = "big") -> int:
     shared memory to per_sm programs per SM (with `programs_per_sm`'s 2 KB a program); ValueError where none does."""
     avail = SMEM_PER_SM[smem] // per_sm - 2048 - own_bytes
     words = 1 << (max(avail, 4) // 4).bit_length() - 1
-    if SMEM_PER_SM[smem] // (own_bytes + 4 * words + 2048) != per_sm:
+    # at least 128 words: `_occupancy_pad` stores one word a thread (up to 4 warps) to hold the allocation
+    if words < 128 or SMEM_PER_SM[smem] // (own_bytes + 4 * words + 2048) != per_sm:
         raise ValueError(f"no power-of-two pad brings a {own_bytes}-byte program to {per_sm} programs per SM")
     return words
 
@@ -846,7 +855,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     sm_scale, **config_kwargs(cfg))` (a measurement: the outputs of every part but "whole" are wrong):
     - "whole": the kernel (and the split merge);
     - "gathers": `_gathers_alone_kernel`, the same rows into the same ring on the same schedule, nothing computed,
-      its shared memory padded so that as many programs share an SM as the whole kernel's registers allow (without
+      its shared memory padded so that as many programs share an SM as the whole kernel's (`programs_per_sm`) (without
       the pad the same times on the H200 at bc8f6e0: the split plan's grid holds about that many programs per SM);
     - "compute": the kernel with every ring slot gathered once before the loop and the loop gathering nothing, its
       programs per SM held at the whole kernel's by a shared-memory pad.
@@ -854,6 +863,9 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     if part not in ABLATIONS:
         raise ValueError(f"part must be one of {ABLATIONS}, got {part!r}")
     c = Config(*cfg)
+    check_terms(c.q_terms, c.p_terms)
+    check_block_n(c.block_n)
+    check_row_threads(c.row_threads, head_groups(q.shape[1]))
     if part == "whole":
         return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(c), out=out)
     T, H, _ = q.shape
@@ -887,15 +899,20 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
 
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
-                block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads):
+                block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, work: int = 0, pad: int = 0):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
-    tile `tile_keys` gives a split build (32 keys) or one without splits (64)."""
+    tile `tile_keys` gives a split build (32 keys) or one without splits (64); work, pad: the kernel's WORK and PAD
+    (`aot_compile_part`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    check_terms(q_terms, p_terms)
+    check_block_n(block_n)
+    check_row_threads(row_threads, G)
     fn = _sparse_mla_fp8mma_kernel
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "DEBUG": debug, "WORK": 0, "PAD": 0}
+              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "DEBUG": debug, "WORK": work,
+              "PAD": pad}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -905,6 +922,32 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
     return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
                           options={"num_warps": 2 * G, **({"maxnreg": maxnreg} if maxnreg else {})})
+
+
+def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool = True):
+    """`aot_compile` for the measurement builds of `ablate_launch` ("gathers": `_gathers_alone_kernel` with its pad;
+    "compute": the kernel's compute-alone build with its pad), on sm_90's shared-memory class."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    c = Config(*cfg)
+    check_row_threads(c.row_threads, G)
+    bn = tile_keys(c.block_n, 2 if split else 1)
+    per_sm = programs_per_sm(G, c.nbuf, c.q_terms, "big", c.maxnreg, bn)
+    if part == "compute":
+        pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn), per_sm)
+        return aot_compile(arch, G, c.nbuf, c.q_terms, c.p_terms, split, maxnreg=c.maxnreg, block_n=c.block_n,
+                           row_threads=c.row_threads, work=2, pad=pad)
+    if part != "gathers":
+        raise ValueError(f"part must be 'gathers' or 'compute', got {part!r}")
+    nbuf = ring_slots(c.nbuf, G)
+    fn = _gathers_alone_kernel
+    consts = {"G": G, "NBUF": nbuf, "BN": bn, "TPR": c.row_threads,
+              "PAD": pad_words(nbuf * bn * (D_NOPE + 2 * D_ROPE + 16), per_sm)}
+    sig = {a: ("constexpr" if a in consts else {"KV": "*u8", "IDX": "*i32"}.get(a, "i32")) for a in fn.arg_names}
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("KV", "IDX", "stride_kv", "stride_it")}
+    return triton.compile(GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs),
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": 2 * G})
 
 
 def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
@@ -927,4 +970,4 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 
 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs",
-           "check_terms", "check_block_n", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "compile_stats"]
+           "check_terms", "check_block_n", "check_row_threads", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "aot_compile_part", "compile_stats"]
