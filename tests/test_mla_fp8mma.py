@@ -392,16 +392,25 @@ def test_ablation_pads_hold_the_whole_kernels_programs_per_sm():
                              row_threads=3)
 
 
-@pytest.mark.skipif(not fm.HAVE_GLUON, reason="this Triton has no Gluon")
+_PARTS_SCRIPT = """
+import json
+from glm5lib.kernels import mla_gluon_fp8mma as m
+for G in (1, 2):
+    for part in ("gathers", "compute"):
+        k = m.aot_compile_part(90, part, G, m.CONFIG_BY_CLASS["big"])
+        print(json.dumps({"G": G, "part": part, "shared": int(k.metadata.shared)}), flush=True)
+"""
+
+
 def test_ablation_builds_compile_at_the_kernels_programs_per_sm():
-    """The measurement builds `ablate_launch` launches (gathers alone, compute alone) compile for sm_90, each with
-    the shared memory that holds it at the shipped kernel's programs per SM; fewer threads a row than one a warp
-    are refused (a tile's rows would be copied twice, by different warps)."""
+    """The measurement builds `ablate_launch` launches (gathers alone, compute alone) compile for sm_90 (child
+    process, interpreter off), each with the shared memory that holds it at the shipped kernel's programs per SM;
+    fewer threads a row than one a warp are refused (a tile's rows would be copied twice, by different warps)."""
     cfg = fm.CONFIG_BY_CLASS["big"]
-    for G in (1, 2):
-        want = fm.programs_per_sm(G, cfg.nbuf, cfg.q_terms, "big", cfg.maxnreg, fm.BLOCK_N)
-        for part in ("gathers", "compute"):
-            k = fm.aot_compile_part(90, part, G, cfg)
-            assert fm.SMEM_PER_SM["big"] // (int(k.metadata.shared) + 1024) == want, (G, part)
+    rows = compile_rows(_PARTS_SCRIPT, timeout=600)
+    assert sorted((r["G"], r["part"]) for r in rows) == [(G, p) for G in (1, 2) for p in ("compute", "gathers")]
+    for r in rows:
+        want = fm.programs_per_sm(r["G"], cfg.nbuf, cfg.q_terms, "big", cfg.maxnreg, fm.BLOCK_N)
+        assert fm.SMEM_PER_SM["big"] // (r["shared"] + 1024) == want, r
     with pytest.raises(ValueError, match="row_threads"):
         fm.aot_compile(90, 2, row_threads=2)
