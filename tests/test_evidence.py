@@ -773,6 +773,17 @@ def test_evidence_readme_target_numbers():
 
     assert (min(ratios("decode", (32, 128))), max(ratios("decode", (32, 128)))) == (0.46, 0.67)
     assert (min(ratios("prefill", (4096,))), max(ratios("prefill", (4096,)))) == (0.31, 0.55)
+    # the kernel taken apart ("68 us of gathers and 56 us of compute in 77-81 us, the fastest gather route of the same
+    # rows 54 us; at 16 heads the compute alone (88 us)"): the row-thread sweep, and the 8-thread build's second run
+    sweep, second = _ablation("bc8f6e0"), _ablation("6e4488e")
+    key = ("ablate-decode", 128, 8, "fp8mma-nbufG-f16-nplan-t8")
+    assert [int(sweep[key][p + "_us"]) for p in ("gathers", "compute")] == [68, 56]
+    assert sorted(int(run[key]["whole_us"]) for run in (sweep, second)) == [77, 81]
+    assert int(sweep[("ablate-decode", 128, 16, key[3])]["compute_us"]) == 88
+    best = next(r["us"] for r in load("sweeps/fp8mma_ablate_h200_bc8f6e0.json")["rows"]
+                if r.get("kind") == "gather-ceiling" and r.get("case") == "decode" and r.get("T") == 128
+                and r.get("impl") == "best-gather")
+    assert int(best) == 54
 
 
 def _ablation(commit: str) -> dict:

@@ -314,6 +314,35 @@ if HAVE_GLUON:
         _async_copy(scs.index(slot), KV.to(gl.pointer_type(gl.float32), bitcast=True) + f_off[None, :] +
                     offs_c[:, None], mask=vs[None, :])
 
+    @triton.constexpr_function
+    def _gather_layouts(NW, TPR):
+        """The gather's register layouts for NW warps and TPR threads a row (0: one a warp): [BN, 128] latent int32
+        words over TPR threads a row, 16 bytes each; [BN, 64] bf16 rope over up to 8; [4 chunks, BN] fp32 scales, one
+        4-byte copy each. A thread holds pieces of BN / (32 NW / TPR) rows."""
+        tw = TPR if TPR > 0 else NW
+        tr = min(tw, 8)
+        return (gl.BlockedLayout([1, 4], [32 // tw, tw], [NW, 1], [1, 0]),
+                gl.BlockedLayout([1, 8], [32 // tr, tr], [NW, 1], [1, 0]),
+                gl.BlockedLayout([4 // NW, 1], [1, 32], [NW, 1], [1, 0]))
+
+    @gluon.jit
+    def _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF: gl.constexpr,
+                    BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr,
+                    ALL_SLOTS: gl.constexpr):
+        """The ring's first NBUF - 1 tiles in flight before the loop (ALL_SLOTS, the compute-alone measurement: every
+        slot, landed); returns the index tile of the loop's first gather (`_ring_step`)."""
+        IW: gl.constexpr = gl.SliceLayout(1, LW)
+        for j in gl.static_range(NBUF - 1):
+            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, scs, j, LW,
+                    LR, LS)
+            cp.commit_group()
+        if ALL_SLOTS:
+            _gather(KV, _tile_idx(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope,
+                    scs, NBUF - 1, LW, LR, LS)
+            cp.commit_group()
+            cp.wait_group(0)
+        return _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
+
     @gluon.jit
     def _occupancy_pad(PAD: gl.constexpr, NW: gl.constexpr):
         """PAD int32 words of shared memory (0: none), held by a store, so that fewer programs share an SM (the
@@ -480,12 +509,12 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
-        BN: gl.constexpr, TPR: gl.constexpr, DBG=None, DEBUG: gl.constexpr = 0, WORK: gl.constexpr = 0,
-        PAD: gl.constexpr = 0,
+        BN: gl.constexpr, TPR: gl.constexpr, DBG=None, DEBUG: gl.constexpr = 0,
+        COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0,
     ):
-        """One program: token t, split sp of its top-k list, all heads (module docstring). WORK 2 (a measurement, wrong
-        outputs): compute alone, every tile read from the ring slots gathered before the loop; PAD: `_occupancy_pad`
-        (`ablate_launch`)."""
+        """One program: token t, split sp of its top-k list, all heads (module docstring). COMPUTE_ALONE (a
+        measurement, wrong outputs): every tile read from the ring slots gathered before the loop; PAD:
+        `_occupancy_pad` (`ablate_launch`)."""
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
@@ -527,13 +556,10 @@ if HAVE_GLUON:
             lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
         # [128, HN] output, 8 rows per thread, the warps along the rows (no element is stored twice)
         LO: gl.constexpr = gl.BlockedLayout([8, 1], [4, 8], [NW, 1], [0, 1])
-        # the gather (`_gather`): 16-byte pieces of a row's latent words over TW threads, of its rope over TR, and
-        # each of its four scales by one thread (LS, [chunk, key]); a thread holds pieces of BN / (32 NW / TW) rows
-        TW: gl.constexpr = TPR if TPR > 0 else NW  # threads a row for its latent words (16 bytes each)
-        TR: gl.constexpr = TW if TW < 8 else 8  # and for its rope part (8 x 16 bytes)
-        LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TW, TW], [NW, 1], [1, 0])  # [BN, 128] int32 words
-        LR: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TR, TR], [NW, 1], [1, 0])  # [BN, 64] bf16
-        LS: gl.constexpr = gl.BlockedLayout([4 // NW, 1], [1, 32], [NW, 1], [1, 0])  # [4 chunks, BN] fp32 scales
+        # the gather (`_gather`): latent words, rope and scales of a row over `Config.row_threads` threads
+        LW: gl.constexpr = _gather_layouts(NW, TPR)[0]
+        LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
+        LS: gl.constexpr = _gather_layouts(NW, TPR)[2]
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
 
         # shared memory: 16-byte units XOR-swizzled by row, so the operand loads of 8 rows hit 8 bank groups
@@ -564,19 +590,10 @@ if HAVE_GLUON:
         k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
         n_tiles = gl.cdiv(k_end - k_start, BN)
         idx_row = IDX + t.to(gl.int64) * stride_it
-        IW: gl.constexpr = gl.SliceLayout(1, LW)
-        # the ring's first NBUF - 1 tiles (WORK 2, compute alone: every slot, once; the loop then gathers nothing)
-        for j in gl.static_range(NBUF - 1):
-            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, scs, j, LW,
-                    LR, LS)
-            cp.commit_group()
-        if WORK == 2:
-            _gather(KV, _tile_idx(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope,
-                    scs, NBUF - 1, LW, LR, LS)
-            cp.commit_group()
-            cp.wait_group(0)
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
-        nxt_w = _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
+        # (compute alone: every slot gathered here, and the loop gathers nothing)
+        nxt_w = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS,
+                            COMPUTE_ALONE)
         nxt_k = _tile_idx(idx_row, k_start, k_end, BN, KEYS)
 
 
@@ -607,7 +624,7 @@ if HAVE_GLUON:
 
         for i in range(n_tiles):
             nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW,
-                               LR, LS, WORK != 2)
+                               LR, LS, not COMPUTE_ALONE)
             slot = i % NBUF
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
             nxt_k = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, KEYS)
@@ -703,11 +720,9 @@ if HAVE_GLUON:
         power of two) hold the programs per SM at the whole kernel's."""
         CH: gl.constexpr = 128
         NW: gl.constexpr = 2 * G
-        TW: gl.constexpr = TPR if TPR > 0 else NW  # the kernel's threads a row (its layouts, repeated here)
-        TR: gl.constexpr = TW if TW < 8 else 8
-        LW: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TW, TW], [NW, 1], [1, 0])
-        LR: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TR, TR], [NW, 1], [1, 0])
-        LS: gl.constexpr = gl.BlockedLayout([4 // NW, 1], [1, 32], [NW, 1], [1, 0])
+        LW: gl.constexpr = _gather_layouts(NW, TPR)[0]
+        LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
+        LS: gl.constexpr = _gather_layouts(NW, TPR)[2]
         SW32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         SW16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
@@ -721,12 +736,7 @@ if HAVE_GLUON:
         k_start = sp * KEYS_PER_SPLIT
         k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
         idx_row = IDX + t.to(gl.int64) * stride_it
-        IW: gl.constexpr = gl.SliceLayout(1, LW)
-        for j in gl.static_range(NBUF - 1):
-            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, scs, j, LW,
-                    LR, LS)
-            cp.commit_group()
-        nxt_w = _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
+        nxt_w = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS, False)
         for i in range(gl.cdiv(k_end - k_start, BN)):
             nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW,
                                LR, LS, True)
@@ -779,7 +789,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     nbuf = ring_slots(nbuf, G)
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=tile_keys(block_n, splits),
-              TPR=row_threads, DBG=None, DEBUG=0, WORK=0, PAD=0,
+              TPR=row_threads, DBG=None, DEBUG=0, COMPUTE_ALONE=False, PAD=0,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, kw, tuple(kw.values())
 
@@ -885,7 +895,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
         _sparse_mla_fp8mma_kernel[(T, splits)](
             q, kv_cache, indices, out, lse, part_buf, q.stride(0), q.stride(1), stride_kv, indices.stride(0),
             out.stride(0), out.stride(1), H, H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
-            **dict(kw, WORK=2, PAD=pad))
+            **dict(kw, COMPUTE_ALONE=True, PAD=pad))
     else:
         ring = nbuf * bn * (D_NOPE + 2 * D_ROPE + 16)
         pad = pad_words(ring, per_sm, smem)
@@ -899,10 +909,11 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
 
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
-                block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, work: int = 0, pad: int = 0):
+                block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
+                pad: int = 0):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
-    tile `tile_keys` gives a split build (32 keys) or one without splits (64); work, pad: the kernel's WORK and PAD
-    (`aot_compile_part`)."""
+    tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
+    COMPUTE_ALONE and PAD (`aot_compile_part`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -911,8 +922,8 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     check_row_threads(row_threads, G)
     fn = _sparse_mla_fp8mma_kernel
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "DEBUG": debug, "WORK": work,
-              "PAD": pad}
+              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "DEBUG": debug,
+              "COMPUTE_ALONE": compute_alone, "PAD": pad}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -937,7 +948,7 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
     if part == "compute":
         pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn), per_sm)
         return aot_compile(arch, G, c.nbuf, c.q_terms, c.p_terms, split, maxnreg=c.maxnreg, block_n=c.block_n,
-                           row_threads=c.row_threads, work=2, pad=pad)
+                           row_threads=c.row_threads, compute_alone=True, pad=pad)
     if part != "gathers":
         raise ValueError(f"part must be 'gathers' or 'compute', got {part!r}")
     nbuf = ring_slots(c.nbuf, G)
