@@ -1,7 +1,8 @@
 """GPU check and timing of the Gluon wgmma sparse-MLA kernels for 17-128 heads (`glm5lib.kernels.mla_gluon_large`)
 beside the Triton kernel and FlashMLA, in one process.
 
-`PYTHONPATH=src python scripts/gluon_mla_large_device.py OUT.json [--vendor .vendor] [--no-time] [--no-check] [--probe]`
+`PYTHONPATH=src python scripts/gluon_mla_large_device.py OUT.json [--vendor .vendor] [--no-time] [--no-check] [--probe]
+[--row-threads 8,16,32] [--decode-only]`
 
 Checks (cache of 32768 rows, bf16 and fp8_ds_mla): H in {64, 128, 40}, top-k 2048, 1000 and 777, invalid indices
 (-1, out of range, duplicates, a token with none valid), with and without split-K; every config against the fp32
@@ -11,7 +12,9 @@ longer takes for these shapes on sm_90): prefill s_q 4096 over 32K rows, top-k 2
 (`triton.testing.do_bench`, median), and decode B128 H64 / H128 over a paged fp8 cache (CUDA-graph replay over
 rotated index sets); FlashMLA (`_flashmla_C.abi3.so` under --vendor) on the same inputs where it runs. A config that
 fails is recorded with its error and the run goes on. `--probe` also times the default config's stage builds (the
-kernel's PROBE) at H64. Needs an sm_90 GPU (wgmma).
+kernel's PROBE) at H64. `--row-threads` adds the default fp8 config with each of those raw-row mappings
+(`RAW_ROW_THREADS`) to the checks and the decode timings (with `--probe`, its stage builds at H64 and H128);
+`--decode-only` skips the prefill timings. Needs an sm_90 GPU (wgmma).
 """
 
 from __future__ import annotations
@@ -49,7 +52,19 @@ def _err(exc) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]
 
 
-def run_checks(dev, rows):
+def variants(fmt, row_threads):
+    """(name, keyword arguments) of every build checked and timed: each config of the format, then (fp8) the default
+    config with each of `row_threads` raw-row mappings."""
+    out = [(f"{fmt}:{gl_large.config_name(c)}", dict(block_n=c[0], nbuf=c[1], mode=c[2]))
+           for c in gl_large.configs_for(fmt)]
+    if fmt == "fp8_ds_mla":
+        bn, nb, mode = gl_large.DEFAULT
+        out += [(f"{fmt}:{gl_large.config_name(gl_large.DEFAULT)}-rt{rt}",
+                 dict(block_n=bn, nbuf=nb, mode=mode, row_threads=rt)) for rt in row_threads]
+    return out
+
+
+def run_checks(dev, rows, row_threads=()):
     cases = [(3, 64, TOPK, "none", None), (3, 128, TOPK, "none", None), (4, 40, 1000, "mixed", None),
              (5, 64, 777, "oob", None), (4, 128, TOPK, "neg", 4), (2, 64, 96, "allinv", None),
              (6, 64, TOPK, "dup", 3), (2, 128, 1000, "none", 5)]
@@ -64,17 +79,15 @@ def run_checks(dev, rows):
                  **compare(to, tlse, ro, rlse)}
             rows.append(r)
             print(json.dumps(r), flush=True)
-            for cfg in gl_large.configs_for(fmt):
-                bn, nb, mode = cfg
-                name = f"{fmt}:{gl_large.config_name(cfg)}"
+            for name, kw in variants(fmt, row_threads):
+                bn, mode = kw["block_n"], kw["mode"]
                 r = {"case": case, "kernel": "gluon-wgmma", "config": name}
                 if name in broken:
                     r.update(ok=False, error="skipped: " + broken[name])
                 else:
                     try:
                         o, lse = gl_large.sparse_mla_gluon_large(q, cache, idx, SM_SCALE, kv_format=fmt,
-                                                                 block_n=bn, nbuf=nb, mode=mode,
-                                                                 num_splits=splits)
+                                                                 num_splits=splits, **kw)
                         torch.cuda.synchronize()
                         r.update(compare(o, lse, ro, rlse))
                         vt = compare(o, lse, to.float(), tlse)
@@ -148,7 +161,7 @@ def time_prefill(H, fmt, broken, have_fm, rows, s_q=4096, probe=False):
     torch.cuda.empty_cache()
 
 
-def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False):
+def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False, row_threads=()):
     q, cache, base_rows = bk._make_decode(B, H, ctx, TOPK, fmt)
     flat = cache.view(-1, cache.shape[-1])
     R = bk._rotations(bk.sparse_mla_kv_bytes(B, TOPK, fmt))
@@ -171,20 +184,22 @@ def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False):
 
     add("triton", lambda i: mla.sparse_mla_launch(q, flat, i, SM_SCALE, kv_format=fmt, out=out),
         {"config": mla.pick_config(B, H, TOPK, fmt).name})
-    for cfg in gl_large.configs_for(fmt):
-        if f"{fmt}:{gl_large.config_name(cfg)}" not in broken:
-            add(f"gluon-wgmma:{gl_large.config_name(cfg)}", lambda i, c=cfg: gl_large.sparse_mla_gluon_large(
-                q, flat, i, SM_SCALE, kv_format=fmt, block_n=c[0], nbuf=c[1], mode=c[2], out=out),
-                {"splits": gl_large.plan_splits(B, H, TOPK, 2 * cfg[0] if cfg[2] == "pingpong" else cfg[0],
-                                                 q.device)[0]})
-    if probe:  # stage builds of the default config (outputs meaningless: timing only)
-        for pr in (1, 2, 3) if fmt == "fp8_ds_mla" else (1, 2):
+    for name, kw in variants(fmt, row_threads):
+        if name not in broken:
+            add("gluon-wgmma:" + name.split(":", 1)[1], lambda i, kw=kw: gl_large.sparse_mla_gluon_large(
+                q, flat, i, SM_SCALE, kv_format=fmt, out=out, **kw),
+                {"splits": gl_large.plan_splits(B, H, TOPK, 2 * kw["block_n"] if kw["mode"] == "pingpong"
+                                                 else kw["block_n"], q.device)[0]})
+    # stage builds (outputs meaningless: timing only) of the default config, and with --row-threads of each mapping
+    probes = ([(None, "")] if probe else []) + [(rt, f"-rt{rt}") for rt in row_threads]
+    for rt, tag in probes:
+        for pr in (1, 2, 3, 4) if fmt == "fp8_ds_mla" else (1, 2):
             try:
                 ms = bk._graph_ms([lambda i=i, pr=pr: gl_large.sparse_mla_gluon_large(
-                    q, flat, i, SM_SCALE, kv_format=fmt, out=out, probe=pr) for i in idx_sets])
-                r = {**base, "impl": f"gluon-wgmma-probe{pr}", "us": ms * 1e3}
+                    q, flat, i, SM_SCALE, kv_format=fmt, out=out, probe=pr, row_threads=rt) for i in idx_sets])
+                r = {**base, "impl": f"gluon-wgmma-probe{pr}{tag}", "us": ms * 1e3}
             except Exception as exc:  # noqa: BLE001
-                r = {**base, "impl": f"gluon-wgmma-probe{pr}", "error": _err(exc)}
+                r = {**base, "impl": f"gluon-wgmma-probe{pr}{tag}", "error": _err(exc)}
             rows.append(r)
             print(json.dumps(r), flush=True)
     if have_fm and fmt == "fp8_ds_mla":
@@ -240,13 +255,16 @@ def main(argv=None) -> int:
     print(json.dumps(info), flush=True)
     checks, bench = [], []
     probe = "--probe" in argv
-    broken = run_checks(dev, checks) if "--no-check" not in argv else {}
+    row_threads = [int(x) for x in argv[argv.index("--row-threads") + 1].split(",")] if "--row-threads" in argv else []
+    info["row_threads"] = row_threads
+    broken = run_checks(dev, checks, row_threads) if "--no-check" not in argv else {}
     if "--no-time" not in argv:
-        for fmt in ("bf16", "fp8_ds_mla"):
+        for fmt in ("bf16", "fp8_ds_mla") if "--decode-only" not in argv else ():
             for H in (64, 128):
                 time_prefill(H, fmt, broken, fm_err is None, bench, probe=probe and H == 64)
         for H in (64, 128):
-            time_decode(H, "fp8_ds_mla", broken, fm_err is None, bench, probe=probe and H == 64)
+            time_decode(H, "fp8_ds_mla", broken, fm_err is None, bench, probe=probe and H == 64,
+                        row_threads=row_threads)
     summary = summarize(bench)
     for line in summary:
         print(line)

@@ -128,6 +128,8 @@ def test_large_kernel_rejects_bad_input_before_launching():
         (dict(mode="pingpong", kv_format="fp8_ds_mla", kv=torch.zeros(100, 656, dtype=torch.uint8)), "mode"),
         (dict(mode="fast"), "mode"),
         (dict(mode="pingpong", block_n=32), "ping-pong"),
+        (dict(row_threads=3), "row_threads"),
+        (dict(row_threads=4, block_n=32), "row_threads"),  # 8 warps x 8 rows a copy step: more rows than the tile
         (dict(out=torch.zeros(2, 64, 256, dtype=torch.bfloat16)), "out"),
     ]
     for over, msg in cases:

@@ -84,6 +84,12 @@ BF16_ONLY = ("defer", "pingpong")
 # holds two pairs' index tiles) keeps 8 bytes of stack at 88 and more below
 PP_CONSUMER_REGS = 208
 PP_PRODUCER_REGS = 88
+# threads that copy one raw fp8_ds_mla row's 512 e4m3 bytes in the key-split kernel, 16 bytes each (its TPR): 32 is
+# one warp a row (a warp's copy instruction reads one row's four 128-byte lines; each thread holds 8 row offsets at
+# 64-key tiles), 8 reads 4 rows' lines (2 row offsets a thread), the mapping that was faster in the fp8-cache kernel
+# for 1-16 heads (`mla_gluon_fp8mma.ROW_THREADS`)
+RAW_ROW_THREADS = 32
+RAW_ROW_THREADS_CHOICES = (4, 8, 16, 32)
 
 
 def configs_for(kv_format: str) -> list:
@@ -180,7 +186,7 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         KV_FP8: gl.constexpr, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
-        ASYNC: gl.constexpr = 1, PROBE: gl.constexpr = 0,
+        ASYNC: gl.constexpr = 1, PROBE: gl.constexpr = 0, TPR: gl.constexpr = 32,
     ):
         """One program: token t, head block hb (64 heads), split sp of the top-k list (module docstring).
 
@@ -189,7 +195,8 @@ if HAVE_GLUON:
         tile's S has been issued.
         PROBE (stage timing, `scripts/gluon_mla_large_device.py --probe`; the outputs are meaningless): 1 only the
         gathers (fp8: not converted), 2 no gathers (the products on whatever the tiles hold), 3 (fp8) the gathers and
-        the conversion, no products."""
+        the conversion, no products, 4 (fp8) the products alone (no gathers, no conversion).
+        TPR (fp8): threads that copy one raw row's 512 e4m3 bytes, 16 bytes each (`RAW_ROW_THREADS`)."""
         gl.static_assert(not (KV_FP8 and ASYNC == 2), "ASYNC 2 needs a tile ring (bf16 caches)")
         BH: gl.constexpr = 64
         CH: gl.constexpr = 128
@@ -213,7 +220,7 @@ if HAVE_GLUON:
         LG: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [N, 128] bf16, 16 B per copy
         LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # [N, 64] bf16
         LW: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])  # [N, 32] int32 words of a chunk
-        LWG: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NW, 1], [1, 0])  # [N, 128] words: the raw gather
+        LWG: gl.constexpr = gl.BlockedLayout([1, 4], [32 // TPR, TPR], [NW, 1], [1, 0])  # [N, 128] words: raw gather
         LSC: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [NW, 1], [1, 0])  # [N, 4] fp32 scales
 
         # the wgmma operand layout (128-byte swizzle); a ring [NBUF, N, C] takes the rank-2 layout of its slots
@@ -297,7 +304,7 @@ if HAVE_GLUON:
             ts = slot  # the bf16 tile's slot
             if KV_FP8:  # the raw slot -> the one bf16 tile, converted once for all heads
                 ts = 0
-                if PROBE != 1:
+                if PROBE != 1 and PROBE != 4:
                     _dequant_chunk(raw, sc, slot, 0, k0.index(0), LW, LSC)
                     _dequant_chunk(raw, sc, slot, 1, k1.index(0), LW, LSC)
                     _dequant_chunk(raw, sc, slot, 2, k2.index(0), LW, LSC)
@@ -313,7 +320,7 @@ if HAVE_GLUON:
                 _barrier()
             # 2. the gather of tile i + NBUF - 1 into the slot tile i - 1 used
             slot_w = (i + NBUF - 1) % NBUF
-            if PROBE != 2:
+            if PROBE != 2 and PROBE != 4:
                 if KV_FP8:
                     _gather_fp8(KV, nxt_g, nxt_r, nxt_s, N_ROWS, stride_kv, raw, sc, kr, slot_w, LWG, LGR, LSC)
                 else:
@@ -706,6 +713,15 @@ if HAVE_GLUON:
 
 
 
+def check_row_threads(row_threads: int, block_n: int) -> int:
+    """`row_threads` if the key-split kernel's raw gather can take it at `block_n`-key tiles (a layout of
+    `RAW_ROW_THREADS_CHOICES` threads a row whose warps do not cover more rows than the tile has), else ValueError."""
+    if row_threads not in RAW_ROW_THREADS_CHOICES or NUM_WARPS * 32 // row_threads > block_n:
+        raise ValueError(f"row_threads must be one of {RAW_ROW_THREADS_CHOICES} with at most {block_n} rows per "
+                         f"copy step ({NUM_WARPS} warps), got {row_threads}")
+    return row_threads
+
+
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
                 num_splits: int | None = None) -> tuple[int, int]:
     """(split count, keys per split): `mla.pick_num_splits` at one program per SM (shared memory), rounded by
@@ -717,12 +733,13 @@ def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
 
 def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", num_splits=None,
                            block_n=DEFAULT[0], nbuf=DEFAULT[1], mode=DEFAULT[2], probe=0, out=None,
-                           pp_regs=None):
+                           pp_regs=None, row_threads=None):
     """Sparse MLA forward for 17-128 heads on sm_90 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. mode: a CONFIGS mode ("pingpong": the three-warpgroup kernel, 64-key tiles, two
     buffers). probe: a stage-timing build (`PROBE` in the kernels' docstrings). pp_regs: (consumer, producer)
-    registers of the ping-pong kernel's worker partitions (default `PP_CONSUMER_REGS`, `PP_PRODUCER_REGS`)."""
+    registers of the ping-pong kernel's worker partitions (default `PP_CONSUMER_REGS`, `PP_PRODUCER_REGS`).
+    row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -738,6 +755,7 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     if mode == "pingpong" and ((block_n, nbuf) != (64, 2) or probe not in (0, 1, 2)):
         raise ValueError(f"the ping-pong kernel takes 64-key tiles, two buffers and probes 1-2, got block_n={block_n} "
                          f"nbuf={nbuf} probe={probe}")
+    row_threads = check_row_threads(RAW_ROW_THREADS if row_threads is None else row_threads, block_n)
     fp8 = kv_format == "fp8_ds_mla"
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out, kv_format)
     topk = indices.shape[1]
@@ -757,14 +775,14 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
             *args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4)
     else:
         _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
-                                       ASYNC=ASYNC[mode], PROBE=probe, num_warps=NUM_WARPS)
+                                       ASYNC=ASYNC[mode], PROBE=probe, TPR=row_threads, num_warps=NUM_WARPS)
     if splits > 1:
         mla.merge_splits(part, out, lse, splits)
     return out, lse
 
 
 def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1], kv_format: str = "bf16",
-                split: bool = False, mode: str = DEFAULT[2], probe: int = 0):
+                split: bool = False, mode: str = DEFAULT[2], probe: int = 0, row_threads: int | None = None):
     """Compile a config for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -778,7 +796,8 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
     else:
         fn = _sparse_mla_wgmma_kernel
         consts = {"KV_FP8": fp8, "SPLIT": split, "BLOCK_N": block_n, "NBUF": nbuf, "ASYNC": ASYNC[mode],
-                  "PROBE": probe}
+                  "PROBE": probe,
+                  "TPR": check_row_threads(RAW_ROW_THREADS if row_threads is None else row_threads, block_n)}
         nw = NUM_WARPS
     types = {"Q": "*bf16", "KV": "*u8" if fp8 else "*bf16", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32",
              "PART": "*fp32", "qk_scale": "fp32"}
@@ -805,4 +824,4 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
-           "plan_splits", "smem_bytes_estimate", "aot_compile"]
+           "plan_splits", "smem_bytes_estimate", "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
