@@ -193,7 +193,7 @@ def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False, ro
     # stage builds (outputs meaningless: timing only) of the default config, and with --row-threads of each mapping
     probes = ([(None, "")] if probe else []) + [(rt, f"-rt{rt}") for rt in row_threads]
     for rt, tag in probes:
-        for pr in (1, 2, 3, 4) if fmt == "fp8_ds_mla" else (1, 2):
+        for pr in (1, 2, 3, 4, 5, 6) if fmt == "fp8_ds_mla" else (1, 2):
             try:
                 ms = bk._graph_ms([lambda i=i, pr=pr: gl_large.sparse_mla_gluon_large(
                     q, flat, i, SM_SCALE, kv_format=fmt, out=out, probe=pr, row_threads=rt) for i in idx_sets])

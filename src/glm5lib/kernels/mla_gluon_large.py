@@ -88,7 +88,7 @@ PP_PRODUCER_REGS = 88
 # one warp a row (a warp's copy instruction reads one row's four 128-byte lines; each thread holds 8 row offsets at
 # 64-key tiles), 8 reads 4 rows' lines (2 row offsets a thread), the mapping that was faster in the fp8-cache kernel
 # for 1-16 heads (`mla_gluon_fp8mma.ROW_THREADS`)
-RAW_ROW_THREADS = 32
+RAW_ROW_THREADS = 8
 RAW_ROW_THREADS_CHOICES = (4, 8, 16, 32)
 
 
@@ -195,7 +195,8 @@ if HAVE_GLUON:
         tile's S has been issued.
         PROBE (stage timing, `scripts/gluon_mla_large_device.py --probe`; the outputs are meaningless): 1 only the
         gathers (fp8: not converted), 2 no gathers (the products on whatever the tiles hold), 3 (fp8) the gathers and
-        the conversion, no products, 4 (fp8) the products alone (no gathers, no conversion).
+        the conversion, no products, 4 (fp8) the products alone (no gathers, no conversion), 5 (fp8) as 4 without
+        S (the softmax and P V on zeros), 6 (fp8) as 4 without P V (nor P's conversion to its operand layout).
         TPR (fp8): threads that copy one raw row's 512 e4m3 bytes, 16 bytes each (`RAW_ROW_THREADS`)."""
         gl.static_assert(not (KV_FP8 and ASYNC == 2), "ASYNC 2 needs a tile ring (bf16 caches)")
         BH: gl.constexpr = 64
@@ -304,7 +305,7 @@ if HAVE_GLUON:
             ts = slot  # the bf16 tile's slot
             if KV_FP8:  # the raw slot -> the one bf16 tile, converted once for all heads
                 ts = 0
-                if PROBE != 1 and PROBE != 4:
+                if PROBE != 1 and PROBE < 4:
                     _dequant_chunk(raw, sc, slot, 0, k0.index(0), LW, LSC)
                     _dequant_chunk(raw, sc, slot, 1, k1.index(0), LW, LSC)
                     _dequant_chunk(raw, sc, slot, 2, k2.index(0), LW, LSC)
@@ -320,7 +321,7 @@ if HAVE_GLUON:
                 _barrier()
             # 2. the gather of tile i + NBUF - 1 into the slot tile i - 1 used
             slot_w = (i + NBUF - 1) % NBUF
-            if PROBE != 2 and PROBE != 4:
+            if PROBE != 2 and PROBE < 4:
                 if KV_FP8:
                     _gather_fp8(KV, nxt_g, nxt_r, nxt_s, N_ROWS, stride_kv, raw, sc, kr, slot_w, LWG, LGR, LSC)
                 else:
@@ -335,10 +336,12 @@ if HAVE_GLUON:
                 # 3. S = q k^T: each warpgroup its half of the keys
                 cur = _tile_idx(idx_row, k_start + i * BLOCK_N, k_end, BLOCK_N, COL_S)
                 valid = (cur >= 0) & (cur < N_ROWS)
-                if ASYNC != 2:
+                if PROBE == 5:  # S left out: the softmax and P V on zeros
+                    s = zero_s
+                elif ASYNC != 2:
                     s = _scores_wgmma(q0, q1, q2, q3, qr, k0.index(ts), k1.index(ts), k2.index(ts), k3.index(ts),
                                       kr.index(slot), zero_s, ASYNC == 1)
-                if ASYNC:  # the five products in flight together, one wait
+                if ASYNC and PROBE != 5:  # the five products in flight together, one wait
                     s = warpgroup_mma_wait(0, deps=[s])
                 s = gl.where(valid[None, :], s * qk_scale, float("-inf"))  # log2 domain
 
@@ -346,12 +349,18 @@ if HAVE_GLUON:
                 p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i)
                 pa = gl.convert_layout(p.to(gl.bfloat16), PA)
                 a2 = gl.convert_layout(alpha, ROW_O)[:, None]
-                acc0 = warpgroup_mma(pa, k0.index(ts), acc0 * a2, is_async=ASYNC > 0)
-                acc1 = warpgroup_mma(pa, k1.index(ts), acc1 * a2, is_async=ASYNC > 0)
-                acc2 = warpgroup_mma(pa, k2.index(ts), acc2 * a2, is_async=ASYNC > 0)
-                acc3 = warpgroup_mma(pa, k3.index(ts), acc3 * a2, is_async=ASYNC > 0)
-                if ASYNC == 1:  # P (registers) stays alive until the four products are done
-                    acc0, acc1, acc2, acc3, pa = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3, pa])
+                if PROBE == 6:  # P V (and P's conversion to the A-operand layout) left out: only the rescale
+                    acc0 = acc0 * a2
+                    acc1 = acc1 * a2
+                    acc2 = acc2 * a2
+                    acc3 = acc3 * a2
+                else:
+                    acc0 = warpgroup_mma(pa, k0.index(ts), acc0 * a2, is_async=ASYNC > 0)
+                    acc1 = warpgroup_mma(pa, k1.index(ts), acc1 * a2, is_async=ASYNC > 0)
+                    acc2 = warpgroup_mma(pa, k2.index(ts), acc2 * a2, is_async=ASYNC > 0)
+                    acc3 = warpgroup_mma(pa, k3.index(ts), acc3 * a2, is_async=ASYNC > 0)
+                    if ASYNC == 1:  # P (registers) stays alive until the four products are done
+                        acc0, acc1, acc2, acc3, pa = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3, pa])
         if ASYNC == 2:
             acc0, acc1, acc2, acc3, pa = warpgroup_mma_wait(0, deps=[acc0, acc1, acc2, acc3, pa])
         cp.wait_group(0)
@@ -755,6 +764,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     if mode == "pingpong" and ((block_n, nbuf) != (64, 2) or probe not in (0, 1, 2)):
         raise ValueError(f"the ping-pong kernel takes 64-key tiles, two buffers and probes 1-2, got block_n={block_n} "
                          f"nbuf={nbuf} probe={probe}")
+    if mode != "pingpong" and probe not in (range(7) if kv_format == "fp8_ds_mla" else (0, 1, 2)):
+        raise ValueError(f"probe must be 0-6 (fp8_ds_mla) or 0-2 (bf16) for the key-split kernel, got {probe}")
     row_threads = check_row_threads(RAW_ROW_THREADS if row_threads is None else row_threads, block_n)
     fp8 = kv_format == "fp8_ds_mla"
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out, kv_format)
