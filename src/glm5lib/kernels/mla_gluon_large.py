@@ -25,7 +25,9 @@ from the kernel. Two kernels:
     (bf16 in the row) goes straight in.
   Measured (NOTES.md v9a-v9b): each warpgroup's S at N = 32 reads all of q from shared memory per tile, so S is bound
   by shared-memory bandwidth, not the tensor cores: its compute alone (no gathers) takes longer than FlashMLA's whole
-  kernel.
+  kernel. With each raw row over 8 threads (`RAW_ROW_THREADS`; NOTES.md v19a-v19b) its products alone
+  (no gathers, no conversion) still take 132 us at fp8 decode B128 H64 against FlashMLA's 118 us whole, about 83 of
+  them neither product but the per-tile chain around them (cross-warpgroup row statistics, P to both warpgroups).
 - ping-pong (`_sparse_mla_pingpong_kernel`, mode "pingpong", bf16 caches; FlashMLA's sm_90 sparse prefill plan):
   three warpgroups. The two consumers take alternate 64-key tiles, each computing its tile's whole S (N = 64: q and
   the tile read at the tensor cores' pace) and P V on its half of the value columns for every tile, its own P from
@@ -186,7 +188,7 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         KV_FP8: gl.constexpr, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
-        ASYNC: gl.constexpr = 1, PROBE: gl.constexpr = 0, TPR: gl.constexpr = 32,
+        ASYNC: gl.constexpr = 1, PROBE: gl.constexpr = 0, TPR: gl.constexpr = 8,
     ):
         """One program: token t, head block hb (64 heads), split sp of the top-k list (module docstring).
 
