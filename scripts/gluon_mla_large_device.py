@@ -13,7 +13,7 @@ longer takes for these shapes on sm_90): prefill s_q 4096 over 32K rows, top-k 2
 rotated index sets); FlashMLA (`_flashmla_C.abi3.so` under --vendor) on the same inputs where it runs. A config that
 fails is recorded with its error and the run goes on. `--probe` also times the default config's stage builds (the
 kernel's PROBE) at H64. `--row-threads` adds the default fp8 config with each of those raw-row mappings
-(`RAW_ROW_THREADS`) to the checks and the decode timings (with `--probe`, its stage builds at H64 and H128);
+(`RAW_ROW_THREADS`) to the checks and the decode timings, each with its stage builds at H64 and H128;
 `--decode-only` skips the prefill timings. Needs an sm_90 GPU (wgmma).
 """
 

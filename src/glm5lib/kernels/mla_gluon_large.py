@@ -188,7 +188,7 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         KV_FP8: gl.constexpr, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, NBUF: gl.constexpr,
-        ASYNC: gl.constexpr = 1, PROBE: gl.constexpr = 0, TPR: gl.constexpr = 8,
+        ASYNC: gl.constexpr = 1, PROBE: gl.constexpr = 0, TPR: gl.constexpr = RAW_ROW_THREADS,
     ):
         """One program: token t, head block hb (64 heads), split sp of the top-k list (module docstring).
 
@@ -724,9 +724,11 @@ if HAVE_GLUON:
 
 
 
-def check_row_threads(row_threads: int, block_n: int) -> int:
-    """`row_threads` if the key-split kernel's raw gather can take it at `block_n`-key tiles (a layout of
-    `RAW_ROW_THREADS_CHOICES` threads a row whose warps do not cover more rows than the tile has), else ValueError."""
+def check_row_threads(row_threads: int | None, block_n: int) -> int:
+    """`row_threads` (None: `RAW_ROW_THREADS`) if the key-split kernel's raw gather can take it at `block_n`-key tiles
+    (a layout of `RAW_ROW_THREADS_CHOICES` threads a row whose warps do not cover more rows than the tile has), else
+    ValueError."""
+    row_threads = RAW_ROW_THREADS if row_threads is None else row_threads
     if row_threads not in RAW_ROW_THREADS_CHOICES or NUM_WARPS * 32 // row_threads > block_n:
         raise ValueError(f"row_threads must be one of {RAW_ROW_THREADS_CHOICES} with at most {block_n} rows per "
                          f"copy step ({NUM_WARPS} warps), got {row_threads}")
@@ -768,7 +770,7 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
                          f"nbuf={nbuf} probe={probe}")
     if mode != "pingpong" and probe not in (range(7) if kv_format == "fp8_ds_mla" else (0, 1, 2)):
         raise ValueError(f"probe must be 0-6 (fp8_ds_mla) or 0-2 (bf16) for the key-split kernel, got {probe}")
-    row_threads = check_row_threads(RAW_ROW_THREADS if row_threads is None else row_threads, block_n)
+    row_threads = check_row_threads(row_threads, block_n)
     fp8 = kv_format == "fp8_ds_mla"
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out, kv_format)
     topk = indices.shape[1]
@@ -810,7 +812,7 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
         fn = _sparse_mla_wgmma_kernel
         consts = {"KV_FP8": fp8, "SPLIT": split, "BLOCK_N": block_n, "NBUF": nbuf, "ASYNC": ASYNC[mode],
                   "PROBE": probe,
-                  "TPR": check_row_threads(RAW_ROW_THREADS if row_threads is None else row_threads, block_n)}
+                  "TPR": check_row_threads(row_threads, block_n)}
         nw = NUM_WARPS
     types = {"Q": "*bf16", "KV": "*u8" if fp8 else "*bf16", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32",
              "PART": "*fp32", "qk_scale": "fp32"}
