@@ -253,6 +253,30 @@ def test_launcher_refuses_bad_input():
         fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, nbuf=-1)
     with pytest.raises(ValueError, match="DEBUG record"):
         fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, q_terms=1, p_terms=1, debug=torch.zeros(1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="refill must be one of"):
+        fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, refill=2)
+    with pytest.raises(ValueError, match="DEBUG record"):  # the record reads the slot in row order
+        fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, q_terms=2, p_terms=2, refill=1,
+                             debug=torch.zeros(1, dtype=torch.uint8))
+
+
+def test_early_refill_rule_and_its_copies():
+    # the early refill where the ring has one slot and one head group; elsewhere the slot is refilled whole
+    assert [fm.refill_mode(1, nbuf, 1) for nbuf in (0, 1, 2)] == [1, 1, 0]
+    assert fm.refill_mode(1, 0, 2) == 0 and fm.refill_mode(0, 1, 1) == 0
+    # each warp's latent copy of a chunk is the value columns it read in its P V product (LV's warp basis: warp 1
+    # reads the chunk's columns 64-127), so that no warp overwrites bytes the other may still read
+    import inspect
+    import re
+
+    L = fm._refill_layout(2)
+    words_a_warp = L.size_per_thread[1] * L.threads_per_warp[1]
+    assert L.warps_per_cta == [1, 2] and L.order == [1, 0] and 4 * words_a_warp * 2 == 128
+    src = inspect.getsource(fm._sparse_mla_fp8mma_kernel.fn)
+    wbv = re.findall(r"WBV: gl.constexpr = (.*) if G == 2 else (.*)", src)
+    assert wbv and wbv[0][1].strip() == f"[[0, {4 * words_a_warp}]]", wbv
+    # the copies are whole 16-byte units with every row's chunk covered once: 8 rows x 4 units a warp's instruction
+    assert L.size_per_thread == [1, 4] and L.threads_per_warp[0] * L.threads_per_warp[1] == 32
 
 
 def test_configs_name_their_builds():
@@ -263,7 +287,8 @@ def test_configs_name_their_builds():
     assert fm.config_name((0, 1, 1, 0, 64)) == "fp8mma-nbufG-f16-n64"
     assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8"
     assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32,
-                                           "row_threads": 0}
+                                           "row_threads": 0, "refill": 0}
+    assert fm.config_name((0, 1, 1, 0, 0, 8, 1)) == "fp8mma-nbufG-f16-nplan-t8-e"
     assert fm.config_name((1, 2, 2, 0, 32, 8)) == "fp8mma-nbuf1-q2-p2-t8"
     assert all(c.row_threads == 8 for c in fm.CONFIG_BY_CLASS.values())
     # nbuf 0: one ring slot per head group, in the shared-memory estimate too

@@ -95,6 +95,14 @@ BLOCK_NS = (32, 64)  # a tile of 64 keys gives each warp two m16 tiles of S that
 # 1336-1345 us (2 -> 4 -> 8 -> 16 -> 32 threads: 91, 74, 68, 69, 71 us at decode;
 # `sweeps/fp8mma_ablate_h200_bc8f6e0.json`, `sweeps/fp8mma_ablate_h200_6e4488e.json`)
 ROW_THREADS = (0, 2, 4, 8, 16, 32)
+# how the one-slot ring (1-8 heads, `ring_slots`) is refilled. 0: the next tile whole, gathered and waited for before
+# it is computed, so a program's own gathers never overlap its products (only other programs' on the SM do).
+# 1 ("early"): each part as soon as its bytes are read for the last time: the rope part and the scales after the
+# P^T exchange (S has read them), and each 128-column latent chunk behind its P V product, the half of it a warp read
+# by that warp (the value columns are split between the two warps, and the other warp's reads of them, in S, ended
+# at the P^T barrier); the next tile is then waited for at the top of its iteration. Its latent copies are
+# [BN, 2 x 16] words a chunk (`_refill_layout`).
+REFILLS = (0, 1)
 
 
 class Config(NamedTuple):
@@ -103,20 +111,23 @@ class Config(NamedTuple):
     products), a register cap per thread (0: the compiler's choice, 208-242; a cap lets more programs share an
     SM's 64 K registers), and the keys of a tile (`BLOCK_NS`: 32, or 64, where each warp's S is two m16 tiles on
     the same q fragments and the per-tile steps, barriers included, come once per 64 keys; 0: `tile_keys`'s rule,
-    64 where the split plan gives each program a token's whole top-k list, 32 where it splits the list), and the
-    threads that gather one row's latent bytes, 16 each (`ROW_THREADS`; 0: one per warp, 2 or 4)."""
+    64 where the split plan gives each program a token's whole top-k list, 32 where it splits the list), the
+    threads that gather one row's latent bytes, 16 each (`ROW_THREADS`; 0: one per warp, 2 or 4), and the one-slot
+    ring's refill (`REFILLS`: 0 the whole next tile before it is computed, 1 piece by piece as the slot's bytes are
+    read for the last time, where the ring has one slot at 1-8 heads: `refill_mode`)."""
     nbuf: int
     q_terms: int
     p_terms: int
     maxnreg: int = 0
     block_n: int = BLOCK_N
     row_threads: int = 0
+    refill: int = 0
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
 CONFIGS = [Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
-           Config(1, 2, 2), Config(2, 3, 2)]
+           Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8, 1), Config(1, 2, 2, 0, BLOCK_N, 8, 1)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group,
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
 # 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e). The 32-key, 2-thread build at
@@ -151,7 +162,8 @@ def config_name(cfg) -> str:
     slots = c.nbuf or "G"
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
-    return name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
+    return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
+            + ("-e" if c.refill else ""))
 
 
 def config_kwargs(cfg) -> dict:
@@ -171,6 +183,20 @@ def check_row_threads(row_threads: int, G: int) -> None:
     if row_threads not in ROW_THREADS or 0 < row_threads < 2 * G:
         raise ValueError(f"row_threads must be 0 or one of {tuple(t for t in ROW_THREADS if t >= 2 * G)} at {8 * G} "
                          f"heads a program, got {row_threads}")
+
+
+def check_refill(refill: int) -> None:
+    """`REFILLS`: 0 or 1."""
+    if refill not in REFILLS:
+        raise ValueError(f"refill must be one of {REFILLS} (0: the slot refilled whole, 1: piece by piece), got "
+                         f"{refill}")
+
+
+def refill_mode(refill: int, nbuf: int, G: int) -> int:
+    """The refill a build takes: refill 1 (early) where the ring has one slot and the program one head group (1-8
+    heads; at 9-16 two warps of different head groups read the same value columns, and `ring_slots` gives two
+    slots), else 0, as `tile_keys` resolves block_n 0."""
+    return refill if ring_slots(nbuf, G) == 1 and G == 1 else 0
 
 
 def check_terms(q_terms: int, p_terms: int) -> None:
@@ -292,27 +318,52 @@ if HAVE_GLUON:
         return ((e + 127) << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _gather(KV, idx, N_ROWS, stride_kv, lat, rope, scs, slot, LW: gl.constexpr, LR: gl.constexpr,
+    def _gather(KV, idx, idx_s, N_ROWS, stride_kv, lat, rope, scs, slot, LW: gl.constexpr, LR: gl.constexpr,
                 LS: gl.constexpr):
         """cp.async one tile's rows into ring slot `slot`: the 512 e4m3 bytes as int32 words (LW: `Config.row_threads`
         threads a row, 16 bytes each), the bf16 rope part (LR) and the 4 fp32 scales into scs[slot] as [chunk, key]
-        (LS: one 4-byte copy a scale). Invalid rows are masked copies of row 0 (zero-filled)."""
+        (LS: one 4-byte copy a scale). idx: the tile's row ids in `SliceLayout(1, LW)`, idx_s the same in
+        `SliceLayout(0, LS)` (`_idx_tiles`). Invalid rows are masked copies of row 0 (zero-filled)."""
         v = (idx >= 0) & (idx < N_ROWS)
         rb = gl.where(v, idx, 0).to(gl.int64) * stride_kv  # bytes
         w_off = gl.multiple_of(rb // 4, 4)
         offs_w = gl.arange(0, 128, layout=gl.SliceLayout(0, LW))
         _async_copy(lat.index(slot), KV.to(gl.pointer_type(gl.int32), bitcast=True) + w_off[:, None] + offs_w[None, :],
                     mask=v[:, None])
+        _gather_tail(KV, v, rb, idx_s, N_ROWS, stride_kv, rope, scs, slot, LR, LS)
+
+    @gluon.jit
+    def _gather_tail(KV, v, rb, idx_s, N_ROWS, stride_kv, rope, scs, slot, LR: gl.constexpr, LS: gl.constexpr):
+        """cp.async the rope part and the scales of a tile's rows into ring slot `slot` (v: valid, rb: byte offsets,
+        as `_gather` makes them; idx_s: the row ids in the scale copies' layout, so that no vector crosses warps
+        through shared memory, which cost three barriers a tile)."""
         vr = gl.convert_layout(v, gl.SliceLayout(1, LR))
         h_off = gl.multiple_of(gl.convert_layout(rb, gl.SliceLayout(1, LR)) // 2 + 264, 8)
         offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
         _async_copy(rope.index(slot), KV.to(gl.pointer_type(gl.bfloat16), bitcast=True) + h_off[:, None] +
                     offs_r[None, :], mask=vr[:, None])
-        vs = gl.convert_layout(v, gl.SliceLayout(0, LS))
-        f_off = gl.convert_layout(rb, gl.SliceLayout(0, LS)) // 4 + 128
+        vs = (idx_s >= 0) & (idx_s < N_ROWS)
+        f_off = gl.where(vs, idx_s, 0).to(gl.int64) * stride_kv // 4 + 128
         offs_c = gl.arange(0, 4, layout=gl.SliceLayout(1, LS))
         _async_copy(scs.index(slot), KV.to(gl.pointer_type(gl.float32), bitcast=True) + f_off[None, :] +
                     offs_c[:, None], mask=vs[None, :])
+
+    @gluon.jit
+    def _refill_chunk(KV, idx, N_ROWS, stride_kv, latc, c: gl.constexpr, LC: gl.constexpr):
+        """The early refill's latent copy of chunk c (`REFILLS`) into latc[c] ([4, BN, 32] int32 words, chunk by
+        chunk): idx in `SliceLayout(1, LC)`, warp w copying words 16 w..16 w + 15 of each row, the value columns
+        64 w..64 w + 63 that it read in its P V product of the chunk. Invalid rows are masked copies of row 0."""
+        v = (idx >= 0) & (idx < N_ROWS)
+        w_off = gl.multiple_of(gl.where(v, idx, 0).to(gl.int64) * stride_kv // 4, 4)
+        offs_w = gl.arange(0, 32, layout=gl.SliceLayout(0, LC))
+        _async_copy(latc[c], KV.to(gl.pointer_type(gl.int32), bitcast=True) + w_off[:, None] + c * 32 +
+                    offs_w[None, :], mask=v[:, None])
+
+    @triton.constexpr_function
+    def _refill_layout(NW):
+        """`_refill_chunk`'s layout: [BN, 32] words of a chunk, 16 bytes a copy, 4 threads a 64-byte row half, the
+        warps along the halves (as `_pv_chunk`'s V loads split the value columns)."""
+        return gl.BlockedLayout([1, 4], [8, 4], [1, NW], [1, 0])
 
     @triton.constexpr_function
     def _gather_layouts(NW, TPR):
@@ -326,22 +377,27 @@ if HAVE_GLUON:
                 gl.BlockedLayout([4 // NW, 1], [1, 32], [NW, 1], [1, 0]))
 
     @gluon.jit
+    def _idx_tiles(idx_row, start, k_end, BN: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr):
+        """A tile's row ids as `_gather` takes them: in the latent copies' layout and in the scale copies'."""
+        return (_tile_idx(idx_row, start, k_end, BN, gl.SliceLayout(1, LW)),
+                _tile_idx(idx_row, start, k_end, BN, gl.SliceLayout(0, LS)))
+
+    @gluon.jit
     def _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF: gl.constexpr,
                     BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr,
                     ALL_SLOTS: gl.constexpr):
         """The ring's first NBUF - 1 tiles in flight before the loop (ALL_SLOTS, the compute-alone measurement: every
-        slot, landed); returns the index tile of the loop's first gather (`_ring_step`)."""
-        IW: gl.constexpr = gl.SliceLayout(1, LW)
+        slot, landed); returns the index tiles of the loop's first gather (`_ring_step`)."""
         for j in gl.static_range(NBUF - 1):
-            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, scs, j, LW,
-                    LR, LS)
+            iw, i_s = _idx_tiles(idx_row, k_start + j * BN, k_end, BN, LW, LS)
+            _gather(KV, iw, i_s, N_ROWS, stride_kv, lat, rope, scs, j, LW, LR, LS)
             cp.commit_group()
         if ALL_SLOTS:
-            _gather(KV, _tile_idx(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope,
-                    scs, NBUF - 1, LW, LR, LS)
+            iw, i_s = _idx_tiles(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, LW, LS)
+            _gather(KV, iw, i_s, N_ROWS, stride_kv, lat, rope, scs, NBUF - 1, LW, LR, LS)
             cp.commit_group()
             cp.wait_group(0)
-        return _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
+        return _idx_tiles(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, LW, LS)
 
     @gluon.jit
     def _occupancy_pad(PAD: gl.constexpr, NW: gl.constexpr):
@@ -353,20 +409,20 @@ if HAVE_GLUON:
             pad.slice(0, 32 * NW).store(gl.full([32 * NW], 0, gl.int32, gl.BlockedLayout([1], [32], [NW], [0])))
 
     @gluon.jit
-    def _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF: gl.constexpr,
-                   BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr, GATHER: gl.constexpr):
+    def _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs,
+                   NBUF: gl.constexpr, BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr,
+                   GATHER: gl.constexpr):
         """The gather ring's step before tile i is computed, as the kernel and `_gathers_alone_kernel` take it: tile
-        i's rows landed in slot i % NBUF and every warp past the barrier; returns the index tile of the next gather.
+        i's rows landed in slot i % NBUF and every warp past the barrier; returns the index tiles of the next gather.
         GATHER False (compute alone) keeps the barriers and copies nothing."""
-        IW: gl.constexpr = gl.SliceLayout(1, LW)
         if NBUF == 1:
             # one slot (1-8 heads on sm_90, the 99 KB class: more programs per SM instead): the last tile's reads are
             # done, then tile i is gathered and waited for
             _barrier()
             if GATHER:
-                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, scs, 0, LW, LR, LS)
+                _gather(KV, nxt_w, nxt_s, N_ROWS, stride_kv, lat, rope, scs, 0, LW, LR, LS)
                 cp.commit_group()
-            nxt_w = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IW)
+            nxt_w, nxt_s = _idx_tiles(idx_row, k_start + (i + 1) * BN, k_end, BN, LW, LS)
             if GATHER:
                 cp.wait_group(0)
             _barrier()
@@ -377,23 +433,31 @@ if HAVE_GLUON:
                 cp.wait_group(NBUF - 2)
             _barrier()
             if GATHER:
-                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, scs, (i + NBUF - 1) % NBUF, LW, LR, LS)
+                _gather(KV, nxt_w, nxt_s, N_ROWS, stride_kv, lat, rope, scs, (i + NBUF - 1) % NBUF, LW, LR, LS)
                 cp.commit_group()
-            nxt_w = _tile_idx(idx_row, k_start + (i + NBUF) * BN, k_end, BN, IW)
-        return nxt_w
+            nxt_w, nxt_s = _idx_tiles(idx_row, k_start + (i + NBUF) * BN, k_end, BN, LW, LS)
+        return nxt_w, nxt_s
 
     @gluon.jit
-    def _scores_chunk(lat8, q_s, c: gl.constexpr, s_c, acc, zero, LK: gl.constexpr, DA: gl.constexpr,
+    def _chunk(tile, c: gl.constexpr, CM: gl.constexpr):
+        """Latent chunk c ([BN, 128] bytes) of a gathered tile: [BN, 512] in row order, or [4, BN, 128] chunk by
+        chunk (CM: the early refill's slot, `REFILLS`)."""
+        if CM:
+            return tile[c]
+        else:
+            return tile.slice(c * 128, 128, 1)
+
+    @gluon.jit
+    def _scores_chunk(kc, q_s, c: gl.constexpr, s_c, acc, zero, LK: gl.constexpr, DA: gl.constexpr,
                       DB: gl.constexpr, Q_TERMS: gl.constexpr):
-        """acc + s_c * (K_c q_c^T) for latent chunk c: K_c straight from the tile (e4m3 bytes), q_c as its e4m3
-        terms (rows of q_s, already in `_k_logical`'s column order)."""
+        """acc + s_c * (K_c q_c^T) for latent chunk c: K_c straight from the tile's chunk kc (e4m3 bytes), q_c as its
+        e4m3 terms (rows of q_s, already in `_k_logical`'s column order)."""
         CH: gl.constexpr = 128
         if Q_TERMS == 1:  # fp16 products: K widened once, q one fp16 term
-            k = gl.convert_layout(_k_logical16(_e4m3_f16(lat8.slice(c * CH, CH, 1).load(LK))), DA,
-                                  assert_trivial=True)
+            k = gl.convert_layout(_k_logical16(_e4m3_f16(kc.load(LK))), DA, assert_trivial=True)
             s = mma_v2(k, q_s.index(0).slice(c * CH, CH, 1).permute([1, 0]).load(DB), zero)
         else:
-            k = gl.convert_layout(_k_logical(lat8.slice(c * CH, CH, 1).load(LK)), DA, assert_trivial=True)
+            k = gl.convert_layout(_k_logical(kc.load(LK)), DA, assert_trivial=True)
             k = k.to(gl.float8e4nv, bitcast=True)
             s = mma_v2(k, q_s.index(0).slice(c * CH, CH, 1).permute([1, 0]).load(DB), zero)
             s = mma_v2(k, q_s.index(1).slice(c * CH, CH, 1).permute([1, 0]).load(DB), s)
@@ -402,19 +466,17 @@ if HAVE_GLUON:
         return acc + s * s_c[:, None]
 
     @gluon.jit
-    def _pv_chunk(lat8, c: gl.constexpr, p, s_c, acc, LV: gl.constexpr, LVP: gl.constexpr, DA: gl.constexpr,
-                  P_TERMS: gl.constexpr):
-        """acc_c += V_c^T (P s_c)^T for latent chunk c, `P s_c` (the tile's P factor 2^e already in s_c) split into
-        e4m3 terms, or one fp16 term (P_TERMS = 1; V widened to fp16 first)."""
-        CH: gl.constexpr = 128
+    def _pv_chunk(vc, p, s_c, acc, LV: gl.constexpr, LVP: gl.constexpr, DA: gl.constexpr, P_TERMS: gl.constexpr):
+        """acc_c += V_c^T (P s_c)^T for a latent chunk vc, `P s_c` (the tile's P factor 2^e already in s_c) split
+        into e4m3 terms, or one fp16 term (P_TERMS = 1; V widened to fp16 first)."""
         if P_TERMS == 1:
             # the fp16 operand pairs two keys of one value row: the bytes are regrouped (LVP: key pairs innermost, a
             # register permutation) before they are widened, so that each conversion's pair is already an operand's
-            v8 = gl.convert_layout(lat8.slice(c * CH, CH, 1).load(LV), LVP, assert_trivial=True)
+            v8 = gl.convert_layout(vc.load(LV), LVP, assert_trivial=True)
             v = gl.convert_layout(_v_logical(_e4m3_f16(v8)), DA, assert_trivial=True)
             acc = mma_v2(v, (p * s_c[:, None]).to(gl.float16), acc)
         else:
-            v = gl.convert_layout(_v_logical(lat8.slice(c * CH, CH, 1).load(LV)), DA, assert_trivial=True)
+            v = gl.convert_layout(_v_logical(vc.load(LV)), DA, assert_trivial=True)
             v = v.to(gl.float8e4nv, bitcast=True)
             p0, p1, p2 = _e4m3_terms(p * s_c[:, None], P_TERMS)
             acc = mma_v2(v, p0, acc)
@@ -509,12 +571,12 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
-        BN: gl.constexpr, TPR: gl.constexpr, DBG=None, DEBUG: gl.constexpr = 0,
+        BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0,
     ):
-        """One program: token t, split sp of its top-k list, all heads (module docstring). COMPUTE_ALONE (a
-        measurement, wrong outputs): every tile read from the ring slots gathered before the loop; PAD:
-        `_occupancy_pad` (`ablate_launch`)."""
+        """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
+        COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
+        PAD: `_occupancy_pad` (`ablate_launch`)."""
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
@@ -561,13 +623,29 @@ if HAVE_GLUON:
         LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
         LS: gl.constexpr = _gather_layouts(NW, TPR)[2]
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
+        # the early refill (`REFILLS`; the launcher takes it for one slot at 1-8 heads only): the next tile's index
+        # tiles in the layouts of its rope / scale copies (IR) and of its latent chunk copies (IC)
+        EARLY: gl.constexpr = REFILL == 1 and not COMPUTE_ALONE
+        LC: gl.constexpr = _refill_layout(NW)
+        IR: gl.constexpr = gl.SliceLayout(1, LR)
+        IC: gl.constexpr = gl.SliceLayout(1, LC)
 
         # shared memory: 16-byte units XOR-swizzled by row, so the operand loads of 8 rows hit 8 bank groups
         SW8: gl.constexpr = gl.SwizzledSharedLayout(vec=16, per_phase=1, max_phase=8, order=[1, 0])
         SW32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])  # SW8 in words
         SW16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        lat = gl.allocate_shared_memory(gl.int32, [NBUF, BN, CH], SW32)
-        lat8 = _as(lat, gl.uint8, [NBUF, BN, DN], SW8)  # the same bytes: SW32 is SW8 in 4-byte units
+        if EARLY:
+            # the one slot chunk by chunk ([4, BN, 128] bytes, the same swizzle inside a chunk): the compiler's
+            # shared-memory barrier analysis then sees each chunk's refill apart from the other chunks' reads
+            lat = (gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32),
+                   gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32),
+                   gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32),
+                   gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32))
+            lat8 = (_as(lat[0], gl.uint8, [BN, CH], SW8), _as(lat[1], gl.uint8, [BN, CH], SW8),
+                    _as(lat[2], gl.uint8, [BN, CH], SW8), _as(lat[3], gl.uint8, [BN, CH], SW8))
+        else:
+            lat = gl.allocate_shared_memory(gl.int32, [NBUF, BN, CH], SW32)
+            lat8 = _as(lat, gl.uint8, [NBUF, BN, DN], SW8)  # the same bytes: SW32 is SW8 in 4-byte units
         rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, DR], SW16)
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         FLAT2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
@@ -592,10 +670,18 @@ if HAVE_GLUON:
         idx_row = IDX + t.to(gl.int64) * stride_it
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
         # (compute alone: every slot gathered here, and the loop gathers nothing)
-        nxt_w = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS,
-                            COMPUTE_ALONE)
+        nxt_w, nxt_s = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR,
+                                   LS, COMPUTE_ALONE)
         nxt_k = _tile_idx(idx_row, k_start, k_end, BN, KEYS)
-
+        if EARLY:  # tile 0 whole; from then on the slot is refilled piece by piece inside the loop
+            idx_c = _tile_idx(idx_row, k_start, k_end, BN, IC)
+            for c in gl.static_range(4):
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC)
+            idx_r = _tile_idx(idx_row, k_start, k_end, BN, IR)
+            v_r = (idx_r >= 0) & (idx_r < N_ROWS)
+            _gather_tail(KV, v_r, gl.where(v_r, idx_r, 0).to(gl.int64) * stride_kv, nxt_s, N_ROWS, stride_kv, rope,
+                         scs, 0, LR, LS)
+            cp.commit_group()
 
         # q: per head a power of two sigma with max |q sigma| <= 448, the latent part split into e4m3 terms (columns in
         # the products' order), the rope part as bf16; rows past H are zeros
@@ -623,20 +709,26 @@ if HAVE_GLUON:
         zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
 
         for i in range(n_tiles):
-            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW,
-                               LR, LS, not COMPUTE_ALONE)
+            if EARLY:
+                # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of
+                # the last tile's P^T and maxima)
+                cp.wait_group(0)
+                _barrier()
+            else:
+                nxt_w, nxt_s = _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope,
+                                          scs, NBUF, BN, LW, LR, LS, not COMPUTE_ALONE)
             slot = i % NBUF
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
             nxt_k = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, KEYS)
-            t8 = lat8.index(slot)
+            t8 = lat8 if EARLY else lat8.index(slot)
             if DEBUG:  # the e4m3 builds only (the launcher refuses debug with fp16 products)
                 if i == 0:
                     _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS,
                                 sc_c.index(4 * slot).load(KEYS), inv_sigma)
-            s = _scores_chunk(t8, q_s, 0, sc_c.index(4 * slot + 0).load(KEYS), zero, zero, LK, DA, DB, Q_TERMS)
-            s = _scores_chunk(t8, q_s, 1, sc_c.index(4 * slot + 1).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
-            s = _scores_chunk(t8, q_s, 2, sc_c.index(4 * slot + 2).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
-            s = _scores_chunk(t8, q_s, 3, sc_c.index(4 * slot + 3).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(_chunk(t8, 0, EARLY), q_s, 0, sc_c.index(4 * slot + 0).load(KEYS), zero, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(_chunk(t8, 1, EARLY), q_s, 1, sc_c.index(4 * slot + 1).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(_chunk(t8, 2, EARLY), q_s, 2, sc_c.index(4 * slot + 2).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
+            s = _scores_chunk(_chunk(t8, 3, EARLY), q_s, 3, sc_c.index(4 * slot + 3).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
             s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
             s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
 
@@ -659,6 +751,10 @@ if HAVE_GLUON:
             # largest scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
             e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
             _barrier()  # P^T and the maxima are read after every warp's are in; rewritten after the next tile's first
+            if EARLY:  # the next tile's row ids (loaded here, used behind the first P V chunk: fewer registers in S)
+                idx_r = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IR)
+                idx_s = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, gl.SliceLayout(0, LS))
+                idx_c = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IC)
             mu_lo = m_s.slice(0, HN).load(HEADS)
             mu_hi = m_s.slice(HN, HN).load(HEADS)
             m_new = gl.maximum(m_i, gl.maximum(mu_lo, mu_hi))
@@ -687,10 +783,23 @@ if HAVE_GLUON:
                                                          gl.convert_layout(g_lo, PH)[None, :],
                                                          gl.convert_layout(g_hi, PH)[None, :])
             fe = _pow2(e)
-            acc0 = _pv_chunk(t8, 0, pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS)
-            acc1 = _pv_chunk(t8, 1, pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
-            acc2 = _pv_chunk(t8, 2, pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS)
-            acc3 = _pv_chunk(t8, 3, pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS)
+            # (early refill: behind each chunk's product the next tile's chunk, each warp the columns it read)
+            acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS)
+            if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
+                v_r = (idx_r >= 0) & (idx_r < N_ROWS)
+                _gather_tail(KV, v_r, gl.where(v_r, idx_r, 0).to(gl.int64) * stride_kv, idx_s, N_ROWS, stride_kv,
+                             rope, scs, 0, LR, LS)
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
+            acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
+            if EARLY:
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC)
+            acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS)
+            if EARLY:
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC)
+            acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS)
+            if EARLY:
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)
+                cp.commit_group()
         cp.wait_group(0)
 
         l_i = gl.sum(l_acc, axis=0)
@@ -736,10 +845,11 @@ if HAVE_GLUON:
         k_start = sp * KEYS_PER_SPLIT
         k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
         idx_row = IDX + t.to(gl.int64) * stride_it
-        nxt_w = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS, False)
+        nxt_w, nxt_s = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS,
+                                   False)
         for i in range(gl.cdiv(k_end - k_start, BN)):
-            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW,
-                               LR, LS, True)
+            nxt_w, nxt_s = _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs,
+                                      NBUF, BN, LW, LR, LS, True)
         cp.wait_group(0)
 
 
@@ -780,7 +890,7 @@ _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
 
 @functools.lru_cache(maxsize=4096)
 def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nbuf: int, q_terms: int,
-                 p_terms: int, maxnreg: int, block_n: int, row_threads: int,
+                 p_terms: int, maxnreg: int, block_n: int, row_threads: int, refill: int,
                  num_splits: int | None) -> tuple[int, int, dict, tuple]:
     """(splits, keys per split, constexprs and options, their values as a key) for a call shape: the host work an
     eager layer would otherwise repeat on every call."""
@@ -789,7 +899,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     nbuf = ring_slots(nbuf, G)
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=tile_keys(block_n, splits),
-              TPR=row_threads, DBG=None, DEBUG=0, COMPUTE_ALONE=False, PAD=0,
+              TPR=row_threads, REFILL=refill_mode(refill, nbuf, G), DBG=None, DEBUG=0, COMPUTE_ALONE=False, PAD=0,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, kw, tuple(kw.values())
 
@@ -802,12 +912,13 @@ def debug_record_bytes(H: int) -> int:
 
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
                       p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
-                      row_threads=DEFAULT.row_threads, out=None, debug=None):
+                      row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, out=None, debug=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
     build; maxnreg: register cap per thread (0: none); block_n: keys a tile (32 or 64); row_threads: threads a
-    gathered row's latent bytes are spread over (`Config`). `config_kwargs(cfg)` gives these for a `Config`."""
+    gathered row's latent bytes are spread over; refill: how a one-slot ring is refilled (`Config`, `REFILLS`).
+    `config_kwargs(cfg)` gives these for a `Config`."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -819,15 +930,17 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     check_row_threads(row_threads, head_groups(H))
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
-    if debug is not None and (q_terms == 1 or block_n != BLOCK_N):
-        raise ValueError(f"the DEBUG record is built for the e4m3 products (q_terms 2 or 3) over {BLOCK_N}-key tiles")
+    check_refill(refill)
+    if debug is not None and (q_terms == 1 or block_n != BLOCK_N or refill):
+        raise ValueError(f"the DEBUG record is built for the e4m3 products (q_terms 2 or 3) over {BLOCK_N}-key tiles "
+                         f"in a slot refilled whole (refill 0)")
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
     if T == 0:
         return out, lse
     splits, keys_per_split, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
-                                                      maxnreg, block_n, row_threads, num_splits)
+                                                      maxnreg, block_n, row_threads, refill, num_splits)
     part = split_buffer(splits, T, H, lse)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
             keys_per_split)
@@ -876,6 +989,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     check_terms(c.q_terms, c.p_terms)
     check_block_n(c.block_n)
     check_row_threads(c.row_threads, head_groups(q.shape[1]))
+    check_refill(c.refill)
     if part == "whole":
         return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(c), out=out)
     T, H, _ = q.shape
@@ -883,7 +997,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     topk = indices.shape[1]
     dev = q.device
     splits, keys_per_split, kw, _ = _launch_plan(T, H, topk, dev.type, dev.index, c.nbuf, c.q_terms, c.p_terms,
-                                                 c.maxnreg, c.block_n, c.row_threads, None)
+                                                 c.maxnreg, c.block_n, c.row_threads, c.refill, None)
     part_buf = split_buffer(splits, T, H, lse)
     G, nbuf, bn = kw["G"], kw["NBUF"], kw["BN"]
     smem = mla.smem_class(dev)
@@ -910,7 +1024,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
-                pad: int = 0):
+                pad: int = 0, refill: int = DEFAULT.refill):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`)."""
@@ -920,9 +1034,11 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     check_terms(q_terms, p_terms)
     check_block_n(block_n)
     check_row_threads(row_threads, G)
+    check_refill(refill)
     fn = _sparse_mla_fp8mma_kernel
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "DEBUG": debug,
+              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "REFILL": refill_mode(refill, nbuf, G),
+              "DEBUG": debug,
               "COMPUTE_ALONE": compute_alone, "PAD": pad}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
@@ -948,7 +1064,7 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
     if part == "compute":
         pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn), per_sm)
         return aot_compile(arch, G, c.nbuf, c.q_terms, c.p_terms, split, maxnreg=c.maxnreg, block_n=c.block_n,
-                           row_threads=c.row_threads, compute_alone=True, pad=pad)
+                           row_threads=c.row_threads, compute_alone=True, pad=pad, refill=c.refill)
     if part != "gathers":
         raise ValueError(f"part must be 'gathers' or 'compute', got {part!r}")
     nbuf = ring_slots(c.nbuf, G)
@@ -963,11 +1079,13 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
 
 def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                   p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg,
-                  block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads) -> dict:
+                  block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads,
+                  refill: int = DEFAULT.refill) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread, and where
     the stack is used, the spill stores and loads (STL, LDL) in the main loop's SASS (`loop_spills`)."""
-    k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n, row_threads=row_threads)
-    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads)), "arch": arch, "G": G, "split": split,
+    k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n, row_threads=row_threads,
+                    refill=refill)
+    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill)), "arch": arch, "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
            "estimate": smem_bytes_estimate(G, nbuf, q_terms, tile_keys(block_n, 2 if split else 1))}
     row["fits"] = row["shared"] <= row["limit"]
@@ -981,4 +1099,4 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 
 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs",
-           "check_terms", "check_block_n", "check_row_threads", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "aot_compile_part", "compile_stats"]
+           "check_terms", "check_block_n", "check_row_threads", "check_refill", "refill_mode", "REFILLS", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "aot_compile_part", "compile_stats"]
