@@ -102,7 +102,7 @@ ROW_THREADS = (0, 2, 4, 8, 16, 32)
 # by that warp (the value columns are split between the two warps, and the other warp's reads of them, in S, ended
 # at the P^T barrier); the next tile is then waited for at the top of its iteration. Its latent copies are
 # [BN, 2 x 16] words a chunk (`_refill_layout`).
-REFILLS = (0, 1)
+REFILLS = (0, 1, 2)
 
 
 class Config(NamedTuple):
@@ -127,7 +127,8 @@ class Config(NamedTuple):
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
 CONFIGS = [Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
-           Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8, 1), Config(1, 2, 2, 0, BLOCK_N, 8, 1)]
+           Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8, 1), Config(0, 1, 1, 0, 0, 8, 2),
+           Config(1, 2, 2, 0, BLOCK_N, 8, 1)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group,
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
 # 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e). The 32-key, 2-thread build at
@@ -163,7 +164,7 @@ def config_name(cfg) -> str:
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
     return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
-            + ("-e" if c.refill else ""))
+            + ("", "-e", "-es")[c.refill])
 
 
 def config_kwargs(cfg) -> dict:
@@ -625,7 +626,8 @@ if HAVE_GLUON:
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
         # the early refill (`REFILLS`; the launcher takes it for one slot at 1-8 heads only): the next tile's index
         # tiles in the layouts of its rope / scale copies (IR) and of its latent chunk copies (IC)
-        EARLY: gl.constexpr = REFILL == 1 and not COMPUTE_ALONE
+        EARLY: gl.constexpr = REFILL > 0 and not COMPUTE_ALONE
+        STAGED: gl.constexpr = REFILL == 2 and not COMPUTE_ALONE  # one cp.async group a chunk, each waited for in S
         LC: gl.constexpr = _refill_layout(NW)
         IR: gl.constexpr = gl.SliceLayout(1, LR)
         IC: gl.constexpr = gl.SliceLayout(1, LC)
@@ -675,13 +677,14 @@ if HAVE_GLUON:
         nxt_k = _tile_idx(idx_row, k_start, k_end, BN, KEYS)
         if EARLY:  # tile 0 whole; from then on the slot is refilled piece by piece inside the loop
             idx_c = _tile_idx(idx_row, k_start, k_end, BN, IC)
-            for c in gl.static_range(4):
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC)
             idx_r = _tile_idx(idx_row, k_start, k_end, BN, IR)
             v_r = (idx_r >= 0) & (idx_r < N_ROWS)
             _gather_tail(KV, v_r, gl.where(v_r, idx_r, 0).to(gl.int64) * stride_kv, nxt_s, N_ROWS, stride_kv, rope,
                          scs, 0, LR, LS)
-            cp.commit_group()
+            for c in gl.static_range(4):
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC)
+                if STAGED or c == 3:
+                    cp.commit_group()
 
         # q: per head a power of two sigma with max |q sigma| <= 448, the latent part split into e4m3 terms (columns in
         # the products' order), the rope part as bf16; rows past H are zeros
@@ -712,7 +715,7 @@ if HAVE_GLUON:
             if EARLY:
                 # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of
                 # the last tile's P^T and maxima)
-                cp.wait_group(0)
+                cp.wait_group(3 if STAGED else 0)
                 _barrier()
             else:
                 nxt_w, nxt_s = _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope,
@@ -725,10 +728,13 @@ if HAVE_GLUON:
                 if i == 0:
                     _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS,
                                 sc_c.index(4 * slot).load(KEYS), inv_sigma)
-            s = _scores_chunk(_chunk(t8, 0, EARLY), q_s, 0, sc_c.index(4 * slot + 0).load(KEYS), zero, zero, LK, DA, DB, Q_TERMS)
-            s = _scores_chunk(_chunk(t8, 1, EARLY), q_s, 1, sc_c.index(4 * slot + 1).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
-            s = _scores_chunk(_chunk(t8, 2, EARLY), q_s, 2, sc_c.index(4 * slot + 2).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
-            s = _scores_chunk(_chunk(t8, 3, EARLY), q_s, 3, sc_c.index(4 * slot + 3).load(KEYS), s, zero, LK, DA, DB, Q_TERMS)
+            s = zero
+            for c in gl.static_range(4):
+                if STAGED and c > 0:  # chunk c's copies (the last tile's P V loop's group c) have landed
+                    cp.wait_group(3 - c)
+                    _barrier()
+                s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK, DA,
+                                  DB, Q_TERMS)
             s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
             s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
 
@@ -790,12 +796,18 @@ if HAVE_GLUON:
                 _gather_tail(KV, v_r, gl.where(v_r, idx_r, 0).to(gl.int64) * stride_kv, idx_s, N_ROWS, stride_kv,
                              rope, scs, 0, LR, LS)
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
+                if STAGED:
+                    cp.commit_group()
             acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC)
+                if STAGED:
+                    cp.commit_group()
             acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC)
+                if STAGED:
+                    cp.commit_group()
             acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)

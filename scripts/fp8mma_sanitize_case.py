@@ -1,0 +1,55 @@
+"""fp8-cache kernel launches (`mla_gluon_fp8mma`) for compute-sanitizer (memcheck, racecheck, synccheck; GPU), one
+per given build, each compared with `naive.sparse_mla_ref` (bf16 tolerance) so that a wrong result fails here too:
+8 heads over 40 tokens at one split (64-key tiles: the prefill build) and at 4 splits (32-key tiles: the decode
+build), top-k 2048 with invalid and out-of-range indices, and 5 tokens of 6 heads over top-k 300 (a tile past the
+list's end). Small on purpose: the sanitizer runs each launch serially.
+
+`PYTHONPATH=src compute-sanitizer --tool racecheck python scripts/fp8mma_sanitize_case.py [--configs 0,1,1,0,0,8,1 ...]`
+(default: the shipped big-class build and every `REFILLS` mode of it)
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from glm5lib.kernels import mla_gluon_fp8mma as fm
+from glm5lib.kernels import naive
+from glm5lib.kernels.checks import make_indices
+
+SM_SCALE = 1.0 / 16.0
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not torch.cuda.is_available():
+        sys.exit("fp8mma_sanitize_case: needs a CUDA GPU")
+    big = fm.CONFIG_BY_CLASS["big"]
+    cfgs = [big._replace(refill=r) for r in fm.REFILLS]
+    if "--configs" in argv:
+        cfgs = [fm.Config(*(int(x) for x in a.split(","))) for a in argv[argv.index("--configs") + 1:]
+                if not a.startswith("--")]
+    g = torch.Generator().manual_seed(0)
+    n_rows = 4096
+    cache = naive.quantize_fp8_ds_mla(torch.randn(n_rows, naive.D_QK, generator=g)).cuda()
+    bad = total = 0
+    for T, H, topk, splits in ((40, 8, 2048, 1), (40, 8, 2048, 4), (5, 6, 300, None)):
+        q = torch.randn(T, H, naive.D_QK, generator=g).to(torch.bfloat16).cuda()
+        idx = make_indices(T, topk, n_rows, "mixed", g, torch.device("cuda"))
+        ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
+        for cfg in cfgs:
+            o, lse = fm.sparse_mla_fp8mma(q, cache, idx, SM_SCALE, num_splits=splits, **fm.config_kwargs(cfg))
+            torch.cuda.synchronize()
+            err = (o.float() - ro).abs().max().item() / max(ro.abs().max().item(), 1e-6)
+            ok = err < 2e-2 and torch.equal(torch.isfinite(lse), torch.isfinite(rlse))
+            total += 1
+            bad += not ok
+            print(f"T{T} H{H} K{topk} splits {splits} {fm.config_name(cfg)}: rel {err:.2e} {'ok' if ok else 'FAIL'}",
+                  flush=True)
+    print(f"{total - bad}/{total} launches match the fp32 reference")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
