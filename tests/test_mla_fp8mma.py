@@ -261,9 +261,12 @@ def test_launcher_refuses_bad_input():
 
 
 def test_early_refill_rule_and_its_copies():
-    # the early refill where the ring has one slot and one head group; elsewhere the slot is refilled whole
-    assert [fm.refill_mode(1, nbuf, 1) for nbuf in (0, 1, 2)] == [1, 1, 0]
-    assert fm.refill_mode(1, 0, 2) == 0 and fm.refill_mode(0, 1, 1) == 0
+    # the early refill where the ring has one slot and one head group; elsewhere the slot is refilled whole; the
+    # plan's rule (2) early at one split only
+    assert [fm.refill_mode(1, nbuf, 1, 4) for nbuf in (0, 1, 2)] == [1, 1, 0]
+    assert fm.refill_mode(1, 0, 2, 1) == 0 and fm.refill_mode(0, 1, 1, 1) == 0
+    assert [fm.refill_mode(2, 0, 1, s) for s in (1, 2, 8)] == [1, 0, 0] and fm.refill_mode(2, 0, 2, 1) == 0
+    assert fm.CONFIG_BY_CLASS["big"].refill == 2 and fm.CONFIG_BY_CLASS["small"].refill == 0
     # each warp's latent copy of a chunk is the value columns it read in its P V product (LV's warp basis: warp 1
     # reads the chunk's columns 64-127), so that no warp overwrites bytes the other may still read
     import inspect
@@ -285,10 +288,11 @@ def test_configs_name_their_builds():
     assert fm.config_name((1, 1, 1, 168)) == "fp8mma-nbuf1-f16-r168"
     assert len({fm.config_name(c) for c in fm.CONFIGS}) == len(fm.CONFIGS)
     assert fm.config_name((0, 1, 1, 0, 64)) == "fp8mma-nbufG-f16-n64"
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8"
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8-eplan"
     assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32,
                                            "row_threads": 0, "refill": 0}
     assert fm.config_name((0, 1, 1, 0, 0, 8, 1)) == "fp8mma-nbufG-f16-nplan-t8-e"
+    assert fm.config_name((0, 1, 1, 0, 0, 8)) == "fp8mma-nbufG-f16-nplan-t8"
     assert fm.config_name((1, 2, 2, 0, 32, 8)) == "fp8mma-nbuf1-q2-p2-t8"
     assert all(c.row_threads == 8 for c in fm.CONFIG_BY_CLASS.values())
     # nbuf 0: one ring slot per head group, in the shared-memory estimate too

@@ -97,11 +97,18 @@ BLOCK_NS = (32, 64)  # a tile of 64 keys gives each warp two m16 tiles of S that
 ROW_THREADS = (0, 2, 4, 8, 16, 32)
 # how the one-slot ring (1-8 heads, `ring_slots`) is refilled. 0: the next tile whole, gathered and waited for before
 # it is computed, so a program's own gathers never overlap its products (only other programs' on the SM do).
-# 1 ("early"): each part as soon as its bytes are read for the last time: the rope part and the scales after the
-# P^T exchange (S has read them), and each 128-column latent chunk behind its P V product, the half of it a warp read
-# by that warp (the value columns are split between the two warps, and the other warp's reads of them, in S, ended
-# at the P^T barrier); the next tile is then waited for at the top of its iteration. Its latent copies are
-# [BN, 2 x 16] words a chunk (`_refill_layout`).
+# 1 ("early"): each part as soon as its bytes are read for the last time: the rope part and the scales once the P^T
+# exchange has ended S, and each 128-column latent chunk behind its P V product, the half of it a warp read by that
+# warp (the value columns are split between the two warps; the other warp's reads of them, in S, ended at the P^T
+# barrier); the next tile is waited for at the top of its iteration. The slot is then four allocations, one a chunk,
+# so that the compiler's shared-memory barrier analysis, which tracks whole allocations, inserts one barrier a chunk
+# (before its refill) and none between a chunk's refill and the next chunk's reads. 2 ("plan"): early where a program
+# owns a token's whole top-k list (one split: 64-key tiles under `tile_keys`' rule), whole where the list is split.
+# H200, 8 heads, the fp16-product build (`sweeps/fp8mma_refill_h200_e6da82b.json`, `..._8457230.json`): prefill
+# s_q 4096 1372 -> 1275 us, 1373 -> 1277 (-7 %); decode B128 81.4 -> 84.0, 80.7 -> 83.2 us and B32 28.9 -> 32.6,
+# 28.7 -> 31.8 (slower: 32-key tiles from HBM); the 99 KB class's e4m3 build over 32-key tiles slower in both
+# (prefill 1816 -> 1872 us, decode B128 89.6 -> 93.9). One cp.async group a chunk, each waited for in S just before
+# the chunk's product (8457230's refill 2, since removed): 1292 us at prefill, no better
 REFILLS = (0, 1, 2)
 
 
@@ -114,7 +121,8 @@ class Config(NamedTuple):
     64 where the split plan gives each program a token's whole top-k list, 32 where it splits the list), the
     threads that gather one row's latent bytes, 16 each (`ROW_THREADS`; 0: one per warp, 2 or 4), and the one-slot
     ring's refill (`REFILLS`: 0 the whole next tile before it is computed, 1 piece by piece as the slot's bytes are
-    read for the last time, where the ring has one slot at 1-8 heads: `refill_mode`)."""
+    read for the last time, 2 piece by piece where a program owns a token's whole list; only where the ring has one
+    slot at 1-8 heads: `refill_mode`)."""
     nbuf: int
     q_terms: int
     p_terms: int
@@ -125,19 +133,20 @@ class Config(NamedTuple):
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1),
+CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2), Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
-           Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8, 1), Config(0, 1, 1, 0, 0, 8, 2),
+           Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0, 8, 1),
            Config(1, 2, 2, 0, BLOCK_N, 8, 1)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group,
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
-# 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e). The 32-key, 2-thread build at
+# 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e), refilled early at one split
+# (`REFILLS`' comment: H200 at e6da82b and 8457230). The 32-key, 2-thread build at
 # 33e8f55 (`fp8mma_h200.json`): 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x
 # at prefill, 8 heads; 0.75-0.81x at 16 heads. The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and
 # forced only): the e4m3 build with one slot (31 KB, 3 programs per SM) and 8 threads a row. Two q terms hold a bf16 q
 # exactly (8 significant bits = two 4-bit e4m3 terms) except for elements whose scaled value is below 2^-2 (about
 # 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
-CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
+CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
 DEFAULT = CONFIG_BY_CLASS["big"]
 
 
@@ -164,7 +173,7 @@ def config_name(cfg) -> str:
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
     return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
-            + ("", "-e", "-es")[c.refill])
+            + ("", "-e", "-eplan")[c.refill])
 
 
 def config_kwargs(cfg) -> dict:
@@ -187,17 +196,19 @@ def check_row_threads(row_threads: int, G: int) -> None:
 
 
 def check_refill(refill: int) -> None:
-    """`REFILLS`: 0 or 1."""
+    """`REFILLS`: 0 (whole), 1 (early) or 2 (the plan's rule)."""
     if refill not in REFILLS:
-        raise ValueError(f"refill must be one of {REFILLS} (0: the slot refilled whole, 1: piece by piece), got "
-                         f"{refill}")
+        raise ValueError(f"refill must be one of {REFILLS} (0: the slot refilled whole, 1: piece by piece, 2: piece "
+                         f"by piece at one split), got {refill}")
 
 
-def refill_mode(refill: int, nbuf: int, G: int) -> int:
-    """The refill a build takes: refill 1 (early) where the ring has one slot and the program one head group (1-8
-    heads; at 9-16 two warps of different head groups read the same value columns, and `ring_slots` gives two
-    slots), else 0, as `tile_keys` resolves block_n 0."""
-    return refill if ring_slots(nbuf, G) == 1 and G == 1 else 0
+def refill_mode(refill: int, nbuf: int, G: int, splits: int) -> int:
+    """The refill a build takes (`REFILLS`: 0 whole, 1 early): refill 2 resolves to early at one split, whole when
+    split; early only where the ring has one slot and the program one head group (1-8 heads: at 9-16 two warps of
+    different head groups read the same value columns, and `ring_slots` gives two slots), else whole."""
+    if ring_slots(nbuf, G) != 1 or G != 1:
+        return 0
+    return int(splits == 1) if refill == 2 else refill
 
 
 def check_terms(q_terms: int, p_terms: int) -> None:
@@ -626,8 +637,7 @@ if HAVE_GLUON:
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
         # the early refill (`REFILLS`; the launcher takes it for one slot at 1-8 heads only): the next tile's index
         # tiles in the layouts of its rope / scale copies (IR) and of its latent chunk copies (IC)
-        EARLY: gl.constexpr = REFILL > 0 and not COMPUTE_ALONE
-        STAGED: gl.constexpr = REFILL == 2 and not COMPUTE_ALONE  # one cp.async group a chunk, each waited for in S
+        EARLY: gl.constexpr = REFILL == 1 and not COMPUTE_ALONE
         LC: gl.constexpr = _refill_layout(NW)
         IR: gl.constexpr = gl.SliceLayout(1, LR)
         IC: gl.constexpr = gl.SliceLayout(1, LC)
@@ -683,8 +693,7 @@ if HAVE_GLUON:
                          scs, 0, LR, LS)
             for c in gl.static_range(4):
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC)
-                if STAGED or c == 3:
-                    cp.commit_group()
+            cp.commit_group()
 
         # q: per head a power of two sigma with max |q sigma| <= 448, the latent part split into e4m3 terms (columns in
         # the products' order), the rope part as bf16; rows past H are zeros
@@ -715,7 +724,7 @@ if HAVE_GLUON:
             if EARLY:
                 # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of
                 # the last tile's P^T and maxima)
-                cp.wait_group(3 if STAGED else 0)
+                cp.wait_group(0)
                 _barrier()
             else:
                 nxt_w, nxt_s = _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope,
@@ -730,9 +739,6 @@ if HAVE_GLUON:
                                 sc_c.index(4 * slot).load(KEYS), inv_sigma)
             s = zero
             for c in gl.static_range(4):
-                if STAGED and c > 0:  # chunk c's copies (the last tile's P V loop's group c) have landed
-                    cp.wait_group(3 - c)
-                    _barrier()
                 s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK, DA,
                                   DB, Q_TERMS)
             s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
@@ -796,18 +802,12 @@ if HAVE_GLUON:
                 _gather_tail(KV, v_r, gl.where(v_r, idx_r, 0).to(gl.int64) * stride_kv, idx_s, N_ROWS, stride_kv,
                              rope, scs, 0, LR, LS)
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
-                if STAGED:
-                    cp.commit_group()
             acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC)
-                if STAGED:
-                    cp.commit_group()
             acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC)
-                if STAGED:
-                    cp.commit_group()
             acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)
@@ -911,7 +911,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     nbuf = ring_slots(nbuf, G)
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=tile_keys(block_n, splits),
-              TPR=row_threads, REFILL=refill_mode(refill, nbuf, G), DBG=None, DEBUG=0, COMPUTE_ALONE=False, PAD=0,
+              TPR=row_threads, REFILL=refill_mode(refill, nbuf, G, splits), DBG=None, DEBUG=0, COMPUTE_ALONE=False, PAD=0,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, kw, tuple(kw.values())
 
@@ -1049,7 +1049,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     check_refill(refill)
     fn = _sparse_mla_fp8mma_kernel
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "REFILL": refill_mode(refill, nbuf, G),
+              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "REFILL": refill_mode(refill, nbuf, G, 2 if split else 1),
               "DEBUG": debug,
               "COMPUTE_ALONE": compute_alone, "PAD": pad}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
