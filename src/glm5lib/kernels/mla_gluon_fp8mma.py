@@ -330,35 +330,43 @@ if HAVE_GLUON:
         return ((e + 127) << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _gather(KV, idx, idx_s, N_ROWS, stride_kv, lat, rope, scs, slot, LW: gl.constexpr, LR: gl.constexpr,
+    def _gather(KV, idx, N_ROWS, stride_kv, lat, rope, scs, slot, LW: gl.constexpr, LR: gl.constexpr,
                 LS: gl.constexpr):
         """cp.async one tile's rows into ring slot `slot`: the 512 e4m3 bytes as int32 words (LW: `Config.row_threads`
         threads a row, 16 bytes each), the bf16 rope part (LR) and the 4 fp32 scales into scs[slot] as [chunk, key]
-        (LS: one 4-byte copy a scale). idx: the tile's row ids in `SliceLayout(1, LW)`, idx_s the same in
-        `SliceLayout(0, LS)` (`_idx_tiles`). Invalid rows are masked copies of row 0 (zero-filled)."""
+        (LS: one 4-byte copy a scale). Invalid rows are masked copies of row 0 (zero-filled)."""
         v = (idx >= 0) & (idx < N_ROWS)
         rb = gl.where(v, idx, 0).to(gl.int64) * stride_kv  # bytes
         w_off = gl.multiple_of(rb // 4, 4)
         offs_w = gl.arange(0, 128, layout=gl.SliceLayout(0, LW))
         _async_copy(lat.index(slot), KV.to(gl.pointer_type(gl.int32), bitcast=True) + w_off[:, None] + offs_w[None, :],
                     mask=v[:, None])
-        _gather_tail(KV, v, rb, idx_s, N_ROWS, stride_kv, rope, scs, slot, LR, LS)
+        _gather_tail(KV, v, rb, gl.convert_layout(v, gl.SliceLayout(0, LS)),
+                     gl.convert_layout(rb, gl.SliceLayout(0, LS)), rope, scs, slot, LR, LS)
 
     @gluon.jit
-    def _gather_tail(KV, v, rb, idx_s, N_ROWS, stride_kv, rope, scs, slot, LR: gl.constexpr, LS: gl.constexpr):
+    def _gather_tail(KV, v, rb, vs, rbs, rope, scs, slot, LR: gl.constexpr, LS: gl.constexpr):
         """cp.async the rope part and the scales of a tile's rows into ring slot `slot` (v: valid, rb: byte offsets,
-        as `_gather` makes them; idx_s: the row ids in the scale copies' layout, so that no vector crosses warps
-        through shared memory, which cost three barriers a tile)."""
+        as `_gather` makes them; vs, rbs: the same in `SliceLayout(0, LS)`, the scale copies' layout)."""
         vr = gl.convert_layout(v, gl.SliceLayout(1, LR))
         h_off = gl.multiple_of(gl.convert_layout(rb, gl.SliceLayout(1, LR)) // 2 + 264, 8)
         offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
         _async_copy(rope.index(slot), KV.to(gl.pointer_type(gl.bfloat16), bitcast=True) + h_off[:, None] +
                     offs_r[None, :], mask=vr[:, None])
-        vs = (idx_s >= 0) & (idx_s < N_ROWS)
-        f_off = gl.where(vs, idx_s, 0).to(gl.int64) * stride_kv // 4 + 128
+        f_off = rbs // 4 + 128
         offs_c = gl.arange(0, 4, layout=gl.SliceLayout(1, LS))
         _async_copy(scs.index(slot), KV.to(gl.pointer_type(gl.float32), bitcast=True) + f_off[None, :] +
                     offs_c[:, None], mask=vs[None, :])
+
+    @gluon.jit
+    def _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR: gl.constexpr, LS: gl.constexpr):
+        """The early refill's rope and scale copies (`_gather_tail`) from row ids loaded in each copy's layout
+        (idx_r: `SliceLayout(1, LR)`, idx_s: `SliceLayout(0, LS)`): no vector crosses warps through shared memory,
+        where `_gather`'s conversions cost three barriers a tile."""
+        v = (idx_r >= 0) & (idx_r < N_ROWS)
+        vs = (idx_s >= 0) & (idx_s < N_ROWS)
+        _gather_tail(KV, v, gl.where(v, idx_r, 0).to(gl.int64) * stride_kv, vs,
+                     gl.where(vs, idx_s, 0).to(gl.int64) * stride_kv, rope, scs, 0, LR, LS)
 
     @gluon.jit
     def _refill_chunk(KV, idx, N_ROWS, stride_kv, latc, c: gl.constexpr, LC: gl.constexpr):
@@ -389,27 +397,22 @@ if HAVE_GLUON:
                 gl.BlockedLayout([4 // NW, 1], [1, 32], [NW, 1], [1, 0]))
 
     @gluon.jit
-    def _idx_tiles(idx_row, start, k_end, BN: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr):
-        """A tile's row ids as `_gather` takes them: in the latent copies' layout and in the scale copies'."""
-        return (_tile_idx(idx_row, start, k_end, BN, gl.SliceLayout(1, LW)),
-                _tile_idx(idx_row, start, k_end, BN, gl.SliceLayout(0, LS)))
-
-    @gluon.jit
     def _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF: gl.constexpr,
                     BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr,
                     ALL_SLOTS: gl.constexpr):
         """The ring's first NBUF - 1 tiles in flight before the loop (ALL_SLOTS, the compute-alone measurement: every
-        slot, landed); returns the index tiles of the loop's first gather (`_ring_step`)."""
+        slot, landed); returns the index tile of the loop's first gather (`_ring_step`)."""
+        IW: gl.constexpr = gl.SliceLayout(1, LW)
         for j in gl.static_range(NBUF - 1):
-            iw, i_s = _idx_tiles(idx_row, k_start + j * BN, k_end, BN, LW, LS)
-            _gather(KV, iw, i_s, N_ROWS, stride_kv, lat, rope, scs, j, LW, LR, LS)
+            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, scs, j, LW,
+                    LR, LS)
             cp.commit_group()
         if ALL_SLOTS:
-            iw, i_s = _idx_tiles(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, LW, LS)
-            _gather(KV, iw, i_s, N_ROWS, stride_kv, lat, rope, scs, NBUF - 1, LW, LR, LS)
+            _gather(KV, _tile_idx(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope,
+                    scs, NBUF - 1, LW, LR, LS)
             cp.commit_group()
             cp.wait_group(0)
-        return _idx_tiles(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, LW, LS)
+        return _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
 
     @gluon.jit
     def _occupancy_pad(PAD: gl.constexpr, NW: gl.constexpr):
@@ -421,20 +424,20 @@ if HAVE_GLUON:
             pad.slice(0, 32 * NW).store(gl.full([32 * NW], 0, gl.int32, gl.BlockedLayout([1], [32], [NW], [0])))
 
     @gluon.jit
-    def _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs,
-                   NBUF: gl.constexpr, BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr,
-                   GATHER: gl.constexpr):
+    def _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF: gl.constexpr,
+                   BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr, GATHER: gl.constexpr):
         """The gather ring's step before tile i is computed, as the kernel and `_gathers_alone_kernel` take it: tile
-        i's rows landed in slot i % NBUF and every warp past the barrier; returns the index tiles of the next gather.
+        i's rows landed in slot i % NBUF and every warp past the barrier; returns the index tile of the next gather.
         GATHER False (compute alone) keeps the barriers and copies nothing."""
+        IW: gl.constexpr = gl.SliceLayout(1, LW)
         if NBUF == 1:
             # one slot (1-8 heads on sm_90, the 99 KB class: more programs per SM instead): the last tile's reads are
             # done, then tile i is gathered and waited for
             _barrier()
             if GATHER:
-                _gather(KV, nxt_w, nxt_s, N_ROWS, stride_kv, lat, rope, scs, 0, LW, LR, LS)
+                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, scs, 0, LW, LR, LS)
                 cp.commit_group()
-            nxt_w, nxt_s = _idx_tiles(idx_row, k_start + (i + 1) * BN, k_end, BN, LW, LS)
+            nxt_w = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IW)
             if GATHER:
                 cp.wait_group(0)
             _barrier()
@@ -445,10 +448,10 @@ if HAVE_GLUON:
                 cp.wait_group(NBUF - 2)
             _barrier()
             if GATHER:
-                _gather(KV, nxt_w, nxt_s, N_ROWS, stride_kv, lat, rope, scs, (i + NBUF - 1) % NBUF, LW, LR, LS)
+                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, scs, (i + NBUF - 1) % NBUF, LW, LR, LS)
                 cp.commit_group()
-            nxt_w, nxt_s = _idx_tiles(idx_row, k_start + (i + NBUF) * BN, k_end, BN, LW, LS)
-        return nxt_w, nxt_s
+            nxt_w = _tile_idx(idx_row, k_start + (i + NBUF) * BN, k_end, BN, IW)
+        return nxt_w
 
     @gluon.jit
     def _chunk(tile, c: gl.constexpr, CM: gl.constexpr):
@@ -682,15 +685,14 @@ if HAVE_GLUON:
         idx_row = IDX + t.to(gl.int64) * stride_it
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
         # (compute alone: every slot gathered here, and the loop gathers nothing)
-        nxt_w, nxt_s = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR,
-                                   LS, COMPUTE_ALONE)
+        nxt_w = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS,
+                            COMPUTE_ALONE)
         nxt_k = _tile_idx(idx_row, k_start, k_end, BN, KEYS)
         if EARLY:  # tile 0 whole; from then on the slot is refilled piece by piece inside the loop
             idx_c = _tile_idx(idx_row, k_start, k_end, BN, IC)
-            idx_r = _tile_idx(idx_row, k_start, k_end, BN, IR)
-            v_r = (idx_r >= 0) & (idx_r < N_ROWS)
-            _gather_tail(KV, v_r, gl.where(v_r, idx_r, 0).to(gl.int64) * stride_kv, nxt_s, N_ROWS, stride_kv, rope,
-                         scs, 0, LR, LS)
+            _refill_tail(KV, _tile_idx(idx_row, k_start, k_end, BN, IR),
+                         _tile_idx(idx_row, k_start, k_end, BN, gl.SliceLayout(0, LS)), N_ROWS, stride_kv, rope, scs,
+                         LR, LS)
             for c in gl.static_range(4):
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC)
             cp.commit_group()
@@ -727,8 +729,8 @@ if HAVE_GLUON:
                 cp.wait_group(0)
                 _barrier()
             else:
-                nxt_w, nxt_s = _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope,
-                                          scs, NBUF, BN, LW, LR, LS, not COMPUTE_ALONE)
+                nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF,
+                                   BN, LW, LR, LS, not COMPUTE_ALONE)
             slot = i % NBUF
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
             nxt_k = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, KEYS)
@@ -798,9 +800,7 @@ if HAVE_GLUON:
             # (early refill: behind each chunk's product the next tile's chunk, each warp the columns it read)
             acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS)
             if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
-                v_r = (idx_r >= 0) & (idx_r < N_ROWS)
-                _gather_tail(KV, v_r, gl.where(v_r, idx_r, 0).to(gl.int64) * stride_kv, idx_s, N_ROWS, stride_kv,
-                             rope, scs, 0, LR, LS)
+                _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
             acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
             if EARLY:
@@ -857,11 +857,10 @@ if HAVE_GLUON:
         k_start = sp * KEYS_PER_SPLIT
         k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
         idx_row = IDX + t.to(gl.int64) * stride_it
-        nxt_w, nxt_s = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS,
-                                   False)
+        nxt_w = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS, False)
         for i in range(gl.cdiv(k_end - k_start, BN)):
-            nxt_w, nxt_s = _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs,
-                                      NBUF, BN, LW, LR, LS, True)
+            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW,
+                               LR, LS, True)
         cp.wait_group(0)
 
 
