@@ -59,8 +59,11 @@ def test_shipped_configs_spill_nothing_and_fit(stats):
         if r["arch"] == 90 or r["estimate"] + 1024 <= r["limit"]:
             assert r["fits"], f"{_key(r)}: {r['shared']} B > {r['limit']} B"
         assert r["estimate"] <= r["shared"] <= r["estimate"] + 1024, _key(r)  # the estimate is the compiler's count
-        if r["config"] in shipped and r["G"] == 1:  # the shipped 1-8-head builds spill nothing at all
-            assert not r["stack"] and not r["local"], f"{_key(r)} spills"
+        if r["config"] in shipped and r["G"] == 1:  # the shipped 1-8-head builds spill nothing in their loop, and
+            # only the early refill's 64-key build (one split) keeps a few bytes on the stack outside it (8-16 B)
+            early = fm.refill_mode(fm.CONFIG_BY_CLASS["big"].refill, 0, 1, 2 - r["split"])
+            assert not r["local"] and not r.get("loop_spills"), f"{_key(r)} spills in its loop"
+            assert r["stack"] <= (16 if early and "eplan" in r["config"] else 0), f"{_key(r)}: {r['stack']} B of stack"
         if "-r" not in r["config"]:  # builds without a register cap spill nothing in their main loop (the 64-key
             # build of 16 heads keeps 16 bytes on the stack outside it)
             assert not r["local"] and not r.get("loop_spills"), f"{_key(r)} spills in its loop"

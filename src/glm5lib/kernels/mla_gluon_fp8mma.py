@@ -109,7 +109,7 @@ ROW_THREADS = (0, 2, 4, 8, 16, 32)
 # 28.7 -> 31.8 (slower: 32-key tiles from HBM); the 99 KB class's e4m3 build over 32-key tiles slower in both
 # (prefill 1816 -> 1872 us, decode B128 89.6 -> 93.9). One cp.async group a chunk, each waited for in S just before
 # the chunk's product (8457230's refill 2, since removed): 1292 us at prefill, no better
-REFILLS = (0, 1, 2, 3, 4)
+REFILLS = (0, 1, 2)
 
 
 class Config(NamedTuple):
@@ -173,7 +173,7 @@ def config_name(cfg) -> str:
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
     return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
-            + ("", "-e", "-eplan", "-et", "-eh")[c.refill])
+            + ("", "-e", "-eplan")[c.refill])
 
 
 def config_kwargs(cfg) -> dict:
@@ -640,9 +640,7 @@ if HAVE_GLUON:
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
         # the early refill (`REFILLS`; the launcher takes it for one slot at 1-8 heads only): the next tile's index
         # tiles in the layouts of its rope / scale copies (IR) and of its latent chunk copies (IC)
-        EARLY: gl.constexpr = (REFILL == 1 or REFILL == 3 or REFILL == 4) and not COMPUTE_ALONE
-        TAIL_FIRST: gl.constexpr = REFILL == 3 and not COMPUTE_ALONE  # rope and scales right after the P^T barrier
-        HALVES: gl.constexpr = REFILL == 4 and not COMPUTE_ALONE  # two cp.async groups: tail + chunks 0-1, 2-3
+        EARLY: gl.constexpr = REFILL == 1 and not COMPUTE_ALONE
         LC: gl.constexpr = _refill_layout(NW)
         IR: gl.constexpr = gl.SliceLayout(1, LR)
         IC: gl.constexpr = gl.SliceLayout(1, LC)
@@ -697,8 +695,7 @@ if HAVE_GLUON:
                          LR, LS)
             for c in gl.static_range(4):
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC)
-                if c == 3 or (HALVES and c == 1):
-                    cp.commit_group()
+            cp.commit_group()
 
         # q: per head a power of two sigma with max |q sigma| <= 448, the latent part split into e4m3 terms (columns in
         # the products' order), the rope part as bf16; rows past H are zeros
@@ -729,11 +726,8 @@ if HAVE_GLUON:
             if EARLY:
                 # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of
                 # the last tile's P^T and maxima)
-                cp.wait_group(1 if HALVES else 0)
+                cp.wait_group(0)
                 _barrier()
-                if TAIL_FIRST:
-                    idx_r = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IR)
-                    idx_s = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, gl.SliceLayout(0, LS))
             else:
                 nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF,
                                    BN, LW, LR, LS, not COMPUTE_ALONE)
@@ -747,9 +741,6 @@ if HAVE_GLUON:
                                 sc_c.index(4 * slot).load(KEYS), inv_sigma)
             s = zero
             for c in gl.static_range(4):
-                if HALVES and c == 2:
-                    cp.wait_group(0)
-                    _barrier()
                 s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK, DA,
                                   DB, Q_TERMS)
             s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
@@ -774,12 +765,9 @@ if HAVE_GLUON:
             # largest scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
             e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
             _barrier()  # P^T and the maxima are read after every warp's are in; rewritten after the next tile's first
-            if TAIL_FIRST:
-                _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
             if EARLY:  # the next tile's row ids (loaded here, used behind the first P V chunk: fewer registers in S)
-                if not TAIL_FIRST:
-                    idx_r = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IR)
-                    idx_s = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, gl.SliceLayout(0, LS))
+                idx_r = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IR)
+                idx_s = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, gl.SliceLayout(0, LS))
                 idx_c = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IC)
             mu_lo = m_s.slice(0, HN).load(HEADS)
             mu_hi = m_s.slice(HN, HN).load(HEADS)
@@ -812,14 +800,11 @@ if HAVE_GLUON:
             # (early refill: behind each chunk's product the next tile's chunk, each warp the columns it read)
             acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS)
             if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
-                if not TAIL_FIRST:
-                    _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
+                _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
             acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC)
-                if HALVES:
-                    cp.commit_group()
             acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC)
