@@ -40,7 +40,8 @@ A program owns (token, split of its top-k list) and all its heads: `2 * G` warps
 8 heads, 2 up to 16). Each tile of `BN` keys (32, or 64 where a program owns a token's whole top-k list:
 `tile_keys`; at 64 each warp's S is two m16 tiles on the same q fragments) is gathered once by `cp.async` into a
 ring of `NBUF` slots (a barrier per tile, two with one slot; `Config.nbuf = 0` takes one slot per head group,
-`ring_slots`); the two
+`ring_slots`; one slot is refilled whole before its tile or, at one split on sm_90, piece by piece
+as its bytes are read for the last time: `REFILLS`); the two
 warps of a head group split the tile's keys for S and the value columns for `O^T`, so per-tile state crosses them
 only through shared memory: P^T, against each half's own row max, and the two halves' maxima (`m_s`), after which
 both warps bring P to the common max (one more barrier; at 9-16 heads the check whether the accumulators need a
