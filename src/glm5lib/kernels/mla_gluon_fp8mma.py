@@ -371,9 +371,9 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _refill_chunk(KV, idx, N_ROWS, stride_kv, latc, c: gl.constexpr, LC: gl.constexpr):
-        """The early refill's latent copy of chunk c (`REFILLS`) into latc[c] ([4, BN, 32] int32 words, chunk by
-        chunk): idx in `SliceLayout(1, LC)`, warp w copying words 16 w..16 w + 15 of each row, the value columns
-        64 w..64 w + 63 that it read in its P V product of the chunk. Invalid rows are masked copies of row 0."""
+        """The early refill's latent copy of chunk c (`REFILLS`) into latc[c] (the slot as four [BN, 32]-word
+        allocations, one a chunk): idx in `SliceLayout(1, LC)`, warp w copying words 16 w..16 w + 15 of each row, the
+        value columns 64 w..64 w + 63 that it read in its P V product of the chunk. Invalid rows are masked copies of row 0."""
         v = (idx >= 0) & (idx < N_ROWS)
         w_off = gl.multiple_of(gl.where(v, idx, 0).to(gl.int64) * stride_kv // 4, 4)
         offs_w = gl.arange(0, 32, layout=gl.SliceLayout(0, LC))
@@ -456,8 +456,8 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _chunk(tile, c: gl.constexpr, CM: gl.constexpr):
-        """Latent chunk c ([BN, 128] bytes) of a gathered tile: [BN, 512] in row order, or [4, BN, 128] chunk by
-        chunk (CM: the early refill's slot, `REFILLS`)."""
+        """Latent chunk c ([BN, 128] bytes) of a gathered tile: [BN, 512] in row order, or four [BN, 128]
+        allocations, one a chunk (CM: the early refill's slot, `REFILLS`)."""
         if CM:
             return tile[c]
         else:
@@ -651,8 +651,8 @@ if HAVE_GLUON:
         SW32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])  # SW8 in words
         SW16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
         if EARLY:
-            # the one slot chunk by chunk ([4, BN, 128] bytes, the same swizzle inside a chunk): the compiler's
-            # shared-memory barrier analysis then sees each chunk's refill apart from the other chunks' reads
+            # the one slot chunk by chunk (four [BN, 128]-byte allocations, the same swizzle inside a chunk): the
+            # compiler's shared-memory barrier analysis then sees each chunk's refill apart from the other chunks' reads
             lat = (gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32),
                    gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32),
                    gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32),
@@ -911,7 +911,8 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     nbuf = ring_slots(nbuf, G)
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=tile_keys(block_n, splits),
-              TPR=row_threads, REFILL=refill_mode(refill, nbuf, G, splits), DBG=None, DEBUG=0, COMPUTE_ALONE=False, PAD=0,
+              TPR=row_threads, REFILL=refill_mode(refill, nbuf, G, splits), DBG=None, DEBUG=0, COMPUTE_ALONE=False,
+              PAD=0,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, kw, tuple(kw.values())
 
@@ -1049,7 +1050,8 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     check_refill(refill)
     fn = _sparse_mla_fp8mma_kernel
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads, "REFILL": refill_mode(refill, nbuf, G, 2 if split else 1),
+              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads,
+              "REFILL": refill_mode(refill, nbuf, G, 2 if split else 1),
               "DEBUG": debug,
               "COMPUTE_ALONE": compute_alone, "PAD": pad}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
