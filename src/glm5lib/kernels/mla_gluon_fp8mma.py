@@ -944,9 +944,10 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
     check_refill(refill)
-    if debug is not None and (q_terms == 1 or block_n != BLOCK_N or refill):
-        raise ValueError(f"the DEBUG record is built for the e4m3 products (q_terms 2 or 3) over {BLOCK_N}-key tiles "
-                         f"in a slot refilled whole (refill 0)")
+    debug_refused = (f"the DEBUG record is built for the e4m3 products (q_terms 2 or 3) over {BLOCK_N}-key tiles in a "
+                     f"slot refilled whole")
+    if debug is not None and (q_terms == 1 or block_n == BLOCK_NS[1] or refill == 1):
+        raise ValueError(debug_refused)
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
@@ -960,6 +961,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     ptrs = (q, kv_cache, indices, out, lse, part)
     args = (*ptrs, *ints, float(sm_scale) * LOG2E)
     if debug is not None:
+        if kw["BN"] != BLOCK_N or kw["REFILL"]:  # block_n 0 / refill 2 as the split plan resolved them
+            raise ValueError(debug_refused)
         _sparse_mla_fp8mma_kernel[(T, splits)](*args, **dict(kw, DBG=debug, DEBUG=1))
     else:
         # the pre-bound launcher (`common.Prebound`): an eager call through Gluon's own binder cost 105-107 us of host
@@ -995,7 +998,9 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
       the pad the same times on the H200 at bc8f6e0: the split plan's grid holds about that many programs per SM);
     - "compute": the kernel with every ring slot gathered once before the loop and the loop gathering nothing, its
       programs per SM held at the whole kernel's by a shared-memory pad.
-    The split merge runs after each part, as after the kernel, so that differences are the kernel's."""
+    The split merge runs after each part, as after the kernel, so that differences are the kernel's. A build that
+    refills its slot early (`REFILLS`) is taken apart on the whole-refill schedule: its gathers and compute alone are
+    those of the same build with refill 0 (the same bytes and products); only "whole" differs."""
     if part not in ABLATIONS:
         raise ValueError(f"part must be one of {ABLATIONS}, got {part!r}")
     c = Config(*cfg)
