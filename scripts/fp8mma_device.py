@@ -64,7 +64,10 @@ CHECKS = [dict(B=B, H=H) for B in (1, 32, 128) for H in (8, 16)] + [
     # rows over 2^-3..2^3 under a small q: softmaxes that mix many keys of different scales (the 2^12 spread makes
     # them one-hot, which tests the rescale but not the mixed-scale sums)
     dict(B=16, H=8, spread=3, q_scale=0.05), dict(B=16, H=16, spread=3, q_scale=0.05, invalid="mixed"),
-    dict(B=512, H=8), dict(B=512, H=16, invalid="mixed")]
+    dict(B=512, H=8), dict(B=512, H=16, invalid="mixed"),
+    # more tokens than the H200's 528 slots at one split: the balanced schedule (`SCHEDS`) cuts tokens between
+    # programs (top-k 999: 16 tiles of 64 keys a token, 21.2 a program at 700 tokens, so almost every boundary cuts)
+    dict(B=1100, H=8, invalid="mixed"), dict(B=700, H=5, topk=999, invalid="neg")]
 
 
 def case_name(c) -> str:

@@ -296,7 +296,7 @@ def test_configs_name_their_builds():
     assert fm.config_name((0, 1, 1, 0, 64)) == "fp8mma-nbufG-f16-n64"
     assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8-eplan"
     assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32,
-                                           "row_threads": 0, "refill": 0}
+                                           "row_threads": 0, "refill": 0, "sched": 0}
     assert fm.config_name((0, 1, 1, 0, 0, 8, 1)) == "fp8mma-nbufG-f16-nplan-t8-e"
     assert fm.config_name((0, 1, 1, 0, 0, 8)) == "fp8mma-nbufG-f16-nplan-t8"
     assert fm.config_name((1, 2, 2, 0, 32, 8)) == "fp8mma-nbuf1-q2-p2-t8"
@@ -449,3 +449,95 @@ def test_ablation_builds_compile_at_the_kernels_programs_per_sm():
         assert fm.SMEM_PER_SM["big"] // (r["shared"] + 1024) == want, r
     with pytest.raises(ValueError, match="row_threads"):
         fm.aot_compile(90, 2, row_threads=2)
+
+
+@pytest.mark.parametrize("T,tiles,P", [(529, 32, 528), (4096, 32, 528), (700, 16, 528), (5, 3, 4), (97, 7, 13)])
+def test_balanced_schedule_covers_every_tile_once_and_cuts_a_token_at_most_once(T, tiles, P):
+    runs = fm.flat_pieces(T, tiles, P)
+    seen = {}
+    for p, pieces in enumerate(runs):
+        for t, a, b, kind in pieces:
+            assert 0 <= a < b <= tiles
+            seen.setdefault(t, []).append((a, b, kind, p))
+        # a run is contiguous in token-major order, and only its first piece can be a tail, its last a head
+        assert all(k == "whole" for _, _, _, k in pieces[1:-1])
+        assert len(pieces) < 2 or (pieces[0][3] != "head" and pieces[-1][3] != "tail")
+    assert sorted(seen) == list(range(T))
+    lengths = [sum(b - a for _, a, b, _ in pieces) for pieces in runs]
+    assert sum(lengths) == T * tiles and max(lengths) - min(lengths) <= 1  # balanced to a tile
+    cut = []
+    for t, ps in seen.items():
+        if len(ps) == 1:
+            assert ps[0][:3] == (0, tiles, "whole")
+        else:  # a head in program p and a tail in p + 1 that meet
+            (a0, b0, k0, p0), (a1, b1, k1, p1) = ps
+            assert len(ps) == 2 and (a0, k0, k1, b1) == (0, "head", "tail", tiles) and b0 == a1 and p1 == p0 + 1
+            cut.append((p0, t))
+    # the merge kernel's rule for boundary b's token: ((b + 1) n / P) // tiles, where that run end is inside a token
+    n = T * tiles
+    rule = [(b, (b + 1) * n // P // tiles) for b in range(P - 1) if (b + 1) * n // P % tiles]
+    assert sorted(cut) == rule
+
+
+def test_balanced_schedule_rule(monkeypatch):
+    assert fm.flat_mode(1, 1, 1, 529, 528) and not fm.flat_mode(1, 1, 1, 528, 528)
+    assert not fm.flat_mode(0, 1, 1, 4096, 528) and not fm.flat_mode(1, 0, 1, 4096, 528)
+    assert not fm.flat_mode(1, 1, 2, 4096, 528)
+    with pytest.raises(ValueError, match="sched must be one of"):
+        fm.check_sched(2)
+    assert fm.config_name((0, 1, 1, 0, 0, 8, 2, 1)) == "fp8mma-nbufG-f16-nplan-t8-eplan-b"
+    # the launch plan off-GPU (132 SMs and the big class assumed): 4 programs of 8 heads an SM, so 528 slots
+    plan = fm._launch_plan.__wrapped__
+    args = ("cpu", None, 0, 1, 1, 0, 0, 8, 2)
+    s, _, grid, kw, _ = plan(4096, 8, 2048, *args, 1, None)
+    assert (s, grid, kw["FLAT"], kw["REFILL"], kw["BN"]) == (1, (528,), True, 1, 64)
+    s, _, grid, kw, _ = plan(4096, 8, 2048, *args, 0, None)
+    assert (grid, kw["FLAT"]) == ((4096, 1), False)
+    s, _, grid, kw, _ = plan(128, 8, 2048, *args, 1, None)  # decode: split, 32-key tiles refilled whole
+    assert s > 1 and grid == (128, s) and not kw["FLAT"]
+    s, _, grid, kw, _ = plan(4096, 16, 2048, *args, 1, None)  # 16 heads: two slots, refilled whole
+    assert grid == (4096, 1) and not kw["FLAT"]
+
+
+def _attend(logits, values):
+    """fp64 softmax attention over a key subset: (normalised output [H, D], log2 lse [H]); -inf / zeros for none."""
+    lse = torch.logsumexp(logits, dim=1)
+    o = torch.where(torch.isinf(lse)[:, None], 0.0, torch.softmax(logits, dim=1).nan_to_num() @ values)
+    return o, lse / torch.log(torch.tensor(2.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("T,tiles,P,H", [(11, 4, 5, 8), (9, 3, 8, 5)])
+def test_merge_pieces_gives_the_cut_tokens_their_attention_over_all_keys(T, tiles, P, H):
+    """The merge of the balanced schedule's two partials (Triton interpreter), on pieces laid out as the kernel
+    writes them (`flat_pieces`), against attention over each token's whole key list; tokens done whole are left
+    alone. One cut token has a piece without any valid key, one token has none at all."""
+    BN, D = 2, 512
+    gen = torch.Generator().manual_seed(T)
+    logits = torch.randn(T, H, tiles * BN, generator=gen, dtype=torch.float64)
+    values = torch.randn(T, tiles * BN, D, generator=gen, dtype=torch.float64)
+    runs = fm.flat_pieces(T, tiles, P)
+    cut = [t for ps in runs for t, a, b, k in ps if k == "head"]
+    logits[cut[0], :, : BN] = float("-inf")  # the head piece of the first cut token: no valid key (if one tile)
+    logits[T - 1] = float("-inf")
+    part = fm.piece_buffer(P, H, "cpu").fill_(float("nan"))
+    o_part = part[: 2 * P * H * D].view(2, P, H, D)
+    l_part = part[2 * P * H * D:].view(2, P, H)
+    for p, ps in enumerate(runs):
+        for t, a, b, kind in ps:
+            if kind == "whole":
+                continue
+            o, l2 = _attend(logits[t, :, a * BN: b * BN], values[t, a * BN: b * BN])
+            slot, bnd = (0, p) if kind == "head" else (1, p - 1)
+            o_part[slot, bnd], l_part[slot, bnd] = o.float(), l2.float()
+    out = torch.full((T, H, D), 7.0, dtype=torch.bfloat16)
+    lse = torch.full((T, H), 7.0)
+    fm.merge_pieces(part, out, lse, tiles, P)
+    for t in range(T):
+        if t in cut:
+            o, l2 = _attend(logits[t], values[t])
+            torch.testing.assert_close(out[t].double(), o, atol=2e-2, rtol=1e-2)
+            torch.testing.assert_close(lse[t].double(), l2 * torch.log(torch.tensor(2.0, dtype=torch.float64)),
+                                       atol=1e-5, rtol=1e-5)
+        else:
+            assert (out[t] == 7.0).all() and (lse[t] == 7.0).all()
+    assert cut, "the case must cut at least one token"

@@ -76,6 +76,7 @@ from glm5lib.kernels.mla import LOG2E
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE
 
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from glm5lib.kernels.mla_gluon import HAVE_GLUON, cubin_usage, prepare_call, split_buffer  # noqa: E402
 
@@ -111,6 +112,16 @@ ROW_THREADS = (0, 2, 4, 8, 16, 32)
 # (prefill 1816 -> 1872 us, decode B128 89.6 -> 93.9). One cp.async group a chunk, each waited for in S just before
 # the chunk's product (8457230's refill 2, since removed): 1292 us at prefill, no better
 REFILLS = (0, 1, 2)
+# how programs are laid over the work where each owns a token's whole top-k list (one split) and the slot is refilled
+# early. 0: one program a token (the grid is (T, splits)); the hardware starts a new program wherever one ends, and
+# since every program does the same work the last wave is T / slots's fraction of the machine (`slots`: the programs
+# that fit on all SMs at once, `programs_per_sm` times the SM count): s_q 4096 at 8 heads is 7.76 waves of 528 and
+# takes as long as 8 (H200, `sweeps/fp8mma_waves_h200_*.json`: 1278 us at 4096 tokens, 1289 at 4224, 1134 at
+# 3696). 1 ("balanced"): where T > slots, `slots` programs, each a contiguous run of T * tiles / slots tiles of the
+# tokens' tile list in token order (FlashMLA's scheduler does the same), so a token is done whole by one program
+# or in two pieces by two neighbouring ones, whose partials `_merge_pieces_kernel` combines; the next piece's first
+# tile is refilled behind the last one's products like any other tile (`flat_pieces` is the schedule in Python)
+SCHEDS = (0, 1)
 
 
 class Config(NamedTuple):
@@ -123,7 +134,8 @@ class Config(NamedTuple):
     threads that gather one row's latent bytes, 16 each (`ROW_THREADS`; 0: one per warp, 2 or 4), and the one-slot
     ring's refill (`REFILLS`: 0 the whole next tile before it is computed, 1 piece by piece as the slot's bytes are
     read for the last time, 2 piece by piece where a program owns a token's whole list; only where the ring has one
-    slot at 1-8 heads: `refill_mode`)."""
+    slot at 1-8 heads: `refill_mode`), and the programs' schedule (`SCHEDS`: 0 one a token and split, 1 balanced
+    runs of tiles where the early refill owns whole lists and the tokens outnumber the slots: `flat_mode`)."""
     nbuf: int
     q_terms: int
     p_terms: int
@@ -131,13 +143,14 @@ class Config(NamedTuple):
     block_n: int = BLOCK_N
     row_threads: int = 0
     refill: int = 0
+    sched: int = 0
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
 CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2), Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
            Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0, 8, 1),
-           Config(1, 2, 2, 0, BLOCK_N, 8, 1)]
+           Config(1, 2, 2, 0, BLOCK_N, 8, 1), Config(0, 1, 1, 0, 0, 8, 2, 1)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group,
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
 # 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e), refilled early at one split
@@ -174,7 +187,7 @@ def config_name(cfg) -> str:
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
     return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
-            + ("", "-e", "-eplan")[c.refill])
+            + ("", "-e", "-eplan")[c.refill] + ("", "-b")[c.sched])
 
 
 def config_kwargs(cfg) -> dict:
@@ -201,6 +214,41 @@ def check_refill(refill: int) -> None:
     if refill not in REFILLS:
         raise ValueError(f"refill must be one of {REFILLS} (0: the slot refilled whole, 1: piece by piece, 2: piece "
                          f"by piece at one split), got {refill}")
+
+
+def check_sched(sched: int) -> None:
+    """`SCHEDS`: 0 (a program a token and split) or 1 (balanced runs of tiles)."""
+    if sched not in SCHEDS:
+        raise ValueError(f"sched must be one of {SCHEDS} (0: a program a token and split, 1: balanced runs of tiles), "
+                         f"got {sched}")
+
+
+def flat_mode(sched: int, refill: int, splits: int, T: int, slots: int) -> bool:
+    """Whether a launch takes the balanced schedule (`SCHEDS`): sched 1, the early refill (`refill_mode`'s 1), one
+    split, and more tokens than slots (so that every program's run holds at least one token's tiles and a token is
+    cut at most once)."""
+    return bool(sched) and refill == 1 and splits == 1 and T > slots
+
+
+def flat_pieces(T: int, tiles: int, programs: int) -> list[list[tuple[int, int, int, str]]]:
+    """The balanced schedule in Python, as the kernel computes it: program p runs global tiles [p n / P, (p + 1) n / P)
+    of n = T * tiles (token-major); per program its pieces (token, first tile, end tile, kind), kind "whole" (the
+    token's every tile), "head" (its first part: partial slot 0 of boundary p) or "tail" (the rest: slot 1 of
+    boundary p - 1). `_merge_pieces_kernel` finds boundary b's token as ((b + 1) n / P) // tiles."""
+    n = T * tiles
+    out = []
+    for p in range(programs):
+        g0, g1 = p * n // programs, (p + 1) * n // programs
+        pieces = []
+        g = g0
+        while g < g1:
+            t = g // tiles
+            e = min(g1, (t + 1) * tiles)
+            kind = "whole" if g == t * tiles and e == (t + 1) * tiles else ("tail" if g > t * tiles else "head")
+            pieces.append((t, g - t * tiles, e - t * tiles, kind))
+            g = e
+        out.append(pieces)
+    return out
 
 
 def refill_mode(refill: int, nbuf: int, G: int, splits: int) -> int:
@@ -582,26 +630,61 @@ if HAVE_GLUON:
             q_s.index(2).store(_k_logical(q2))
 
     @gluon.jit
+    def _load_q(Q, t, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN: gl.constexpr, LQ: gl.constexpr,
+                HEADS: gl.constexpr, Q_TERMS: gl.constexpr, DEBUG: gl.constexpr):
+        """Token t's q into shared memory: per head a power of two sigma with max |q sigma| <= 448, the latent part
+        as its e4m3 terms or (Q_TERMS 1) one fp16 copy, columns in the products' order, the rope part as bf16; rows
+        past H are zeros. Returns 1 / sigma per head (S = (K q_terms^T) / sigma)."""
+        DN: gl.constexpr = 512
+        DR: gl.constexpr = 64
+        offs_qh = gl.arange(0, HN, layout=gl.SliceLayout(1, LQ))
+        qm = (offs_qh < H)[:, None]
+        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
+        offs_q = gl.arange(0, DN, layout=gl.SliceLayout(0, LQ))
+        qn = gl.load(q_row + offs_q[None, :], mask=qm, other=0.0).to(gl.float32)
+        sigma = _pow2(_exp_to_max(gl.max(gl.abs(qn), axis=1)))
+        if Q_TERMS == 1:  # bf16 q sigma is exact in fp16 down to 2^-17 (about 2^-26 of the head's largest)
+            q_s.index(0).store(_k_logical16((qn * sigma[:, None]).to(gl.float16)))
+        else:
+            _q_terms_store(qn * sigma[:, None], q_s, DBG, t, sp, HN, Q_TERMS, DEBUG)
+        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LQ))
+        qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        return gl.convert_layout(1.0 / sigma, HEADS)
+
+    @gluon.jit
+    def _store_mma(ptr_h, x, c: gl.constexpr, H, MMA: gl.constexpr):
+        """x [128 rows m, heads] (the accumulator's layout, rows in `_v_logical`'s order) -> ptr_h[h] + 128 c + d,
+        d the row's memory column: stored from the registers it lives in (no layout conversion, so no shared-memory
+        scratch beside the ring: the balanced schedule stores inside its loop)."""
+        CH: gl.constexpr = 128
+        HN: gl.constexpr = x.shape[1]
+        m = gl.arange(0, CH, layout=gl.SliceLayout(1, MMA))
+        d = ((m >> 4) & 1) * 64 + (m & 7) * 8 + ((m >> 6) & 1) * 4 + ((m >> 5) & 1) * 2 + ((m >> 3) & 1)
+        h = gl.arange(0, HN, layout=gl.SliceLayout(0, MMA))
+        hp = gl.convert_layout(ptr_h, gl.SliceLayout(0, MMA), assert_trivial=True)
+        gl.store(hp[None, :] + c * CH + d[:, None], x.to(ptr_h.dtype.element_ty), mask=(h < H)[None, :])
+
+    @gluon.jit
     def _sparse_mla_fp8mma_kernel(
         Q, KV, IDX, O, LSE, PART,
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
-        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+        H, TOPK, N_ROWS, KEYS_PER_SPLIT, N_TOK, qk_scale,
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
-        COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0,
+        COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, FLAT: gl.constexpr = False,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
-        PAD: `_occupancy_pad` (`ablate_launch`)."""
+        PAD: `_occupancy_pad` (`ablate_launch`). FLAT (`SCHEDS`' 1, with the early refill at one split only): a
+        program runs global tiles [p n / P, (p + 1) n / P) of the N_TOK tokens' n tiles (`flat_pieces`), storing each
+        token it finishes inside the loop, whole into O / LSE or, cut at a program boundary, as a partial into PART
+        (`_merge_pieces_kernel`'s layout)."""
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
         HN: gl.constexpr = 8 * G
         NW: gl.constexpr = 2 * G
         F16: gl.constexpr = Q_TERMS == 1  # fp16 products (K and V widened once) instead of e4m3 ones
-        t = gl.program_id(0)
-        sp = gl.program_id(1)
-
         # S^T [keys, heads] and O^T [value rows, heads]: warps (head group, half) -> heads along N, halves along M;
         # key 32 r + 16 w + k of a tile is warp w's (at 64 keys each warp holds two m16 tiles, r = 0, 1)
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, G], instr_shape=[16, 8])
@@ -680,9 +763,23 @@ if HAVE_GLUON:
         m_s = gl.allocate_shared_memory(gl.float32, [2 * HN], FLAT1)  # the two key halves' maxima, low half first
 
         _occupancy_pad(PAD, NW)
-        k_start = sp * KEYS_PER_SPLIT
-        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
-        n_tiles = gl.cdiv(k_end - k_start, BN)
+        if FLAT:  # global tiles [g0, g1) of the tokens' tile list, token-major (`flat_pieces`)
+            NT = gl.cdiv(TOPK, BN)  # tiles a token
+            n_prog = gl.num_programs(0)
+            total = N_TOK.to(gl.int64) * NT
+            g0 = gl.program_id(0) * total // n_prog
+            g1 = (gl.program_id(0) + 1) * total // n_prog
+            t = (g0 // NT).to(gl.int32)
+            sp = 0
+            k_start = (g0 - t * NT).to(gl.int32) * BN
+            k_end = TOPK
+            n_tiles = (g1 - g0).to(gl.int32)
+        else:
+            t = gl.program_id(0)
+            sp = gl.program_id(1)
+            k_start = sp * KEYS_PER_SPLIT
+            k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+            n_tiles = gl.cdiv(k_end - k_start, BN)
         idx_row = IDX + t.to(gl.int64) * stride_it
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
         # (compute alone: every slot gathered here, and the loop gathers nothing)
@@ -698,21 +795,7 @@ if HAVE_GLUON:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC)
             cp.commit_group()
 
-        # q: per head a power of two sigma with max |q sigma| <= 448, the latent part split into e4m3 terms (columns in
-        # the products' order), the rope part as bf16; rows past H are zeros
-        offs_qh = gl.arange(0, HN, layout=gl.SliceLayout(1, LQ))
-        qm = (offs_qh < H)[:, None]
-        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
-        offs_q = gl.arange(0, DN, layout=gl.SliceLayout(0, LQ))
-        qn = gl.load(q_row + offs_q[None, :], mask=qm, other=0.0).to(gl.float32)
-        sigma = _pow2(_exp_to_max(gl.max(gl.abs(qn), axis=1)))
-        if F16:  # bf16 q sigma is exact in fp16 down to 2^-17 (about 2^-26 of the head's largest)
-            q_s.index(0).store(_k_logical16((qn * sigma[:, None]).to(gl.float16)))
-        else:
-            _q_terms_store(qn * sigma[:, None], q_s, DBG, t, sp, HN, Q_TERMS, DEBUG)
-        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LQ))
-        qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
-        inv_sigma = gl.convert_layout(1.0 / sigma, HEADS)  # S = (K q_terms^T) / sigma
+        inv_sigma = _load_q(Q, t, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG)
 
         m_i = gl.full([HN], float("-inf"), gl.float32, HEADS)
         l_acc = gl.full([BN, HN], 0.0, gl.float32, MMA)  # row sums, reduced over the keys once after the loop
@@ -724,17 +807,38 @@ if HAVE_GLUON:
         zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
 
         for i in range(n_tiles):
+            # the tile after this one (the early refill's and the key ids' next tile): this token's next, or under
+            # FLAT the next global tile, the next token's first after a token's last (none after the run's last)
+            if FLAT:
+                gn = g0 + i + 1
+                tn = gn // NT
+                row_n = IDX + tn * stride_it
+                k_n = (gn - tn * NT).to(gl.int32) * BN
+                end_n = gl.where(gn < g1, TOPK, 0)
+            else:
+                row_n = idx_row
+                k_n = k_start + (i + 1) * BN
+                end_n = k_end
             if EARLY:
                 # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of
                 # the last tile's P^T and maxima)
                 cp.wait_group(0)
                 _barrier()
+                if FLAT:  # a token's first tile past the run's first: its q, and the softmax state from scratch
+                    j = ((g0 + i) % NT).to(gl.int32)
+                    if (j == 0) & (i > 0):
+                        inv_sigma = _load_q(Q, ((g0 + i) // NT).to(gl.int32), stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS,
+                                            Q_TERMS, DEBUG)
+                        _barrier()
+                    # m_i = -inf makes the rescale below zero the accumulators and row sums (alpha = 0)
+                    m_i = gl.where(j == 0, float("-inf"), m_i)
+                    e_prev = gl.where(j == 0, 0, e_prev)
             else:
                 nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF,
                                    BN, LW, LR, LS, not COMPUTE_ALONE)
             slot = i % NBUF
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
-            nxt_k = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, KEYS)
+            nxt_k = _tile_idx(row_n, k_n, end_n, BN, KEYS)
             t8 = lat8 if EARLY else lat8.index(slot)
             if DEBUG:  # the e4m3 builds only (the launcher refuses debug with fp16 products)
                 if i == 0:
@@ -767,9 +871,9 @@ if HAVE_GLUON:
             e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
             _barrier()  # P^T and the maxima are read after every warp's are in; rewritten after the next tile's first
             if EARLY:  # the next tile's row ids (loaded here, used behind the first P V chunk: fewer registers in S)
-                idx_r = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IR)
-                idx_s = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, gl.SliceLayout(0, LS))
-                idx_c = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IC)
+                idx_r = _tile_idx(row_n, k_n, end_n, BN, IR)
+                idx_s = _tile_idx(row_n, k_n, end_n, BN, gl.SliceLayout(0, LS))
+                idx_c = _tile_idx(row_n, k_n, end_n, BN, IC)
             mu_lo = m_s.slice(0, HN).load(HEADS)
             mu_hi = m_s.slice(HN, HN).load(HEADS)
             m_new = gl.maximum(m_i, gl.maximum(mu_lo, mu_hi))
@@ -813,24 +917,48 @@ if HAVE_GLUON:
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)
                 cp.commit_group()
+            if FLAT:  # the run's last tile, or its token's: the token (or this program's piece of it) is done
+                tc = (g0 + i) // NT
+                if ((g0 + i + 1) % NT == 0) | (i == n_tiles - 1):
+                    l_i = gl.sum(l_acc, axis=0)
+                    has_key = l_i > 0
+                    inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * _pow2(-e_prev)
+                    lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+                    offs_h = gl.arange(0, HN, layout=HEADS)
+                    if (tc * NT >= g0) & ((tc + 1) * NT <= g1):  # whole
+                        o_h = O + tc * stride_ot + offs_h * stride_oh
+                        _store_mma(o_h, acc0 * inv_l[None, :], 0, H, MMA)
+                        _store_mma(o_h, acc1 * inv_l[None, :], 1, H, MMA)
+                        _store_mma(o_h, acc2 * inv_l[None, :], 2, H, MMA)
+                        _store_mma(o_h, acc3 * inv_l[None, :], 3, H, MMA)
+                        gl.store(LSE + tc * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
+                    else:  # a piece: the tail (slot 1) of boundary p - 1 or the head (slot 0) of boundary p
+                        tail = (tc * NT < g0).to(gl.int32)
+                        rows = ((tail * n_prog + gl.program_id(0) - tail) * H).to(gl.int64) + offs_h
+                        p_h = PART + rows * DN
+                        _store_mma(p_h, acc0 * inv_l[None, :], 0, H, MMA)
+                        _store_mma(p_h, acc1 * inv_l[None, :], 1, H, MMA)
+                        _store_mma(p_h, acc2 * inv_l[None, :], 2, H, MMA)
+                        _store_mma(p_h, acc3 * inv_l[None, :], 3, H, MMA)
+                        gl.store(PART + 2 * n_prog.to(gl.int64) * H * DN + rows, lse2, mask=offs_h < H)
         cp.wait_group(0)
-
-        l_i = gl.sum(l_acc, axis=0)
-        has_key = l_i > 0
-        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
-        inv_l = inv_l * _pow2(-e_prev)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l, 0, SPLIT, LO)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l, 1, SPLIT, LO)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l, 2, SPLIT, LO)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l, 3, SPLIT, LO)
-        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
-        offs_h = gl.arange(0, HN, layout=HEADS)
-        if not SPLIT:
-            gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
-        else:
-            n_t = gl.num_programs(0)
-            rows = (sp * n_t + t).to(gl.int64) * H + offs_h
-            gl.store(PART + gl.num_programs(1).to(gl.int64) * n_t * H * DN + rows, lse2, mask=offs_h < H)
+        if not FLAT:  # (FLAT stored every token inside the loop)
+            l_i = gl.sum(l_acc, axis=0)
+            has_key = l_i > 0
+            inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
+            inv_l = inv_l * _pow2(-e_prev)
+            _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l, 0, SPLIT, LO)
+            _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l, 1, SPLIT, LO)
+            _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l, 2, SPLIT, LO)
+            _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l, 3, SPLIT, LO)
+            lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+            offs_h = gl.arange(0, HN, layout=HEADS)
+            if not SPLIT:
+                gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
+            else:
+                n_t = gl.num_programs(0)
+                rows = (sp * n_t + t).to(gl.int64) * H + offs_h
+                gl.store(PART + gl.num_programs(1).to(gl.int64) * n_t * H * DN + rows, lse2, mask=offs_h < H)
 
 
 if HAVE_GLUON:
@@ -900,21 +1028,85 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
 _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
 
 
+@triton.jit
+def _merge_pieces_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, N_TOK, NT, N_PROG, HP: tl.constexpr,
+                         BLOCK_D: tl.constexpr):
+    """The balanced schedule's cut tokens (`SCHEDS`): boundary b (between programs b and b + 1) cuts token
+    ((b + 1) n / P) // NT unless that run end is a token's end (n = N_TOK * NT tiles, P = N_PROG programs); its two
+    pieces' partials (fp32, normalised, with their log2 lse: slot 0 the head, slot 1 the tail, rows
+    (slot * P + b) * H + h of [2, P, H, 512], then the lse [2, P, H]) merge into out and lse as
+    `mla._merge_splits_kernel` merges splits. Plain Triton (it runs in the interpreter)."""
+    b = tl.program_id(0)
+    db = tl.program_id(1)
+    g1 = (b + 1) * (N_TOK.to(tl.int64) * NT) // N_PROG
+    if g1 % NT != 0:
+        t = g1 // NT
+        offs_h = tl.arange(0, HP)
+        offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+        hm = offs_h < H
+        r0 = (b * H).to(tl.int64) + offs_h
+        r1 = ((N_PROG + b) * H).to(tl.int64) + offs_h
+        lse_base = PART + 2 * N_PROG.to(tl.int64) * H * 512
+        l0 = tl.load(lse_base + r0, mask=hm, other=float("-inf"))
+        l1 = tl.load(lse_base + r1, mask=hm, other=float("-inf"))
+        m = tl.maximum(l0, l1)
+        m_use = tl.where(m == float("-inf"), 0.0, m)
+        w0 = tl.exp2(l0 - m_use)  # 0 for a piece without a valid key
+        w1 = tl.exp2(l1 - m_use)
+        l = w0 + w1
+        o0 = tl.load(PART + r0[:, None] * 512 + offs_d[None, :], mask=hm[:, None], other=0.0)
+        o1 = tl.load(PART + r1[:, None] * 512 + offs_d[None, :], mask=hm[:, None], other=0.0)
+        has_key = l > 0
+        inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l, 1.0), 0.0)
+        o = (o0 * w0[:, None] + o1 * w1[:, None]) * inv_l[:, None]
+        tl.store(O + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=hm[:, None])
+        if db == 0:
+            lse = tl.where(has_key, (m_use + tl.log2(tl.where(has_key, l, 1.0))) * 0.6931471805599453, float("-inf"))
+            tl.store(LSE + t * stride_lt + offs_h, lse, mask=hm)
+
+
+_MERGE_PIECES = Prebound(_merge_pieces_kernel)
+MERGE_BLOCK_D = 128
+
+
+def piece_buffer(programs: int, H: int, device) -> torch.Tensor:
+    """The balanced schedule's partials: fp32 [2, programs, H, 512] then their lse [2, programs, H], one allocation
+    (`_merge_pieces_kernel`'s layout)."""
+    return torch.empty(2 * programs * H * (D_NOPE + 1), dtype=torch.float32, device=device)
+
+
+def merge_pieces(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, tiles: int, programs: int) -> None:
+    """Merge the cut tokens' two partials into out `[T, H, 512]` and lse `[T, H]` (`_merge_pieces_kernel`); tokens
+    done whole are left as the kernel wrote them."""
+    T, H, _ = out.shape
+    if programs < 2:
+        return
+    _MERGE_PIECES.launch((programs - 1, D_NOPE // MERGE_BLOCK_D),
+                         (part, out, lse, out.stride(0), out.stride(1), lse.stride(0), H, T, tiles, programs),
+                         dict(HP=max(2, 1 << (H - 1).bit_length()), BLOCK_D=MERGE_BLOCK_D, num_warps=4))
+
+
 @functools.lru_cache(maxsize=4096)
 def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nbuf: int, q_terms: int,
-                 p_terms: int, maxnreg: int, block_n: int, row_threads: int, refill: int,
-                 num_splits: int | None) -> tuple[int, int, dict, tuple]:
-    """(splits, keys per split, constexprs and options, their values as a key) for a call shape: the host work an
-    eager layer would otherwise repeat on every call."""
+                 p_terms: int, maxnreg: int, block_n: int, row_threads: int, refill: int, sched: int,
+                 num_splits: int | None) -> tuple[int, int, tuple, dict, tuple]:
+    """(splits, keys per split, grid, constexprs and options, their values as a key) for a call shape: the host work
+    an eager layer would otherwise repeat on every call. The grid is (T, splits), or under the balanced schedule
+    (`flat_mode`) (slots,): one program per slot of the machine."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     G = head_groups(H)
     nbuf = ring_slots(nbuf, G)
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
-    kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=tile_keys(block_n, splits),
-              TPR=row_threads, REFILL=refill_mode(refill, nbuf, G, splits), DBG=None, DEBUG=0, COMPUTE_ALONE=False,
-              PAD=0,
+    bn = tile_keys(block_n, splits)
+    refill = refill_mode(refill, nbuf, G, splits)
+    slots = programs_per_sm(G, nbuf, q_terms, mla.smem_class(dev), maxnreg, bn) * num_sms(dev)
+    flat = flat_mode(sched, refill, splits, T, slots)
+    kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
+              TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
+              PAD=0, FLAT=flat,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
-    return splits, keys_per_split, kw, tuple(kw.values())
+    return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
 
 def debug_record_bytes(H: int) -> int:
@@ -925,13 +1117,14 @@ def debug_record_bytes(H: int) -> int:
 
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
                       p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
-                      row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, out=None, debug=None):
+                      row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, sched=DEFAULT.sched, out=None,
+                      debug=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
     build; maxnreg: register cap per thread (0: none); block_n: keys a tile (32 or 64); row_threads: threads a
-    gathered row's latent bytes are spread over; refill: how a one-slot ring is refilled (`Config`, `REFILLS`).
-    `config_kwargs(cfg)` gives these for a `Config`."""
+    gathered row's latent bytes are spread over; refill: how a one-slot ring is refilled (`Config`, `REFILLS`);
+    sched: the programs' schedule (`SCHEDS`). `config_kwargs(cfg)` gives these for a `Config`."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -944,6 +1137,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
     check_refill(refill)
+    check_sched(sched)
     debug_refused = (f"the DEBUG record is built for the e4m3 products (q_terms 2 or 3) over {BLOCK_N}-key tiles in a "
                      f"slot refilled whole")
     if debug is not None and (q_terms == 1 or block_n == BLOCK_NS[1] or refill == 1):
@@ -953,24 +1147,27 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     dev = q.device
     if T == 0:
         return out, lse
-    splits, keys_per_split, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
-                                                      maxnreg, block_n, row_threads, refill, num_splits)
-    part = split_buffer(splits, T, H, lse)
+    splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
+                                                            maxnreg, block_n, row_threads, refill, sched, num_splits)
+    flat = kw["FLAT"]
+    part = piece_buffer(grid[0], H, dev) if flat else split_buffer(splits, T, H, lse)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
-            keys_per_split)
+            keys_per_split, T)
     ptrs = (q, kv_cache, indices, out, lse, part)
     args = (*ptrs, *ints, float(sm_scale) * LOG2E)
     if debug is not None:
         if kw["BN"] != BLOCK_N or kw["REFILL"]:  # block_n 0 / refill 2 as the split plan resolved them
             raise ValueError(debug_refused)
-        _sparse_mla_fp8mma_kernel[(T, splits)](*args, **dict(kw, DBG=debug, DEBUG=1))
+        _sparse_mla_fp8mma_kernel[grid](*args, **dict(kw, DBG=debug, DEBUG=1))
     else:
         # the pre-bound launcher (`common.Prebound`): an eager call through Gluon's own binder cost 105-107 us of host
         # time on the H200 against the Triton kernel's 43-45 (`sweeps/fp8mma_small_batch_h200_08e4e10.json`)
         # what Triton specializes on: the dtypes, each pointer's 16-byte alignment, the int values themselves
         spec = (q.dtype, out.dtype, tuple(t.data_ptr() % 16 == 0 for t in ptrs), ints)
-        _FP8MMA.launch((T, splits), args, kw, kw_key, dev.index, spec)
-    if splits > 1:
+        _FP8MMA.launch(grid, args, kw, kw_key, dev.index, spec)
+    if flat:
+        merge_pieces(part, out, lse, -(-topk // kw["BN"]), grid[0])
+    elif splits > 1:
         mla.merge_splits(part, out, lse, splits)
     return out, lse
 
@@ -1008,14 +1205,15 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     check_block_n(c.block_n)
     check_row_threads(c.row_threads, head_groups(q.shape[1]))
     check_refill(c.refill)
+    check_sched(c.sched)
     if part == "whole":
         return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(c), out=out)
     T, H, _ = q.shape
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
-    splits, keys_per_split, kw, _ = _launch_plan(T, H, topk, dev.type, dev.index, c.nbuf, c.q_terms, c.p_terms,
-                                                 c.maxnreg, c.block_n, c.row_threads, c.refill, None)
+    splits, keys_per_split, _, kw, _ = _launch_plan(T, H, topk, dev.type, dev.index, c.nbuf, c.q_terms, c.p_terms,
+                                                    c.maxnreg, c.block_n, c.row_threads, c.refill, 0, None)
     part_buf = split_buffer(splits, T, H, lse)
     G, nbuf, bn = kw["G"], kw["NBUF"], kw["BN"]
     smem = mla.smem_class(dev)
@@ -1026,7 +1224,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
         pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn), per_sm, smem)
         _sparse_mla_fp8mma_kernel[(T, splits)](
             q, kv_cache, indices, out, lse, part_buf, q.stride(0), q.stride(1), stride_kv, indices.stride(0),
-            out.stride(0), out.stride(1), H, H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E,
+            out.stride(0), out.stride(1), H, H, topk, n_rows, keys_per_split, T, float(sm_scale) * LOG2E,
             **dict(kw, COMPUTE_ALONE=True, PAD=pad))
     else:
         ring = nbuf * bn * (D_NOPE + 2 * D_ROPE + 16)
@@ -1042,10 +1240,11 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
-                pad: int = 0, refill: int = DEFAULT.refill):
+                pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
-    COMPUTE_ALONE and PAD (`aot_compile_part`)."""
+    COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch
+    with more tokens than slots would take it (no split, early refill)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1053,12 +1252,15 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     check_block_n(block_n)
     check_row_threads(row_threads, G)
     check_refill(refill)
+    check_sched(sched)
     fn = _sparse_mla_fp8mma_kernel
+    mode = refill_mode(refill, nbuf, G, 2 if split else 1)
     consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
               "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads,
-              "REFILL": refill_mode(refill, nbuf, G, 2 if split else 1),
+              "REFILL": mode,
               "DEBUG": debug,
-              "COMPUTE_ALONE": compute_alone, "PAD": pad}
+              "COMPUTE_ALONE": compute_alone, "PAD": pad,
+              "FLAT": flat_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1099,12 +1301,13 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
 def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                   p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg,
                   block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads,
-                  refill: int = DEFAULT.refill) -> dict:
+                  refill: int = DEFAULT.refill, sched: int = DEFAULT.sched) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread, and where
     the stack is used, the spill stores and loads (STL, LDL) in the main loop's SASS (`loop_spills`)."""
     k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n, row_threads=row_threads,
-                    refill=refill)
-    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill)), "arch": arch, "G": G, "split": split,
+                    refill=refill, sched=sched)
+    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill, sched)), "arch": arch,
+           "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
            "estimate": smem_bytes_estimate(G, nbuf, q_terms, tile_keys(block_n, 2 if split else 1))}
     row["fits"] = row["shared"] <= row["limit"]
@@ -1118,4 +1321,5 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 
 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs",
-           "check_terms", "check_block_n", "check_row_threads", "check_refill", "refill_mode", "REFILLS", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "aot_compile_part", "compile_stats"]
+           "check_terms", "check_block_n", "check_row_threads", "check_refill", "refill_mode", "REFILLS",
+           "check_sched", "flat_mode", "flat_pieces", "SCHEDS", "merge_pieces", "piece_buffer", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "aot_compile_part", "compile_stats"]
