@@ -453,7 +453,7 @@ def test_ablation_builds_compile_at_the_kernels_programs_per_sm():
 
 @pytest.mark.parametrize("T,tiles,P", [(529, 32, 528), (4096, 32, 528), (700, 16, 528), (5, 3, 4), (97, 7, 13)])
 def test_balanced_schedule_covers_every_tile_once_and_cuts_a_token_at_most_once(T, tiles, P):
-    runs = fm.flat_pieces(T, tiles, P)
+    runs = fm.balanced_pieces(T, tiles, P)
     seen = {}
     for p, pieces in enumerate(runs):
         for t, a, b, kind in pieces:
@@ -480,9 +480,9 @@ def test_balanced_schedule_covers_every_tile_once_and_cuts_a_token_at_most_once(
 
 
 def test_balanced_schedule_rule(monkeypatch):
-    assert fm.flat_mode(1, 1, 1, 529, 528) and not fm.flat_mode(1, 1, 1, 528, 528)
-    assert not fm.flat_mode(0, 1, 1, 4096, 528) and not fm.flat_mode(1, 0, 1, 4096, 528)
-    assert not fm.flat_mode(1, 1, 2, 4096, 528)
+    assert fm.balanced_mode(1, 1, 1, 529, 528) and not fm.balanced_mode(1, 1, 1, 528, 528)
+    assert not fm.balanced_mode(0, 1, 1, 4096, 528) and not fm.balanced_mode(1, 0, 1, 4096, 528)
+    assert not fm.balanced_mode(1, 1, 2, 4096, 528)
     with pytest.raises(ValueError, match="sched must be one of"):
         fm.check_sched(2)
     assert fm.config_name((0, 1, 1, 0, 0, 8, 2, 1)) == "fp8mma-nbufG-f16-nplan-t8-eplan-b"
@@ -490,13 +490,13 @@ def test_balanced_schedule_rule(monkeypatch):
     plan = fm._launch_plan.__wrapped__
     args = ("cpu", None, 0, 1, 1, 0, 0, 8, 2)
     s, _, grid, kw, _ = plan(4096, 8, 2048, *args, 1, None)
-    assert (s, grid, kw["FLAT"], kw["REFILL"], kw["BN"]) == (1, (528,), True, 1, 64)
+    assert (s, grid, kw["BALANCED"], kw["REFILL"], kw["BN"]) == (1, (528,), True, 1, 64)
     s, _, grid, kw, _ = plan(4096, 8, 2048, *args, 0, None)
-    assert (grid, kw["FLAT"]) == ((4096, 1), False)
+    assert (grid, kw["BALANCED"]) == ((4096, 1), False)
     s, _, grid, kw, _ = plan(128, 8, 2048, *args, 1, None)  # decode: split, 32-key tiles refilled whole
-    assert s > 1 and grid == (128, s) and not kw["FLAT"]
+    assert s > 1 and grid == (128, s) and not kw["BALANCED"]
     s, _, grid, kw, _ = plan(4096, 16, 2048, *args, 1, None)  # 16 heads: two slots, refilled whole
-    assert grid == (4096, 1) and not kw["FLAT"]
+    assert grid == (4096, 1) and not kw["BALANCED"]
 
 
 def _attend(logits, values):
@@ -509,13 +509,13 @@ def _attend(logits, values):
 @pytest.mark.parametrize("T,tiles,P,H", [(11, 4, 5, 8), (9, 3, 8, 5)])
 def test_merge_pieces_gives_the_cut_tokens_their_attention_over_all_keys(T, tiles, P, H):
     """The merge of the balanced schedule's two partials (Triton interpreter), on pieces laid out as the kernel
-    writes them (`flat_pieces`), against attention over each token's whole key list; tokens done whole are left
+    writes them (`balanced_pieces`), against attention over each token's whole key list; tokens done whole are left
     alone. One cut token has a piece without any valid key, one token has none at all."""
     BN, D = 2, 512
     gen = torch.Generator().manual_seed(T)
     logits = torch.randn(T, H, tiles * BN, generator=gen, dtype=torch.float64)
     values = torch.randn(T, tiles * BN, D, generator=gen, dtype=torch.float64)
-    runs = fm.flat_pieces(T, tiles, P)
+    runs = fm.balanced_pieces(T, tiles, P)
     cut = [t for ps in runs for t, a, b, k in ps if k == "head"]
     logits[cut[0], :, : BN] = float("-inf")  # the head piece of the first cut token: no valid key (if one tile)
     logits[T - 1] = float("-inf")

@@ -120,7 +120,7 @@ REFILLS = (0, 1, 2)
 # 3696). 1 ("balanced"): where T > slots, `slots` programs, each a contiguous run of T * tiles / slots tiles of the
 # tokens' tile list in token order (FlashMLA's scheduler does the same), so a token is done whole by one program
 # or in two pieces by two neighbouring ones, whose partials `_merge_pieces_kernel` combines; the next piece's first
-# tile is refilled behind the last one's products like any other tile (`flat_pieces` is the schedule in Python)
+# tile is refilled behind the last one's products like any other tile (`balanced_pieces` is the schedule in Python)
 SCHEDS = (0, 1)
 
 
@@ -135,7 +135,7 @@ class Config(NamedTuple):
     ring's refill (`REFILLS`: 0 the whole next tile before it is computed, 1 piece by piece as the slot's bytes are
     read for the last time, 2 piece by piece where a program owns a token's whole list; only where the ring has one
     slot at 1-8 heads: `refill_mode`), and the programs' schedule (`SCHEDS`: 0 one a token and split, 1 balanced
-    runs of tiles where the early refill owns whole lists and the tokens outnumber the slots: `flat_mode`)."""
+    runs of tiles where the early refill owns whole lists and the tokens outnumber the slots: `balanced_mode`)."""
     nbuf: int
     q_terms: int
     p_terms: int
@@ -223,14 +223,14 @@ def check_sched(sched: int) -> None:
                          f"got {sched}")
 
 
-def flat_mode(sched: int, refill: int, splits: int, T: int, slots: int) -> bool:
+def balanced_mode(sched: int, refill: int, splits: int, T: int, slots: int) -> bool:
     """Whether a launch takes the balanced schedule (`SCHEDS`): sched 1, the early refill (`refill_mode`'s 1), one
     split, and more tokens than slots (so that every program's run holds at least one token's tiles and a token is
     cut at most once)."""
     return bool(sched) and refill == 1 and splits == 1 and T > slots
 
 
-def flat_pieces(T: int, tiles: int, programs: int) -> list[list[tuple[int, int, int, str]]]:
+def balanced_pieces(T: int, tiles: int, programs: int) -> list[list[tuple[int, int, int, str]]]:
     """The balanced schedule in Python, as the kernel computes it: program p runs global tiles [p n / P, (p + 1) n / P)
     of n = T * tiles (token-major); per program its pieces (token, first tile, end tile, kind), kind "whole" (the
     token's every tile), "head" (its first part: partial slot 0 of boundary p) or "tail" (the rest: slot 1 of
@@ -651,18 +651,29 @@ if HAVE_GLUON:
         qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
         return gl.convert_layout(1.0 / sigma, HEADS)
 
+    @triton.constexpr_function
+    def _out_layout(HN):
+        """The accumulator's own distribution (the NVMMA layout of 1-8 heads, 2 warps) after `_d_order`, with the
+        registers enumerated value column first: thread (g, c) of warp w holds columns 64 w + 8 g + 0..7 of heads
+        2c, 2c + 1 (its rows g + {0, 8} + {0, 32} + {0, 64} + 16 w, `_v_logical`), so a store of one head's 8
+        columns is one 16-byte (bf16) or two (fp32) vector stores, and converting to it moves no data."""
+        return gl.DistributedLinearLayout(reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1]],
+                                          lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
+                                          warp_bases=[[64, 0]], block_bases=[], shape=[128, HN])
+
     @gluon.jit
-    def _store_mma(ptr_h, x, c: gl.constexpr, H, MMA: gl.constexpr):
-        """x [128 rows m, heads] (the accumulator's layout, rows in `_v_logical`'s order) -> ptr_h[h] + 128 c + d,
-        d the row's memory column: stored from the registers it lives in (no layout conversion, so no shared-memory
-        scratch beside the ring: the balanced schedule stores inside its loop)."""
+    def _store_mma(ptr_h, x, c: gl.constexpr, H):
+        """x [128 rows m, heads] (the accumulator's layout at 1-8 heads, rows in `_v_logical`'s order) ->
+        ptr_h[h] + 128 c + d in memory order, from the registers it lives in (`_out_layout`: no shared-memory scratch
+        beside the ring, which the balanced schedule needs, since it stores inside its loop)."""
         CH: gl.constexpr = 128
         HN: gl.constexpr = x.shape[1]
-        m = gl.arange(0, CH, layout=gl.SliceLayout(1, MMA))
-        d = ((m >> 4) & 1) * 64 + (m & 7) * 8 + ((m >> 6) & 1) * 4 + ((m >> 5) & 1) * 2 + ((m >> 3) & 1)
-        h = gl.arange(0, HN, layout=gl.SliceLayout(0, MMA))
-        hp = gl.convert_layout(ptr_h, gl.SliceLayout(0, MMA), assert_trivial=True)
-        gl.store(hp[None, :] + c * CH + d[:, None], x.to(ptr_h.dtype.element_ty), mask=(h < H)[None, :])
+        LOD: gl.constexpr = _out_layout(HN)
+        y = gl.convert_layout(_d_order(x), LOD, assert_trivial=True)
+        d = gl.arange(0, CH, layout=gl.SliceLayout(1, LOD))
+        h = gl.arange(0, HN, layout=gl.SliceLayout(0, LOD))
+        hp = gl.convert_layout(ptr_h, gl.SliceLayout(0, LOD))
+        gl.store(hp[None, :] + c * CH + d[:, None], y.to(ptr_h.dtype.element_ty), mask=(h < H)[None, :])
 
     @gluon.jit
     def _sparse_mla_fp8mma_kernel(
@@ -671,12 +682,12 @@ if HAVE_GLUON:
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, N_TOK, qk_scale,
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
-        COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, FLAT: gl.constexpr = False,
+        COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
-        PAD: `_occupancy_pad` (`ablate_launch`). FLAT (`SCHEDS`' 1, with the early refill at one split only): a
-        program runs global tiles [p n / P, (p + 1) n / P) of the N_TOK tokens' n tiles (`flat_pieces`), storing each
+        PAD: `_occupancy_pad` (`ablate_launch`). BALANCED (`SCHEDS`' 1, with the early refill at one split only): a
+        program runs global tiles [p n / P, (p + 1) n / P) of the N_TOK tokens' n tiles (`balanced_pieces`), storing each
         token it finishes inside the loop, whole into O / LSE or, cut at a program boundary, as a partial into PART
         (`_merge_pieces_kernel`'s layout)."""
         CH: gl.constexpr = 128
@@ -763,7 +774,7 @@ if HAVE_GLUON:
         m_s = gl.allocate_shared_memory(gl.float32, [2 * HN], FLAT1)  # the two key halves' maxima, low half first
 
         _occupancy_pad(PAD, NW)
-        if FLAT:  # global tiles [g0, g1) of the tokens' tile list, token-major (`flat_pieces`)
+        if BALANCED:  # global tiles [g0, g1) of the tokens' tile list, token-major (`balanced_pieces`)
             NT = gl.cdiv(TOPK, BN)  # tiles a token
             n_prog = gl.num_programs(0)
             total = N_TOK.to(gl.int64) * NT
@@ -771,9 +782,13 @@ if HAVE_GLUON:
             g1 = (gl.program_id(0) + 1) * total // n_prog
             t = (g0 // NT).to(gl.int32)
             sp = 0
-            k_start = (g0 - t * NT).to(gl.int32) * BN
+            j0 = (g0 - t * NT).to(gl.int32)  # the run's first tile in its token (> 0: a tail piece)
+            k_start = j0 * BN
             k_end = TOPK
             n_tiles = (g1 - g0).to(gl.int32)
+            # tile i's token and its tile in the token, carried through the loop (int32, no division in it)
+            tc = t
+            jc = j0
         else:
             t = gl.program_id(0)
             sp = gl.program_id(1)
@@ -808,13 +823,14 @@ if HAVE_GLUON:
 
         for i in range(n_tiles):
             # the tile after this one (the early refill's and the key ids' next tile): this token's next, or under
-            # FLAT the next global tile, the next token's first after a token's last (none after the run's last)
-            if FLAT:
-                gn = g0 + i + 1
-                tn = gn // NT
-                row_n = IDX + tn * stride_it
-                k_n = (gn - tn * NT).to(gl.int32) * BN
-                end_n = gl.where(gn < g1, TOPK, 0)
+            # BALANCED the next global tile, the next token's first after a token's last (none after the run's last)
+            if BALANCED:
+                jn = jc + 1
+                tn = tc + (jn == NT).to(gl.int32)
+                jn = gl.where(jn == NT, 0, jn)
+                row_n = IDX + tn.to(gl.int64) * stride_it
+                k_n = jn * BN
+                end_n = gl.where(i + 1 < n_tiles, TOPK, 0)
             else:
                 row_n = idx_row
                 k_n = k_start + (i + 1) * BN
@@ -824,15 +840,14 @@ if HAVE_GLUON:
                 # the last tile's P^T and maxima)
                 cp.wait_group(0)
                 _barrier()
-                if FLAT:  # a token's first tile past the run's first: its q, and the softmax state from scratch
-                    j = ((g0 + i) % NT).to(gl.int32)
-                    if (j == 0) & (i > 0):
-                        inv_sigma = _load_q(Q, ((g0 + i) // NT).to(gl.int32), stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS,
-                                            Q_TERMS, DEBUG)
+                if BALANCED:  # a token's first tile past the run's first: its q, and the softmax state from scratch
+                    if (jc == 0) & (i > 0):
+                        inv_sigma = _load_q(Q, tc, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS,
+                                            DEBUG)
                         _barrier()
                     # m_i = -inf makes the rescale below zero the accumulators and row sums (alpha = 0)
-                    m_i = gl.where(j == 0, float("-inf"), m_i)
-                    e_prev = gl.where(j == 0, 0, e_prev)
+                    m_i = gl.where(jc == 0, float("-inf"), m_i)
+                    e_prev = gl.where(jc == 0, 0, e_prev)
             else:
                 nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF,
                                    BN, LW, LR, LS, not COMPUTE_ALONE)
@@ -917,32 +932,35 @@ if HAVE_GLUON:
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)
                 cp.commit_group()
-            if FLAT:  # the run's last tile, or its token's: the token (or this program's piece of it) is done
-                tc = (g0 + i) // NT
-                if ((g0 + i + 1) % NT == 0) | (i == n_tiles - 1):
+            if BALANCED:  # the run's last tile, or its token's: the token (or this program's piece of it) is done
+                if (jc == NT - 1) | (i == n_tiles - 1):
                     l_i = gl.sum(l_acc, axis=0)
                     has_key = l_i > 0
                     inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * _pow2(-e_prev)
                     lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
                     offs_h = gl.arange(0, HN, layout=HEADS)
-                    if (tc * NT >= g0) & ((tc + 1) * NT <= g1):  # whole
-                        o_h = O + tc * stride_ot + offs_h * stride_oh
-                        _store_mma(o_h, acc0 * inv_l[None, :], 0, H, MMA)
-                        _store_mma(o_h, acc1 * inv_l[None, :], 1, H, MMA)
-                        _store_mma(o_h, acc2 * inv_l[None, :], 2, H, MMA)
-                        _store_mma(o_h, acc3 * inv_l[None, :], 3, H, MMA)
-                        gl.store(LSE + tc * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
+                    tail = (tc == t) & (j0 > 0)  # begun by the program before
+                    if (jc == NT - 1) & (tail == 0):  # whole
+                        o_h = O + tc.to(gl.int64) * stride_ot + offs_h * stride_oh
+                        _store_mma(o_h, acc0 * inv_l[None, :], 0, H)
+                        _store_mma(o_h, acc1 * inv_l[None, :], 1, H)
+                        _store_mma(o_h, acc2 * inv_l[None, :], 2, H)
+                        _store_mma(o_h, acc3 * inv_l[None, :], 3, H)
+                        gl.store(LSE + tc.to(gl.int64) * stride_lt + offs_h, lse2 * 0.6931471805599453,
+                                 mask=offs_h < H)
                     else:  # a piece: the tail (slot 1) of boundary p - 1 or the head (slot 0) of boundary p
-                        tail = (tc * NT < g0).to(gl.int32)
-                        rows = ((tail * n_prog + gl.program_id(0) - tail) * H).to(gl.int64) + offs_h
+                        ts = tail.to(gl.int32)
+                        rows = ((ts * n_prog + gl.program_id(0) - ts) * H).to(gl.int64) + offs_h
                         p_h = PART + rows * DN
-                        _store_mma(p_h, acc0 * inv_l[None, :], 0, H, MMA)
-                        _store_mma(p_h, acc1 * inv_l[None, :], 1, H, MMA)
-                        _store_mma(p_h, acc2 * inv_l[None, :], 2, H, MMA)
-                        _store_mma(p_h, acc3 * inv_l[None, :], 3, H, MMA)
+                        _store_mma(p_h, acc0 * inv_l[None, :], 0, H)
+                        _store_mma(p_h, acc1 * inv_l[None, :], 1, H)
+                        _store_mma(p_h, acc2 * inv_l[None, :], 2, H)
+                        _store_mma(p_h, acc3 * inv_l[None, :], 3, H)
                         gl.store(PART + 2 * n_prog.to(gl.int64) * H * DN + rows, lse2, mask=offs_h < H)
+                tc = tn
+                jc = jn
         cp.wait_group(0)
-        if not FLAT:  # (FLAT stored every token inside the loop)
+        if not BALANCED:  # (BALANCED stored every token inside the loop)
             l_i = gl.sum(l_acc, axis=0)
             has_key = l_i > 0
             inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
@@ -1093,7 +1111,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
                  num_splits: int | None) -> tuple[int, int, tuple, dict, tuple]:
     """(splits, keys per split, grid, constexprs and options, their values as a key) for a call shape: the host work
     an eager layer would otherwise repeat on every call. The grid is (T, splits), or under the balanced schedule
-    (`flat_mode`) (slots,): one program per slot of the machine."""
+    (`balanced_mode`) (slots,): one program per slot of the machine."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     G = head_groups(H)
     nbuf = ring_slots(nbuf, G)
@@ -1101,10 +1119,10 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     bn = tile_keys(block_n, splits)
     refill = refill_mode(refill, nbuf, G, splits)
     slots = programs_per_sm(G, nbuf, q_terms, mla.smem_class(dev), maxnreg, bn) * num_sms(dev)
-    flat = flat_mode(sched, refill, splits, T, slots)
+    flat = balanced_mode(sched, refill, splits, T, slots)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
               TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
-              PAD=0, FLAT=flat,
+              PAD=0, BALANCED=flat,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
@@ -1149,7 +1167,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         return out, lse
     splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
                                                             maxnreg, block_n, row_threads, refill, sched, num_splits)
-    flat = kw["FLAT"]
+    flat = kw["BALANCED"]
     part = piece_buffer(grid[0], H, dev) if flat else split_buffer(splits, T, H, lse)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
             keys_per_split, T)
@@ -1260,7 +1278,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
               "REFILL": mode,
               "DEBUG": debug,
               "COMPUTE_ALONE": compute_alone, "PAD": pad,
-              "FLAT": flat_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone}
+              "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1322,4 +1340,4 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs",
            "check_terms", "check_block_n", "check_row_threads", "check_refill", "refill_mode", "REFILLS",
-           "check_sched", "flat_mode", "flat_pieces", "SCHEDS", "merge_pieces", "piece_buffer", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "aot_compile_part", "compile_stats"]
+           "check_sched", "balanced_mode", "balanced_pieces", "SCHEDS", "merge_pieces", "piece_buffer", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "aot_compile_part", "compile_stats"]
