@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--tokens", default="528,1056,2112,3168,3696,3960,4096,4224")
     ap.add_argument("--configs", nargs="*", default=[], help="builds as comma-separated Config fields")
     ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--balanced-variants", action="store_true",
+                    help="also the balanced build (sched 1) with one program a token (its code on the one-a-token "
+                         "schedule) and with the q prefetch")
     a = ap.parse_args()
     dev = torch.device("cuda")
     H = a.heads
@@ -67,6 +70,16 @@ def main() -> None:
                     q, cache, idx, bk.SM_SCALE, out=out, num_splits=1, **kw))
             except Exception as exc:
                 row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        variants = [("programs=T", dict(programs=T)), ("qpf", dict(qpf=True))] if a.balanced_variants else []
+        for tag, extra in variants:
+            kw = dict(fm.config_kwargs(fm.DEFAULT), sched=1, **extra)
+            try:
+                o, _ = fm.sparse_mla_fp8mma(q, cache, idx, bk.SM_SCALE, out=out, **kw)
+                row[f"balanced-{tag}_rel"] = rel(o)
+                row[f"balanced-{tag}_us"] = 1e3 * bk._median_ms(lambda: fm.sparse_mla_fp8mma(
+                    q, cache, idx, bk.SM_SCALE, out=out, **kw))
+            except Exception as exc:
+                row[f"balanced-{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         if fm_err is None and not a.no_flashmla:
             qp = torch.cat([q, torch.zeros(T, 64 - H, naive.D_QK, device=dev, dtype=q.dtype)], 1)
             row["flashmla_us"] = 1e3 * bk._median_ms(lambda: bk.flashmla_prefill(qp, kv.unsqueeze(1), idx.unsqueeze(1)))

@@ -651,6 +651,18 @@ if HAVE_GLUON:
         qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
         return gl.convert_layout(1.0 / sigma, HEADS)
 
+    @gluon.jit
+    def _prefetch_q(Q, t, stride_qt, stride_qh, H, HN: gl.constexpr, LQ: gl.constexpr):
+        """Token t's q rows (HN heads x 1152 bytes: 9 lines of 128 bytes each) prefetched into L2
+        (`prefetch.global.L2`, inline PTX: Gluon has no prefetch), so that the balanced schedule's in-loop q load at
+        the token's first tile reads L2 instead of HBM."""
+        LPF: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [gl.num_warps(), 1], [1, 0])
+        h = gl.minimum(gl.arange(0, HN, layout=gl.SliceLayout(1, LPF)), H - 1)
+        k = gl.minimum(gl.arange(0, 16, layout=gl.SliceLayout(0, LPF)), 8)
+        ptr = Q + t.to(gl.int64) * stride_qt + h[:, None] * stride_qh + k[None, :] * 64
+        gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptr], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
     @triton.constexpr_function
     def _out_layout(HN):
         """The accumulator's own distribution (the NVMMA layout of 1-8 heads, 2 warps) after `_d_order`, with the
@@ -683,6 +695,7 @@ if HAVE_GLUON:
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
+        QPF: gl.constexpr = False,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
@@ -845,6 +858,9 @@ if HAVE_GLUON:
                         inv_sigma = _load_q(Q, tc, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS,
                                             DEBUG)
                         _barrier()
+                    if QPF:
+                        if ((jc == 0) | (i == 0)) & (tc + 1 < N_TOK):
+                            _prefetch_q(Q, tc + 1, stride_qt, stride_qh, H, HN, LQ)
                     # m_i = -inf makes the rescale below zero the accumulators and row sums (alpha = 0)
                     m_i = gl.where(jc == 0, float("-inf"), m_i)
                     e_prev = gl.where(jc == 0, 0, e_prev)
@@ -1122,7 +1138,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     flat = balanced_mode(sched, refill, splits, T, slots)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
               TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
-              PAD=0, BALANCED=flat,
+              PAD=0, BALANCED=flat, QPF=False,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
@@ -1136,7 +1152,7 @@ def debug_record_bytes(H: int) -> int:
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
                       p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
                       row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, sched=DEFAULT.sched, out=None,
-                      debug=None):
+                      debug=None, programs=None, qpf=False):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
@@ -1168,6 +1184,9 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
                                                             maxnreg, block_n, row_threads, refill, sched, num_splits)
     flat = kw["BALANCED"]
+    if flat and (programs or qpf):  # measurement knobs (scripts/fp8mma_waves.py): the program count, the q prefetch
+        grid, kw = (programs or grid[0],), dict(kw, QPF=bool(qpf))
+        kw_key = tuple(kw.values())
     part = piece_buffer(grid[0], H, dev) if flat else split_buffer(splits, T, H, lse)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
             keys_per_split, T)
