@@ -688,6 +688,124 @@ if HAVE_GLUON:
         gl.store(hp[None, :] + c * CH + d[:, None], y.to(ptr_h.dtype.element_ty), mask=(h < H)[None, :])
 
     @gluon.jit
+    def _tiles(KV, idx_row, k_start, k_end, n_tiles, row_next, k_next, end_next, N_ROWS, stride_kv, qk_scale,
+               lat, lat8, rope, scs, sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero,
+               m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG, t, sp,
+               NBUF: gl.constexpr, BN: gl.constexpr, HN: gl.constexpr, Q_TERMS: gl.constexpr,
+               P_TERMS: gl.constexpr, EARLY: gl.constexpr, COMPUTE_ALONE: gl.constexpr, DEBUG: gl.constexpr,
+               NEXT: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr, HEADS: gl.constexpr, PKEYS: gl.constexpr,
+               DA: gl.constexpr, DB: gl.constexpr, DA8: gl.constexpr, DB8: gl.constexpr, DA16: gl.constexpr,
+               DB16: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LVP: gl.constexpr, LW: gl.constexpr,
+               LR: gl.constexpr, LS: gl.constexpr, LQ: gl.constexpr, LC: gl.constexpr, IR: gl.constexpr,
+               IC: gl.constexpr):
+        """The kernel's loop: n_tiles tiles of one token's list from key k_start (ends at k_end), each gathered,
+        scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev), which it returns with
+        the index tiles read ahead (nxt_w, nxt_k). NEXT (the balanced schedule): the last tile's read-ahead and
+        early refill fetch the tile at row_next / k_next (the next piece's first) instead of this list's next."""
+        CH: gl.constexpr = 128
+        for i in range(n_tiles):
+            # the tile after this one (the early refill's and the key ids' next tile): this run's next, or (NEXT)
+            # after its last the one at row_next / k_next (end_next: where its list ends; 0 for none)
+            row_n = idx_row
+            k_n = k_start + (i + 1) * BN
+            end_n = k_end
+            if NEXT:
+                last = i + 1 == n_tiles
+                row_n = gl.where(last, row_next, idx_row)
+                k_n = gl.where(last, k_next, k_n)
+                end_n = gl.where(last, end_next, k_end)
+            if EARLY:
+                # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of
+                # the last tile's P^T and maxima)
+                cp.wait_group(0)
+                _barrier()
+            else:
+                nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF,
+                                   BN, LW, LR, LS, not COMPUTE_ALONE)
+            slot = i % NBUF
+            valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
+            nxt_k = _tile_idx(row_n, k_n, end_n, BN, KEYS)
+            t8 = lat8 if EARLY else lat8.index(slot)
+            if DEBUG:  # the e4m3 builds only (the launcher refuses debug with fp16 products)
+                if i == 0:
+                    _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS,
+                                sc_c.index(4 * slot).load(KEYS), inv_sigma)
+            s = zero
+            for c in gl.static_range(4):
+                s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK, DA,
+                                  DB, Q_TERMS)
+            s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
+            s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
+
+            # P against each warp's own max of its keys (no cross-warp reduction here): the maxima travel with P^T
+            # through shared memory, and P is brought to the common max after the barrier (g_lo / g_hi below)
+            s4 = gl.reshape(s, [BN // 32, 2, 16, HN])  # (m16 tile of the warp, warp half, its keys, heads)
+            mu3 = gl.max(gl.max(s4, axis=2), axis=0)
+            p = gl.convert_layout(gl.reshape(
+                gl.exp2(s4 - gl.where(mu3 == float("-inf"), 0.0, mu3)[None, :, None, :]), [BN, HN]), MMA,
+                assert_trivial=True)
+            m_s.store(gl.reshape(mu3, [2 * HN]))
+            p_s.store(gl.permute(p, [1, 0]))
+            # one P factor 2^e per tile for the four chunks; the accumulators move to it (and to the new max) only
+            # when either changed
+            ps0 = sc_c.index(4 * slot + 0).load(PKEYS)
+            ps1 = sc_c.index(4 * slot + 1).load(PKEYS)
+            ps2 = sc_c.index(4 * slot + 2).load(PKEYS)
+            ps3 = sc_c.index(4 * slot + 3).load(PKEYS)
+            # e is in [-120, 126] for any row scale; e - e_prev stays in `_pow2`'s range while consecutive tiles'
+            # largest scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
+            e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
+            _barrier()  # P^T and the maxima are read after every warp's are in; rewritten after the next tile's first
+            if EARLY:  # the next tile's row ids (loaded here, used behind the first P V chunk: fewer registers in S)
+                idx_r = _tile_idx(row_n, k_n, end_n, BN, IR)
+                idx_s = _tile_idx(row_n, k_n, end_n, BN, gl.SliceLayout(0, LS))
+                idx_c = _tile_idx(row_n, k_n, end_n, BN, IC)
+            mu_lo = m_s.slice(0, HN).load(HEADS)
+            mu_hi = m_s.slice(HN, HN).load(HEADS)
+            m_new = gl.maximum(m_i, gl.maximum(mu_lo, mu_hi))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # heads with no key yet: keep exp2 finite
+            alpha = gl.exp2(m_i - m_use)
+            m_i = m_new
+            # each half's P to the common max (<= 1; a half without a valid key has P = 0 and factor 0)
+            g_lo = gl.where(mu_lo == float("-inf"), 0.0, gl.exp2(mu_lo - m_use))
+            g_hi = gl.where(mu_hi == float("-inf"), 0.0, gl.exp2(mu_hi - m_use))
+            p = p * gl.where((gl.arange(0, BN, layout=KEYS) % 32 < 16)[:, None], g_lo[None, :], g_hi[None, :])
+            if DEBUG:
+                if i == 0:
+                    _debug_f32(DBG, t, sp, HN, 5, s, MMA)
+                    _debug_f32(DBG, t, sp, HN, 6, p, MMA)
+            f = alpha * _pow2(e - e_prev)
+            e_prev = e
+            if gl.max(gl.abs(f - 1.0) + gl.abs(alpha - 1.0), axis=0) > 0.0:
+                acc0 = acc0 * f[None, :]
+                acc1 = acc1 * f[None, :]
+                acc2 = acc2 * f[None, :]
+                acc3 = acc3 * f[None, :]
+                l_acc = l_acc * alpha[None, :]
+            l_acc = l_acc + p
+            PH: gl.constexpr = gl.SliceLayout(0, DB)
+            pb = p_s.permute([1, 0]).load(DB) * gl.where((gl.arange(0, BN, layout=PKEYS) % 32 < 16)[:, None],
+                                                         gl.convert_layout(g_lo, PH)[None, :],
+                                                         gl.convert_layout(g_hi, PH)[None, :])
+            fe = _pow2(e)
+            # (early refill: behind each chunk's product the next tile's chunk, each warp the columns it read)
+            acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS)
+            if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
+                _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
+            acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
+            if EARLY:
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC)
+            acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS)
+            if EARLY:
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC)
+            acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS)
+            if EARLY:
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)
+                cp.commit_group()
+        return m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k
+
+    @gluon.jit
     def _sparse_mla_fp8mma_kernel(
         Q, KV, IDX, O, LSE, PART,
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
@@ -798,10 +916,9 @@ if HAVE_GLUON:
             j0 = (g0 - t * NT).to(gl.int32)  # the run's first tile in its token (> 0: a tail piece)
             k_start = j0 * BN
             k_end = TOPK
-            n_tiles = (g1 - g0).to(gl.int32)
-            # tile i's token and its tile in the token, carried through the loop (int32, no division in it)
-            tc = t
-            jc = j0
+            n_tiles = NT - j0
+            t_last = ((g1 - 1) // NT).to(gl.int32)
+            j_last = (g1 - t_last * NT).to(gl.int32)  # the end tile of the run's last piece (< NT: a head piece)
         else:
             t = gl.program_id(0)
             sp = gl.program_id(1)
@@ -823,6 +940,50 @@ if HAVE_GLUON:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC)
             cp.commit_group()
 
+        zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
+        if BALANCED:
+            for tk in range(t, t_last + 1):  # the run's pieces, one token each
+                a = gl.where(tk == t, j0, 0)
+                b = gl.where(tk == t_last, j_last, NT)
+                row = IDX + tk.to(gl.int64) * stride_it
+                inv_sigma = _load_q(Q, tk, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG)
+                if QPF:
+                    if tk < t_last:
+                        _prefetch_q(Q, tk + 1, stride_qt, stride_qh, H, HN, LQ)
+                m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k = _tiles(
+                    KV, row, a * BN, TOPK, b - a, row + stride_it, 0, gl.where(tk < t_last, TOPK, 0), N_ROWS,
+                    stride_kv, qk_scale, lat, lat8, rope, scs, sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma,
+                    zero, gl.full([HN], float("-inf"), gl.float32, HEADS), gl.full([BN, HN], 0.0, gl.float32, MMA),
+                    gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
+                    gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA), gl.to_tensor(0), DBG,
+                    tk, sp,
+                    NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, True, MMA, KEYS, HEADS, PKEYS, DA, DB,
+                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC)
+                # the token done (b = NT, a = 0), or this program's piece of it: the tail (slot 1) of boundary
+                # p - 1 (a > 0) or the head (slot 0) of boundary p
+                l_i = gl.sum(l_acc, axis=0)
+                has_key = l_i > 0
+                inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * _pow2(-e_prev)
+                lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+                offs_h = gl.arange(0, HN, layout=HEADS)
+                if (a == 0) & (b == NT):
+                    o_h = O + tk.to(gl.int64) * stride_ot + offs_h * stride_oh
+                    _store_mma(o_h, acc0 * inv_l[None, :], 0, H)
+                    _store_mma(o_h, acc1 * inv_l[None, :], 1, H)
+                    _store_mma(o_h, acc2 * inv_l[None, :], 2, H)
+                    _store_mma(o_h, acc3 * inv_l[None, :], 3, H)
+                    gl.store(LSE + tk.to(gl.int64) * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
+                else:
+                    ts = (a > 0).to(gl.int32)
+                    rows = ((ts * n_prog + gl.program_id(0) - ts) * H).to(gl.int64) + offs_h
+                    p_h = PART + rows * DN
+                    _store_mma(p_h, acc0 * inv_l[None, :], 0, H)
+                    _store_mma(p_h, acc1 * inv_l[None, :], 1, H)
+                    _store_mma(p_h, acc2 * inv_l[None, :], 2, H)
+                    _store_mma(p_h, acc3 * inv_l[None, :], 3, H)
+                    gl.store(PART + 2 * n_prog.to(gl.int64) * H * DN + rows, lse2, mask=offs_h < H)
+            cp.wait_group(0)
+            return
         inv_sigma = _load_q(Q, t, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG)
 
         m_i = gl.full([HN], float("-inf"), gl.float32, HEADS)
@@ -832,151 +993,13 @@ if HAVE_GLUON:
         acc2 = gl.full([CH, HN], 0.0, gl.float32, MMA)
         acc3 = gl.full([CH, HN], 0.0, gl.float32, MMA)
         e_prev = 0  # exponent of the P factor the accumulators hold (2^e: the tile's largest scale brought to 448)
-        zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
-
-        for i in range(n_tiles):
-            # the tile after this one (the early refill's and the key ids' next tile): this token's next, or under
-            # BALANCED the next global tile, the next token's first after a token's last (none after the run's last)
-            if BALANCED:
-                jn = jc + 1
-                tn = tc + (jn == NT).to(gl.int32)
-                jn = gl.where(jn == NT, 0, jn)
-                row_n = IDX + tn.to(gl.int64) * stride_it
-                k_n = jn * BN
-                end_n = gl.where(i + 1 < n_tiles, TOPK, 0)
-            else:
-                row_n = idx_row
-                k_n = k_start + (i + 1) * BN
-                end_n = k_end
-            if EARLY:
-                # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of
-                # the last tile's P^T and maxima)
-                cp.wait_group(0)
-                _barrier()
-                if BALANCED:  # a token's first tile past the run's first: its q, and the softmax state from scratch
-                    if (jc == 0) & (i > 0):
-                        inv_sigma = _load_q(Q, tc, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS,
-                                            DEBUG)
-                        _barrier()
-                    if QPF:
-                        if ((jc == 0) | (i == 0)) & (tc + 1 < N_TOK):
-                            _prefetch_q(Q, tc + 1, stride_qt, stride_qh, H, HN, LQ)
-                    # m_i = -inf makes the rescale below zero the accumulators and row sums (alpha = 0)
-                    m_i = gl.where(jc == 0, float("-inf"), m_i)
-                    e_prev = gl.where(jc == 0, 0, e_prev)
-            else:
-                nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF,
-                                   BN, LW, LR, LS, not COMPUTE_ALONE)
-            slot = i % NBUF
-            valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
-            nxt_k = _tile_idx(row_n, k_n, end_n, BN, KEYS)
-            t8 = lat8 if EARLY else lat8.index(slot)
-            if DEBUG:  # the e4m3 builds only (the launcher refuses debug with fp16 products)
-                if i == 0:
-                    _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS,
-                                sc_c.index(4 * slot).load(KEYS), inv_sigma)
-            s = zero
-            for c in gl.static_range(4):
-                s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK, DA,
-                                  DB, Q_TERMS)
-            s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
-            s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
-
-            # P against each warp's own max of its keys (no cross-warp reduction here): the maxima travel with P^T
-            # through shared memory, and P is brought to the common max after the barrier (g_lo / g_hi below)
-            s4 = gl.reshape(s, [BN // 32, 2, 16, HN])  # (m16 tile of the warp, warp half, its keys, heads)
-            mu3 = gl.max(gl.max(s4, axis=2), axis=0)
-            p = gl.convert_layout(gl.reshape(
-                gl.exp2(s4 - gl.where(mu3 == float("-inf"), 0.0, mu3)[None, :, None, :]), [BN, HN]), MMA,
-                assert_trivial=True)
-            m_s.store(gl.reshape(mu3, [2 * HN]))
-            p_s.store(gl.permute(p, [1, 0]))
-            # one P factor 2^e per tile for the four chunks; the accumulators move to it (and to the new max) only
-            # when either changed
-            ps0 = sc_c.index(4 * slot + 0).load(PKEYS)
-            ps1 = sc_c.index(4 * slot + 1).load(PKEYS)
-            ps2 = sc_c.index(4 * slot + 2).load(PKEYS)
-            ps3 = sc_c.index(4 * slot + 3).load(PKEYS)
-            # e is in [-120, 126] for any row scale; e - e_prev stays in `_pow2`'s range while consecutive tiles'
-            # largest scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
-            e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
-            _barrier()  # P^T and the maxima are read after every warp's are in; rewritten after the next tile's first
-            if EARLY:  # the next tile's row ids (loaded here, used behind the first P V chunk: fewer registers in S)
-                idx_r = _tile_idx(row_n, k_n, end_n, BN, IR)
-                idx_s = _tile_idx(row_n, k_n, end_n, BN, gl.SliceLayout(0, LS))
-                idx_c = _tile_idx(row_n, k_n, end_n, BN, IC)
-            mu_lo = m_s.slice(0, HN).load(HEADS)
-            mu_hi = m_s.slice(HN, HN).load(HEADS)
-            m_new = gl.maximum(m_i, gl.maximum(mu_lo, mu_hi))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # heads with no key yet: keep exp2 finite
-            alpha = gl.exp2(m_i - m_use)
-            m_i = m_new
-            # each half's P to the common max (<= 1; a half without a valid key has P = 0 and factor 0)
-            g_lo = gl.where(mu_lo == float("-inf"), 0.0, gl.exp2(mu_lo - m_use))
-            g_hi = gl.where(mu_hi == float("-inf"), 0.0, gl.exp2(mu_hi - m_use))
-            p = p * gl.where((gl.arange(0, BN, layout=KEYS) % 32 < 16)[:, None], g_lo[None, :], g_hi[None, :])
-            if DEBUG:
-                if i == 0:
-                    _debug_f32(DBG, t, sp, HN, 5, s, MMA)
-                    _debug_f32(DBG, t, sp, HN, 6, p, MMA)
-            f = alpha * _pow2(e - e_prev)
-            e_prev = e
-            if gl.max(gl.abs(f - 1.0) + gl.abs(alpha - 1.0), axis=0) > 0.0:
-                acc0 = acc0 * f[None, :]
-                acc1 = acc1 * f[None, :]
-                acc2 = acc2 * f[None, :]
-                acc3 = acc3 * f[None, :]
-                l_acc = l_acc * alpha[None, :]
-            l_acc = l_acc + p
-            PH: gl.constexpr = gl.SliceLayout(0, DB)
-            pb = p_s.permute([1, 0]).load(DB) * gl.where((gl.arange(0, BN, layout=PKEYS) % 32 < 16)[:, None],
-                                                         gl.convert_layout(g_lo, PH)[None, :],
-                                                         gl.convert_layout(g_hi, PH)[None, :])
-            fe = _pow2(e)
-            # (early refill: behind each chunk's product the next tile's chunk, each warp the columns it read)
-            acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS)
-            if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
-                _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
-            acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
-            if EARLY:
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC)
-            acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS)
-            if EARLY:
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC)
-            acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS)
-            if EARLY:
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)
-                cp.commit_group()
-            if BALANCED:  # the run's last tile, or its token's: the token (or this program's piece of it) is done
-                if (jc == NT - 1) | (i == n_tiles - 1):
-                    l_i = gl.sum(l_acc, axis=0)
-                    has_key = l_i > 0
-                    inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0) * _pow2(-e_prev)
-                    lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
-                    offs_h = gl.arange(0, HN, layout=HEADS)
-                    tail = (tc == t) & (j0 > 0)  # begun by the program before
-                    if (jc == NT - 1) & (tail == 0):  # whole
-                        o_h = O + tc.to(gl.int64) * stride_ot + offs_h * stride_oh
-                        _store_mma(o_h, acc0 * inv_l[None, :], 0, H)
-                        _store_mma(o_h, acc1 * inv_l[None, :], 1, H)
-                        _store_mma(o_h, acc2 * inv_l[None, :], 2, H)
-                        _store_mma(o_h, acc3 * inv_l[None, :], 3, H)
-                        gl.store(LSE + tc.to(gl.int64) * stride_lt + offs_h, lse2 * 0.6931471805599453,
-                                 mask=offs_h < H)
-                    else:  # a piece: the tail (slot 1) of boundary p - 1 or the head (slot 0) of boundary p
-                        ts = tail.to(gl.int32)
-                        rows = ((ts * n_prog + gl.program_id(0) - ts) * H).to(gl.int64) + offs_h
-                        p_h = PART + rows * DN
-                        _store_mma(p_h, acc0 * inv_l[None, :], 0, H)
-                        _store_mma(p_h, acc1 * inv_l[None, :], 1, H)
-                        _store_mma(p_h, acc2 * inv_l[None, :], 2, H)
-                        _store_mma(p_h, acc3 * inv_l[None, :], 3, H)
-                        gl.store(PART + 2 * n_prog.to(gl.int64) * H * DN + rows, lse2, mask=offs_h < H)
-                tc = tn
-                jc = jn
+        m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k = _tiles(
+            KV, idx_row, k_start, k_end, n_tiles, idx_row, 0, 0, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
+            sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
+            t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, False, MMA, KEYS, HEADS, PKEYS, DA, DB,
+            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC)
         cp.wait_group(0)
-        if not BALANCED:  # (BALANCED stored every token inside the loop)
+        if True:
             l_i = gl.sum(l_acc, axis=0)
             has_key = l_i > 0
             inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
