@@ -66,8 +66,8 @@ CHECKS = [dict(B=B, H=H) for B in (1, 32, 128) for H in (8, 16)] + [
     dict(B=16, H=8, spread=3, q_scale=0.05), dict(B=16, H=16, spread=3, q_scale=0.05, invalid="mixed"),
     dict(B=512, H=8), dict(B=512, H=16, invalid="mixed"),
     # more tokens than the H200's 528 slots at one split: the balanced schedule (`SCHEDS`) cuts tokens between
-    # programs (top-k 999: 16 tiles of 64 keys a token, 21.2 a program at 700 tokens, so almost every boundary cuts)
-    dict(B=1100, H=8, invalid="mixed"), dict(B=700, H=5, topk=999, invalid="neg")]
+    # programs (top-k 1024: 16 tiles of 64 keys a token, 21.2 a program at 700 tokens, so almost every boundary cuts)
+    dict(B=1100, H=8, invalid="mixed"), dict(B=700, H=5, topk=1024, invalid="neg")]
 
 
 def case_name(c) -> str:

@@ -3,8 +3,9 @@ per given build, each compared with `naive.sparse_mla_ref` (`gluon_mla_device.co
 tolerances; the logs at 8457230 and 410f5c9 came from a check of max |err| / max |ref| < 2e-2 and equal finite lse
 rows) so that a wrong result fails here too:
 8 heads over 40 tokens at one split (64-key tiles: the prefill build) and at 4 splits (32-key tiles: the decode
-build), top-k 2048 with invalid and out-of-range indices, and 5 tokens of 6 heads over top-k 300 (a tile past the
-list's end). Small on purpose: the sanitizer runs each launch serially.
+build), top-k 2048 with invalid and out-of-range indices, 5 tokens of 6 heads over top-k 300 (a tile past the
+list's end), and the balanced schedule (`SCHEDS`) over 40 tokens of top-k 512 on 16 programs (20 tiles a program,
+8 a token: most program boundaries cut a token). Small on purpose: the sanitizer runs each launch serially.
 
 `PYTHONPATH=src compute-sanitizer --tool racecheck python scripts/fp8mma_sanitize_case.py [--configs 0,1,1,0,0,8,1 ...]`
 (default: the shipped big-class build and every `REFILLS` mode of it)
@@ -40,19 +41,24 @@ def main(argv=None) -> int:
     n_rows = 4096
     cache = naive.quantize_fp8_ds_mla(torch.randn(n_rows, naive.D_QK, generator=g)).cuda()
     bad = total = 0
-    for T, H, topk, splits in ((40, 8, 2048, 1), (40, 8, 2048, 4), (5, 6, 300, None)):
+    for T, H, topk, splits, programs in ((40, 8, 2048, 1, None), (40, 8, 2048, 4, None), (5, 6, 300, None, None),
+                                         (40, 8, 512, 1, 16)):
         q = torch.randn(T, H, naive.D_QK, generator=g).to(torch.bfloat16).cuda()
         idx = make_indices(T, topk, n_rows, "mixed", g, torch.device("cuda"))
         ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
         for cfg in cfgs:
-            o, lse = fm.sparse_mla_fp8mma(q, cache, idx, SM_SCALE, num_splits=splits, **fm.config_kwargs(cfg))
+            if programs and not cfg.sched:
+                continue
+            o, lse = fm.sparse_mla_fp8mma(q, cache, idx, SM_SCALE, num_splits=splits, **fm.config_kwargs(cfg),
+                                          **({"programs": programs} if programs else {}))
             torch.cuda.synchronize()
             r = compare(o, lse, ro, rlse)
             err, ok = r["rel"], r["ok"]
             total += 1
             bad += not ok
-            print(f"T{T} H{H} K{topk} splits {splits} {fm.config_name(cfg)}: rel {err:.2e} {'ok' if ok else 'FAIL'}",
-                  flush=True)
+            tag = f" programs {programs}" if programs else ""
+            print(f"T{T} H{H} K{topk} splits {splits}{tag} {fm.config_name(cfg)}: rel {err:.2e} "
+                  f"{'ok' if ok else 'FAIL'}", flush=True)
     print(f"{total - bad}/{total} launches match the fp32 reference")
     return 1 if bad else 0
 

@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--no-flashmla", action="store_true")
     ap.add_argument("--balanced-variants", action="store_true",
                     help="also the balanced build (sched 1) with one program a token (its code on the one-a-token "
-                         "schedule) and with the q prefetch")
+                         "schedule)")
     a = ap.parse_args()
     dev = torch.device("cuda")
     H = a.heads
@@ -70,7 +70,7 @@ def main() -> None:
                     q, cache, idx, bk.SM_SCALE, out=out, num_splits=1, **kw))
             except Exception as exc:
                 row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-        variants = [("programs=T", dict(programs=T)), ("qpf", dict(qpf=True))] if a.balanced_variants else []
+        variants = [("programs=T", dict(programs=T))] if a.balanced_variants else []
         for tag, extra in variants:
             kw = dict(fm.config_kwargs(fm.DEFAULT), sched=1, **extra)
             try:

@@ -231,6 +231,9 @@ def sanitize_cases() -> list[MLACase]:
         out.append(MLACase(T=36, H=3, topk=1000, n_kv=3000, kv_format=fmt, invalid="oob", paged=64, group="sanitize"))
         out.append(MLACase(T=33, H=12, topk=777, n_kv=3000, kv_format=fmt, invalid="mixed", paged=64,
                            group="sanitize"))
+        # and its balanced schedule (more tokens than the H200's 528 slots at one split, 8 heads: tokens cut
+        # between programs and merged)
+        out.append(MLACase(T=600, H=8, topk=512, n_kv=3000, kv_format=fmt, invalid="mixed", group="sanitize"))
     return out
 
 

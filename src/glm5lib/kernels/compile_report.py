@@ -45,16 +45,22 @@ def sass_opcodes(sass: str, nops: bool = False) -> dict:
     return _opcode_hist(t for _, t in _sass_instructions(sass, nops))
 
 
-def sass_loop(sass: str, nops: bool = False) -> tuple[int, int, dict]:
+def sass_loop(sass: str, nops: bool = False, inner: bool = False) -> tuple[int, int, dict]:
     """(instructions in the main loop, instructions in the kernel, {opcode: count} of the loop, most frequent first)
     from `cuobjdump -sass` text. The main loop runs from the target of the kernel's longest backward branch to that
-    branch; opcodes as `sass_opcodes` counts them; NOPs are left out unless `nops`."""
+    branch; inner: the longest loop (of at least 256 instructions) that holds no other loop of
+    that size (a kernel whose tile loop runs inside a loop over pieces of work: the tile loop); opcodes as
+    `sass_opcodes` counts them; NOPs are left out unless `nops`."""
     ins = _sass_instructions(sass, nops)
-    best = (0, 0)
+    loops = []
     for addr, text in ins:
         m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < addr and addr - int(m.group(1), 16) > best[1] - best[0]:
-            best = (int(m.group(1), 16), addr)
+        if m and int(m.group(1), 16) < addr:
+            loops.append((int(m.group(1), 16), addr))
+    if inner:
+        big = [lp for lp in loops if sum(lp[0] <= a <= lp[1] for a, _ in ins) >= 256]
+        loops = [lp for lp in big if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in big)] or loops
+    best = max(loops, key=lambda lp: lp[1] - lp[0], default=(0, 0))
     body = [t for a, t in ins if best[0] <= a <= best[1]]
     return len(body), len(ins), _opcode_hist(body)
 

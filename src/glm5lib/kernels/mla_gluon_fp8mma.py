@@ -147,10 +147,10 @@ class Config(NamedTuple):
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2), Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1),
+CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1), Config(0, 1, 1, 0, 0, 8, 2), Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
            Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0, 8, 1),
-           Config(1, 2, 2, 0, BLOCK_N, 8, 1), Config(0, 1, 1, 0, 0, 8, 2, 1)]
+           Config(1, 2, 2, 0, BLOCK_N, 8, 1)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group,
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
 # 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e), refilled early at one split
@@ -160,7 +160,7 @@ CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2), Config(0, 1, 1, 0, 0), Config(0, 1, 1), 
 # forced only): the e4m3 build with one slot (31 KB, 3 programs per SM) and 8 threads a row. Two q terms hold a bf16 q
 # exactly (8 significant bits = two 4-bit e4m3 terms) except for elements whose scaled value is below 2^-2 (about
 # 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
-CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
+CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2, 1), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
 DEFAULT = CONFIG_BY_CLASS["big"]
 
 
@@ -223,11 +223,13 @@ def check_sched(sched: int) -> None:
                          f"got {sched}")
 
 
-def balanced_mode(sched: int, refill: int, splits: int, T: int, slots: int) -> bool:
+def balanced_mode(sched: int, refill: int, splits: int, T: int, slots: int, rows_flat: bool = True) -> bool:
     """Whether a launch takes the balanced schedule (`SCHEDS`): sched 1, the early refill (`refill_mode`'s 1), one
-    split, and more tokens than slots (so that every program's run holds at least one token's tiles and a token is
-    cut at most once)."""
-    return bool(sched) and refill == 1 and splits == 1 and T > slots
+    split, more tokens than slots (so that every program's run holds at least one token's tiles and a token is cut
+    at most once), and rows_flat: the index rows a whole number of tiles each and back to back (top-k a multiple of
+    the tile, row stride = top-k, T * top-k < 2^31), so that the kernel reads them as one list whose tiles run
+    across token boundaries with the same loop as one token's (GLM-5's top-k 2048 in a fresh [T, 2048] tensor)."""
+    return bool(sched) and refill == 1 and splits == 1 and T > slots and rows_flat
 
 
 def balanced_pieces(T: int, tiles: int, programs: int) -> list[list[tuple[int, int, int, str]]]:
@@ -651,18 +653,6 @@ if HAVE_GLUON:
         qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
         return gl.convert_layout(1.0 / sigma, HEADS)
 
-    @gluon.jit
-    def _prefetch_q(Q, t, stride_qt, stride_qh, H, HN: gl.constexpr, LQ: gl.constexpr):
-        """Token t's q rows (HN heads x 1152 bytes: 9 lines of 128 bytes each) prefetched into L2
-        (`prefetch.global.L2`, inline PTX: Gluon has no prefetch), so that the balanced schedule's in-loop q load at
-        the token's first tile reads L2 instead of HBM."""
-        LPF: gl.constexpr = gl.BlockedLayout([1, 1], [4, 8], [gl.num_warps(), 1], [1, 0])
-        h = gl.minimum(gl.arange(0, HN, layout=gl.SliceLayout(1, LPF)), H - 1)
-        k = gl.minimum(gl.arange(0, 16, layout=gl.SliceLayout(0, LPF)), 8)
-        ptr = Q + t.to(gl.int64) * stride_qt + h[:, None] * stride_qh + k[None, :] * 64
-        gl.inline_asm_elementwise("prefetch.global.L2 [$1];\n mov.u32 $0, 0;", "=r,l", [ptr], dtype=gl.int32,
-                                  is_pure=False, pack=1)
-
     @triton.constexpr_function
     def _out_layout(HN):
         """The accumulator's own distribution (the NVMMA layout of 1-8 heads, 2 warps) after `_d_order`, with the
@@ -688,32 +678,27 @@ if HAVE_GLUON:
         gl.store(hp[None, :] + c * CH + d[:, None], y.to(ptr_h.dtype.element_ty), mask=(h < H)[None, :])
 
     @gluon.jit
-    def _tiles(KV, idx_row, k_start, k_end, n_tiles, row_next, k_next, end_next, N_ROWS, stride_kv, qk_scale,
+    def _tiles(KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale,
                lat, lat8, rope, scs, sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero,
                m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG, t, sp,
                NBUF: gl.constexpr, BN: gl.constexpr, HN: gl.constexpr, Q_TERMS: gl.constexpr,
                P_TERMS: gl.constexpr, EARLY: gl.constexpr, COMPUTE_ALONE: gl.constexpr, DEBUG: gl.constexpr,
-               NEXT: gl.constexpr, MMA: gl.constexpr, KEYS: gl.constexpr, HEADS: gl.constexpr, PKEYS: gl.constexpr,
+               MMA: gl.constexpr, KEYS: gl.constexpr, HEADS: gl.constexpr, PKEYS: gl.constexpr,
                DA: gl.constexpr, DB: gl.constexpr, DA8: gl.constexpr, DB8: gl.constexpr, DA16: gl.constexpr,
                DB16: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LVP: gl.constexpr, LW: gl.constexpr,
                LR: gl.constexpr, LS: gl.constexpr, LQ: gl.constexpr, LC: gl.constexpr, IR: gl.constexpr,
                IC: gl.constexpr):
-        """The kernel's loop: n_tiles tiles of one token's list from key k_start (ends at k_end), each gathered,
-        scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev), which it returns with
-        the index tiles read ahead (nxt_w, nxt_k). NEXT (the balanced schedule): the last tile's read-ahead and
-        early refill fetch the tile at row_next / k_next (the next piece's first) instead of this list's next."""
+        """The kernel's loop: n_tiles tiles of the index list at idx_row from position k_start (the list ends at
+        k_end), each gathered, scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev),
+        which it returns with the index tiles read ahead (nxt_w, nxt_k). The balanced schedule passes the whole
+        index array as one list (`balanced_mode`: rows of top-k a whole number of tiles, back to back), so that the
+        read-ahead and early refill of a piece's last tile fetch the next token's first tile."""
         CH: gl.constexpr = 128
         for i in range(n_tiles):
-            # the tile after this one (the early refill's and the key ids' next tile): this run's next, or (NEXT)
-            # after its last the one at row_next / k_next (end_next: where its list ends; 0 for none)
+            # the tile after this one (the early refill's and the key ids' next tile)
             row_n = idx_row
             k_n = k_start + (i + 1) * BN
             end_n = k_end
-            if NEXT:
-                last = i + 1 == n_tiles
-                row_n = gl.where(last, row_next, idx_row)
-                k_n = gl.where(last, k_next, k_n)
-                end_n = gl.where(last, end_next, k_end)
             if EARLY:
                 # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of
                 # the last tile's P^T and maxima)
@@ -813,7 +798,6 @@ if HAVE_GLUON:
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
-        QPF: gl.constexpr = False,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
@@ -914,8 +898,10 @@ if HAVE_GLUON:
             t = (g0 // NT).to(gl.int32)
             sp = 0
             j0 = (g0 - t * NT).to(gl.int32)  # the run's first tile in its token (> 0: a tail piece)
-            k_start = j0 * BN
-            k_end = TOPK
+            # the index rows as one list (`balanced_mode`: TOPK = NT * BN, rows back to back): the run's tiles are
+            # positions [g0 BN, g1 BN) of it
+            k_start = g0.to(gl.int32) * BN
+            k_end = g1.to(gl.int32) * BN
             n_tiles = NT - j0
             t_last = ((g1 - 1) // NT).to(gl.int32)
             j_last = (g1 - t_last * NT).to(gl.int32)  # the end tile of the run's last piece (< NT: a head piece)
@@ -925,7 +911,7 @@ if HAVE_GLUON:
             k_start = sp * KEYS_PER_SPLIT
             k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
             n_tiles = gl.cdiv(k_end - k_start, BN)
-        idx_row = IDX + t.to(gl.int64) * stride_it
+        idx_row = IDX if BALANCED else IDX + t.to(gl.int64) * stride_it
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
         # (compute alone: every slot gathered here, and the loop gathers nothing)
         nxt_w = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS,
@@ -945,19 +931,14 @@ if HAVE_GLUON:
             for tk in range(t, t_last + 1):  # the run's pieces, one token each
                 a = gl.where(tk == t, j0, 0)
                 b = gl.where(tk == t_last, j_last, NT)
-                row = IDX + tk.to(gl.int64) * stride_it
                 inv_sigma = _load_q(Q, tk, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG)
-                if QPF:
-                    if tk < t_last:
-                        _prefetch_q(Q, tk + 1, stride_qt, stride_qh, H, HN, LQ)
                 m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k = _tiles(
-                    KV, row, a * BN, TOPK, b - a, row + stride_it, 0, gl.where(tk < t_last, TOPK, 0), N_ROWS,
-                    stride_kv, qk_scale, lat, lat8, rope, scs, sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma,
+                    KV, IDX, (tk * NT + a) * BN, g1.to(gl.int32) * BN, b - a, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs, sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma,
                     zero, gl.full([HN], float("-inf"), gl.float32, HEADS), gl.full([BN, HN], 0.0, gl.float32, MMA),
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA), gl.to_tensor(0), DBG,
                     tk, sp,
-                    NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, True, MMA, KEYS, HEADS, PKEYS, DA, DB,
+                    NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
                     DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC)
                 # the token done (b = NT, a = 0), or this program's piece of it: the tail (slot 1) of boundary
                 # p - 1 (a > 0) or the head (slot 0) of boundary p
@@ -994,9 +975,9 @@ if HAVE_GLUON:
         acc3 = gl.full([CH, HN], 0.0, gl.float32, MMA)
         e_prev = 0  # exponent of the P factor the accumulators hold (2^e: the tile's largest scale brought to 448)
         m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k = _tiles(
-            KV, idx_row, k_start, k_end, n_tiles, idx_row, 0, 0, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
+            KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
             sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
-            t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, False, MMA, KEYS, HEADS, PKEYS, DA, DB,
+            t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
             DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC)
         cp.wait_group(0)
         if True:
@@ -1147,10 +1128,12 @@ def merge_pieces(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, tiles
 @functools.lru_cache(maxsize=4096)
 def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nbuf: int, q_terms: int,
                  p_terms: int, maxnreg: int, block_n: int, row_threads: int, refill: int, sched: int,
-                 num_splits: int | None) -> tuple[int, int, tuple, dict, tuple]:
+                 num_splits: int | None, idx_stride: int = 0,
+                 programs: int | None = None) -> tuple[int, int, tuple, dict, tuple]:
     """(splits, keys per split, grid, constexprs and options, their values as a key) for a call shape: the host work
     an eager layer would otherwise repeat on every call. The grid is (T, splits), or under the balanced schedule
-    (`balanced_mode`) (slots,): one program per slot of the machine."""
+    (`balanced_mode`) (slots,): one program per slot of the machine; programs (a measurement knob) takes the
+    balanced schedule over that many programs wherever it applies with T >= programs."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     G = head_groups(H)
     nbuf = ring_slots(nbuf, G)
@@ -1158,10 +1141,15 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     bn = tile_keys(block_n, splits)
     refill = refill_mode(refill, nbuf, G, splits)
     slots = programs_per_sm(G, nbuf, q_terms, mla.smem_class(dev), maxnreg, bn) * num_sms(dev)
-    flat = balanced_mode(sched, refill, splits, T, slots)
+    rows_flat = topk % bn == 0 and idx_stride == topk and T * topk < 2**31
+    if programs:  # T >= programs: every run still holds a token's tiles, so a token is still cut at most once
+        slots = programs
+        flat = balanced_mode(sched, refill, splits, T + 1, slots, rows_flat)
+    else:
+        flat = balanced_mode(sched, refill, splits, T, slots, rows_flat)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
               TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
-              PAD=0, BALANCED=flat, QPF=False,
+              PAD=0, BALANCED=flat,
               num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
@@ -1175,13 +1163,14 @@ def debug_record_bytes(H: int) -> int:
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
                       p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
                       row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, sched=DEFAULT.sched, out=None,
-                      debug=None, programs=None, qpf=False):
+                      debug=None, programs=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
     build; maxnreg: register cap per thread (0: none); block_n: keys a tile (32 or 64); row_threads: threads a
     gathered row's latent bytes are spread over; refill: how a one-slot ring is refilled (`Config`, `REFILLS`);
-    sched: the programs' schedule (`SCHEDS`). `config_kwargs(cfg)` gives these for a `Config`."""
+    sched: the programs' schedule (`SCHEDS`). `config_kwargs(cfg)` gives these for a `Config`. programs (a
+    measurement knob): the balanced schedule's program count instead of the slots (T: one token a program)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -1195,6 +1184,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
     check_refill(refill)
     check_sched(sched)
+    if programs is not None and not 1 < programs <= T:
+        raise ValueError(f"programs (the balanced schedule's program count) must be in 2..{T}, got {programs}")
     debug_refused = (f"the DEBUG record is built for the e4m3 products (q_terms 2 or 3) over {BLOCK_N}-key tiles in a "
                      f"slot refilled whole")
     if debug is not None and (q_terms == 1 or block_n == BLOCK_NS[1] or refill == 1):
@@ -1205,11 +1196,9 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     if T == 0:
         return out, lse
     splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
-                                                            maxnreg, block_n, row_threads, refill, sched, num_splits)
+                                                            maxnreg, block_n, row_threads, refill, sched, num_splits,
+                                                            indices.stride(0), programs)
     flat = kw["BALANCED"]
-    if flat and (programs or qpf):  # measurement knobs (scripts/fp8mma_waves.py): the program count, the q prefetch
-        grid, kw = (programs or grid[0],), dict(kw, QPF=bool(qpf))
-        kw_key = tuple(kw.values())
     part = piece_buffer(grid[0], H, dev) if flat else split_buffer(splits, T, H, lse)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
             keys_per_split, T)
@@ -1257,7 +1246,8 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
       programs per SM held at the whole kernel's by a shared-memory pad.
     The split merge runs after each part, as after the kernel, so that differences are the kernel's. A build that
     refills its slot early (`REFILLS`) is taken apart on the whole-refill schedule: its gathers and compute alone are
-    those of the same build with refill 0 (the same bytes and products); only "whole" differs."""
+    those of the same build with refill 0 (the same bytes and products); only "whole" differs. The parts run on the
+    one-program-a-token grid whatever the build's `sched` (only "whole" takes the balanced schedule)."""
     if part not in ABLATIONS:
         raise ValueError(f"part must be one of {ABLATIONS}, got {part!r}")
     c = Config(*cfg)
@@ -1363,7 +1353,8 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
                   block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads,
                   refill: int = DEFAULT.refill, sched: int = DEFAULT.sched) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread, and where
-    the stack is used, the spill stores and loads (STL, LDL) in the main loop's SASS (`loop_spills`)."""
+    the stack is used, the spill stores and loads (STL, LDL) in the tile loop's SASS (`loop_spills`; the balanced
+    schedule's tile loop runs inside its loop over pieces: `sass_loop(inner=True)`)."""
     k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n, row_threads=row_threads,
                     refill=refill, sched=sched)
     row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill, sched)), "arch": arch,
@@ -1375,7 +1366,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
     if row["stack"]:
         from glm5lib.kernels.compile_report import cuobjdump, sass_loop
 
-        hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True)[2]
+        hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True, inner=True)[2]
         row["loop_spills"] = hist.get("STL", 0) + hist.get("LDL", 0)
     return row
 
