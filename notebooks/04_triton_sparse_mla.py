@@ -251,10 +251,10 @@ if INTERACTIVE:
 # the goal out; the kernel taken apart, below, shows how much of its time is its own gathers); at 64-128 heads the
 # prefill (on sm_90 the Gluon ping-pong kernel of `mla_gluon_large`) reaches about 0.9x FlashMLA's TFLOP/s;
 # H = 8 prefill is bound by L2 bandwidth for both kernels, so the two run at about the same speed. The indexer's
-# decode reads its keys at 82 % of the copy bandwidth with fp8 keys and fp8 q, and 90 % with bf16 keys (8 key tiles
-# a program on sm_90, q loaded once for all of them); bf16 q on fp8 keys is first rewritten into fp16 (each head
-# times a power of two, exactly) and reaches about 64-65 %: its widened keys take registers, so fewer programs fit on
-# an SM, and several tiles a program did not help it.
+# decode reads its keys at 81-82 % of the copy bandwidth with fp8 keys and fp8 q, and 90-91 % with bf16 keys (8 key
+# tiles a program on sm_90, q loaded once for all of them); bf16 q on fp8 keys is first rewritten into fp16 (each
+# head times a power of two, exactly) and reaches about 64-65 %: its widened keys take registers, so fewer programs
+# fit on an SM, and several tiles a program did not help it.
 
 # %%
 head = kbench.headline(res)

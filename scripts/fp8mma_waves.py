@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
@@ -36,6 +38,8 @@ def main() -> None:
                     help="also the balanced build (sched 1) with one program a token (its code on the one-a-token "
                          "schedule)")
     a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("fp8mma_waves: needs a CUDA GPU")
     dev = torch.device("cuda")
     H = a.heads
     fm_err = None if a.no_flashmla else bk.load_flashmla()
@@ -89,7 +93,9 @@ def main() -> None:
         rows.append(row)
         del q, idx, out
         torch.cuda.empty_cache()
-    meta = {"gpu": torch.cuda.get_device_name(), "heads": H, "s_kv": S_KV, "slots": slots, "flashmla": fm_err or "loaded",
+    flashmla = "skipped" if a.no_flashmla else fm_err or "loaded"
+    meta = {"gpu": torch.cuda.get_device_name(), "commit": os.environ.get("GLM5LIB_COMMIT"), "heads": H, "s_kv": S_KV,
+            "slots": slots, "flashmla": flashmla,
             "configs": [fm.config_name(c) for c in cfgs], "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
     json.dump({"meta": meta, "rows": rows}, open(a.out, "w"), indent=1)
 
