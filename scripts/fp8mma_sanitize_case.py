@@ -47,8 +47,8 @@ def main(argv=None) -> int:
         idx = make_indices(T, topk, n_rows, "mixed", g, torch.device("cuda"))
         ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
         for cfg in cfgs:
-            if programs and not cfg.sched:
-                continue
+            if programs and not (cfg.sched and fm.refill_mode(cfg.refill, cfg.nbuf, 1, 1) == 1):
+                continue  # (the program count applies to the balanced schedule only)
             o, lse = fm.sparse_mla_fp8mma(q, cache, idx, SM_SCALE, num_splits=splits, **fm.config_kwargs(cfg),
                                           **({"programs": programs} if programs else {}))
             torch.cuda.synchronize()

@@ -121,6 +121,9 @@ REFILLS = (0, 1, 2)
 # tokens' tile list in token order (FlashMLA's scheduler does the same), so a token is done whole by one program
 # or in two pieces by two neighbouring ones, whose partials `_merge_pieces_kernel` combines; the next piece's first
 # tile is refilled behind the last one's products like any other tile (`balanced_pieces` is the schedule in Python).
+# A cut token's output is the merge of two fp32 partials, so it rounds differently from the same token done whole
+# (in fp32; after the bf16 store an element can differ by one bf16 step): under this schedule a token's output
+# depends on the token count and the GPU's SM count.
 # H200, 8 heads (`sweeps/fp8mma_waves_h200_5b6d93c.json`, one run): 600 tokens 266 -> 213 us, 3696 (7 whole waves)
 # 1131 -> 1143 (its per-token q loads, resets and stores inside each run, and the merge launch), 4096 1268 -> 1269
 SCHEDS = (0, 1)
@@ -982,23 +985,22 @@ if HAVE_GLUON:
             t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
             DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC)
         cp.wait_group(0)
-        if True:
-            l_i = gl.sum(l_acc, axis=0)
-            has_key = l_i > 0
-            inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
-            inv_l = inv_l * _pow2(-e_prev)
-            _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l, 0, SPLIT, LO)
-            _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l, 1, SPLIT, LO)
-            _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l, 2, SPLIT, LO)
-            _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l, 3, SPLIT, LO)
-            lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
-            offs_h = gl.arange(0, HN, layout=HEADS)
-            if not SPLIT:
-                gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
-            else:
-                n_t = gl.num_programs(0)
-                rows = (sp * n_t + t).to(gl.int64) * H + offs_h
-                gl.store(PART + gl.num_programs(1).to(gl.int64) * n_t * H * DN + rows, lse2, mask=offs_h < H)
+        l_i = gl.sum(l_acc, axis=0)
+        has_key = l_i > 0
+        inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
+        inv_l = inv_l * _pow2(-e_prev)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l, 0, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l, 1, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l, 2, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l, 3, SPLIT, LO)
+        lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
+        offs_h = gl.arange(0, HN, layout=HEADS)
+        if not SPLIT:
+            gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
+        else:
+            n_t = gl.num_programs(0)
+            rows = (sp * n_t + t).to(gl.int64) * H + offs_h
+            gl.store(PART + gl.num_programs(1).to(gl.int64) * n_t * H * DN + rows, lse2, mask=offs_h < H)
 
 
 if HAVE_GLUON:
@@ -1143,7 +1145,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     bn = tile_keys(block_n, splits)
     refill = refill_mode(refill, nbuf, G, splits)
     slots = programs_per_sm(G, nbuf, q_terms, mla.smem_class(dev), maxnreg, bn) * num_sms(dev)
-    rows_flat = topk % bn == 0 and idx_stride == topk and T * topk < 2**31
+    rows_flat = topk > 0 and topk % bn == 0 and idx_stride == topk and T * topk < 2**31
     if programs:  # T >= programs: every run still holds a token's tiles, so a token is still cut at most once
         slots = programs
         flat = balanced_mode(sched, refill, splits, T + 1, slots, rows_flat)
@@ -1201,6 +1203,9 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
                                                             maxnreg, block_n, row_threads, refill, sched, num_splits,
                                                             indices.stride(0), programs)
     flat = kw["BALANCED"]
+    if programs is not None and not flat:
+        raise ValueError("programs (the balanced schedule's program count) applies only where the balanced schedule "
+                         "does (sched 1, the early refill at one split, index rows back to back)")
     part = piece_buffer(grid[0], H, dev) if flat else split_buffer(splits, T, H, lse)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
             keys_per_split, T)
@@ -1214,7 +1219,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         # the pre-bound launcher (`common.Prebound`): an eager call through Gluon's own binder cost 105-107 us of host
         # time on the H200 against the Triton kernel's 43-45 (`sweeps/fp8mma_small_batch_h200_08e4e10.json`)
         # what Triton specializes on: the dtypes, each pointer's 16-byte alignment, the int values themselves
-        spec = (q.dtype, out.dtype, tuple(t.data_ptr() % 16 == 0 for t in ptrs), ints)
+        # (the token count only as Triton specializes it, so that a new T does not miss the launcher's cache)
+        spec = (q.dtype, out.dtype, tuple(t.data_ptr() % 16 == 0 for t in ptrs), ints[:-1], T == 1, T % 16 == 0)
         _FP8MMA.launch(grid, args, kw, kw_key, dev.index, spec)
     if flat:
         merge_pieces(part, out, lse, -(-topk // kw["BN"]), grid[0])
@@ -1248,8 +1254,8 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
       programs per SM held at the whole kernel's by a shared-memory pad.
     The split merge runs after each part, as after the kernel, so that differences are the kernel's. A build that
     refills its slot early (`REFILLS`) is taken apart on the whole-refill schedule: its gathers and compute alone are
-    those of the same build with refill 0 (the same bytes and products); only "whole" differs. The parts run on the
-    one-program-a-token grid whatever the build's `sched` (only "whole" takes the balanced schedule)."""
+    those of the same build with refill 0 (the same bytes and products); only "whole" differs. Every part, "whole"
+    included, runs on the one-program-a-token grid whatever the build's `sched`."""
     if part not in ABLATIONS:
         raise ValueError(f"part must be one of {ABLATIONS}, got {part!r}")
     c = Config(*cfg)
@@ -1259,7 +1265,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     check_refill(c.refill)
     check_sched(c.sched)
     if part == "whole":
-        return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(c), out=out)
+        return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(c._replace(sched=0)), out=out)
     T, H, _ = q.shape
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
