@@ -1,6 +1,7 @@
 """How the fp8-cache prefill's time grows with its token count: the wave question (H200, one process).
 
-`PYTHONPATH=src python scripts/fp8mma_waves.py OUT.json [--heads 8] [--tokens 528,1056,...] [--configs 0,1,1,0,0,8,2 ...]`
+`PYTHONPATH=src python scripts/fp8mma_waves.py OUT.json [--heads 8] [--tokens 528,1056,...]
+[--configs 0,1,1,0,0,8,2 ...] [--balanced-variants] [--no-flashmla]`
 
 At one split a program owns a token's whole top-k list, so a prefill of T tokens is T equal programs, and
 `mla_gluon_fp8mma.programs_per_sm` of them share an SM (4 at 8 heads: 528 slots on 132 SMs). If the programs' time

@@ -1013,8 +1013,8 @@ def test_evidence_fp8mma_balanced_h200():
     san = (BENCH / "sanitizer_h200.log").read_text()
     assert "28/28 cases pass" in san and "ERROR SUMMARY: 0 errors" in san
     assert re.search(r"^sanitize:T600-H8-K512-N3000-fp8_ds_mla-mixed\s+ok .* config=" + re.escape(new) + "$", san, re.M)
-    for tool, n, summary in (("memcheck", 12, "ERROR SUMMARY: 0 errors"), ("racecheck", 4, "RACECHECK SUMMARY: 0 hazards"),
-                             ("synccheck", 4, "ERROR SUMMARY: 0 errors")):
+    for tool, n, summary in (("memcheck", 12, "ERROR SUMMARY: 0 errors"),
+                             ("racecheck", 4, "RACECHECK SUMMARY: 0 hazards"), ("synccheck", 4, "ERROR SUMMARY: 0 errors")):
         log = (BENCH / "sweeps" / f"{tool}_fp8mma_balanced_h200_5b6d93c.log").read_text()
         assert f"{n}/{n} launches match the fp32 reference" in log and summary in log, tool
         assert f"T40 H8 K512 splits 1 programs 16 {new}: rel" in log, tool

@@ -114,18 +114,18 @@ ROW_THREADS = (0, 2, 4, 8, 16, 32)
 REFILLS = (0, 1, 2)
 # how programs are laid over the work where each owns a token's whole top-k list (one split) and the slot is refilled
 # early. 0: one program a token (the grid is (T, splits)); the hardware starts a new program wherever one ends, and
-# since every program does the same work the last wave is T / slots's fraction of the machine (`slots`: the programs
-# that fit on all SMs at once, `programs_per_sm` times the SM count): s_q 4096 at 8 heads is 7.76 waves of 528 and
-# takes as long as 8 (H200, `sweeps/fp8mma_waves_h200_*.json`: 1278 us at 4096 tokens, 1289 at 4224, 1134 at
-# 3696). 1 ("balanced"): where T > slots, `slots` programs, each a contiguous run of T * tiles / slots tiles of the
-# tokens' tile list in token order (FlashMLA's scheduler does the same), so a token is done whole by one program
-# or in two pieces by two neighbouring ones, whose partials `_merge_pieces_kernel` combines; the next piece's first
-# tile is refilled behind the last one's products like any other tile (`balanced_pieces` is the schedule in Python).
-# A cut token's output is the merge of two fp32 partials, so it rounds differently from the same token done whole
-# (in fp32; after the bf16 store an element can differ by one bf16 step): under this schedule a token's output
-# depends on the token count and the GPU's SM count.
-# H200, 8 heads (`sweeps/fp8mma_waves_h200_5b6d93c.json`, one run): 600 tokens 266 -> 213 us, 3696 (7 whole waves)
-# 1131 -> 1143 (its per-token q loads, resets and stores inside each run, and the merge launch), 4096 1268 -> 1269
+# since every program does the same work the last wave fills only the fractional part of T / slots of the machine
+# (`slots`: the programs that fit on all SMs at once, `programs_per_sm` times the SM count): s_q 4096 at 8 heads is
+# 7.76 waves of 528 and takes 99 % of 8 waves' time (H200, `sweeps/fp8mma_waves_h200_4a85e56.json`: 1278 us at 4096
+# tokens, 1289 at 4224, 1134 at 3696). 1 ("balanced"): where T > slots, `slots` programs, each a contiguous run of T *
+# tiles / slots tiles of the tokens' tile list in token order (FlashMLA's scheduler does the same), so a token is done
+# whole by one program or in two pieces by two neighbouring ones, whose partials `_merge_pieces_kernel` combines; the
+# next piece's first tile is refilled behind the last one's products like any other tile (`balanced_pieces` is the
+# schedule in Python). A cut token's output is the merge of two fp32 partials, so it rounds differently from the same
+# token done whole (in fp32; after the bf16 store an element can differ by one bf16 step): under this schedule a
+# token's output depends on the token count and the GPU's SM count. H200, 8 heads
+# (`sweeps/fp8mma_waves_h200_5b6d93c.json`, one run): 600 tokens 266 -> 213 us, 3696 (7 whole waves) 1131 -> 1143 (its
+# per-token q loads, resets and stores inside each run, and the merge launch), 4096 1268 -> 1269
 SCHEDS = (0, 1)
 
 
@@ -152,7 +152,8 @@ class Config(NamedTuple):
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1), Config(0, 1, 1, 0, 0, 8, 2), Config(0, 1, 1, 0, 0), Config(0, 1, 1), Config(0, 1, 1, 0, 64), Config(1, 1, 1),
+CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1), Config(0, 1, 1, 0, 0, 8, 2), Config(0, 1, 1, 0, 0), Config(0, 1, 1),
+           Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
            Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0, 8, 1),
            Config(1, 2, 2, 0, BLOCK_N, 8, 1)]
@@ -807,9 +808,9 @@ if HAVE_GLUON:
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
         PAD: `_occupancy_pad` (`ablate_launch`). BALANCED (`SCHEDS`' 1, with the early refill at one split only): a
-        program runs global tiles [p n / P, (p + 1) n / P) of the N_TOK tokens' n tiles (`balanced_pieces`), storing each
-        token it finishes inside the loop, whole into O / LSE or, cut at a program boundary, as a partial into PART
-        (`_merge_pieces_kernel`'s layout)."""
+        program runs global tiles [p n / P, (p + 1) n / P) of the N_TOK tokens' n tiles (`balanced_pieces`), one piece
+        (token) at a time through the tile loop (`_tiles`), storing each piece after it, whole into O / LSE or, cut
+        at a program boundary, as a partial into PART (`_merge_pieces_kernel`'s layout)."""
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
@@ -907,7 +908,7 @@ if HAVE_GLUON:
             # positions [g0 BN, g1 BN) of it
             k_start = g0.to(gl.int32) * BN
             k_end = g1.to(gl.int32) * BN
-            n_tiles = NT - j0
+            n_tiles = NT - j0  # (the one-a-token code after the piece loop's return is traced too, never run)
             t_last = ((g1 - 1) // NT).to(gl.int32)
             j_last = (g1 - t_last * NT).to(gl.int32)  # the end tile of the run's last piece (< NT: a head piece)
         else:
@@ -938,11 +939,12 @@ if HAVE_GLUON:
                 b = gl.where(tk == t_last, j_last, NT)
                 inv_sigma = _load_q(Q, tk, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG)
                 m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k = _tiles(
-                    KV, IDX, (tk * NT + a) * BN, g1.to(gl.int32) * BN, b - a, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs, sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma,
-                    zero, gl.full([HN], float("-inf"), gl.float32, HEADS), gl.full([BN, HN], 0.0, gl.float32, MMA),
+                    KV, IDX, (tk * NT + a) * BN, k_end, b - a, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
+                    sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero,
+                    gl.full([HN], float("-inf"), gl.float32, HEADS), gl.full([BN, HN], 0.0, gl.float32, MMA),
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
-                    gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA), gl.to_tensor(0), DBG,
-                    tk, sp,
+                    gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
+                    gl.to_tensor(0), DBG, tk, sp,
                     NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
                     DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC)
                 # the token done (b = NT, a = 0), or this program's piece of it: the tail (slot 1) of boundary
@@ -1379,6 +1381,8 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
     return row
 
 
-__all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT", "config_name", "config_kwargs",
-           "check_terms", "check_block_n", "check_row_threads", "check_refill", "refill_mode", "REFILLS",
-           "check_sched", "balanced_mode", "balanced_pieces", "SCHEDS", "merge_pieces", "piece_buffer", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile", "aot_compile_part", "compile_stats"]
+__all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
+           "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
+           "refill_mode", "REFILLS", "check_sched", "balanced_mode", "balanced_pieces", "SCHEDS", "merge_pieces",
+           "piece_buffer", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
+           "aot_compile_part", "compile_stats"]
