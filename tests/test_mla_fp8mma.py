@@ -581,7 +581,9 @@ def test_merge_pieces_gives_the_cut_tokens_their_attention_over_all_keys(T, tile
     cut = [t for ps in runs for t, a, b, k in ps if k == "head"]
     logits[cut[0], :, : BN] = float("-inf")  # the head piece of the first cut token: no valid key (if one tile)
     logits[cut[-1]] = float("-inf")  # the last cut token: no valid key in either piece (zeros, lse -inf)
-    part = fm.piece_buffer(P, H, "cpu").fill_(float("nan"))
+    from glm5lib.kernels.mla_gluon import split_buffer
+
+    part = split_buffer(2, P, H, torch.empty(0)).fill_(float("nan"))
     o_part = part[: 2 * P * H * D].view(2, P, H, D)
     l_part = part[2 * P * H * D:].view(2, P, H)
     for p, ps in enumerate(runs):

@@ -72,7 +72,7 @@ from glm5lib.kernels import common  # noqa: F401  (before triton: the interprete
 from glm5lib.kernels import mla
 from glm5lib.kernels.common import Prebound, num_sms
 from glm5lib.kernels.compile_report import SMEM_LIMIT
-from glm5lib.kernels.mla import LOG2E
+from glm5lib.kernels.mla import LOG2E, _part_rows
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE
 
 import triton  # noqa: E402
@@ -701,10 +701,7 @@ if HAVE_GLUON:
         read-ahead and early refill of a piece's last tile fetch the next token's first tile."""
         CH: gl.constexpr = 128
         for i in range(n_tiles):
-            # the tile after this one (the early refill's and the key ids' next tile)
-            row_n = idx_row
-            k_n = k_start + (i + 1) * BN
-            end_n = k_end
+            k_n = k_start + (i + 1) * BN  # the tile after this one (the early refill's and the key ids' next)
             if EARLY:
                 # tile i has landed (every thread's copies, then the barrier, which also ends every warp's reads of
                 # the last tile's P^T and maxima)
@@ -715,7 +712,7 @@ if HAVE_GLUON:
                                    BN, LW, LR, LS, not COMPUTE_ALONE)
             slot = i % NBUF
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
-            nxt_k = _tile_idx(row_n, k_n, end_n, BN, KEYS)
+            nxt_k = _tile_idx(idx_row, k_n, k_end, BN, KEYS)
             t8 = lat8 if EARLY else lat8.index(slot)
             if DEBUG:  # the e4m3 builds only (the launcher refuses debug with fp16 products)
                 if i == 0:
@@ -748,9 +745,9 @@ if HAVE_GLUON:
             e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
             _barrier()  # P^T and the maxima are read after every warp's are in; rewritten after the next tile's first
             if EARLY:  # the next tile's row ids (loaded here, used behind the first P V chunk: fewer registers in S)
-                idx_r = _tile_idx(row_n, k_n, end_n, BN, IR)
-                idx_s = _tile_idx(row_n, k_n, end_n, BN, gl.SliceLayout(0, LS))
-                idx_c = _tile_idx(row_n, k_n, end_n, BN, IC)
+                idx_r = _tile_idx(idx_row, k_n, k_end, BN, IR)
+                idx_s = _tile_idx(idx_row, k_n, k_end, BN, gl.SliceLayout(0, LS))
+                idx_c = _tile_idx(idx_row, k_n, k_end, BN, IC)
             mu_lo = m_s.slice(0, HN).load(HEADS)
             mu_hi = m_s.slice(HN, HN).load(HEADS)
             m_new = gl.maximum(m_i, gl.maximum(mu_lo, mu_hi))
@@ -1077,9 +1074,10 @@ def _merge_pieces_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, N_TOK
                          BLOCK_D: tl.constexpr):
     """The balanced schedule's cut tokens (`SCHEDS`): boundary b (between programs b and b + 1) cuts token
     ((b + 1) n / P) // NT unless that run end is a token's end (n = N_TOK * NT tiles, P = N_PROG programs); its two
-    pieces' partials (fp32, normalised, with their log2 lse: slot 0 the head, slot 1 the tail, rows
-    (slot * P + b) * H + h of [2, P, H, 512], then the lse [2, P, H]) merge into out and lse as
-    `mla._merge_splits_kernel` merges splits. Plain Triton (it runs in the interpreter)."""
+    pieces' partials (fp32, normalised, with their log2 lse) sit in a two-split buffer over P rows, `mla._part_rows`'s
+    layout and `split_buffer`'s allocation (slot 0 the head, slot 1 the tail, row b), and merge into out and lse as
+    `mla._merge_splits_kernel` merges splits; apart from it because the row it writes is the cut token, not its own
+    program id, and most boundaries write nothing. Plain Triton (it runs in the interpreter)."""
     b = tl.program_id(0)
     db = tl.program_id(1)
     g1 = (b + 1) * (N_TOK.to(tl.int64) * NT) // N_PROG
@@ -1088,8 +1086,8 @@ def _merge_pieces_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, N_TOK
         offs_h = tl.arange(0, HP)
         offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
         hm = offs_h < H
-        r0 = (b * H).to(tl.int64) + offs_h
-        r1 = ((N_PROG + b) * H).to(tl.int64) + offs_h
+        r0 = _part_rows(0, b, N_PROG, H, offs_h)
+        r1 = _part_rows(1, b, N_PROG, H, offs_h)
         lse_base = PART + 2 * N_PROG.to(tl.int64) * H * 512
         l0 = tl.load(lse_base + r0, mask=hm, other=float("-inf"))
         l1 = tl.load(lse_base + r1, mask=hm, other=float("-inf"))
@@ -1112,12 +1110,6 @@ def _merge_pieces_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, N_TOK
 
 _MERGE_PIECES = Prebound(_merge_pieces_kernel)
 MERGE_BLOCK_D = 128
-
-
-def piece_buffer(programs: int, H: int, device) -> torch.Tensor:
-    """The balanced schedule's partials: fp32 [2, programs, H, 512] then their lse [2, programs, H], one allocation
-    (`_merge_pieces_kernel`'s layout)."""
-    return torch.empty(2 * programs * H * (D_NOPE + 1), dtype=torch.float32, device=device)
 
 
 def merge_pieces(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, tiles: int, programs: int) -> None:
@@ -1208,7 +1200,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     if programs is not None and not flat:
         raise ValueError("programs (the balanced schedule's program count) applies only where the balanced schedule "
                          "does (sched 1, the early refill at one split, index rows back to back)")
-    part = piece_buffer(grid[0], H, dev) if flat else split_buffer(splits, T, H, lse)
+    part = split_buffer(2 if flat else splits, grid[0] if flat else T, H, lse)  # (flat: two slots a boundary)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk, n_rows,
             keys_per_split, T)
     ptrs = (q, kv_cache, indices, out, lse, part)
@@ -1384,5 +1376,5 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "balanced_pieces", "SCHEDS", "merge_pieces",
-           "piece_buffer", "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
+           "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
            "aot_compile_part", "compile_stats"]
