@@ -99,7 +99,7 @@ def run_checks(cfgs, dev, rows, broken):
                     torch.cuda.synchronize()
                     r.update(compare(o, lse, ro, rlse))
                     r["splits"] = fm.plan_splits(c["B"], idx.shape[1], fm.head_groups(c["H"]), dev, None, cfg.nbuf,
-                                                 cfg.q_terms, cfg.maxnreg, cfg.block_n)[0]
+                                                 cfg.q_terms, cfg.maxnreg, cfg.block_n, cfg.key_warps)[0]
                 except Exception as exc:  # noqa: BLE001
                     msg = "".join(traceback.format_exception_only(type(exc), exc)).strip()
                     r.update(ok=False, error=msg[-1500:])
@@ -212,7 +212,7 @@ def run_ablation(cfgs, ceil, rows, deadline):
         for cfg in cfgs:
             res = {"kind": "ablate-" + kind, "B": B, "H": H, "config": fm.config_name(cfg),
                    "splits": fm.plan_splits(B, TOPK, fm.head_groups(H), q.device, None, cfg.nbuf, cfg.q_terms,
-                                            cfg.maxnreg, cfg.block_n)[0]}
+                                            cfg.maxnreg, cfg.block_n, cfg.key_warps)[0]}
             for part in fm.ABLATIONS:
                 fns = [lambda i=i, part=part: fm.ablate_launch(q, cache, i, SM_SCALE, part, cfg, out=out)
                        for i in idx_sets]

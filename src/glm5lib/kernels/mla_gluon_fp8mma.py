@@ -127,6 +127,13 @@ REFILLS = (0, 1, 2)
 # (`sweeps/fp8mma_waves_h200_5b6d93c.json`, one run): 600 tokens 266 -> 213 us, 3696 (7 whole waves) 1131 -> 1143 (its
 # per-token q loads, resets and stores inside each run, and the merge launch), 4096 1268 -> 1269
 SCHEDS = (0, 1)
+# warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
+# heads the two groups sit side by side (4 warps), each widening every K and V byte of the tile for its own 8 heads.
+# 4: all 8 G heads in one group of four warps over 64-key tiles (each warp one m16 tile of S for 16 keys and every
+# head, and a quarter of the value columns in O^T), so each byte is widened by one warp; at 9-16 heads the ring then
+# has one slot (42 KB), refilled early like the 8-head build's (`REFILLS`), and a thread holds as many accumulators
+# (64 registers) as at 8 heads. Only the fp16-product build. 0: the rule, `key_warps_of`
+KEY_WARPS = (0, 2, 4)
 
 
 class Config(NamedTuple):
@@ -140,7 +147,8 @@ class Config(NamedTuple):
     ring's refill (`REFILLS`: 0 the whole next tile before it is computed, 1 piece by piece as the slot's bytes are
     read for the last time, 2 piece by piece where a program owns a token's whole list; only where the ring has one
     slot at 1-8 heads: `refill_mode`), and the programs' schedule (`SCHEDS`: 0 one a token and split, 1 balanced
-    runs of tiles where the early refill owns whole lists and the tokens outnumber the slots: `balanced_mode`)."""
+    runs of tiles where the early refill owns whole lists and the tokens outnumber the slots: `balanced_mode`), and
+    the warps along the keys (`KEY_WARPS`: 2, or 4 with all heads in one group, or 0: `key_warps_of`'s rule)."""
     nbuf: int
     q_terms: int
     p_terms: int
@@ -149,6 +157,7 @@ class Config(NamedTuple):
     row_threads: int = 0
     refill: int = 0
     sched: int = 0
+    key_warps: int = 2
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
@@ -170,21 +179,44 @@ CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2, 1), "small": Config(1, 2, 
 DEFAULT = CONFIG_BY_CLASS["big"]
 
 
-def tile_keys(block_n: int, splits: int) -> int:
-    """Keys a tile: block_n, or for block_n = 0 the rule: 64 at one split (each program a token's whole top-k list:
-    prefill, and batches that fill every SM's programs without splitting), 32 when the list is split (decode).
+def tile_keys(block_n: int, splits: int, wm: int = 2) -> int:
+    """Keys a tile: 64 with four key warps (wm, `KEY_WARPS`); else block_n, or for block_n = 0 the rule: 64 at one
+    split (each program a token's whole top-k list: prefill, and batches that fill every SM's programs without
+    splitting), 32 when the list is split (decode).
     H200, `sweeps/fp8mma_n64_h200_4a3fbe7.json` (one process, the fp16-product build): prefill s_q 4096 over 32K
     keys 1945 -> 1825 us at 8 heads, 2828 -> 2522 at 16; split decode B32 / B128 34.4 / 97.9 -> 35.7 / 100.3 us at
     8 heads, 36.5 / 108.8 -> 38.7 / 105.6 at 16."""
+    if wm == 4:
+        return BLOCK_NS[1]
     return block_n or (BLOCK_NS[1] if splits == 1 else BLOCK_N)
 
 
-def ring_slots(nbuf: int, G: int) -> int:
-    """The gather ring's slots: nbuf, or for nbuf = 0 one per head group (G): 1 at 1-8 heads (4 programs per SM by
-    registers, so 4 tiles in flight), 2 at 9-16 (2 programs of 4 warps: 4 tiles again). On the H200 (fp16 build,
-    `sweeps/fp8mma_h200_08e4e10.json`) one slot was 3-6 % faster than two at 8 heads' decode and within 1 % at
-    prefill; two were 6-12 % faster at 16 heads."""
-    return nbuf or G
+def key_warps_of(key_warps: int, G: int, q_terms: int) -> int:
+    """The warps along the keys a build takes (`KEY_WARPS`): key_warps, or for 0 the rule: 4 at 9-16 heads (G = 2)
+    with fp16 products, else 2."""
+    return key_warps or (4 if G == 2 and q_terms == 1 else 2)
+
+
+def num_warps_of(G: int, wm: int) -> int:
+    """Warps a program: two a head group at wm = 2, four at wm = 4 (`KEY_WARPS`)."""
+    return 2 * G if wm == 2 else 4
+
+
+def check_key_warps(key_warps: int, q_terms: int, block_n: int) -> None:
+    """`KEY_WARPS`; four only with fp16 products (q_terms 1) over 64-key tiles (block_n 64 or the rule's 0)."""
+    if key_warps not in KEY_WARPS:
+        raise ValueError(f"key_warps must be one of {KEY_WARPS} (0: the rule), got {key_warps}")
+    if key_warps == 4 and (q_terms != 1 or block_n not in (0, BLOCK_NS[1])):
+        raise ValueError(f"key_warps 4 takes the fp16-product build (q_terms 1) over {BLOCK_NS[1]}-key tiles, got "
+                         f"q_terms {q_terms}, block_n {block_n}")
+
+
+def ring_slots(nbuf: int, G: int, wm: int = 2) -> int:
+    """The gather ring's slots: nbuf, or for nbuf = 0 one per head group (G) at wm = 2: 1 at 1-8 heads (4 programs
+    per SM by registers, so 4 tiles in flight), 2 at 9-16 (2 programs of 4 warps: 4 tiles again); one at wm = 4 (all
+    heads one group, `KEY_WARPS`). On the H200 (fp16 build, `sweeps/fp8mma_h200_08e4e10.json`) one slot was 3-6 %
+    faster than two at 8 heads' decode and within 1 % at prefill; two were 6-12 % faster at 16 heads."""
+    return nbuf or (G if wm == 2 else 1)
 
 
 def config_name(cfg) -> str:
@@ -193,7 +225,7 @@ def config_name(cfg) -> str:
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
     return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
-            + ("", "-e", "-eplan")[c.refill] + ("", "-b")[c.sched])
+            + ("", "-e", "-eplan")[c.refill] + ("", "-b")[c.sched] + {2: "", 4: "-k4", 0: "-kplan"}[c.key_warps])
 
 
 def config_kwargs(cfg) -> dict:
@@ -207,12 +239,13 @@ def check_block_n(block_n: int) -> None:
         raise ValueError(f"block_n (keys a tile) must be one of {BLOCK_NS} or 0 (the split plan's rule), got {block_n}")
 
 
-def check_row_threads(row_threads: int, G: int) -> None:
-    """`ROW_THREADS`, and not fewer than one a warp (2 G): with fewer, a tile's rows would be covered twice, by
-    copies of different warps into the same bytes."""
-    if row_threads not in ROW_THREADS or 0 < row_threads < 2 * G:
-        raise ValueError(f"row_threads must be 0 or one of {tuple(t for t in ROW_THREADS if t >= 2 * G)} at {8 * G} "
-                         f"heads a program, got {row_threads}")
+def check_row_threads(row_threads: int, G: int, wm: int = 2) -> None:
+    """`ROW_THREADS`, and not fewer than one a warp (`num_warps_of`): with fewer, a tile's rows would be covered
+    twice, by copies of different warps into the same bytes."""
+    nw = num_warps_of(G, wm)
+    if row_threads not in ROW_THREADS or 0 < row_threads < nw:
+        raise ValueError(f"row_threads must be 0 or one of {tuple(t for t in ROW_THREADS if t >= nw)} at {8 * G} "
+                         f"heads and {nw} warps a program, got {row_threads}")
 
 
 def check_refill(refill: int) -> None:
@@ -259,11 +292,12 @@ def balanced_pieces(T: int, tiles: int, programs: int) -> list[list[tuple[int, i
     return out
 
 
-def refill_mode(refill: int, nbuf: int, G: int, splits: int) -> int:
+def refill_mode(refill: int, nbuf: int, G: int, splits: int, wm: int = 2) -> int:
     """The refill a build takes (`REFILLS`: 0 whole, 1 early): refill 2 resolves to early at one split, whole when
-    split; early only where the ring has one slot and the program one head group (1-8 heads: at 9-16 two warps of
-    different head groups read the same value columns, and `ring_slots` gives two slots), else whole."""
-    if ring_slots(nbuf, G) != 1 or G != 1:
+    split; early only where the ring has one slot and each value column is read by one warp (1-8 heads, or four key
+    warps, `KEY_WARPS`: at 9-16 heads over two key warps, two warps of different head groups read the same value
+    columns, and `ring_slots` gives two slots), else whole."""
+    if ring_slots(nbuf, G, wm) != 1 or (G != 1 and wm == 2):
         return 0
     return int(splits == 1) if refill == 2 else refill
 
@@ -275,11 +309,11 @@ def check_terms(q_terms: int, p_terms: int) -> None:
                          f"{q_terms}, {p_terms}")
 
 
-def smem_bytes_estimate(G: int, nbuf: int, q_terms: int, block_n: int = BLOCK_N) -> int:
+def smem_bytes_estimate(G: int, nbuf: int, q_terms: int, block_n: int = BLOCK_N, wm: int = 2) -> int:
     """Shared memory of one program: the gather ring (latent, rope, scales), q's terms (one fp16 copy when
-    q_terms = 1) and rope part, and P (block_n 0: the larger of its two tiles)."""
-    nbuf = ring_slots(nbuf, G)
-    block_n = block_n or max(BLOCK_NS)
+    q_terms = 1) and rope part, and P (block_n 0: the larger of its two tiles; wm 4: 64-key tiles)."""
+    nbuf = ring_slots(nbuf, G, wm)
+    block_n = tile_keys(block_n, 1, wm) if wm == 4 else block_n or max(BLOCK_NS)
     q_bytes = 2 * D_NOPE if q_terms == 1 else q_terms * D_NOPE
     return nbuf * block_n * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_bytes + 2 * D_ROPE + 4 * block_n)
 
@@ -320,23 +354,32 @@ if HAVE_GLUON:
             "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
 
     @gluon.jit
-    def _v_logical(x):
-        """[BLOCK_N keys, 128 columns] of a chunk in memory order -> V^T [128 rows m, keys] with the rows permuted:
-        memory column d = 64 m16 + 8 (m & 7) + 4 m64 + 2 m32 + m8 (m16 ... m64: the bits of m). Thread (g, c) of the
-        operand layout owns rows g + {0, 8} + {0, 32} + {0, 64} (+16 in the second warp): 8 contiguous bytes of each
-        of its 8 keys."""
+    def _v_logical(x, WM: gl.constexpr = 2):
+        """[BLOCK_N keys, 128 columns] of a chunk in memory order -> V^T [128 rows m, keys] with the rows permuted.
+        WM 2 (two warps along the value rows): memory column d = 64 m16 + 8 (m & 7) + 4 m64 + 2 m32 + m8 (m16 ... m64:
+        the bits of m); thread (g, c) of the operand layout owns rows g + {0, 8} + {0, 32} + {0, 64} (+16 in the
+        second warp): 8 contiguous bytes of each of its 8 keys. WM 4 (`Config.key_warps`): d = 64 m32 + 32 m16 +
+        4 (m & 7) + 2 m64 + m8; thread (g, c) of warp w owns rows g + {0, 8} + {0, 64} + 16 w: 4 contiguous bytes of
+        each key, warp w the chunk's columns 32 w..32 w + 31."""
         N: gl.constexpr = x.shape[0]
         x = gl.permute(x, [1, 0])  # [d, key]
-        x = gl.reshape(x, [2, 2, 2, 2, 2, 2, 2, N])  # d bits high to low: (m16, m4, m2, m1, m64, m32, m8)
-        x = gl.permute(x, [4, 5, 0, 6, 1, 2, 3, 7])  # (m64, m32, m16, m8, m4, m2, m1)
+        if WM == 4:
+            x = gl.reshape(x, [2, 2, 2, 2, 2, 2, 2, N])  # d bits high to low: (m32, m16, m4, m2, m1, m64, m8)
+            x = gl.permute(x, [5, 0, 1, 6, 2, 3, 4, 7])  # (m64, m32, m16, m8, m4, m2, m1)
+        else:
+            x = gl.reshape(x, [2, 2, 2, 2, 2, 2, 2, N])  # d bits high to low: (m16, m4, m2, m1, m64, m32, m8)
+            x = gl.permute(x, [4, 5, 0, 6, 1, 2, 3, 7])  # (m64, m32, m16, m8, m4, m2, m1)
         return gl.reshape(x, [128, N])
 
     @gluon.jit
-    def _d_order(acc):
+    def _d_order(acc, WM: gl.constexpr = 2):
         """The inverse of `_v_logical`'s row permutation on an [128 rows m, heads] accumulator: rows in memory order."""
         HN: gl.constexpr = acc.shape[1]
         x = gl.reshape(acc, [2, 2, 2, 2, 2, 2, 2, HN])  # (m64, m32, m16, m8, m4, m2, m1)
-        x = gl.permute(x, [2, 4, 5, 6, 0, 1, 3, 7])  # (m16, m4, m2, m1, m64, m32, m8): d high to low
+        if WM == 4:
+            x = gl.permute(x, [1, 2, 4, 5, 6, 0, 3, 7])  # (m32, m16, m4, m2, m1, m64, m8): d high to low
+        else:
+            x = gl.permute(x, [2, 4, 5, 6, 0, 1, 3, 7])  # (m16, m4, m2, m1, m64, m32, m8): d high to low
         return gl.reshape(x, [128, HN])
 
     @gluon.jit
@@ -538,17 +581,18 @@ if HAVE_GLUON:
         return acc + s * s_c[:, None]
 
     @gluon.jit
-    def _pv_chunk(vc, p, s_c, acc, LV: gl.constexpr, LVP: gl.constexpr, DA: gl.constexpr, P_TERMS: gl.constexpr):
+    def _pv_chunk(vc, p, s_c, acc, LV: gl.constexpr, LVP: gl.constexpr, DA: gl.constexpr, P_TERMS: gl.constexpr,
+                  WM: gl.constexpr):
         """acc_c += V_c^T (P s_c)^T for a latent chunk vc, `P s_c` (the tile's P factor 2^e already in s_c) split
         into e4m3 terms, or one fp16 term (P_TERMS = 1; V widened to fp16 first)."""
         if P_TERMS == 1:
             # the fp16 operand pairs two keys of one value row: the bytes are regrouped (LVP: key pairs innermost, a
             # register permutation) before they are widened, so that each conversion's pair is already an operand's
             v8 = gl.convert_layout(vc.load(LV), LVP, assert_trivial=True)
-            v = gl.convert_layout(_v_logical(_e4m3_f16(v8)), DA, assert_trivial=True)
+            v = gl.convert_layout(_v_logical(_e4m3_f16(v8), WM), DA, assert_trivial=True)
             acc = mma_v2(v, (p * s_c[:, None]).to(gl.float16), acc)
         else:
-            v = gl.convert_layout(_v_logical(vc.load(LV)), DA, assert_trivial=True)
+            v = gl.convert_layout(_v_logical(vc.load(LV), WM), DA, assert_trivial=True)
             v = v.to(gl.float8e4nv, bitcast=True)
             p0, p1, p2 = _e4m3_terms(p * s_c[:, None], P_TERMS)
             acc = mma_v2(v, p0, acc)
@@ -559,12 +603,12 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc, scale, c: gl.constexpr, SPLIT: gl.constexpr,
-                     LO: gl.constexpr):
+                     LO: gl.constexpr, WM: gl.constexpr):
         """acc_c [128 rows m, heads] * scale[head] -> O[t, h, 128 c + d] (or the split partial), rows back in memory
         order (`_d_order`)."""
         CH: gl.constexpr = 128
         HN: gl.constexpr = acc.shape[1]
-        x = gl.convert_layout(_d_order(acc * scale[None, :]), LO)
+        x = gl.convert_layout(_d_order(acc * scale[None, :], WM), LO)
         offs_d = gl.arange(0, CH, layout=gl.SliceLayout(1, LO))
         offs_h = gl.arange(0, HN, layout=gl.SliceLayout(0, LO))
         hm = (offs_h < H)[None, :]
@@ -614,7 +658,7 @@ if HAVE_GLUON:
             if Q_TERMS == 3:
                 sc = mma_v2(kf, q_s.index(2).slice(c * CH, CH, 1).permute([1, 0]).load(DB), sc)
             _debug_f32(DBG, t, sp, HN, c, sc, MMA)
-            v = gl.convert_layout(_v_logical(t8.slice(c * CH, CH, 1).load(LV)), DA, assert_trivial=True)
+            v = gl.convert_layout(_v_logical(t8.slice(c * CH, CH, 1).load(LV), 2), DA, assert_trivial=True)
             _debug_u8(base + 8 * 32 * HN * 4 + 32 * 512 + c * CH * 32, v, CH, 32, 32)
         _debug_f32(DBG, t, sp, HN, 4, zero + s0[:, None] + 0.0 * inv_sigma[None, :], MMA)
         for j in gl.static_range(3):
@@ -660,28 +704,44 @@ if HAVE_GLUON:
         return gl.convert_layout(1.0 / sigma, HEADS)
 
     @triton.constexpr_function
-    def _out_layout(HN):
-        """The accumulator's own distribution (the NVMMA layout of 1-8 heads, 2 warps) after `_d_order`, with the
-        registers enumerated value column first: thread (g, c) of warp w holds columns 64 w + 8 g + 0..7 of heads
-        2c, 2c + 1 (its rows g + {0, 8} + {0, 32} + {0, 64} + 16 w, `_v_logical`), so a store of one head's 8
-        columns is one 16-byte (bf16) or two (fp32) vector stores, and converting to it moves no data."""
+    def _out_layout(HN, WM=2):
+        """The accumulator's own distribution after `_d_order`, with the registers enumerated value column first, so
+        that converting to it moves no data. WM 2 (1-8 heads, 2 warps): thread (g, c) of warp w holds columns 64 w +
+        8 g + 0..7 of heads 2c, 2c + 1 (its rows g + {0, 8} + {0, 32} + {0, 64} + 16 w, `_v_logical`): a store of one
+        head's 8 columns is one 16-byte (bf16) or two (fp32) vector stores. WM 4: columns 32 w + 4 g + 0..3 of heads
+        2c, 2c + 1 (+ 8 at 16 heads): 8-byte (bf16) stores."""
+        if WM == 4:
+            return gl.DistributedLinearLayout(reg_bases=[[1, 0], [2, 0], [0, 1]] + ([[0, 8]] if HN == 16 else []),
+                                              lane_bases=[[0, 2], [0, 4], [4, 0], [8, 0], [16, 0]],
+                                              warp_bases=[[32, 0], [64, 0]], block_bases=[], shape=[128, HN])
         return gl.DistributedLinearLayout(reg_bases=[[1, 0], [2, 0], [4, 0], [0, 1]],
                                           lane_bases=[[0, 2], [0, 4], [8, 0], [16, 0], [32, 0]],
                                           warp_bases=[[64, 0]], block_bases=[], shape=[128, HN])
 
     @gluon.jit
-    def _store_mma(ptr_h, x, c: gl.constexpr, H):
+    def _store_mma(ptr_h, x, c: gl.constexpr, H, WM: gl.constexpr):
         """x [128 rows m, heads] (the accumulator's layout at 1-8 heads, rows in `_v_logical`'s order) ->
         ptr_h[h] + 128 c + d in memory order, from the registers it lives in (`_out_layout`: no shared-memory scratch
         beside the ring, which the balanced schedule needs, since it stores inside its loop)."""
         CH: gl.constexpr = 128
         HN: gl.constexpr = x.shape[1]
-        LOD: gl.constexpr = _out_layout(HN)
-        y = gl.convert_layout(_d_order(x), LOD, assert_trivial=True)
+        LOD: gl.constexpr = _out_layout(HN, WM)
+        y = gl.convert_layout(_d_order(x, WM), LOD, assert_trivial=True)
         d = gl.arange(0, CH, layout=gl.SliceLayout(1, LOD))
         h = gl.arange(0, HN, layout=gl.SliceLayout(0, LOD))
         hp = gl.convert_layout(ptr_h, gl.SliceLayout(0, LOD))
         gl.store(hp[None, :] + c * CH + d[:, None], y.to(ptr_h.dtype.element_ty), mask=(h < H)[None, :])
+
+    @gluon.jit
+    def _by_warp(keys, g0, g1, g2, g3, WM: gl.constexpr):
+        """[BN, HN]: for each key of a tile (keys: its position) the factor g_w of the warp w whose S held it (key
+        16 w + k + 16 WM r: `_tiles`), per head (g2, g3 only at WM 4)."""
+        w = (keys // 16) % WM
+        f = gl.where((w == 0)[:, None], g0[None, :], g1[None, :])
+        if WM == 4:
+            f = gl.where((w == 2)[:, None], g2[None, :], f)
+            f = gl.where((w == 3)[:, None], g3[None, :], f)
+        return f
 
     @gluon.jit
     def _tiles(KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale,
@@ -693,7 +753,7 @@ if HAVE_GLUON:
                DA: gl.constexpr, DB: gl.constexpr, DA8: gl.constexpr, DB8: gl.constexpr, DA16: gl.constexpr,
                DB16: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LVP: gl.constexpr, LW: gl.constexpr,
                LR: gl.constexpr, LS: gl.constexpr, LQ: gl.constexpr, LC: gl.constexpr, IR: gl.constexpr,
-               IC: gl.constexpr):
+               IC: gl.constexpr, WM: gl.constexpr):
         """The kernel's loop: n_tiles tiles of the index list at idx_row from position k_start (the list ends at
         k_end), each gathered, scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev),
         which it returns with the index tiles read ahead (nxt_w, nxt_k). The balanced schedule passes the whole
@@ -726,13 +786,13 @@ if HAVE_GLUON:
             s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
 
             # P against each warp's own max of its keys (no cross-warp reduction here): the maxima travel with P^T
-            # through shared memory, and P is brought to the common max after the barrier (g_lo / g_hi below)
-            s4 = gl.reshape(s, [BN // 32, 2, 16, HN])  # (m16 tile of the warp, warp half, its keys, heads)
+            # through shared memory, and P is brought to the common max after the barrier (g0-g3 below)
+            s4 = gl.reshape(s, [BN // (16 * WM), WM, 16, HN])  # (m16 tile of the warp, its warp, its keys, heads)
             mu3 = gl.max(gl.max(s4, axis=2), axis=0)
             p = gl.convert_layout(gl.reshape(
                 gl.exp2(s4 - gl.where(mu3 == float("-inf"), 0.0, mu3)[None, :, None, :]), [BN, HN]), MMA,
                 assert_trivial=True)
-            m_s.store(gl.reshape(mu3, [2 * HN]))
+            m_s.store(gl.reshape(mu3, [WM * HN]))
             p_s.store(gl.permute(p, [1, 0]))
             # one P factor 2^e per tile for the four chunks; the accumulators move to it (and to the new max) only
             # when either changed
@@ -748,16 +808,25 @@ if HAVE_GLUON:
                 idx_r = _tile_idx(idx_row, k_n, k_end, BN, IR)
                 idx_s = _tile_idx(idx_row, k_n, k_end, BN, gl.SliceLayout(0, LS))
                 idx_c = _tile_idx(idx_row, k_n, k_end, BN, IC)
-            mu_lo = m_s.slice(0, HN).load(HEADS)
-            mu_hi = m_s.slice(HN, HN).load(HEADS)
-            m_new = gl.maximum(m_i, gl.maximum(mu_lo, mu_hi))
+            mw0 = m_s.slice(0, HN).load(HEADS)
+            mw1 = m_s.slice(HN, HN).load(HEADS)
+            m_new = gl.maximum(m_i, gl.maximum(mw0, mw1))
+            if WM == 4:
+                mw2 = m_s.slice(2 * HN, HN).load(HEADS)
+                mw3 = m_s.slice(3 * HN, HN).load(HEADS)
+                m_new = gl.maximum(m_new, gl.maximum(mw2, mw3))
             m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # heads with no key yet: keep exp2 finite
             alpha = gl.exp2(m_i - m_use)
             m_i = m_new
-            # each half's P to the common max (<= 1; a half without a valid key has P = 0 and factor 0)
-            g_lo = gl.where(mu_lo == float("-inf"), 0.0, gl.exp2(mu_lo - m_use))
-            g_hi = gl.where(mu_hi == float("-inf"), 0.0, gl.exp2(mu_hi - m_use))
-            p = p * gl.where((gl.arange(0, BN, layout=KEYS) % 32 < 16)[:, None], g_lo[None, :], g_hi[None, :])
+            # each warp's P to the common max (<= 1; a warp without a valid key has P = 0 and factor 0)
+            g0 = gl.where(mw0 == float("-inf"), 0.0, gl.exp2(mw0 - m_use))
+            g1 = gl.where(mw1 == float("-inf"), 0.0, gl.exp2(mw1 - m_use))
+            g2 = g1
+            g3 = g1
+            if WM == 4:
+                g2 = gl.where(mw2 == float("-inf"), 0.0, gl.exp2(mw2 - m_use))
+                g3 = gl.where(mw3 == float("-inf"), 0.0, gl.exp2(mw3 - m_use))
+            p = p * _by_warp(gl.arange(0, BN, layout=KEYS), g0, g1, g2, g3, WM)
             if DEBUG:
                 if i == 0:
                     _debug_f32(DBG, t, sp, HN, 5, s, MMA)
@@ -772,22 +841,22 @@ if HAVE_GLUON:
                 l_acc = l_acc * alpha[None, :]
             l_acc = l_acc + p
             PH: gl.constexpr = gl.SliceLayout(0, DB)
-            pb = p_s.permute([1, 0]).load(DB) * gl.where((gl.arange(0, BN, layout=PKEYS) % 32 < 16)[:, None],
-                                                         gl.convert_layout(g_lo, PH)[None, :],
-                                                         gl.convert_layout(g_hi, PH)[None, :])
+            pb = p_s.permute([1, 0]).load(DB) * _by_warp(
+                gl.arange(0, BN, layout=PKEYS), gl.convert_layout(g0, PH), gl.convert_layout(g1, PH),
+                gl.convert_layout(g2, PH), gl.convert_layout(g3, PH), WM)
             fe = _pow2(e)
             # (early refill: behind each chunk's product the next tile's chunk, each warp the columns it read)
-            acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS)
+            acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS, WM)
             if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
                 _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
-            acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS)
+            acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS, WM)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC)
-            acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS)
+            acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS, WM)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC)
-            acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS)
+            acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS, WM)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)
                 cp.commit_group()
@@ -801,22 +870,29 @@ if HAVE_GLUON:
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
+        WM: gl.constexpr = 2,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
         PAD: `_occupancy_pad` (`ablate_launch`). BALANCED (`SCHEDS`' 1, with the early refill at one split only): a
         program runs global tiles [p n / P, (p + 1) n / P) of the N_TOK tokens' n tiles (`balanced_pieces`), one piece
         (token) at a time through the tile loop (`_tiles`), storing each piece after it, whole into O / LSE or, cut
-        at a program boundary, as a partial into PART (`_merge_pieces_kernel`'s layout)."""
+        at a program boundary, as a partial into PART (`_merge_pieces_kernel`'s layout). WM (`Config.key_warps`):
+        warps along the keys and value rows, 2 (G head groups of 8 heads side by side, 2 G warps) or 4 (all 8 G heads
+        in one group of 4 warps, 64-key tiles, fp16 products: each K and V byte widened by one warp only)."""
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
         HN: gl.constexpr = 8 * G
-        NW: gl.constexpr = 2 * G
+        GN: gl.constexpr = G if WM == 2 else 1  # warps along the heads
+        NW: gl.constexpr = WM * GN
         F16: gl.constexpr = Q_TERMS == 1  # fp16 products (K and V widened once) instead of e4m3 ones
-        # S^T [keys, heads] and O^T [value rows, heads]: warps (head group, half) -> heads along N, halves along M;
-        # key 32 r + 16 w + k of a tile is warp w's (at 64 keys each warp holds two m16 tiles, r = 0, 1)
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[2, G], instr_shape=[16, 8])
+        gl.static_assert(WM == 2 or (WM == 4 and BN == 64 and F16 and not DEBUG),
+                         "four warps along the keys take 64-key tiles and fp16 products")
+        # S^T [keys, heads] and O^T [value rows, heads]: warps (head group, key warp) -> heads along N, key warps
+        # along M; key 16 WM r + 16 w + k of a tile is key warp w's (at 64 keys and WM 2 each warp holds two m16
+        # tiles, r = 0, 1)
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WM, GN], instr_shape=[16, 8])
         DA8: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=4)
         DB8: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=4)
         DA16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
@@ -829,21 +905,31 @@ if HAVE_GLUON:
         # physical loads of a chunk whose logical view (`_k_logical`, `_v_logical`) is the operand layout: the K tile
         # [BN, 128] 32 contiguous bytes of rows g, g + 8 per thread; the V tile [BN, 128] 8 bytes of 8 keys (keys
         # 4c + {0..3, 16..19} for the k32 e4m3 product, 2c + {0, 1, 8, 9, 16, 17, 24, 25} for the k16 fp16 one);
-        # at 64 keys the same again for keys 32..63 (RB: one more register basis in each)
+        # at 64 keys the same again for keys 32..63 (RB: one more register basis in each; in the K tile only at WM 2,
+        # where a warp's S holds two m16 tiles; at WM 4 the other two warps hold them, WB)
         RB: gl.constexpr = [[32, 0]] if BN == 64 else []
-        WB: gl.constexpr = [[0, 0], [16, 0]] if G == 2 else [[16, 0]]
-        WBV: gl.constexpr = [[0, 0], [0, 64]] if G == 2 else [[0, 64]]
+        RBK: gl.constexpr = RB if WM == 2 else []
+        if WM == 4:
+            WB: gl.constexpr = [[16, 0], [32, 0]]
+            WBV: gl.constexpr = [[0, 32], [0, 64]]  # warp w: the chunk's value columns 32 w..32 w + 31
+            VC: gl.constexpr = [[0, 1], [0, 2]]  # a thread's 4 contiguous value columns (`_v_logical`), in registers
+            VL: gl.constexpr = [[0, 4], [0, 8], [0, 16]]  # ... and the lane's g
+        else:
+            WB: gl.constexpr = [[0, 0], [16, 0]] if G == 2 else [[16, 0]]
+            WBV: gl.constexpr = [[0, 0], [0, 64]] if G == 2 else [[0, 64]]
+            VC: gl.constexpr = [[0, 1], [0, 2], [0, 4]]  # 8 contiguous value columns
+            VL: gl.constexpr = [[0, 8], [0, 16], [0, 32]]
         LK: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 16]] + RB,
+            reg_bases=[[0, 1], [0, 2], [0, 4], [0, 8], [8, 0], [0, 16]] + RBK,
             lane_bases=[[0, 32], [0, 64], [1, 0], [2, 0], [4, 0]], warp_bases=WB, block_bases=[], shape=[BN, CH])
         VK: gl.constexpr = ([[1, 0], [8, 0], [16, 0], [2, 0], [4, 0]] if F16 else
                             [[1, 0], [2, 0], [16, 0], [4, 0], [8, 0]])  # key bases: 3 in registers, 2 in lanes
         LV: gl.constexpr = gl.DistributedLinearLayout(
-            reg_bases=[[0, 1], [0, 2], [0, 4], VK[0], VK[1], VK[2]] + RB,
-            lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
+            reg_bases=VC + [VK[0], VK[1], VK[2]] + RB,
+            lane_bases=[VK[3], VK[4]] + VL, warp_bases=WBV, block_bases=[], shape=[BN, CH])
         LVP: gl.constexpr = gl.DistributedLinearLayout(  # LV with keys 2c, 2c + 1 in neighbouring registers
-            reg_bases=[VK[0], [0, 1], [0, 2], [0, 4], VK[1], VK[2]] + RB,
-            lane_bases=[VK[3], VK[4], [0, 8], [0, 16], [0, 32]], warp_bases=WBV, block_bases=[], shape=[BN, CH])
+            reg_bases=[VK[0]] + VC + [VK[1], VK[2]] + RB,
+            lane_bases=[VK[3], VK[4]] + VL, warp_bases=WBV, block_bases=[], shape=[BN, CH])
         # [128, HN] output, 8 rows per thread, the warps along the rows (no element is stored twice)
         LO: gl.constexpr = gl.BlockedLayout([8, 1], [4, 8], [NW, 1], [0, 1])
         # the gather (`_gather`): latent words, rope and scales of a row over `Config.row_threads` threads
@@ -889,7 +975,7 @@ if HAVE_GLUON:
         # head: the B-operand loads of 4 keys of one head are then conflict-free
         SWP: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         p_s = gl.allocate_shared_memory(gl.float32, [HN, BN], SWP)
-        m_s = gl.allocate_shared_memory(gl.float32, [2 * HN], FLAT1)  # the two key halves' maxima, low half first
+        m_s = gl.allocate_shared_memory(gl.float32, [WM * HN], FLAT1)  # each key warp's maxima, warp 0 first
 
         _occupancy_pad(PAD, NW)
         if BALANCED:  # global tiles [g0, g1) of the tokens' tile list, token-major (`balanced_pieces`)
@@ -943,7 +1029,7 @@ if HAVE_GLUON:
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
                     gl.to_tensor(0), DBG, tk, sp,
                     NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC)
+                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM)
                 # the token done (b = NT, a = 0), or this program's piece of it: the tail (slot 1) of boundary
                 # p - 1 (a > 0) or the head (slot 0) of boundary p
                 l_i = gl.sum(l_acc, axis=0)
@@ -953,19 +1039,19 @@ if HAVE_GLUON:
                 offs_h = gl.arange(0, HN, layout=HEADS)
                 if (a == 0) & (b == NT):
                     o_h = O + tk.to(gl.int64) * stride_ot + offs_h * stride_oh
-                    _store_mma(o_h, acc0 * inv_l[None, :], 0, H)
-                    _store_mma(o_h, acc1 * inv_l[None, :], 1, H)
-                    _store_mma(o_h, acc2 * inv_l[None, :], 2, H)
-                    _store_mma(o_h, acc3 * inv_l[None, :], 3, H)
+                    _store_mma(o_h, acc0 * inv_l[None, :], 0, H, WM)
+                    _store_mma(o_h, acc1 * inv_l[None, :], 1, H, WM)
+                    _store_mma(o_h, acc2 * inv_l[None, :], 2, H, WM)
+                    _store_mma(o_h, acc3 * inv_l[None, :], 3, H, WM)
                     gl.store(LSE + tk.to(gl.int64) * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
                 else:
                     ts = (a > 0).to(gl.int32)
                     rows = ((ts * n_prog + gl.program_id(0) - ts) * H).to(gl.int64) + offs_h
                     p_h = PART + rows * DN
-                    _store_mma(p_h, acc0 * inv_l[None, :], 0, H)
-                    _store_mma(p_h, acc1 * inv_l[None, :], 1, H)
-                    _store_mma(p_h, acc2 * inv_l[None, :], 2, H)
-                    _store_mma(p_h, acc3 * inv_l[None, :], 3, H)
+                    _store_mma(p_h, acc0 * inv_l[None, :], 0, H, WM)
+                    _store_mma(p_h, acc1 * inv_l[None, :], 1, H, WM)
+                    _store_mma(p_h, acc2 * inv_l[None, :], 2, H, WM)
+                    _store_mma(p_h, acc3 * inv_l[None, :], 3, H, WM)
                     gl.store(PART + 2 * n_prog.to(gl.int64) * H * DN + rows, lse2, mask=offs_h < H)
             cp.wait_group(0)
             return
@@ -982,16 +1068,16 @@ if HAVE_GLUON:
             KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
             sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
             t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC)
+            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM)
         cp.wait_group(0)
         l_i = gl.sum(l_acc, axis=0)
         has_key = l_i > 0
         inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
         inv_l = inv_l * _pow2(-e_prev)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l, 0, SPLIT, LO)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l, 1, SPLIT, LO)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l, 2, SPLIT, LO)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l, 3, SPLIT, LO)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l, 0, SPLIT, LO, WM)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l, 1, SPLIT, LO, WM)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l, 2, SPLIT, LO, WM)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l, 3, SPLIT, LO, WM)
         lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
         offs_h = gl.arange(0, HN, layout=HEADS)
         if not SPLIT:
@@ -1004,13 +1090,12 @@ if HAVE_GLUON:
 
 if HAVE_GLUON:
     @gluon.jit
-    def _gathers_alone_kernel(KV, IDX, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPLIT, G: gl.constexpr,
+    def _gathers_alone_kernel(KV, IDX, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPLIT, NW: gl.constexpr,
                               NBUF: gl.constexpr, BN: gl.constexpr, TPR: gl.constexpr, PAD: gl.constexpr):
         """A measurement (`ablate_launch`): the kernel's gathers with nothing computed, on its grid, ring and
-        `_ring_step` schedule, its threads' share of each row; PAD int32 words of shared memory (0: none, else a
+        `_ring_step` schedule, its NW warps' share of each row; PAD int32 words of shared memory (0: none, else a
         power of two) hold the programs per SM at the whole kernel's."""
         CH: gl.constexpr = 128
-        NW: gl.constexpr = 2 * G
         LW: gl.constexpr = _gather_layouts(NW, TPR)[0]
         LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
         LS: gl.constexpr = _gather_layouts(NW, TPR)[2]
@@ -1045,25 +1130,28 @@ def head_groups(H: int) -> int:
 
 
 def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big", maxnreg: int = 0,
-                    block_n: int = BLOCK_N) -> int:
+                    block_n: int = BLOCK_N, wm: int = 2) -> int:
     """Programs that fit on one SM by shared memory and registers (the split rule's waves): without a cap the sm_90 /
     sm_120 builds take 208-242 registers a thread, so 64 K registers hold 4 programs of 2 warps (G = 1), 2 of 4
-    (G = 2); with a cap of 168, 6 and 3."""
-    need = smem_bytes_estimate(G, nbuf, q_terms, block_n) + 2048  # the compiler's scratch and the driver's 1 KB per block
-    by_regs = 65536 // ((maxnreg or 232) * 64 * G)
+    (G = 2, or four key warps: `KEY_WARPS`); with a cap of 168, 6 and 3."""
+    need = smem_bytes_estimate(G, nbuf, q_terms, block_n, wm) + 2048  # the compiler's scratch, the driver's 1 KB a block
+    by_regs = 65536 // ((maxnreg or 232) * 32 * num_warps_of(G, wm))
     return max(1, min(by_regs, SMEM_PER_SM[smem] // need))
 
 
 def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None, nbuf: int = DEFAULT[0],
-                q_terms: int = DEFAULT[1], maxnreg: int = 0, block_n: int = DEFAULT.block_n) -> tuple[int, int]:
+                q_terms: int = DEFAULT[1], maxnreg: int = 0, block_n: int = DEFAULT.block_n,
+                key_warps: int = DEFAULT.key_warps) -> tuple[int, int]:
     """(split count, keys per split): enough programs for every SM's resident slots (`mla.pick_num_splits` with the
     fit rule), each split whole tiles of `block_n` keys (`mla.split_keys`; block_n 0: planned with 32-key tiles,
-    then `tile_keys`'s rule)."""
+    then `tile_keys`'s rule; four key warps: 64-key tiles, `KEY_WARPS`)."""
+    wm = key_warps_of(key_warps, G, q_terms)
+    bn = tile_keys(block_n, 1, wm) if wm == 4 else block_n or BLOCK_N
     if num_splits is None:
-        waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg, block_n or BLOCK_N)
-        num_splits = mla.pick_num_splits(T, 1, topk, block_n or BLOCK_N, num_sms(device), waves, True)
-    splits, _ = mla.split_keys(topk, num_splits, block_n or BLOCK_N)
-    return mla.split_keys(topk, splits, tile_keys(block_n, splits))
+        waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg, bn, wm)
+        num_splits = mla.pick_num_splits(T, 1, topk, bn, num_sms(device), waves, True)
+    splits, _ = mla.split_keys(topk, num_splits, bn)
+    return mla.split_keys(topk, splits, tile_keys(block_n, splits, wm))
 
 
 _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
@@ -1127,18 +1215,19 @@ def merge_pieces(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, tiles
 def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nbuf: int, q_terms: int,
                  p_terms: int, maxnreg: int, block_n: int, row_threads: int, refill: int, sched: int,
                  num_splits: int | None, idx_stride: int = 0,
-                 programs: int | None = None) -> tuple[int, int, tuple, dict, tuple]:
+                 programs: int | None = None, key_warps: int = 2) -> tuple[int, int, tuple, dict, tuple]:
     """(splits, keys per split, grid, constexprs and options, their values as a key) for a call shape: the host work
     an eager layer would otherwise repeat on every call. The grid is (T, splits), or under the balanced schedule
     (`balanced_mode`) (slots,): one program per slot of the machine; programs (a measurement knob) takes the
     balanced schedule over that many programs wherever it applies with T >= programs."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     G = head_groups(H)
-    nbuf = ring_slots(nbuf, G)
-    splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
-    bn = tile_keys(block_n, splits)
-    refill = refill_mode(refill, nbuf, G, splits)
-    slots = programs_per_sm(G, nbuf, q_terms, mla.smem_class(dev), maxnreg, bn) * num_sms(dev)
+    wm = key_warps_of(key_warps, G, q_terms)
+    nbuf = ring_slots(nbuf, G, wm)
+    splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n, wm)
+    bn = tile_keys(block_n, splits, wm)
+    refill = refill_mode(refill, nbuf, G, splits, wm)
+    slots = programs_per_sm(G, nbuf, q_terms, mla.smem_class(dev), maxnreg, bn, wm) * num_sms(dev)
     rows_flat = topk > 0 and topk % bn == 0 and idx_stride == topk and T * topk < 2**31
     if programs:  # T >= programs: every run still holds a token's tiles, so a token is still cut at most once
         slots = programs
@@ -1147,8 +1236,8 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
         flat = balanced_mode(sched, refill, splits, T, slots, rows_flat)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
               TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
-              PAD=0, BALANCED=flat,
-              num_warps=2 * G, **({"maxnreg": maxnreg} if maxnreg else {}))
+              PAD=0, BALANCED=flat, WM=wm,
+              num_warps=num_warps_of(G, wm), **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
 
@@ -1160,24 +1249,26 @@ def debug_record_bytes(H: int) -> int:
 
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
                       p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
-                      row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, sched=DEFAULT.sched, out=None,
-                      debug=None, programs=None):
+                      row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, sched=DEFAULT.sched,
+                      key_warps=DEFAULT.key_warps, out=None, debug=None, programs=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
     build; maxnreg: register cap per thread (0: none); block_n: keys a tile (32 or 64); row_threads: threads a
     gathered row's latent bytes are spread over; refill: how a one-slot ring is refilled (`Config`, `REFILLS`);
-    sched: the programs' schedule (`SCHEDS`). `config_kwargs(cfg)` gives these for a `Config`. programs (a
-    measurement knob): the balanced schedule's program count instead of the slots (T: one token a program)."""
+    sched: the programs' schedule (`SCHEDS`); key_warps: warps along the keys (`KEY_WARPS`). `config_kwargs(cfg)`
+    gives these for a `Config`. programs (a measurement knob): the balanced schedule's program count instead of the
+    slots (T: one token a program)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
     if d != D_QK:
         raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
-    head_groups(H)  # 1-16 heads, else ValueError
+    G = head_groups(H)  # 1-16 heads, else ValueError
     check_terms(q_terms, p_terms)
     check_block_n(block_n)
-    check_row_threads(row_threads, head_groups(H))
+    check_key_warps(key_warps, q_terms, block_n)
+    check_row_threads(row_threads, G, key_warps_of(key_warps, G, q_terms))
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
     check_refill(refill)
@@ -1186,7 +1277,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         raise ValueError(f"programs (the balanced schedule's program count) must be in 2..{T}, got {programs}")
     debug_refused = (f"the DEBUG record is built for the e4m3 products (q_terms 2 or 3) over {BLOCK_N}-key tiles in a "
                      f"slot refilled whole")
-    if debug is not None and (q_terms == 1 or block_n == BLOCK_NS[1] or refill == 1):
+    if debug is not None and (q_terms == 1 or block_n == BLOCK_NS[1] or refill == 1 or key_warps == 4):
         raise ValueError(debug_refused)
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
@@ -1195,7 +1286,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         return out, lse
     splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
                                                             maxnreg, block_n, row_threads, refill, sched, num_splits,
-                                                            indices.stride(0), programs)
+                                                            indices.stride(0), programs, key_warps)
     flat = kw["BALANCED"]
     if programs is not None and not flat:
         raise ValueError("programs (the balanced schedule's program count) applies only where the balanced schedule "
@@ -1255,7 +1346,9 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     c = Config(*cfg)
     check_terms(c.q_terms, c.p_terms)
     check_block_n(c.block_n)
-    check_row_threads(c.row_threads, head_groups(q.shape[1]))
+    check_key_warps(c.key_warps, c.q_terms, c.block_n)
+    check_row_threads(c.row_threads, head_groups(q.shape[1]), key_warps_of(c.key_warps, head_groups(q.shape[1]),
+                                                                           c.q_terms))
     check_refill(c.refill)
     check_sched(c.sched)
     if part == "whole":
@@ -1265,15 +1358,16 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     topk = indices.shape[1]
     dev = q.device
     splits, keys_per_split, _, kw, _ = _launch_plan(T, H, topk, dev.type, dev.index, c.nbuf, c.q_terms, c.p_terms,
-                                                    c.maxnreg, c.block_n, c.row_threads, c.refill, 0, None)
+                                                    c.maxnreg, c.block_n, c.row_threads, c.refill, 0, None,
+                                                    key_warps=c.key_warps)
     part_buf = split_buffer(splits, T, H, lse)
-    G, nbuf, bn = kw["G"], kw["NBUF"], kw["BN"]
+    G, nbuf, bn, wm = kw["G"], kw["NBUF"], kw["BN"], kw["WM"]
     smem = mla.smem_class(dev)
-    per_sm = programs_per_sm(G, c.nbuf, c.q_terms, smem, c.maxnreg, bn)
+    per_sm = programs_per_sm(G, c.nbuf, c.q_terms, smem, c.maxnreg, bn, wm)
     if part == "compute":
         # without its gathers the kernel needs fewer registers (sm_90: 168 against 248), so more programs would share
         # an SM than the whole kernel's: shared memory holds them at its count
-        pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn), per_sm, smem)
+        pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn, wm), per_sm, smem)
         _sparse_mla_fp8mma_kernel[(T, splits)](
             q, kv_cache, indices, out, lse, part_buf, q.stride(0), q.stride(1), stride_kv, indices.stride(0),
             out.stride(0), out.stride(1), H, H, topk, n_rows, keys_per_split, T, float(sm_scale) * LOG2E,
@@ -1282,8 +1376,8 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
         ring = nbuf * bn * (D_NOPE + 2 * D_ROPE + 16)
         pad = pad_words(ring, per_sm, smem)
         _gathers_alone_kernel[(T, splits)](kv_cache, indices, stride_kv, indices.stride(0), topk, n_rows,
-                                           keys_per_split, G=G, NBUF=nbuf, BN=bn, TPR=kw["TPR"], PAD=pad,
-                                           num_warps=2 * G)
+                                           keys_per_split, NW=kw["num_warps"], NBUF=nbuf, BN=bn, TPR=kw["TPR"],
+                                           PAD=pad, num_warps=kw["num_warps"])
     if splits > 1:
         mla.merge_splits(part_buf, out, lse, splits)
     return out, lse
@@ -1292,27 +1386,30 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
 def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
-                pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched):
+                pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched,
+                key_warps: int = DEFAULT.key_warps):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch
-    with more tokens than slots would take it (no split, early refill)."""
+    with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     check_terms(q_terms, p_terms)
     check_block_n(block_n)
-    check_row_threads(row_threads, G)
+    check_key_warps(key_warps, q_terms, block_n)
+    wm = key_warps_of(key_warps, G, q_terms)
+    check_row_threads(row_threads, G, wm)
     check_refill(refill)
     check_sched(sched)
     fn = _sparse_mla_fp8mma_kernel
-    mode = refill_mode(refill, nbuf, G, 2 if split else 1)
-    consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G), "Q_TERMS": q_terms, "P_TERMS": p_terms,
-              "BN": tile_keys(block_n, 2 if split else 1), "TPR": row_threads,
+    mode = refill_mode(refill, nbuf, G, 2 if split else 1, wm)
+    consts = {"SPLIT": split, "G": G, "NBUF": ring_slots(nbuf, G, wm), "Q_TERMS": q_terms, "P_TERMS": p_terms,
+              "BN": tile_keys(block_n, 2 if split else 1, wm), "TPR": row_threads,
               "REFILL": mode,
               "DEBUG": debug,
               "COMPUTE_ALONE": compute_alone, "PAD": pad,
-              "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone}
+              "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone, "WM": wm}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1321,7 +1418,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
            "stride_oh")  # what the launcher specialises for GLM-5 shapes (all multiples of 16)
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in div}
     return triton.compile(GluonASTSource(fn, sig, c, attrs), target=GPUTarget("cuda", arch, 32),
-                          options={"num_warps": 2 * G, **({"maxnreg": maxnreg} if maxnreg else {})})
+                          options={"num_warps": num_warps_of(G, wm), **({"maxnreg": maxnreg} if maxnreg else {})})
 
 
 def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool = True):
@@ -1331,38 +1428,42 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
     from triton.experimental.gluon._runtime import GluonASTSource
 
     c = Config(*cfg)
-    check_row_threads(c.row_threads, G)
-    bn = tile_keys(c.block_n, 2 if split else 1)
-    per_sm = programs_per_sm(G, c.nbuf, c.q_terms, "big", c.maxnreg, bn)
+    wm = key_warps_of(c.key_warps, G, c.q_terms)
+    check_row_threads(c.row_threads, G, wm)
+    bn = tile_keys(c.block_n, 2 if split else 1, wm)
+    per_sm = programs_per_sm(G, c.nbuf, c.q_terms, "big", c.maxnreg, bn, wm)
     if part == "compute":
-        pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn), per_sm)
+        pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn, wm), per_sm)
         return aot_compile(arch, G, c.nbuf, c.q_terms, c.p_terms, split, maxnreg=c.maxnreg, block_n=c.block_n,
-                           row_threads=c.row_threads, compute_alone=True, pad=pad, refill=c.refill)
+                           row_threads=c.row_threads, compute_alone=True, pad=pad, refill=c.refill,
+                           key_warps=c.key_warps)
     if part != "gathers":
         raise ValueError(f"part must be 'gathers' or 'compute', got {part!r}")
-    nbuf = ring_slots(c.nbuf, G)
+    nbuf = ring_slots(c.nbuf, G, wm)
     fn = _gathers_alone_kernel
-    consts = {"G": G, "NBUF": nbuf, "BN": bn, "TPR": c.row_threads,
+    nw = num_warps_of(G, wm)
+    consts = {"NW": nw, "NBUF": nbuf, "BN": bn, "TPR": c.row_threads,
               "PAD": pad_words(nbuf * bn * (D_NOPE + 2 * D_ROPE + 16), per_sm)}
     sig = {a: ("constexpr" if a in consts else {"KV": "*u8", "IDX": "*i32"}.get(a, "i32")) for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("KV", "IDX", "stride_kv", "stride_it")}
     return triton.compile(GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs),
-                          target=GPUTarget("cuda", arch, 32), options={"num_warps": 2 * G})
+                          target=GPUTarget("cuda", arch, 32), options={"num_warps": nw})
 
 
 def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                   p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg,
                   block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads,
-                  refill: int = DEFAULT.refill, sched: int = DEFAULT.sched) -> dict:
+                  refill: int = DEFAULT.refill, sched: int = DEFAULT.sched, key_warps: int = DEFAULT.key_warps) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread, and where
     the stack is used, the spill stores and loads (STL, LDL) in the tile loop's SASS (`loop_spills`; the balanced
     schedule's tile loop runs inside its loop over pieces: `sass_loop(inner=True)`)."""
     k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n, row_threads=row_threads,
-                    refill=refill, sched=sched)
-    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill, sched)), "arch": arch,
-           "G": G, "split": split,
+                    refill=refill, sched=sched, key_warps=key_warps)
+    wm = key_warps_of(key_warps, G, q_terms)
+    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill, sched, key_warps)),
+           "arch": arch, "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
-           "estimate": smem_bytes_estimate(G, nbuf, q_terms, tile_keys(block_n, 2 if split else 1))}
+           "estimate": smem_bytes_estimate(G, nbuf, q_terms, tile_keys(block_n, 2 if split else 1, wm), wm)}
     row["fits"] = row["shared"] <= row["limit"]
     row.update(cubin_usage(k.asm["cubin"]))
     if row["stack"]:
@@ -1375,6 +1476,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
-           "refill_mode", "REFILLS", "check_sched", "balanced_mode", "balanced_pieces", "SCHEDS", "merge_pieces",
+           "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
+           "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces",
            "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
            "aot_compile_part", "compile_stats"]
