@@ -43,7 +43,7 @@ for step in "$@"; do
                    --only T130 > "$OUT/${tool}.log" 2>&1; echo "$tool rc=$?"; tail -3 "$OUT/${tool}.log"; done ;;
     racecheck-fp8mma) for tool in racecheck synccheck; do  # the fp8-cache kernel's barriers around its ring and P^T
                  timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize \
-                   --only T40-H8-K2048-N3000-fp8,T33-H12 > "$OUT/${tool}_fp8mma.log" 2>&1; echo "$tool rc=$?"
+                   --only T40-H8-K2048-N3000-fp8,T33-H12,T600-H16-K512-N3000-fp8 > "$OUT/${tool}_fp8mma.log" 2>&1; echo "$tool rc=$?"
                  tail -3 "$OUT/${tool}_fp8mma.log"; done ;;
     sanitize-indexer) timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/indexer_sanitize_case.py > "$OUT/sanitizer_indexer_h200.log" 2>&1
             echo "sanitizer-indexer rc=$?"; tail -2 "$OUT/sanitizer_indexer_h200.log" ;;

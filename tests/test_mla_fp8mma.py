@@ -114,8 +114,10 @@ def _bits(perm: torch.Tensor) -> list[int]:
 # permute order; `test_permutations_are_the_kernels` holds them to the kernel's source
 K_E4M3 = ((2, 2, 2, 2, 2, 4), (0, 3, 4, 5, 1, 2, 6))  # `_k_logical`
 K_F16 = ((2, 2, 2, 2, 2, 2, 2), (0, 3, 4, 5, 6, 1, 2, 7))  # `_k_logical16`
-V_ROWS = (4, 5, 0, 6, 1, 2, 3)  # `_v_logical`'s order over the 7 bits of a chunk's column
+V_ROWS = (4, 5, 0, 6, 1, 2, 3)  # `_v_logical`'s order over the 7 bits of a chunk's column (two key warps)
 D_ROWS = (2, 4, 5, 6, 0, 1, 3)  # `_d_order`: its inverse
+V_ROWS4 = (5, 0, 1, 6, 2, 3, 4)  # the same with four key warps (`Config.key_warps`)
+D_ROWS4 = (1, 2, 4, 5, 6, 0, 3)
 # product column k -> memory byte p of the latent row (512 bytes: 4 chunks)
 K_ORDER_E4M3 = torch.arange(512).reshape(4, *K_E4M3[0]).permute(*K_E4M3[1]).reshape(512)
 K_ORDER_F16 = torch.arange(512).reshape(4, *K_F16[0]).permute(*K_F16[1]).reshape(512)
@@ -135,8 +137,8 @@ def test_permutations_are_the_kernels():
     for fn, (dims, perm) in ((fm._k_logical, K_E4M3), (fm._k_logical16, K_F16)):
         shapes, perms = _kernel_lists(fn, "reshape"), _kernel_lists(fn, "permute")
         assert shapes[0][-len(dims):] == list(dims) and perms == [[0] + [p + 1 for p in perm]], fn.fn.__name__
-    assert _kernel_lists(fm._v_logical, "permute") == [[1, 0], list(V_ROWS) + [7]]
-    assert _kernel_lists(fm._d_order, "permute") == [list(D_ROWS) + [7]]
+    assert _kernel_lists(fm._v_logical, "permute") == [[1, 0], list(V_ROWS4) + [7], list(V_ROWS) + [7]]
+    assert _kernel_lists(fm._d_order, "permute") == [list(D_ROWS4) + [7], list(D_ROWS) + [7]]
 
 
 def _thread_units(order: torch.Tensor, owned) -> dict:
@@ -208,12 +210,29 @@ def test_v_rows_and_their_inverse():
     back = d.reshape(2, 2, 2, 2, 2, 2, 2).permute(*D_ROWS).reshape(128)
     assert torch.equal(back, torch.arange(128))
     # the operand thread with lane // 4 = g owns rows g + {0, 8, 32, 64} (+16 for the second warp): 8 contiguous
-    # bytes of each of its keys
+    # bytes of each of its keys, and warp w the chunk's columns 64 w..64 w + 63 (what its early refill copies)
     for g in range(8):
         for warp in (0, 1):
             rows = [g + 16 * warp + r for r in (0, 8, 32, 40, 64, 72, 96, 104)]
             mem = sorted(int(d[m]) for m in rows)
-            assert mem == list(range(mem[0], mem[0] + 8))
+            assert mem == list(range(mem[0], mem[0] + 8)) and mem[0] // 64 == warp
+
+
+def test_v_rows_and_their_inverse_with_four_key_warps():
+    d = torch.arange(128).reshape(2, 2, 2, 2, 2, 2, 2).permute(*V_ROWS4).reshape(128)
+    assert sorted(d.tolist()) == list(range(128))
+    back = d.reshape(2, 2, 2, 2, 2, 2, 2).permute(*D_ROWS4).reshape(128)
+    assert torch.equal(back, torch.arange(128))
+    # the NVMMA layout over four warps along M: warp w holds rows 16 w + {0..15} + {0, 64}, thread g rows
+    # g + {0, 8} of each m16 tile: 4 contiguous bytes of each key, warp w the columns 32 w..32 w + 31
+    for g in range(8):
+        for warp in range(4):
+            rows = [g + 16 * warp + r for r in (0, 8, 64, 72)]
+            mem = sorted(int(d[m]) for m in rows)
+            assert mem == list(range(mem[0], mem[0] + 4)) and mem[0] // 32 == warp
+    # the store layout after `_d_order` (`_out_layout(16, 4)`): its bases as memory positions (d, head)
+    L = fm._out_layout(16, 4)
+    assert L.warp_bases == [[32, 0], [64, 0]] and L.reg_bases[:2] == [[1, 0], [2, 0]]
 
 
 def _exp_to_max(amax: float) -> int:
@@ -319,9 +338,10 @@ def test_configs_name_their_builds():
     assert fm.config_name((1, 1, 1, 168)) == "fp8mma-nbuf1-f16-r168"
     assert len({fm.config_name(c) for c in fm.CONFIGS}) == len(fm.CONFIGS)
     assert fm.config_name((0, 1, 1, 0, 64)) == "fp8mma-nbufG-f16-n64"
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8-eplan-b"
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan"
+    assert fm.config_name((1, 1, 1, 0, 0, 8, 2, 0, 4)) == "fp8mma-nbuf1-f16-nplan-t8-eplan-k4"
     assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32,
-                                           "row_threads": 0, "refill": 0, "sched": 0}
+                                           "row_threads": 0, "refill": 0, "sched": 0, "key_warps": 2}
     assert fm.config_name((0, 1, 1, 0, 0, 8, 1)) == "fp8mma-nbufG-f16-nplan-t8-e"
     assert fm.config_name((0, 1, 1, 0, 0, 8)) == "fp8mma-nbufG-f16-nplan-t8"
     assert fm.config_name((1, 2, 2, 0, 32, 8)) == "fp8mma-nbuf1-q2-p2-t8"
@@ -355,21 +375,48 @@ def test_split_plan_covers_the_top_k():
 
 def test_tile_rule_takes_64_keys_only_where_a_program_owns_a_token():
     """block_n 0: 64-key tiles at one split (prefill), 32 when the top-k list is split (decode), the splits planned
-    as for 32-key tiles; fixed block_n values are kept."""
+    as for 32-key tiles; fixed block_n values are kept (two key warps: four take 64 keys always)."""
     cpu = torch.device("cpu")
     assert [fm.tile_keys(0, s) for s in (1, 2, 16)] == [64, 32, 32] and fm.tile_keys(64, 4) == 64
+    assert [fm.tile_keys(0, s, 4) for s in (1, 2, 16)] == [64, 64, 64]
     for T in (1, 32, 128, 300, 600, 4096):
         for G in (1, 2):
-            s32, k32 = fm.plan_splits(T, 2048, G, cpu, block_n=32)
-            s0, k0 = fm.plan_splits(T, 2048, G, cpu, block_n=0)
+            s32, k32 = fm.plan_splits(T, 2048, G, cpu, block_n=32, key_warps=2)
+            s0, k0 = fm.plan_splits(T, 2048, G, cpu, block_n=0, key_warps=2)
             assert s0 == s32, (T, G)
             assert k0 == (2048 if s32 == 1 else k32) and k0 % fm.tile_keys(0, s0) == 0
-    assert fm.plan_splits(4096, 2048, 1, cpu, block_n=0) == (1, 2048)
-    assert fm.plan_splits(128, 2048, 1, cpu, block_n=0)[0] > 1  # decode B128 splits: 32-key tiles
-    assert fm.plan_splits(4096, 2000, 1, cpu, block_n=0) == (1, 2048)  # whole 64-key tiles
+    assert fm.plan_splits(4096, 2048, 1, cpu, block_n=0, key_warps=2) == (1, 2048)
+    assert fm.plan_splits(128, 2048, 1, cpu, block_n=0, key_warps=2)[0] > 1  # decode B128 splits: 32-key tiles
+    assert fm.plan_splits(4096, 2000, 1, cpu, block_n=0, key_warps=2) == (1, 2048)  # whole 64-key tiles
     for bad in (16, 48, 128, -1):
         with pytest.raises(ValueError, match="block_n"):
             fm.check_block_n(bad)
+
+
+def test_key_warps_rule_four_for_split_lists_at_8_heads_and_whole_lists_at_16():
+    """`key_warps_of` / `plan_key_warps` (key_warps 0): four key warps where the top-k list is split at 1-8 heads
+    (decode) and where it is not at 9-16 (prefill); their plan: 64-key tiles, two slots, two programs an SM."""
+    cpu = torch.device("cpu")  # 132 SMs assumed off-GPU
+    assert [fm.key_warps_of(0, 1, 1, s) for s in (True, False)] == [4, 2]
+    assert [fm.key_warps_of(0, 2, 1, s) for s in (True, False)] == [2, 4]
+    assert fm.key_warps_of(0, 1, 2, True) == 2 and fm.key_warps_of(0, 1, 1, True, 32) == 2  # e4m3 / fixed tiles
+    assert fm.key_warps_of(4, 1, 1, False) == 4 and fm.key_warps_of(2, 2, 1, False) == 2  # explicit values kept
+    assert fm.ring_slots(0, 1, 4) == fm.ring_slots(0, 2, 4) == 2
+    assert fm.num_warps_of(1, 4) == fm.num_warps_of(2, 4) == 4 == fm.num_warps_of(2, 2)
+    assert fm.programs_per_sm(1, 0, 1, "big", 0, 64, 4) == 2 and fm.programs_per_sm(2, 0, 1, "big", 0, 64, 4) == 2
+    for T, G, want in ((32, 1, 4), (128, 1, 4), (4096, 1, 2), (32, 2, 2), (128, 2, 2), (4096, 2, 4)):
+        assert fm.plan_key_warps(T, 2048, G, cpu) == want, (T, G)
+    # a split at 8 heads under four key warps' own plan (fewer slots than two key warps': a token count between the
+    # two takes two key warps, split)
+    assert fm.plan_splits(128, 2048, 1, cpu)[0] == fm.plan_splits(128, 2048, 1, cpu, key_warps=4)[0] > 1
+    T_mid = 150  # four key warps' plan (264 slots) takes it whole, two key warps' (528) splits it
+    assert fm.plan_key_warps(T_mid, 2048, 1, cpu) == 2 and fm.plan_splits(T_mid, 2048, 1, cpu)[0] > 1
+    for bad, kw in ((3, {}), (4, {"q_terms": 2, "p_terms": 2}), (4, {"block_n": 32})):
+        with pytest.raises(ValueError, match="key_warps"):
+            fm.sparse_mla_fp8mma(torch.zeros(2, 8, 576, dtype=torch.bfloat16), torch.zeros(100, 656, dtype=torch.uint8),
+                                 torch.zeros(2, 64, dtype=torch.int32), 0.0625, key_warps=bad, **kw)
+    # the early refill with four key warps: each value column is read by one warp, so one slot can take it
+    assert fm.refill_mode(1, 1, 2, 1, 4) == 1 and fm.refill_mode(1, 1, 2, 1, 2) == 0 and fm.refill_mode(1, 0, 1, 1, 4) == 0
 
 
 def test_dispatch_branches_on_a_gpu_that_runs_it(monkeypatch):

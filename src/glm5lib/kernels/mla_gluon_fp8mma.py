@@ -130,9 +130,13 @@ SCHEDS = (0, 1)
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
 # heads the two groups sit side by side (4 warps), each widening every K and V byte of the tile for its own 8 heads.
 # 4: all 8 G heads in one group of four warps over 64-key tiles (each warp one m16 tile of S for 16 keys and every
-# head, and a quarter of the value columns in O^T), so each byte is widened by one warp; at 9-16 heads the ring then
-# has one slot (42 KB), refilled early like the 8-head build's (`REFILLS`), and a thread holds as many accumulators
-# (64 registers) as at 8 heads. Only the fp16-product build. 0: the rule, `key_warps_of`
+# head, and a quarter of the value columns in O^T), so each byte is widened by one warp and a thread holds as many
+# accumulators (64 registers) as at 8 heads; two programs an SM by registers, two ring slots (`ring_slots`). Only
+# the fp16-product build. 0: the rule (`key_warps_of`). H200 (`sweeps/fp8mma_keywarps_h200_eae46c6.json`, one run,
+# whole kernel / compute alone): 8 heads decode B128 82.3 -> 73.9 us (compute alone 56 -> 57, gathers alone 69 ->
+# 63), B32 29.9 -> 30.3, prefill s_q 4096 1273 -> 1696 (compute alone 812 -> 1188: each warp loads all of q and P^T
+# for a quarter of the tile's products); 16 heads prefill 2419 -> 2321 (compute alone 1703 -> 1606), decode B128
+# 101.1 -> 102.5, B32 34.5 -> 37.1
 KEY_WARPS = (0, 2, 4)
 
 
@@ -161,7 +165,8 @@ class Config(NamedTuple):
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1), Config(0, 1, 1, 0, 0, 8, 2), Config(0, 1, 1, 0, 0), Config(0, 1, 1),
+CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0), Config(0, 1, 1, 0, 0, 8, 2, 1), Config(0, 1, 1, 0, 0, 8, 2),
+           Config(1, 1, 1, 0, 0, 8, 2, 0, 4), Config(0, 1, 1, 0, 0), Config(0, 1, 1),
            Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
            Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0, 8, 1),
@@ -169,13 +174,14 @@ CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1), Config(0, 1, 1, 0, 0, 8, 2), Config(0
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group,
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
 # 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e), refilled early at one split
-# (`REFILLS`' comment: H200 at e6da82b and 8457230). The 32-key, 2-thread build at
+# (`REFILLS`' comment: H200 at e6da82b and 8457230), four key warps where `key_warps_of`'s rule takes them (decode
+# at 1-8 heads, prefill at 9-16: `KEY_WARPS`' comment). The 32-key, 2-thread build at
 # 33e8f55 (`fp8mma_h200.json`): 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x
 # at prefill, 8 heads; 0.75-0.81x at 16 heads. The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and
 # forced only): the e4m3 build with one slot (31 KB, 3 programs per SM) and 8 threads a row. Two q terms hold a bf16 q
 # exactly (8 significant bits = two 4-bit e4m3 terms) except for elements whose scaled value is below 2^-2 (about
 # 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
-CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2, 1), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
+CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2, 1, 0), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
 DEFAULT = CONFIG_BY_CLASS["big"]
 
 
@@ -191,10 +197,16 @@ def tile_keys(block_n: int, splits: int, wm: int = 2) -> int:
     return block_n or (BLOCK_NS[1] if splits == 1 else BLOCK_N)
 
 
-def key_warps_of(key_warps: int, G: int, q_terms: int) -> int:
-    """The warps along the keys a build takes (`KEY_WARPS`): key_warps, or for 0 the rule: 4 at 9-16 heads (G = 2)
-    with fp16 products, else 2."""
-    return key_warps or (4 if G == 2 and q_terms == 1 else 2)
+def key_warps_of(key_warps: int, G: int, q_terms: int, split: bool, block_n: int = 0) -> int:
+    """The warps along the keys a build takes (`KEY_WARPS`): key_warps, or for 0 the rule: 4 for the fp16-product
+    build over the rule's tiles (block_n 0) where the top-k list is split at 1-8 heads (decode: few programs an SM,
+    each tile's work over four warps) or is not split at 9-16 heads (prefill: each byte widened once instead of
+    twice), else 2. The launcher asks the split question of the plan the answer would take (`plan_key_warps`)."""
+    if key_warps:
+        return key_warps
+    if q_terms != 1 or block_n != 0:
+        return 2
+    return 4 if split == (G == 1) else 2
 
 
 def num_warps_of(G: int, wm: int) -> int:
@@ -213,10 +225,10 @@ def check_key_warps(key_warps: int, q_terms: int, block_n: int) -> None:
 
 def ring_slots(nbuf: int, G: int, wm: int = 2) -> int:
     """The gather ring's slots: nbuf, or for nbuf = 0 one per head group (G) at wm = 2: 1 at 1-8 heads (4 programs
-    per SM by registers, so 4 tiles in flight), 2 at 9-16 (2 programs of 4 warps: 4 tiles again); one at wm = 4 (all
-    heads one group, `KEY_WARPS`). On the H200 (fp16 build, `sweeps/fp8mma_h200_08e4e10.json`) one slot was 3-6 %
+    per SM by registers, so 4 tiles in flight), 2 at 9-16 (2 programs of 4 warps: 4 tiles again); two at wm = 4
+    (2 programs of 4 warps, `KEY_WARPS`; one slot refilled early was slower there). On the H200 (fp16 build, `sweeps/fp8mma_h200_08e4e10.json`) one slot was 3-6 %
     faster than two at 8 heads' decode and within 1 % at prefill; two were 6-12 % faster at 16 heads."""
-    return nbuf or (G if wm == 2 else 1)
+    return nbuf or (G if wm == 2 else 2)
 
 
 def config_name(cfg) -> str:
@@ -1145,13 +1157,25 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
     """(split count, keys per split): enough programs for every SM's resident slots (`mla.pick_num_splits` with the
     fit rule), each split whole tiles of `block_n` keys (`mla.split_keys`; block_n 0: planned with 32-key tiles,
     then `tile_keys`'s rule; four key warps: 64-key tiles, `KEY_WARPS`)."""
-    wm = key_warps_of(key_warps, G, q_terms)
+    if key_warps == 0:
+        key_warps = plan_key_warps(T, topk, G, device, num_splits, nbuf, q_terms, maxnreg, block_n)
+    wm = key_warps
     bn = tile_keys(block_n, 1, wm) if wm == 4 else block_n or BLOCK_N
     if num_splits is None:
         waves = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg, bn, wm)
         num_splits = mla.pick_num_splits(T, 1, topk, bn, num_sms(device), waves, True)
     splits, _ = mla.split_keys(topk, num_splits, bn)
     return mla.split_keys(topk, splits, tile_keys(block_n, splits, wm))
+
+
+def plan_key_warps(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None,
+                   nbuf: int = DEFAULT[0], q_terms: int = DEFAULT[1], maxnreg: int = 0,
+                   block_n: int = DEFAULT.block_n) -> int:
+    """`key_warps_of`'s rule (key_warps 0) for a call: at 1-8 heads whether four key warps' own plan splits the
+    top-k list, at 9-16 whether two key warps' plan does (their programs per SM are the same there)."""
+    wm = 4 if G == 1 and q_terms == 1 and block_n == 0 else 2
+    split = plan_splits(T, topk, G, device, num_splits, nbuf, q_terms, maxnreg, block_n, wm)[0] > 1
+    return key_warps_of(0, G, q_terms, split, block_n)
 
 
 _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
@@ -1222,7 +1246,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     balanced schedule over that many programs wherever it applies with T >= programs."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     G = head_groups(H)
-    wm = key_warps_of(key_warps, G, q_terms)
+    wm = key_warps or plan_key_warps(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
     nbuf = ring_slots(nbuf, G, wm)
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n, wm)
     bn = tile_keys(block_n, splits, wm)
@@ -1268,7 +1292,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     check_terms(q_terms, p_terms)
     check_block_n(block_n)
     check_key_warps(key_warps, q_terms, block_n)
-    check_row_threads(row_threads, G, key_warps_of(key_warps, G, q_terms))
+    check_row_threads(row_threads, G, key_warps or 4)  # (the rule: as many threads a row as it may take warps)
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
     check_refill(refill)
@@ -1347,8 +1371,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     check_terms(c.q_terms, c.p_terms)
     check_block_n(c.block_n)
     check_key_warps(c.key_warps, c.q_terms, c.block_n)
-    check_row_threads(c.row_threads, head_groups(q.shape[1]), key_warps_of(c.key_warps, head_groups(q.shape[1]),
-                                                                           c.q_terms))
+    check_row_threads(c.row_threads, head_groups(q.shape[1]), c.key_warps or 4)
     check_refill(c.refill)
     check_sched(c.sched)
     if part == "whole":
@@ -1398,7 +1421,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     check_terms(q_terms, p_terms)
     check_block_n(block_n)
     check_key_warps(key_warps, q_terms, block_n)
-    wm = key_warps_of(key_warps, G, q_terms)
+    wm = key_warps_of(key_warps, G, q_terms, split, block_n)
     check_row_threads(row_threads, G, wm)
     check_refill(refill)
     check_sched(sched)
@@ -1428,7 +1451,7 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
     from triton.experimental.gluon._runtime import GluonASTSource
 
     c = Config(*cfg)
-    wm = key_warps_of(c.key_warps, G, c.q_terms)
+    wm = key_warps_of(c.key_warps, G, c.q_terms, split, c.block_n)
     check_row_threads(c.row_threads, G, wm)
     bn = tile_keys(c.block_n, 2 if split else 1, wm)
     per_sm = programs_per_sm(G, c.nbuf, c.q_terms, "big", c.maxnreg, bn, wm)
@@ -1459,7 +1482,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
     schedule's tile loop runs inside its loop over pieces: `sass_loop(inner=True)`)."""
     k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n, row_threads=row_threads,
                     refill=refill, sched=sched, key_warps=key_warps)
-    wm = key_warps_of(key_warps, G, q_terms)
+    wm = key_warps_of(key_warps, G, q_terms, split, block_n)
     row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill, sched, key_warps)),
            "arch": arch, "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
