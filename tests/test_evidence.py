@@ -752,31 +752,38 @@ def test_evidence_readme_target_numbers():
     def r2(name):
         return round(t[name], 2)
 
-    assert [r2(f"prefill bf16 H{h}: ratio to FlashMLA (time)") for h in (64, 128)] == [0.88, 0.88]
-    assert [r2(f"decode fp8 H{h} B128: ratio to FlashMLA") for h in (64, 128)] == [0.63, 0.7]
-    assert [r2(f"decode fp8 H8 B{b}: speed-up vs FlashMLA padded to 64") for b in (128, 32)] == [1.42, 1.63]
-    assert [r2(f"decode fp8 H16 B{b}: speed-up vs FlashMLA padded to 64") for b in (128, 32)] == [1.17, 1.42]
+    assert [r2(f"prefill bf16 H{h}: ratio to FlashMLA (time)") for h in (64, 128)] == [0.89, 0.88]
+    assert [r2(f"decode fp8 H{h} B128: ratio to FlashMLA") for h in (64, 128)] == [0.64, 0.7]
+    assert [r2(f"decode fp8 H8 B{b}: speed-up vs FlashMLA padded to 64") for b in (128, 32)] == [1.51, 1.6]
+    assert [r2(f"decode fp8 H16 B{b}: speed-up vs FlashMLA padded to 64") for b in (128, 32)] == [1.16, 1.42]
+    assert [round(t[f"decode fp8 H8 B{b}: % of byte floor (gathered bytes at copy bandwidth)"]) for b in (32, 128)] == [
+        33, 52]
     assert [r2(f"prefill fp8_ds_mla H{h}: speed-up vs FlashMLA bf16 padded to 64 (time)") for h in (8, 16)] == [
-        1.49, 0.8]
+        1.57, 0.88]
     assert not next(x for x in load("bench_h200.json")["targets"] if x["target"].startswith("prefill fp8_ds_mla H8"))[
         "met"]
     rows = load("bench_h200.json")["rows"]
     fp8_h8 = next(r for r in rows if r["kind"] == "prefill" and r["H"] == 8
                   and r.get("kv_format") == "fp8_ds_mla" and r["impl"] == "triton")
-    assert round(fp8_h8["us"], 1) == 1280.1 and fp8_h8["config"] == "fp8mma-nbufG-f16-nplan-t8-eplan-b"
-    # "FlashMLA's 1909 ... (2015 and 1909 us)": its two padded 8-head prefill rows of the run; "(1268.8 against 2014)"
+    assert round(fp8_h8["us"], 1) == 1279.5 and fp8_h8["config"] == "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan"
+    fp8_h16 = next(r for r in rows if r["kind"] == "prefill" and r["H"] == 16
+                   and r.get("kv_format") == "fp8_ds_mla" and r["impl"] == "triton")
+    assert round(fp8_h16["us"]) == 2320
+    # "FlashMLA's 2008 ... (2008 and 2096 us in the latest)": its two padded 8-head prefill rows of the run; the two
+    # runs before: "1.49x (1280.1 against 1909) and 1.59x (1268.8 against 2014)"
     anchors = sorted(round(r["us"]) for r in rows if r["kind"] == "prefill" and r["H"] == 8
                      and r["impl"].startswith("flashmla"))
-    assert anchors == [1909, 2015]
-    before = load("sweeps/bench_h200_30b2ee5.json")["rows"]
-    assert [round(r["us"], 1) for r in before if r["kind"] == "prefill" and r["H"] == 8 and (
-        r["impl"] == "triton" and r.get("kv_format") == "fp8_ds_mla" or r.get("baseline_for") == "fp8_ds_mla")] == [
-        1268.8, 2014.4]
-    assert [round(t[f"indexer prefill {f}: % of bf16 matmul rate"]) for f in ("fp8", "bf16")] == [58, 58]
-    assert round(t["indexer decode bf16: % of copy bandwidth"]) == 91
+    assert anchors == [2008, 2096]
+    for commit, want in (("5b6d93c", [1280.1, 1909.3]), ("30b2ee5", [1268.8, 2014.4])):
+        before = load(f"sweeps/bench_h200_{commit}.json")["rows"]
+        assert [round(r["us"], 1) for r in before if r["kind"] == "prefill" and r["H"] == 8 and (
+            r["impl"] == "triton" and r.get("kv_format") == "fp8_ds_mla" or r.get("baseline_for") == "fp8_ds_mla")] == \
+            want, commit
+    assert [round(t[f"indexer prefill {f}: % of bf16 matmul rate"]) for f in ("fp8", "bf16")] == [54, 54]
+    assert round(t["indexer decode bf16: % of copy bandwidth"]) == 90
     assert round(t["indexer decode fp8 (fp8 q): % of copy bandwidth"]) == 81
     assert round(t["indexer decode fp8: % of copy bandwidth"]) == 64
-    # the fp8-cache kernel against the Triton kernel's 99 KB-class configs in the same run ("0.47-0.66x ... 0.29-0.56x")
+    # the fp8-cache kernel against the Triton kernel's 99 KB-class configs in the same run ("0.44-0.66x ... 0.29-0.53x")
 
     def us(kind, T, H, small):
         return next(r["us"] for r in rows if r.get("kv_format") == "fp8_ds_mla" and r.get("T") == T and r["H"] == H
@@ -786,8 +793,8 @@ def test_evidence_readme_target_numbers():
     def ratios(kind, Ts):
         return [round(us(kind, T, H, False) / us(kind, T, H, True), 2) for T in Ts for H in (8, 16)]
 
-    assert (min(ratios("decode", (32, 128))), max(ratios("decode", (32, 128)))) == (0.47, 0.66)
-    assert (min(ratios("prefill", (4096,))), max(ratios("prefill", (4096,)))) == (0.29, 0.56)
+    assert (min(ratios("decode", (32, 128))), max(ratios("decode", (32, 128)))) == (0.44, 0.66)
+    assert (min(ratios("prefill", (4096,))), max(ratios("prefill", (4096,)))) == (0.29, 0.53)
     # the kernel taken apart ("68 us of gathers and 56 us of compute in 77-81 us, the fastest gather route of the same
     # rows 54 us; at 16 heads the compute alone (88 us)"): the row-thread sweep, and the 8-thread build's second run
     sweep, second = _ablation("bc8f6e0"), _ablation("6e4488e")
@@ -838,7 +845,7 @@ def test_evidence_fp8mma_ablation_h200():
     e4m3 = second["ablate-decode", 128, 8, "fp8mma-nbuf1-q2-p2"], second["ablate-decode", 128, 8, "fp8mma-nbuf1-q2-p2-t8"]
     assert e4m3[1]["whole_us"] < 0.85 * e4m3[0]["whole_us"]  # the 99 KB class's build gains too
     # both classes ship the 8-thread build (sm_90's refilled early at one split since round 15)
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(refill=0, sched=0)) == new
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(refill=0, sched=0, key_warps=2)) == new
     assert fm.config_name(fm.CONFIG_BY_CLASS["small"]) == "fp8mma-nbuf1-q2-p2-t8"
     # round 13's benchmark ran the 8-thread build, faster than round 12's run of the 2-thread one
     now, before = load("sweeps/bench_h200_e59e9d5.json"), load("sweeps/bench_h200_6068e9e.json")
@@ -933,7 +940,7 @@ def test_evidence_fp8mma_refill_h200():
     assert t > 1.2 * e and abs(h - e) < 0.01 * e  # tail first: much slower; two groups: level
     assert round(runs["8457230"]["ablate-prefill", 4096, 8, early + "s"]["whole_us"]) == 1292  # one group a chunk
     # what round 15 shipped (round 16 adds the balanced schedule to it: `test_evidence_fp8mma_balanced_h200`)
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(sched=0)) == "fp8mma-nbufG-f16-nplan-t8-eplan"
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(sched=0, key_warps=2)) == "fp8mma-nbufG-f16-nplan-t8-eplan"
     bench_run = load("sweeps/bench_h200_30b2ee5.json")
     assert bench_run["meta"]["commit"] == "30b2ee5"
     fp8 = [r for r in bench_run["rows"] if r["kind"] in ("prefill", "decode") and r.get("kv_format") == "fp8_ds_mla"
@@ -967,7 +974,7 @@ def test_evidence_fp8mma_balanced_h200():
     from glm5lib.kernels import mla_gluon_fp8mma as fm
 
     old, new = "fp8mma-nbufG-f16-nplan-t8-eplan", "fp8mma-nbufG-f16-nplan-t8-eplan-b"
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == new
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(key_warps=2)) == new  # (round 17 added key_warps' rule)
     w = _waves("4a85e56")  # v21a: 4096 tokens (7.76 waves) take 99.2 % of 8 waves' time
     assert [round(w[T]["shipped_us"], 1) for T in (3696, 4096, 4224)] == [1134.0, 1278.3, 1288.5]
     assert round(w[4096]["shipped_us"] / w[4224]["shipped_us"], 3) == 0.992
@@ -1002,15 +1009,15 @@ def test_evidence_fp8mma_balanced_h200():
         assert mine and all(r["ok"] for r in mine)
         assert {"B1100-H8-K2048-mixed", "B700-H5-K999-neg"} <= {r["case"] for r in mine}
     # the benchmark, the matrix and the sanitizer ran the shipped build at 5b6d93c
-    bench_run = load("bench_h200.json")
+    bench_run = load("sweeps/bench_h200_5b6d93c.json")
     assert bench_run["meta"]["commit"] == "5b6d93c"
     fp8 = [r for r in bench_run["rows"] if r["kind"] in ("prefill", "decode") and r.get("kv_format") == "fp8_ds_mla"
            and r["H"] <= 16 and r["impl"] == "triton"]
     assert fp8 and {r["config"] for r in fp8} == {new}
-    matrix = load("checks_h200_full.json")
+    matrix = load("sweeps/checks_h200_full_5b6d93c.json")
     assert len(matrix) == 127 and all(r["ok"] for r in matrix)
     assert any(r["name"] == "prefill:T600-H8-K2048-N32768-fp8_ds_mla-none" and r["config"] == new for r in matrix)
-    san = (BENCH / "sanitizer_h200.log").read_text()
+    san = (BENCH / "sweeps" / "sanitizer_h200_5b6d93c.log").read_text()
     assert "28/28 cases pass" in san and "ERROR SUMMARY: 0 errors" in san
     assert re.search(r"^sanitize:T600-H8-K512-N3000-fp8_ds_mla-mixed\s+ok .* config=" + re.escape(new) + "$", san, re.M)
     for tool, n, summary in (("memcheck", 12, "ERROR SUMMARY: 0 errors"),
@@ -1018,3 +1025,74 @@ def test_evidence_fp8mma_balanced_h200():
         log = (BENCH / "sweeps" / f"{tool}_fp8mma_balanced_h200_5b6d93c.log").read_text()
         assert f"{n}/{n} launches match the fp32 reference" in log and summary in log, tool
         assert f"T40 H8 K512 splits 1 programs 16 {new}: rel" in log, tool
+
+
+def test_evidence_fp8mma_key_warps_h200():
+    """NOTES round 17 / docs/kernels.md v22: four warps along the keys (`mla_gluon_fp8mma.KEY_WARPS`) taken apart
+    beside the two-key-warp build, the 16-head prefill's token sweep, and what the shipped rule ran on the H200."""
+    import torch
+
+    from glm5lib.kernels import mla_gluon_fp8mma as fm
+
+    res = load("sweeps/fp8mma_keywarps_h200_eae46c6.json")
+    assert res["meta"]["commit"] == "eae46c6" and res["meta"]["device"] == "NVIDIA H200"
+    assert res["meta"]["failed_checks"] == 0
+    two, early4, slots4 = ("fp8mma-nbufG-f16-nplan-t8-eplan-b", "fp8mma-nbufG-f16-nplan-t8-eplan-b-k4",
+                           "fp8mma-nbuf2-f16-nplan-t8-k4")
+    checked = {r["config"] for r in res["rows"] if r.get("kernel") == "fp8mma" and r.get("ok")}
+    assert {two, early4, slots4} <= checked
+    # at eae46c6 key warps 4 with nbuf 0 took one slot (refilled early at one split): the "-eplan-b-k4" rows
+    parts = {(r["kind"], r["B"], r["H"], r["config"]): r for r in res["rows"] if r.get("kind", "").startswith("ablate")}
+
+    def w(kind, B, H, cfg, part="whole"):
+        return round(parts[kind, B, H, cfg][part + "_us"], 1)
+
+    # the table of v22 (whole kernel)
+    assert [w("ablate-decode", 128, 8, c) for c in (two, early4, slots4)] == [82.3, 77.0, 73.9]
+    assert [w("ablate-decode", 32, 8, c) for c in (two, early4, slots4)] == [29.9, 31.4, 30.3]
+    assert [w("ablate-prefill", 4096, 8, c) for c in (two, early4, slots4)] == [1273.4, 2098.2, 1695.7]
+    assert [w("ablate-prefill", 4096, 16, c) for c in (two, early4, slots4)] == [2418.8, 2392.3, 2320.9]
+    assert [w("ablate-decode", 128, 16, c) for c in (two, early4, slots4)] == [101.1, 98.5, 102.5]
+    assert [w("ablate-decode", 32, 16, c) for c in (two, early4, slots4)] == [34.5, 36.1, 37.1]
+    # the parts: compute alone 8-head prefill 812 -> 1188, 16-head 1703 -> 1606; 8-head decode gathers 69 -> 63
+    assert [round(w("ablate-prefill", 4096, 8, c, "compute")) for c in (two, slots4)] == [812, 1188]
+    assert [round(w("ablate-prefill", 4096, 16, c, "compute")) for c in (two, slots4)] == [1703, 1606]
+    assert [round(w("ablate-decode", 128, 8, c, "gathers")) for c in (two, slots4)] == [69, 63]
+    waves = load("sweeps/fp8mma_waves16_keywarps_h200_eae46c6.json")
+    by_t = {r["T"]: r for r in waves["rows"]}
+    assert [round(by_t[T][f"{slots4}_us"]) for T in (528, 2112, 4096)] == [307, 1176, 2303]
+    assert [round(by_t[T][f"{two}_us"]) for T in (528, 2112, 4096)] == [320, 1224, 2419]
+    assert all(by_t[T][f"{c}_rel"] < 2e-3 for T in by_t for c in (two, early4, slots4))
+    # the rule follows the table: four key warps for split lists at 8 heads, for whole lists at 16, two slots
+    cpu = torch.device("cpu")  # 132 SMs assumed, the H200's
+    assert fm.plan_key_warps(128, 2048, 1, cpu) == 4 and fm.plan_key_warps(32, 2048, 1, cpu) == 4
+    assert fm.plan_key_warps(4096, 2048, 1, cpu) == 2 and fm.plan_key_warps(4096, 2048, 2, cpu) == 4
+    assert fm.plan_key_warps(128, 2048, 2, cpu) == 2 and fm.ring_slots(0, 1, 4) == 2
+    shipped = fm.config_name(fm.CONFIG_BY_CLASS["big"])
+    assert shipped == "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan"
+    # the benchmark, the matrix and the sanitizers ran the shipped rule at 97dc8b8
+    run = load("bench_h200.json")
+    assert run["meta"]["commit"] == "97dc8b8"
+    fp8 = {(r["kind"], r.get("B") or r.get("T"), r["H"]): r for r in run["rows"]
+           if r["kind"] in ("prefill", "decode") and r.get("kv_format") == "fp8_ds_mla" and r["H"] <= 16
+           and r["impl"] == "triton"}
+    assert fp8 and {r["config"] for r in fp8.values()} == {shipped}
+    assert round(fp8["decode", 128, 8]["us"], 1) == 77.7 and round(fp8["prefill", 4096, 16]["us"]) == 2320
+    matrix = load("checks_h200_full.json")
+    assert len(matrix) == 127 and all(r["ok"] for r in matrix)
+    # the matrix's fp8-cache cases under each of the rule's answers
+    took = set()
+    for r in matrix:
+        m = re.match(r"\w+:T(\d+)-H(\d+)-K(\d+)-", r["name"])
+        if r.get("config") == shipped and m:
+            T, H, K = (int(x) for x in m.groups())
+            took.add((fm.head_groups(H), fm.plan_key_warps(T, K, fm.head_groups(H), cpu)))
+    assert took == {(1, 2), (1, 4), (2, 2), (2, 4)}
+    san = (BENCH / "sanitizer_h200.log").read_text()
+    assert "28/28 cases pass" in san and "ERROR SUMMARY: 0 errors" in san
+    assert re.search(r"^sanitize:T600-H16-K512-N3000-fp8_ds_mla-mixed\s+ok .* config=" + re.escape(shipped) + "$", san,
+                     re.M)
+    race = (BENCH / "sweeps" / "racecheck_fp8mma_keywarps_h200_97dc8b8.log").read_text()
+    assert "4/4 cases pass" in race and "RACECHECK SUMMARY: 0 hazards" in race
+    assert re.search(r"^sanitize:T600-H16-K512-N3000-fp8_ds_mla-mixed\s+ok .* config=" + re.escape(shipped) + "$", race,
+                     re.M)

@@ -45,9 +45,9 @@ HARNESS = "outputs/bench/vllm_harness_h200.json"
 FULL_MATRIX_R8 = "outputs/bench/sweeps/checks_h200_full_73d2a37.json"
 SANITIZER_R8 = "outputs/bench/sweeps/sanitizer_h200_73d2a37.log"
 R8_COMMIT, R8_FP8MMA_MAX_H = "73d2a37", 8
-RUN_COMMIT = "5b6d93c"  # the case matrix (each case records its config), with the Gluon kernels dispatched
+RUN_COMMIT = "97dc8b8"  # the case matrix (each case records its config), with the Gluon kernels dispatched
 SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
-SANITIZER_COMMIT = "5b6d93c"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
+SANITIZER_COMMIT = "97dc8b8"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
