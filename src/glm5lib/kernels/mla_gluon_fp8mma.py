@@ -226,8 +226,9 @@ def check_key_warps(key_warps: int, q_terms: int, block_n: int) -> None:
 def ring_slots(nbuf: int, G: int, wm: int = 2) -> int:
     """The gather ring's slots: nbuf, or for nbuf = 0 one per head group (G) at wm = 2: 1 at 1-8 heads (4 programs
     per SM by registers, so 4 tiles in flight), 2 at 9-16 (2 programs of 4 warps: 4 tiles again); two at wm = 4
-    (2 programs of 4 warps, `KEY_WARPS`; one slot refilled early was slower there). On the H200 (fp16 build, `sweeps/fp8mma_h200_08e4e10.json`) one slot was 3-6 %
-    faster than two at 8 heads' decode and within 1 % at prefill; two were 6-12 % faster at 16 heads."""
+    (2 programs of 4 warps, `KEY_WARPS`; one slot refilled early was slower there). On the H200 (fp16 build,
+    `sweeps/fp8mma_h200_08e4e10.json`) one slot was 3-6 % faster than two at 8 heads' decode and within 1 % at
+    prefill; two were 6-12 % faster at 16 heads."""
     return nbuf or (G if wm == 2 else 2)
 
 
@@ -1146,7 +1147,7 @@ def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big", maxnreg:
     """Programs that fit on one SM by shared memory and registers (the split rule's waves): without a cap the sm_90 /
     sm_120 builds take 208-242 registers a thread, so 64 K registers hold 4 programs of 2 warps (G = 1), 2 of 4
     (G = 2, or four key warps: `KEY_WARPS`); with a cap of 168, 6 and 3."""
-    need = smem_bytes_estimate(G, nbuf, q_terms, block_n, wm) + 2048  # the compiler's scratch, the driver's 1 KB a block
+    need = smem_bytes_estimate(G, nbuf, q_terms, block_n, wm) + 2048  # compiler scratch, the driver's 1 KB a block
     by_regs = 65536 // ((maxnreg or 232) * 32 * num_warps_of(G, wm))
     return max(1, min(by_regs, SMEM_PER_SM[smem] // need))
 
