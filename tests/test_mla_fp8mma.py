@@ -208,33 +208,28 @@ def test_k16_columns_give_each_thread_its_fp16_operand_pairs_in_16_contiguous_by
                     assert mem_of[64 * step4 + 16 * s_ + 8 * h + 2 * c + 1] == lo + 1 and lo % 2 == 0
 
 
-def test_v_rows_and_their_inverse():
+@pytest.mark.parametrize("v_rows, d_rows, warps, offsets", [
+    (V_ROWS, D_ROWS, 2, (0, 8, 32, 40, 64, 72, 96, 104)),
+    (V_ROWS4, D_ROWS4, 4, (0, 8, 64, 72))])
+def test_v_rows_and_their_inverse(v_rows, d_rows, warps, offsets):
     # `_v_logical`: V^T row m -> memory column d inside a chunk; `_d_order` must put the rows back
-    d = torch.arange(128).reshape(2, 2, 2, 2, 2, 2, 2).permute(*V_ROWS).reshape(128)
+    d = torch.arange(128).reshape(2, 2, 2, 2, 2, 2, 2).permute(*v_rows).reshape(128)
     assert sorted(d.tolist()) == list(range(128))
-    back = d.reshape(2, 2, 2, 2, 2, 2, 2).permute(*D_ROWS).reshape(128)
+    back = d.reshape(2, 2, 2, 2, 2, 2, 2).permute(*d_rows).reshape(128)
     assert torch.equal(back, torch.arange(128))
-    # the operand thread with lane // 4 = g owns rows g + {0, 8, 32, 64} (+16 for the second warp): 8 contiguous
-    # bytes of each of its keys, and warp w the chunk's columns 64 w..64 w + 63 (what its early refill copies)
+    # the NVMMA layout over `warps` warps along M: warp w holds rows 16 w + {0..15} (+ 32 or 64 per repeat), the
+    # operand thread with lane // 4 = g rows g + {0, 8} of each m16 tile: contiguous bytes of each of its keys
+    # (8 at two key warps, 4 at four), and warp w the chunk's columns 128 / warps * w onwards (what its early refill
+    # copies)
+    n = len(offsets)
     for g in range(8):
-        for warp in (0, 1):
-            rows = [g + 16 * warp + r for r in (0, 8, 32, 40, 64, 72, 96, 104)]
+        for warp in range(warps):
+            rows = [g + 16 * warp + r for r in offsets]
             mem = sorted(int(d[m]) for m in rows)
-            assert mem == list(range(mem[0], mem[0] + 8)) and mem[0] // 64 == warp
+            assert mem == list(range(mem[0], mem[0] + n)) and mem[0] // (128 // warps) == warp
 
 
-def test_v_rows_and_their_inverse_with_four_key_warps():
-    d = torch.arange(128).reshape(2, 2, 2, 2, 2, 2, 2).permute(*V_ROWS4).reshape(128)
-    assert sorted(d.tolist()) == list(range(128))
-    back = d.reshape(2, 2, 2, 2, 2, 2, 2).permute(*D_ROWS4).reshape(128)
-    assert torch.equal(back, torch.arange(128))
-    # the NVMMA layout over four warps along M: warp w holds rows 16 w + {0..15} + {0, 64}, thread g rows
-    # g + {0, 8} of each m16 tile: 4 contiguous bytes of each key, warp w the columns 32 w..32 w + 31
-    for g in range(8):
-        for warp in range(4):
-            rows = [g + 16 * warp + r for r in (0, 8, 64, 72)]
-            mem = sorted(int(d[m]) for m in rows)
-            assert mem == list(range(mem[0], mem[0] + 4)) and mem[0] // 32 == warp
+def test_out_layout_with_four_key_warps():
     # the store layout after `_d_order` (`_out_layout(16, 4)`): its bases as memory positions (d, head)
     L = fm._out_layout(16, 4)
     assert L.warp_bases == [[32, 0], [64, 0]] and L.reg_bases[:2] == [[1, 0], [2, 0]]
@@ -414,6 +409,8 @@ def test_key_warps_rule_four_for_split_lists_at_8_heads_and_whole_lists_at_16():
     # a split at 8 heads under four key warps' own plan (fewer slots than two key warps': a token count between the
     # two takes two key warps, split)
     assert fm.plan_splits(128, 2048, 1, cpu)[0] == fm.plan_splits(128, 2048, 1, cpu, key_warps=4)[0] > 1
+    # four key warps up to 132 tokens at 8 heads (docs/kernels.md v22), then two
+    assert fm.plan_key_warps(132, 2048, 1, cpu) == 4 and fm.plan_key_warps(133, 2048, 1, cpu) == 2
     T_mid = 150  # four key warps' plan (264 slots) takes it whole, two key warps' (528) splits it
     assert fm.plan_key_warps(T_mid, 2048, 1, cpu) == 2 and fm.plan_splits(T_mid, 2048, 1, cpu)[0] > 1
     for bad, kw in ((3, {}), (4, {"q_terms": 2, "p_terms": 2}), (4, {"block_n": 32})):

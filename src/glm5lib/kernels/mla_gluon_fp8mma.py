@@ -367,7 +367,7 @@ if HAVE_GLUON:
             "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
 
     @gluon.jit
-    def _v_logical(x, WM: gl.constexpr = 2):
+    def _v_logical(x, WM: gl.constexpr):
         """[BLOCK_N keys, 128 columns] of a chunk in memory order -> V^T [128 rows m, keys] with the rows permuted.
         WM 2 (two warps along the value rows): memory column d = 64 m16 + 8 (m & 7) + 4 m64 + 2 m32 + m8 (m16 ... m64:
         the bits of m); thread (g, c) of the operand layout owns rows g + {0, 8} + {0, 32} + {0, 64} (+16 in the
@@ -385,7 +385,7 @@ if HAVE_GLUON:
         return gl.reshape(x, [128, N])
 
     @gluon.jit
-    def _d_order(acc, WM: gl.constexpr = 2):
+    def _d_order(acc, WM: gl.constexpr):
         """The inverse of `_v_logical`'s row permutation on an [128 rows m, heads] accumulator: rows in memory order."""
         HN: gl.constexpr = acc.shape[1]
         x = gl.reshape(acc, [2, 2, 2, 2, 2, 2, 2, HN])  # (m64, m32, m16, m8, m4, m2, m1)
@@ -717,7 +717,7 @@ if HAVE_GLUON:
         return gl.convert_layout(1.0 / sigma, HEADS)
 
     @triton.constexpr_function
-    def _out_layout(HN, WM=2):
+    def _out_layout(HN, WM):
         """The accumulator's own distribution after `_d_order`, with the registers enumerated value column first, so
         that converting to it moves no data. WM 2 (1-8 heads, 2 warps): thread (g, c) of warp w holds columns 64 w +
         8 g + 0..7 of heads 2c, 2c + 1 (its rows g + {0, 8} + {0, 32} + {0, 64} + 16 w, `_v_logical`): a store of one
