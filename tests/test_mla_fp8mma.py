@@ -543,7 +543,10 @@ def test_ablation_builds_compile_at_the_kernels_programs_per_sm():
     rows = compile_rows(_PARTS_SCRIPT, timeout=600)
     assert sorted((r["G"], r["part"]) for r in rows) == [(G, p) for G in (1, 2) for p in ("compute", "gathers")]
     for r in rows:
-        want = fm.programs_per_sm(r["G"], cfg.nbuf, cfg.q_terms, "big", cfg.maxnreg, fm.BLOCK_N)
+        # the split build `aot_compile_part` makes: the key warps the rule takes there (four at 1-8 heads) and its tile
+        wm = fm.key_warps_of(cfg.key_warps, r["G"], cfg.q_terms, True, cfg.block_n)
+        want = fm.programs_per_sm(r["G"], cfg.nbuf, cfg.q_terms, "big", cfg.maxnreg, fm.tile_keys(cfg.block_n, 2, wm),
+                                  wm)
         assert fm.SMEM_PER_SM["big"] // (r["shared"] + 1024) == want, r
     with pytest.raises(ValueError, match="row_threads"):
         fm.aot_compile(90, 2, row_threads=2)
