@@ -6,6 +6,9 @@ Triton kernel and FlashMLA, in one process.
 (`mla_gluon_fp8mma.ablate_launch`: the whole kernel, its gathers alone at its programs per SM, its
 compute alone on rows gathered once) beside the fastest gather route of the same rows (`bench.gather.ceiling_rows`),
 on the timed shapes below; then the checks of the configs
+`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --batches`: the decode at batch 1-512, 8 and 16 heads:
+`mla.sparse_mla` as captured in a CUDA graph (its rule's choice), the shipped build with two and four key warps
+forced, the Triton kernel and FlashMLA padded to 64 heads (`run_batches`; `glm5lib.bench.batches` reads and plots it)
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --small-batch`: only batch 1-32 at 8 and 16 heads (graph
 replay, and the host time of one eager call), the shipped config beside the Triton kernel and `sparse_mla` itself
 (`mla.FP8MMA_MIN_T`'s and `mla.FP8MMA_MIN_T_GRAPH`'s question)
@@ -266,6 +269,64 @@ def run_small_batch(rows):
         print(json.dumps(res), flush=True)
 
 
+BATCHES = (1, 4, 8, 16, 32, 48, 64, 96, 128, 132, 136, 192, 256, 384, 512)
+
+
+def run_batches(rows, ceil, have_fm, batches=BATCHES, heads=(8, 16)):
+    """`--batches`: the decode (one 32K-token request per token, top-k 2048) at every batch in `batches`, 8 and 16
+    heads, timed as `glm5lib bench` times it (CUDA-graph replay over rotated index sets): `mla.sparse_mla` itself
+    (what vLLM's captured decode runs: its rule picks the kernel, the key warps and the splits), the shipped
+    fp8-cache build with two and with four key warps forced (`Config.key_warps`), the Triton kernel, and FlashMLA
+    padded to 64 heads. Each launch's output on the first index set (an eager call: `sparse_mla` itself takes the
+    Triton kernel eagerly below `mla.FP8MMA_MIN_T`) is checked against fp32 (`compare`) before it is timed."""
+    big = fm.CONFIG_BY_CLASS["big"]
+    builds = {"k2": big._replace(key_warps=2), "k4": big._replace(key_warps=4)}
+    for H in heads:
+        G = fm.head_groups(H)
+        for B in batches:
+            q, cache, base = bk._make_decode(B, H, 32768, TOPK, "fp8_ds_mla")
+            R = bk._rotations(bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla"))
+            idx_sets = [bk._rand_indices(B, 32768, TOPK, base) for _ in range(R)]
+            out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
+            ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx_sets[0], SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
+            dev = q.device
+            wm = fm.plan_key_warps(B, TOPK, G, dev)
+            res = {"kind": "batch", "B": B, "H": H, "rule_key_warps": wm,
+                   "rule_splits": fm.plan_splits(B, TOPK, G, dev, key_warps=wm)[0],
+                   "graph_route": "fp8mma" if mla.fp8mma_shape(B, H, "fp8_ds_mla", graph=True) else "triton",
+                   "floor_us": bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla") / ceil["copy_GBps"] / 1e3}
+            calls = {"dispatch": lambda i: mla.sparse_mla(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out),
+                     "triton": lambda i: mla.sparse_mla_launch(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out)}
+            for name, cfg in builds.items():
+                calls[name] = lambda i, cfg=cfg: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, **fm.config_kwargs(cfg),
+                                                                      out=out)
+                res[name + "_splits"] = fm.plan_splits(B, TOPK, G, dev, key_warps=cfg.key_warps)[0]
+            for name, f in calls.items():
+                try:
+                    o, lse = f(idx_sets[0])
+                    torch.cuda.synchronize()
+                    res[name + "_ok"] = compare(o, lse, ro, rlse)["ok"]
+                    res[name + "_us"] = 1e3 * bk._graph_ms([lambda i=i: f(i) for i in idx_sets])
+                except Exception as exc:  # noqa: BLE001
+                    res[name + "_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if have_fm:
+                try:
+                    q4 = torch.zeros(B, 1, 64, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+                    q4[:, 0, :H] = q
+                    kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
+                    fms = [bk.FlashMLADecode() for _ in idx_sets]
+                    for f, i in zip(fms, idx_sets):
+                        f(q4, kv4, i.unsqueeze(1))
+                    res["flashmla_us"] = 1e3 * bk._graph_ms([lambda f=f, i=i: f(q4, kv4, i.unsqueeze(1))
+                                                             for f, i in zip(fms, idx_sets)])
+                except Exception as exc:  # noqa: BLE001
+                    res["flashmla_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            rows.append(res)
+            print(json.dumps(res), flush=True)
+            del q, cache, idx_sets, out, ro, rlse
+            torch.cuda.empty_cache()
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out_path = argv[0] if argv and not argv[0].startswith("--") else "fp8mma_device.json"
@@ -287,6 +348,15 @@ def main(argv=None) -> int:
             "flashmla": bk.load_flashmla()}
     print(json.dumps(info), flush=True)
     rows, broken = [], {}
+    if "--batches" in argv:
+        info["ceilings"] = bk.measure_ceilings()
+        run_batches(rows, info["ceilings"], info["flashmla"] is None)
+        info["elapsed_s"] = time.time() - t0
+        info["failed_checks"] = sum(1 for r in rows for k, v in r.items() if k.endswith("_ok") and v is False)
+        with open(out_path, "w") as f:
+            json.dump({"meta": info, "rows": rows}, f, indent=1)
+        print(json.dumps({k: info[k] for k in ("failed_checks", "elapsed_s")}), flush=True)
+        return 1 if info["failed_checks"] else 0
     if "--small-batch" in argv:
         run_small_batch(rows)
         info["elapsed_s"] = time.time() - t0

@@ -659,3 +659,63 @@ def test_merge_pieces_gives_the_cut_tokens_their_attention_over_all_keys(T, tile
             assert (out[t] == 7.0).all() and (lse[t] == 7.0).all()
     assert len(cut) >= 2, "the case must cut at least two tokens"
     assert (out[cut[-1]] == 0).all() and torch.isinf(lse[cut[-1]]).all()
+
+
+def _run_ptx(ptx: str, word: int) -> tuple[int, int]:
+    """($0, $1) of `ptx` for $2 = word: an emulator of the five b32 instructions `E4M3_F16_INT_PTX` uses (mov, prmt
+    in its default mode, shr, and, or), so that the test runs the kernel's own text."""
+    regs, mask = {"$2": word}, 0xFFFFFFFF
+
+    def val(tok):
+        return int(tok, 0) if tok[0].isdigit() else regs[tok]
+
+    body = ptx.strip().removeprefix("{").removesuffix("}")
+    for line in body.split(";"):
+        parts = line.replace(",", " ").split()
+        if not parts or parts[0] == ".reg":
+            continue
+        op, dst, *src = parts
+        a = [val(x) for x in src]
+        if op == "mov.b32":
+            regs[dst] = a[0]
+        elif op == "prmt.b32":  # d.byte[i] = {b, a}.byte[selector nibble i] (the msb of a nibble: sign mode, unused)
+            src8 = a[0] | (a[1] << 32)
+            assert all(((a[2] >> (4 * i)) & 0x8) == 0 for i in range(4))
+            regs[dst] = sum(((src8 >> (8 * ((a[2] >> (4 * i)) & 0x7))) & 0xFF) << (8 * i) for i in range(4))
+        elif op == "shr.b32":
+            regs[dst] = (a[0] & mask) >> a[1]
+        elif op == "and.b32":
+            regs[dst] = a[0] & a[1] & mask
+        elif op == "or.b32":
+            regs[dst] = (a[0] | a[1]) & mask
+        else:
+            raise AssertionError(f"unexpected instruction {op}")
+    return regs["$0"], regs["$1"]
+
+
+def test_integer_widening_is_exact_for_every_e4m3_byte():
+    # every finite e4m3 byte (0x7F / 0xFF are NaN) in each of the word's four positions, beside three others: the
+    # fp16 the PTX makes is 2^-8 times torch's widening of the same byte, bit for bit, and lands in the register
+    # half `cvt.rn.f16x2.e4m3x2` would put it in ($0: bytes 0 (low half), 1; $1: bytes 2, 3)
+    finite = [b for b in range(256) if b & 0x7F != 0x7F]
+    ref = (torch.tensor(finite, dtype=torch.uint8).view(torch.float8_e4m3fn).float() * 2.0 ** -8).half()
+    want = dict(zip(finite, ref.view(torch.int16).tolist()))
+    fillers = (0x00, 0x80, 0x7E, 0xFE, 0x01, 0x38)
+    for i, b in enumerate(finite):
+        for pos in range(4):
+            others = [fillers[(i + j) % len(fillers)] for j in range(4)]
+            others[pos] = b
+            word = sum(x << (8 * j) for j, x in enumerate(others))
+            lo, hi = _run_ptx(fm.E4M3_F16_INT_PTX, word)
+            halves = [lo & 0xFFFF, lo >> 16, hi & 0xFFFF, hi >> 16]
+            assert [h - 0x10000 if h & 0x8000 else h for h in halves] == [want[x] for x in others], (hex(word), pos)
+
+
+def test_widen_is_refused_outside_the_fp16_build():
+    fm.check_widen(4, 1, 1)
+    with pytest.raises(ValueError, match="widen must be one of"):
+        fm.check_widen(5, 1, 1)
+    with pytest.raises(ValueError, match="fp16-product build"):
+        fm.check_widen(1, 2, 2)
+    assert fm.config_name(fm.DEFAULT._replace(widen=2)).endswith("-i2")
+    assert fm.config_name(fm.DEFAULT) == fm.config_name(fm.DEFAULT._replace(widen=0))

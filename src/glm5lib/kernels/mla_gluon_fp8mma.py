@@ -138,6 +138,13 @@ SCHEDS = (0, 1)
 # for a quarter of the tile's products); 16 heads prefill 2419 -> 2321 (compute alone 1703 -> 1606), decode B128
 # 101.1 -> 102.5, B32 34.5 -> 37.1
 KEY_WARPS = (0, 2, 4)
+# how the fp16-product build widens its cached e4m3 bytes: the latent chunks c < widen (of 4, K and V alike) by integer
+# instructions (`_e4m3_f16_int`: a byte permute, a shift and two masks put each byte's sign, exponent and mantissa
+# bits where fp16 keeps them, exactly, as 2^-8 times the value; the 2^8 is folded into that chunk's row scales in S
+# and into its accumulator's final scale in O), the rest by the hardware's `cvt.rn.f16x2.e4m3x2` (`_e4m3_f16`). The
+# two run on different pipes (the conversion unit, the integer ALU), so a mix can widen faster than either alone.
+# The e4m3 builds widen nothing and take 0 only.
+WIDENS = (0, 1, 2, 3, 4)
 
 
 class Config(NamedTuple):
@@ -152,7 +159,8 @@ class Config(NamedTuple):
     read for the last time, 2 piece by piece where a program owns a token's whole list; only where the ring has one
     slot at 1-8 heads: `refill_mode`), and the programs' schedule (`SCHEDS`: 0 one a token and split, 1 balanced
     runs of tiles where the early refill owns whole lists and the tokens outnumber the slots: `balanced_mode`), and
-    the warps along the keys (`KEY_WARPS`: 2, or 4 with all heads in one group, or 0: `key_warps_of`'s rule)."""
+    the warps along the keys (`KEY_WARPS`: 2, or 4 with all heads in one group, or 0: `key_warps_of`'s rule), and
+    the latent chunks widened by integer instructions instead of the hardware conversion (`WIDENS`)."""
     nbuf: int
     q_terms: int
     p_terms: int
@@ -162,6 +170,7 @@ class Config(NamedTuple):
     refill: int = 0
     sched: int = 0
     key_warps: int = 2
+    widen: int = 0
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
@@ -238,12 +247,22 @@ def config_name(cfg) -> str:
     name = f"fp8mma-nbuf{slots}-f16" if c.q_terms == 1 else f"fp8mma-nbuf{slots}-q{c.q_terms}-p{c.p_terms}"
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
     return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
-            + ("", "-e", "-eplan")[c.refill] + ("", "-b")[c.sched] + {2: "", 4: "-k4", 0: "-kplan"}[c.key_warps])
+            + ("", "-e", "-eplan")[c.refill] + ("", "-b")[c.sched] + {2: "", 4: "-k4", 0: "-kplan"}[c.key_warps]
+            + (f"-i{c.widen}" if c.widen else ""))
 
 
 def config_kwargs(cfg) -> dict:
     """`sparse_mla_fp8mma`'s keyword arguments for a build."""
     return Config(*cfg)._asdict()
+
+
+def check_widen(widen: int, q_terms: int, p_terms: int) -> None:
+    """`WIDENS`: 0-4 latent chunks widened by integer instructions, only in the fp16-product build."""
+    if widen not in WIDENS:
+        raise ValueError(f"widen must be one of {WIDENS} (latent chunks widened by integer instructions), got {widen}")
+    if widen and (q_terms != 1 or p_terms != 1):
+        raise ValueError(f"widen {widen} takes the fp16-product build (q_terms = p_terms = 1), got q_terms {q_terms}, "
+                         f"p_terms {p_terms}")
 
 
 def check_block_n(block_n: int) -> None:
@@ -331,7 +350,18 @@ def smem_bytes_estimate(G: int, nbuf: int, q_terms: int, block_n: int = BLOCK_N,
     return nbuf * block_n * (D_NOPE + 2 * D_ROPE + 16) + 8 * G * (q_bytes + 2 * D_ROPE + 4 * block_n)
 
 
+# `_e4m3_f16_int`'s PTX (a module constant so that the tests can run it through `tests/test_mla_fp8mma.py`'s small
+# emulator of these five instructions over every byte): $2 holds 4 e4m3 bytes, $0 and $1 the fp16 pairs of bytes
+# 0, 1 and 2, 3. prmt's selector nibbles pick byte 0-3 of $2 or 4 (a zero byte of z) for result bytes 0-3
+E4M3_F16_INT_PTX = ("{ .reg .b32 z, y, t;\n mov.b32 z, 0;\n"
+                    " prmt.b32 y, $2, z, 0x1404;\n shr.b32 t, y, 1;\n and.b32 t, t, 0x3F803F80;\n"
+                    " and.b32 y, y, 0x80008000;\n or.b32 $0, y, t;\n"
+                    " prmt.b32 y, $2, z, 0x3424;\n shr.b32 t, y, 1;\n and.b32 t, t, 0x3F803F80;\n"
+                    " and.b32 y, y, 0x80008000;\n or.b32 $1, y, t; }")
+
 if HAVE_GLUON:
+    _E4M3_F16_INT_PTX = gl.constexpr(E4M3_F16_INT_PTX)
+
     @gluon.jit
     def _k_logical(x):
         """[R, W] bytes of latent columns in memory order -> the column order the products use, chunk by chunk of 128
@@ -365,6 +395,26 @@ if HAVE_GLUON:
         return gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi;\n mov.b32 {lo, hi}, $2;\n cvt.rn.f16x2.e4m3x2 $0, lo;\n cvt.rn.f16x2.e4m3x2 $1, hi; }",
             "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+
+    @gluon.jit
+    def _e4m3_f16_int(x):
+        """e4m3 bytes (uint8) -> fp16 holding 2^-8 times each value, exactly, by integer instructions: the register
+        pairs `_e4m3_f16` makes (bytes 0, 1 and 2, 3 of a word), each byte permuted to the top of a 16-bit half,
+        then its sign kept at bit 15 and its 7 exponent and mantissa bits shifted right by one, under fp16's sign,
+        where fp16's exponent field (bias 15) reads e4m3's (bias 7): 2^(7 - 15) times the value, subnormals
+        included (e4m3's smallest, 2^-9, becomes 2^-17, above fp16's 2^-24). The cache holds no NaN (vLLM's
+        quantization saturates), which this would widen to 1.75 * 2^-0. Marlin's and FasterTransformer's fast
+        dequantization use the same bit placement; here without their multiply by 2^8, which the callers fold into
+        the row scales (S) and the output's scale (O)."""
+        return gl.inline_asm_elementwise(_E4M3_F16_INT_PTX, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
+
+    @gluon.jit
+    def _widen(x, INT: gl.constexpr):
+        """`_e4m3_f16_int` (2^-8 times the values) where INT, else `_e4m3_f16` (`WIDENS`)."""
+        if INT:
+            return _e4m3_f16_int(x)
+        else:
+            return _e4m3_f16(x)
 
     @gluon.jit
     def _v_logical(x, WM: gl.constexpr):
@@ -577,13 +627,16 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _scores_chunk(kc, q_s, c: gl.constexpr, s_c, acc, zero, LK: gl.constexpr, DA: gl.constexpr,
-                      DB: gl.constexpr, Q_TERMS: gl.constexpr):
+                      DB: gl.constexpr, Q_TERMS: gl.constexpr, WIDEN: gl.constexpr = 0):
         """acc + s_c * (K_c q_c^T) for latent chunk c: K_c straight from the tile's chunk kc (e4m3 bytes), q_c as its
-        e4m3 terms (rows of q_s, already in `_k_logical`'s column order)."""
+        e4m3 terms (rows of q_s, already in `_k_logical`'s column order). WIDEN: `WIDENS` (chunk c < WIDEN widened by
+        integer instructions, 2^-8 times K_c: s_c takes the 2^8)."""
         CH: gl.constexpr = 128
         if Q_TERMS == 1:  # fp16 products: K widened once, q one fp16 term
-            k = gl.convert_layout(_k_logical16(_e4m3_f16(kc.load(LK))), DA, assert_trivial=True)
+            k = gl.convert_layout(_k_logical16(_widen(kc.load(LK), c < WIDEN)), DA, assert_trivial=True)
             s = mma_v2(k, q_s.index(0).slice(c * CH, CH, 1).permute([1, 0]).load(DB), zero)
+            if c < WIDEN:
+                s_c = s_c * 256.0
         else:
             k = gl.convert_layout(_k_logical(kc.load(LK)), DA, assert_trivial=True)
             k = k.to(gl.float8e4nv, bitcast=True)
@@ -595,14 +648,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _pv_chunk(vc, p, s_c, acc, LV: gl.constexpr, LVP: gl.constexpr, DA: gl.constexpr, P_TERMS: gl.constexpr,
-                  WM: gl.constexpr):
+                  WM: gl.constexpr, INT: gl.constexpr = False):
         """acc_c += V_c^T (P s_c)^T for a latent chunk vc, `P s_c` (the tile's P factor 2^e already in s_c) split
-        into e4m3 terms, or one fp16 term (P_TERMS = 1; V widened to fp16 first)."""
+        into e4m3 terms, or one fp16 term (P_TERMS = 1; V widened to fp16 first, by integer instructions where INT:
+        then acc_c holds 2^-8 times its value, which the output's scale takes back, `_out_scale`)."""
         if P_TERMS == 1:
             # the fp16 operand pairs two keys of one value row: the bytes are regrouped (LVP: key pairs innermost, a
             # register permutation) before they are widened, so that each conversion's pair is already an operand's
             v8 = gl.convert_layout(vc.load(LV), LVP, assert_trivial=True)
-            v = gl.convert_layout(_v_logical(_e4m3_f16(v8), WM), DA, assert_trivial=True)
+            v = gl.convert_layout(_v_logical(_widen(v8, INT), WM), DA, assert_trivial=True)
             acc = mma_v2(v, (p * s_c[:, None]).to(gl.float16), acc)
         else:
             v = gl.convert_layout(_v_logical(vc.load(LV), WM), DA, assert_trivial=True)
@@ -613,6 +667,15 @@ if HAVE_GLUON:
             if P_TERMS == 3:
                 acc = mma_v2(v, p2, acc)
         return acc
+
+    @gluon.jit
+    def _out_scale(inv_l, c: gl.constexpr, WIDEN: gl.constexpr):
+        """The scale of accumulator c at the store: inv_l, times 2^8 where its V was widened by integer instructions
+        (`_e4m3_f16_int`'s 2^-8; `WIDENS`)."""
+        if c < WIDEN:
+            return inv_l * 256.0
+        else:
+            return inv_l
 
     @gluon.jit
     def _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc, scale, c: gl.constexpr, SPLIT: gl.constexpr,
@@ -766,7 +829,7 @@ if HAVE_GLUON:
                DA: gl.constexpr, DB: gl.constexpr, DA8: gl.constexpr, DB8: gl.constexpr, DA16: gl.constexpr,
                DB16: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LVP: gl.constexpr, LW: gl.constexpr,
                LR: gl.constexpr, LS: gl.constexpr, LQ: gl.constexpr, LC: gl.constexpr, IR: gl.constexpr,
-               IC: gl.constexpr, WM: gl.constexpr):
+               IC: gl.constexpr, WM: gl.constexpr, WIDEN: gl.constexpr):
         """The kernel's loop: n_tiles tiles of the index list at idx_row from position k_start (the list ends at
         k_end), each gathered, scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev),
         which it returns with the index tiles read ahead (nxt_w, nxt_k). The balanced schedule passes the whole
@@ -794,7 +857,7 @@ if HAVE_GLUON:
             s = zero
             for c in gl.static_range(4):
                 s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK, DA,
-                                  DB, Q_TERMS)
+                                  DB, Q_TERMS, WIDEN)
             s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
             s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
 
@@ -859,17 +922,21 @@ if HAVE_GLUON:
                 gl.convert_layout(g2, PH), gl.convert_layout(g3, PH), WM)
             fe = _pow2(e)
             # (early refill: behind each chunk's product the next tile's chunk, each warp the columns it read)
-            acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS, WM)
+            acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS, WM,
+                             0 < WIDEN)
             if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
                 _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
-            acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS, WM)
+            acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS, WM,
+                             1 < WIDEN)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC)
-            acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS, WM)
+            acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS, WM,
+                             2 < WIDEN)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC)
-            acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS, WM)
+            acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS, WM,
+                             3 < WIDEN)
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)
                 cp.commit_group()
@@ -883,7 +950,7 @@ if HAVE_GLUON:
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
-        WM: gl.constexpr = 2,
+        WM: gl.constexpr = 2, WIDEN: gl.constexpr = 0,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
@@ -892,7 +959,8 @@ if HAVE_GLUON:
         (token) at a time through the tile loop (`_tiles`), storing each piece after it, whole into O / LSE or, cut
         at a program boundary, as a partial into PART (`_merge_pieces_kernel`'s layout). WM (`Config.key_warps`):
         warps along the keys and value rows, 2 (G head groups of 8 heads side by side, 2 G warps) or 4 (all 8 G heads
-        in one group of 4 warps, 64-key tiles, fp16 products: each K and V byte widened by one warp only)."""
+        in one group of 4 warps, 64-key tiles, fp16 products: each K and V byte widened by one warp only). WIDEN:
+        `WIDENS` (latent chunks widened by integer instructions; their accumulators' 2^-8 undone by `_out_scale`)."""
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
@@ -1042,7 +1110,7 @@ if HAVE_GLUON:
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
                     gl.to_tensor(0), DBG, tk, sp,
                     NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM)
+                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN)
                 # the token done (b = NT, a = 0), or this program's piece of it: the tail (slot 1) of boundary
                 # p - 1 (a > 0) or the head (slot 0) of boundary p
                 l_i = gl.sum(l_acc, axis=0)
@@ -1052,19 +1120,19 @@ if HAVE_GLUON:
                 offs_h = gl.arange(0, HN, layout=HEADS)
                 if (a == 0) & (b == NT):
                     o_h = O + tk.to(gl.int64) * stride_ot + offs_h * stride_oh
-                    _store_mma(o_h, acc0 * inv_l[None, :], 0, H, WM)
-                    _store_mma(o_h, acc1 * inv_l[None, :], 1, H, WM)
-                    _store_mma(o_h, acc2 * inv_l[None, :], 2, H, WM)
-                    _store_mma(o_h, acc3 * inv_l[None, :], 3, H, WM)
+                    _store_mma(o_h, acc0 * _out_scale(inv_l, 0, WIDEN)[None, :], 0, H, WM)
+                    _store_mma(o_h, acc1 * _out_scale(inv_l, 1, WIDEN)[None, :], 1, H, WM)
+                    _store_mma(o_h, acc2 * _out_scale(inv_l, 2, WIDEN)[None, :], 2, H, WM)
+                    _store_mma(o_h, acc3 * _out_scale(inv_l, 3, WIDEN)[None, :], 3, H, WM)
                     gl.store(LSE + tk.to(gl.int64) * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=offs_h < H)
                 else:
                     ts = (a > 0).to(gl.int32)
                     rows = ((ts * n_prog + gl.program_id(0) - ts) * H).to(gl.int64) + offs_h
                     p_h = PART + rows * DN
-                    _store_mma(p_h, acc0 * inv_l[None, :], 0, H, WM)
-                    _store_mma(p_h, acc1 * inv_l[None, :], 1, H, WM)
-                    _store_mma(p_h, acc2 * inv_l[None, :], 2, H, WM)
-                    _store_mma(p_h, acc3 * inv_l[None, :], 3, H, WM)
+                    _store_mma(p_h, acc0 * _out_scale(inv_l, 0, WIDEN)[None, :], 0, H, WM)
+                    _store_mma(p_h, acc1 * _out_scale(inv_l, 1, WIDEN)[None, :], 1, H, WM)
+                    _store_mma(p_h, acc2 * _out_scale(inv_l, 2, WIDEN)[None, :], 2, H, WM)
+                    _store_mma(p_h, acc3 * _out_scale(inv_l, 3, WIDEN)[None, :], 3, H, WM)
                     gl.store(PART + 2 * n_prog.to(gl.int64) * H * DN + rows, lse2, mask=offs_h < H)
             cp.wait_group(0)
             return
@@ -1081,16 +1149,20 @@ if HAVE_GLUON:
             KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
             sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
             t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM)
+            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN)
         cp.wait_group(0)
         l_i = gl.sum(l_acc, axis=0)
         has_key = l_i > 0
         inv_l = gl.where(has_key, 1.0 / gl.where(has_key, l_i, 1.0), 0.0)
         inv_l = inv_l * _pow2(-e_prev)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, inv_l, 0, SPLIT, LO, WM)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, inv_l, 1, SPLIT, LO, WM)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, inv_l, 2, SPLIT, LO, WM)
-        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, inv_l, 3, SPLIT, LO, WM)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc0, _out_scale(inv_l, 0, WIDEN), 0, SPLIT,
+                     LO, WM)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc1, _out_scale(inv_l, 1, WIDEN), 1, SPLIT,
+                     LO, WM)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc2, _out_scale(inv_l, 2, WIDEN), 2, SPLIT,
+                     LO, WM)
+        _store_chunk(O, PART, t, sp, H, stride_ot, stride_oh, acc3, _out_scale(inv_l, 3, WIDEN), 3, SPLIT,
+                     LO, WM)
         lse2 = gl.where(has_key, m_i + gl.log2(gl.where(has_key, l_i, 1.0)), float("-inf"))
         offs_h = gl.arange(0, HN, layout=HEADS)
         if not SPLIT:
@@ -1240,7 +1312,8 @@ def merge_pieces(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, tiles
 def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nbuf: int, q_terms: int,
                  p_terms: int, maxnreg: int, block_n: int, row_threads: int, refill: int, sched: int,
                  num_splits: int | None, idx_stride: int = 0,
-                 programs: int | None = None, key_warps: int = 2) -> tuple[int, int, tuple, dict, tuple]:
+                 programs: int | None = None, key_warps: int = 2,
+                 widen: int = 0) -> tuple[int, int, tuple, dict, tuple]:
     """(splits, keys per split, grid, constexprs and options, their values as a key) for a call shape: the host work
     an eager layer would otherwise repeat on every call. The grid is (T, splits), or under the balanced schedule
     (`balanced_mode`) (slots,): one program per slot of the machine; programs (a measurement knob) takes the
@@ -1261,7 +1334,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
         flat = balanced_mode(sched, refill, splits, T, slots, rows_flat)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
               TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
-              PAD=0, BALANCED=flat, WM=wm,
+              PAD=0, BALANCED=flat, WM=wm, WIDEN=widen,
               num_warps=num_warps_of(G, wm), **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
@@ -1275,13 +1348,14 @@ def debug_record_bytes(H: int) -> int:
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
                       p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
                       row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, sched=DEFAULT.sched,
-                      key_warps=DEFAULT.key_warps, out=None, debug=None, programs=None):
+                      key_warps=DEFAULT.key_warps, widen=DEFAULT.widen, out=None, debug=None, programs=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
     build; maxnreg: register cap per thread (0: none); block_n: keys a tile (32 or 64); row_threads: threads a
     gathered row's latent bytes are spread over; refill: how a one-slot ring is refilled (`Config`, `REFILLS`);
-    sched: the programs' schedule (`SCHEDS`); key_warps: warps along the keys (`KEY_WARPS`). `config_kwargs(cfg)`
+    sched: the programs' schedule (`SCHEDS`); key_warps: warps along the keys (`KEY_WARPS`); widen: latent chunks
+    widened by integer instructions (`WIDENS`). `config_kwargs(cfg)`
     gives these for a `Config`. programs (a measurement knob): the balanced schedule's program count instead of the
     slots (T: one token a program)."""
     if not HAVE_GLUON:
@@ -1293,6 +1367,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     check_terms(q_terms, p_terms)
     check_block_n(block_n)
     check_key_warps(key_warps, q_terms, block_n)
+    check_widen(widen, q_terms, p_terms)
     check_row_threads(row_threads, G, key_warps or 4)  # (the rule: as many threads a row as it may take warps)
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
@@ -1311,7 +1386,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         return out, lse
     splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
                                                             maxnreg, block_n, row_threads, refill, sched, num_splits,
-                                                            indices.stride(0), programs, key_warps)
+                                                            indices.stride(0), programs, key_warps, widen)
     flat = kw["BALANCED"]
     if programs is not None and not flat:
         raise ValueError("programs (the balanced schedule's program count) applies only where the balanced schedule "
@@ -1372,6 +1447,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     check_terms(c.q_terms, c.p_terms)
     check_block_n(c.block_n)
     check_key_warps(c.key_warps, c.q_terms, c.block_n)
+    check_widen(c.widen, c.q_terms, c.p_terms)
     check_row_threads(c.row_threads, head_groups(q.shape[1]), c.key_warps or 4)
     check_refill(c.refill)
     check_sched(c.sched)
@@ -1383,7 +1459,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     dev = q.device
     splits, keys_per_split, _, kw, _ = _launch_plan(T, H, topk, dev.type, dev.index, c.nbuf, c.q_terms, c.p_terms,
                                                     c.maxnreg, c.block_n, c.row_threads, c.refill, 0, None,
-                                                    key_warps=c.key_warps)
+                                                    key_warps=c.key_warps, widen=c.widen)
     part_buf = split_buffer(splits, T, H, lse)
     G, nbuf, bn, wm = kw["G"], kw["NBUF"], kw["BN"], kw["WM"]
     smem = mla.smem_class(dev)
@@ -1411,17 +1487,18 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
                 pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched,
-                key_warps: int = DEFAULT.key_warps):
+                key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch
-    with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`."""
+    with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`; widen: `WIDENS`."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     check_terms(q_terms, p_terms)
     check_block_n(block_n)
     check_key_warps(key_warps, q_terms, block_n)
+    check_widen(widen, q_terms, p_terms)
     wm = key_warps_of(key_warps, G, q_terms, split, block_n)
     check_row_threads(row_threads, G, wm)
     check_refill(refill)
@@ -1433,7 +1510,8 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
               "REFILL": mode,
               "DEBUG": debug,
               "COMPUTE_ALONE": compute_alone, "PAD": pad,
-              "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone, "WM": wm}
+              "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone, "WM": wm,
+              "WIDEN": widen}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1460,7 +1538,7 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
         pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn, wm), per_sm)
         return aot_compile(arch, G, c.nbuf, c.q_terms, c.p_terms, split, maxnreg=c.maxnreg, block_n=c.block_n,
                            row_threads=c.row_threads, compute_alone=True, pad=pad, refill=c.refill,
-                           key_warps=c.key_warps)
+                           key_warps=c.key_warps, widen=c.widen)
     if part != "gathers":
         raise ValueError(f"part must be 'gathers' or 'compute', got {part!r}")
     nbuf = ring_slots(c.nbuf, G, wm)
@@ -1477,14 +1555,16 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
 def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = DEFAULT.q_terms,
                   p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg,
                   block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads,
-                  refill: int = DEFAULT.refill, sched: int = DEFAULT.sched, key_warps: int = DEFAULT.key_warps) -> dict:
+                  refill: int = DEFAULT.refill, sched: int = DEFAULT.sched, key_warps: int = DEFAULT.key_warps,
+                  widen: int = DEFAULT.widen) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread, and where
     the stack is used, the spill stores and loads (STL, LDL) in the tile loop's SASS (`loop_spills`; the balanced
     schedule's tile loop runs inside its loop over pieces: `sass_loop(inner=True)`)."""
     k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n, row_threads=row_threads,
-                    refill=refill, sched=sched, key_warps=key_warps)
+                    refill=refill, sched=sched, key_warps=key_warps, widen=widen)
     wm = key_warps_of(key_warps, G, q_terms, split, block_n)
-    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill, sched, key_warps)),
+    row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill, sched, key_warps,
+                                  widen)),
            "arch": arch, "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
            "estimate": smem_bytes_estimate(G, nbuf, q_terms, tile_keys(block_n, 2 if split else 1, wm), wm)}
@@ -1501,6 +1581,6 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
-           "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces",
+           "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen",
            "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
            "aot_compile_part", "compile_stats"]
