@@ -269,7 +269,7 @@ def run_small_batch(rows):
         print(json.dumps(res), flush=True)
 
 
-BATCHES = (1, 4, 8, 16, 32, 48, 64, 96, 128, 132, 136, 192, 256, 384, 512)
+BATCHES = (1, 8, 16, 32, 64, 96, 128, 136, 192, 256, 512)
 
 
 def run_batches(rows, ceil, have_fm, batches=BATCHES, heads=(8, 16)):
