@@ -341,7 +341,7 @@ def test_configs_name_their_builds():
     assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan"
     assert fm.config_name((1, 1, 1, 0, 0, 8, 2, 0, 4)) == "fp8mma-nbuf1-f16-nplan-t8-eplan-k4"
     assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32,
-                                           "row_threads": 0, "refill": 0, "sched": 0, "key_warps": 2}
+                                           "row_threads": 0, "refill": 0, "sched": 0, "key_warps": 2, "widen": 0}
     assert fm.config_name((0, 1, 1, 0, 0, 8, 1)) == "fp8mma-nbufG-f16-nplan-t8-e"
     assert fm.config_name((0, 1, 1, 0, 0, 8)) == "fp8mma-nbufG-f16-nplan-t8"
     assert fm.config_name((1, 2, 2, 0, 32, 8)) == "fp8mma-nbuf1-q2-p2-t8"

@@ -1,0 +1,58 @@
+"""glm5lib.bench.batches: a `--batches` run read back, judged and plotted on the CPU (synthetic rows here; the
+committed H200 run is held by tests/test_evidence.py)."""
+
+import json
+
+import pytest
+
+from glm5lib.bench import batches
+
+
+def _row(H, B, wm, k2, k4, **extra):
+    return {"kind": "batch", "B": B, "H": H, "rule_key_warps": wm, "rule_splits": 2, "floor_us": B * 0.3,
+            "dispatch_us": k2 if wm == 2 else k4, "k2_us": k2, "k4_us": k4, "triton_us": 2 * k2,
+            "flashmla_us": 3 * k2, "dispatch_ok": True, "k2_ok": True, "k4_ok": True, "triton_ok": True, **extra}
+
+
+def _write(tmp_path, rows):
+    p = tmp_path / "fp8mma_batches.json"
+    p.write_text(json.dumps({"meta": {"commit": "abc1234", "device": "NVIDIA H200"}, "rows": rows}))
+    return p
+
+
+def test_rule_verdict_names_the_faster_build_and_the_margin():
+    right = batches.rule_verdict(_row(8, 64, 4, k2=50.0, k4=40.0))
+    assert right == {"pick": "k4", "best": "k4", "pick_us": 40.0, "best_us": 40.0, "ok": True}
+    wrong = batches.rule_verdict(_row(8, 192, 2, k2=50.0, k4=40.0))
+    assert wrong["ok"] is False and wrong["best"] == "k4" and wrong["pick_us"] == 50.0
+    close = batches.rule_verdict(_row(8, 192, 2, k2=41.0, k4=40.0))  # 2.5 % slower: within the margin
+    assert close["ok"] is True and close["best"] == "k4"
+    assert batches.rule_verdict(_row(8, 192, 2, k2=41.0, k4=40.0), margin=0.01)["ok"] is False
+    missing = _row(16, 8, 2, k2=30.0, k4=31.0)
+    del missing["k4_us"]
+    assert batches.rule_verdict(missing)["ok"] is None
+
+
+def test_table_and_failed_checks(tmp_path):
+    rows = [_row(8, 32, 4, k2=31.0, k4=30.0), _row(8, 192, 2, k2=50.0, k4=40.0, k4_ok=False),
+            _row(16, 32, 2, k2=35.0, k4=37.0, triton_error="RuntimeError: boom")]
+    run = batches.load_run(_write(tmp_path, rows))
+    assert run["commit"] == "abc1234" and set(run["rows"]) == {(8, 32), (8, 192), (16, 32)}
+    assert batches.failed_checks(run) == ["H8 B192 k4", "H16 B32 triton"]
+    text = batches.rule_table(run)
+    assert "| 8 | 32 | 2 | k4 | 30.0 | 31.0 | 30.0 | 62.0 | 93.0 | 3.10x | yes |" in text
+    assert "| 8 | 192 | 2 | k2 | 50.0 | 50.0 | 40.0 | 100.0 | 150.0 | 3.00x | no (k4) |" in text
+    assert "| 16 | 32 | 2 | k2 | 35.0 | 35.0 | 37.0 | 70.0 | 105.0 | 3.00x | yes |" in text
+
+
+def test_plot_writes_one_png(tmp_path):
+    run = batches.load_run(_write(tmp_path, [_row(H, B, 4 if B <= 128 else 2, k2=B + 20.0, k4=B + 18.0)
+                                             for H in (8, 16) for B in (1, 32, 128, 512)]))
+    out = batches.plot(run, tmp_path / "fig" / "batches.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in out.parent.iterdir()] == ["batches.png"]
+
+
+def test_a_run_without_batch_rows_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no batch rows"):
+        batches.load_run(_write(tmp_path, [{"kind": "ablate-decode", "B": 32, "H": 8}]))
