@@ -2,9 +2,12 @@
 `cuobjdump -sass`, then the instructions between the loop's head and its backward branch (the longest backward
 branch of the kernel), by opcode. What docs/kernels.md v14 quotes for the fp16- and e4m3-product builds.
 
-`TRITON_INTERPRET=0 python scripts/fp8mma_sass_count.py [--arch 90] [--heads 8] [CONFIG ...]` with CONFIG as
-`nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads]]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`). The H200 runs
-Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
+`TRITON_INTERPRET=0 python scripts/fp8mma_sass_count.py [--arch 90] [--heads 8] [--no-split] [CONFIG ...]` with
+CONFIG as the fields of `mla_gluon_fp8mma.Config` in order, `nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads[,
+refill[,sched[,key_warps[,widen]]]]]]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`); --no-split
+counts the build a program owning a token's whole top-k list takes (prefill), the balanced schedule's tile loop
+inside its loop over pieces where the config takes that schedule. The H200 runs Triton 3.6: put a 3.6 install first
+on PYTHONPATH to count what it runs.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ import os
 import sys
 
 
-def loop_counts(sass: str) -> tuple[int, collections.Counter]:
+def loop_counts(sass: str, inner: bool = False) -> tuple[int, collections.Counter]:
     """(instructions, opcode counts) of the main loop, NOPs included (`compile_report.sass_loop`, the parser
-    `scripts/mla_static_cost.py` uses too)."""
+    `scripts/mla_static_cost.py` uses too; inner: the innermost such loop, the balanced schedule's tile loop)."""
     from glm5lib.kernels.compile_report import sass_loop
 
-    n, _, hist = sass_loop(sass, nops=True)
+    n, _, hist = sass_loop(sass, nops=True, inner=inner)
     if not n:
         raise SystemExit("fp8mma_sass_count: no backward branch in the SASS")
     return n, collections.Counter(hist)
@@ -38,22 +41,25 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="*", default=[",".join(map(str, fm.CONFIG_BY_CLASS["big"])), "2,2,2"],
-                    help="nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads]]] builds")
+                    help="Config fields in order: nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads[,...]]]]")
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--no-split", action="store_true", help="the build without splits (a token's whole list)")
     a = ap.parse_args(argv)
-    print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, split build; loop = one tile (32 keys unless the config's name ends -n<keys>)")
+    split = not a.no_split
+    print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, {'split' if split else 'one-split'} build; "
+          f"loop = one tile (32 keys at a split, 64 without, unless the config's name ends -n<keys>)")
     for text in a.configs:
         try:
             cfg = fm.Config(*(int(x) for x in text.split(",")))
         except (TypeError, ValueError):
-            sys.exit(f"fp8mma_sass_count: a config is nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads]]], got {text!r}")
-        k = fm.aot_compile(a.arch, fm.head_groups(a.heads), cfg.nbuf, cfg.q_terms, cfg.p_terms, True,
-                           maxnreg=cfg.maxnreg, block_n=cfg.block_n, row_threads=cfg.row_threads)
+            sys.exit(f"fp8mma_sass_count: a config is Config's fields in order, nbuf,q_terms,p_terms[,...], got {text!r}")
+        k = fm.aot_compile(a.arch, fm.head_groups(a.heads), **fm.config_kwargs(cfg), split=split)
         sass = cuobjdump(k.asm["cubin"], "-sass")
-        n, ops = loop_counts(sass)
+        n, ops = loop_counts(sass, inner=bool(cfg.sched) and not split)
         top = ", ".join(f"{op} {c}" for op, c in ops.most_common(12))
-        print(f"{fm.config_name(cfg)}: {n} instructions in the loop (BAR {ops['BAR']}); {top}")
+        conv = sum(c for op, c in ops.items() if op.startswith("F2F"))
+        print(f"{fm.config_name(cfg)}: {n} instructions in the loop (BAR {ops['BAR']}, F2F* {conv}); {top}")
     return 0
 
 
