@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -21,6 +21,11 @@
 #   contiguous rows), glm5lib.bench.gather: the ceiling under the 8-16-head decode targets
 # fp8mma: the fp8-cache kernel for 1-16 heads (mla_gluon_fp8mma), its fp16- and e4m3-product builds, checked and timed
 #   beside the Triton kernel and FlashMLA (scripts/fp8mma_device.py; fp8mma_h200.json/.log)
+# batches: the fp8-cache decode at batch 1-512, 8 and 16 heads: sparse_mla as captured (its key-warps rule), the
+#   shipped build with two and four key warps forced, Triton, FlashMLA padded (fp8mma_batches_h200.json; read by
+#   glm5lib.bench.batches)
+# widen: the fp8-cache kernel with 0 / 1 / 2 / 4 latent chunks widened by integer instructions (`Config.widen`), taken
+#   apart (--ablate; fp8mma_widen_h200.json), then the 8- and 16-head prefill at s_q 4096 with each (fp8mma_widen_waves*)
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -91,6 +96,13 @@ for r in rows:
             echo "verify rc=${PIPESTATUS[0]}" ;;
     fp8mma) timeout 300 python3 scripts/fp8mma_device.py "$OUT/fp8mma_h200.json" --configs 0,1,1 1,1,1 2,1,1 2,2,2 1,2,2 --budget-s 200 \
               2>&1 | grep -v Warn > "$OUT/fp8mma_h200.log"; echo "fp8mma rc=${PIPESTATUS[0]}"; tail -8 "$OUT/fp8mma_h200.log" ;;
+    batches) timeout 240 python3 scripts/fp8mma_device.py "$OUT/fp8mma_batches_h200.json" --batches 2>&1 | grep -v Warn \
+              > "$OUT/fp8mma_batches_h200.log"; echo "batches rc=${PIPESTATUS[0]}"; tail -3 "$OUT/fp8mma_batches_h200.log" ;;
+    widen) W="0,1,1,0,0,8,2,1,0 0,1,1,0,0,8,2,1,0,1 0,1,1,0,0,8,2,1,0,2 0,1,1,0,0,8,2,1,0,4"
+           timeout 330 python3 scripts/fp8mma_device.py "$OUT/fp8mma_widen_h200.json" --ablate --budget-s 220 --configs $W \
+             2>&1 | grep -v Warn > "$OUT/fp8mma_widen_h200.log"; echo "widen rc=${PIPESTATUS[0]}"; grep ablate "$OUT/fp8mma_widen_h200.log" | cut -c1-300
+           for H in 8 16; do timeout 90 python3 scripts/fp8mma_waves.py "$OUT/fp8mma_widen_waves${H}_h200.json" --heads $H \
+             --tokens 4096 --configs $W 2>&1 | grep -v Warn | tail -2; done ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

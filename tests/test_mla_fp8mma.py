@@ -719,3 +719,31 @@ def test_widen_is_refused_outside_the_fp16_build():
         fm.check_widen(1, 2, 2)
     assert fm.config_name(fm.DEFAULT._replace(widen=2)).endswith("-i2")
     assert fm.config_name(fm.DEFAULT) == fm.config_name(fm.DEFAULT._replace(widen=0))
+
+
+_WIDEN_SCRIPT = """
+import json
+from glm5lib.kernels import mla_gluon_fp8mma as m
+from glm5lib.kernels.compile_report import cuobjdump, sass_loop
+for arch in (90, 120):
+    for widen in (0, 2, 4):
+        cfg = m.CONFIG_BY_CLASS["big"]._replace(widen=widen)
+        k = m.aot_compile(arch, 1, **m.config_kwargs(cfg), split=True)
+        hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True)[2]
+        print(json.dumps({"arch": arch, "widen": widen, "f2f": sum(v for op, v in hist.items() if op.startswith("F2F")),
+                          "prmt": hist.get("PRMT", 0), "hmma": hist.get("HMMA", 0)}), flush=True)
+"""
+
+
+def test_integer_widening_builds_compile_and_take_conversions_off_the_hardware_path():
+    # the shipped decode build with 0, 2 and 4 latent chunks widened by `_e4m3_f16_int`, compiled for sm_90 and
+    # sm_120 (child process, interpreter off; the operand loads are `assert_trivial`, so each build also proves the
+    # integer route leaves every byte in its thread): the same products, and each chunk moved off `cvt` takes its
+    # share of the F2F conversions with it (the rope's bf16 operands are not widened by either)
+    rows = {(r["arch"], r["widen"]): r for r in compile_rows(_WIDEN_SCRIPT, timeout=600)}
+    for arch in (90, 120):
+        base, half, whole = (rows[arch, w] for w in (0, 2, 4))
+        assert base["hmma"] == half["hmma"] == whole["hmma"] > 0
+        per_chunk = (base["f2f"] - whole["f2f"]) / 4
+        assert per_chunk > 0 and half["f2f"] == base["f2f"] - 2 * per_chunk
+        assert whole["prmt"] > half["prmt"] > base["prmt"]

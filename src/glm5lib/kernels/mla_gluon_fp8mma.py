@@ -52,7 +52,8 @@ use `mla._part_rows`'s layout and are merged by `mla.merge_splits`.
 The e4m3 values are made by inline PTX, four per asm block (`_to_e4m3`), and never widened again: Triton 3.6's own
 fp32 -> e4m3 -> fp32 chain returned wrong fp32 values for about half of a 512-wide row on the H200
 (`scripts/fp8mma_unit.py`); the fp32 value of a leading term comes from Veltkamp's split instead (`_split4`). The
-widening of the cached bytes is inline PTX too (`_e4m3_f16`), the hardware's own conversion.
+widening of the cached bytes is inline PTX too (`_e4m3_f16`), the hardware's own conversion; `Config.widen` takes
+integer instructions for some chunks instead (`_e4m3_f16_int`, `WIDENS`: a measurement knob, not shipped).
 
 Gluon does not run in Triton's interpreter: numerics are checked on a GPU (`scripts/fp8mma_device.py`, `checks
 --profile full`, and, for the e4m3 build, tile 0's operands and products against torch with
@@ -142,8 +143,13 @@ KEY_WARPS = (0, 2, 4)
 # instructions (`_e4m3_f16_int`: a byte permute, a shift and two masks put each byte's sign, exponent and mantissa
 # bits where fp16 keeps them, exactly, as 2^-8 times the value; the 2^8 is folded into that chunk's row scales in S
 # and into its accumulator's final scale in O), the rest by the hardware's `cvt.rn.f16x2.e4m3x2` (`_e4m3_f16`). The
-# two run on different pipes (the conversion unit, the integer ALU), so a mix can widen faster than either alone.
-# The e4m3 builds widen nothing and take 0 only.
+# question it asks: whether the hardware conversion's throughput bounds the compute (one F2FP a pair against four
+# integer instructions, PRMT, SHF and two LOP3, which may run beside it). Static cost, sm_90 loop under Triton 3.6
+# (`sweeps/fp8mma_widen_sass_sm90_triton36.txt`, `scripts/fp8mma_sass_count.py`): the 8-head prefill's 64-key tile
+# 1959 instructions with 544 F2FP at 0, 2751 with 288 at 2, 3514 with 32 at 4. Not timed yet (NOTES.md round 18:
+# `bash scripts/device_kernels.sh widen`); Nsight Compute's stalls of the shipped kernel (shared-memory results and
+# the MIO queue first, math-pipe throttles rare: `sweeps/ncu_stalls_687b4f1.txt`) predict no gain. The e4m3 builds
+# widen nothing and take 0 only; nothing ships with another value.
 WIDENS = (0, 1, 2, 3, 4)
 
 
