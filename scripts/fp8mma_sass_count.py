@@ -6,7 +6,8 @@ branch of the kernel), by opcode. What docs/kernels.md v14 quotes for the fp16- 
 CONFIG as the fields of `mla_gluon_fp8mma.Config` in order, `nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads[,
 refill[,sched[,key_warps[,widen]]]]]]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`); --no-split
 counts the build a program owning a token's whole top-k list takes (prefill), the balanced schedule's tile loop
-inside its loop over pieces where the config takes that schedule. The H200 runs Triton 3.6: put a 3.6 install first
+inside its loop over pieces where the config takes that schedule; --smem adds the shared-memory bytes a warp moves in
+one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The H200 runs Triton 3.6: put a 3.6 install first
 on PYTHONPATH to count what it runs.
 """
 
@@ -45,6 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--no-split", action="store_true", help="the build without splits (a token's whole list)")
+    ap.add_argument("--smem", action="store_true", help="also the shared-memory bytes a warp moves in one tile")
     a = ap.parse_args(argv)
     split = not a.no_split
     print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, {'split' if split else 'one-split'} build; "
@@ -60,6 +62,12 @@ def main(argv=None) -> int:
         top = ", ".join(f"{op} {c}" for op, c in ops.most_common(12))
         conv = sum(c for op, c in ops.items() if op.startswith("F2F"))
         print(f"{fm.config_name(cfg)}: {n} instructions in the loop (BAR {ops['BAR']}, F2F* {conv}); {top}")
+        if a.smem:
+            from glm5lib.kernels.compile_report import sass_loop_body, smem_bytes
+
+            sm = smem_bytes(sass_loop_body(sass, True, bool(cfg.sched) and not split)[0])
+            ops_b = ", ".join(f"{op} {b}" for op, b in sorted(sm["by_op"].items(), key=lambda kv: -kv[1]))
+            print(f"  shared memory a warp a tile: {sm['read']} bytes read, {sm['written']} written ({ops_b})")
     return 0
 
 

@@ -1096,3 +1096,46 @@ def test_evidence_fp8mma_key_warps_h200():
     assert "4/4 cases pass" in race and "RACECHECK SUMMARY: 0 hazards" in race
     assert re.search(r"^sanitize:T600-H16-K512-N3000-fp8_ds_mla-mixed\s+ok .* config=" + re.escape(shipped) + "$", race,
                      re.M)
+
+
+def test_evidence_fp8mma_round18_static_counts():
+    """NOTES round 18 / docs/kernels.md v23 (no GPU run): the sm_90 loop of the shipped fp8-cache builds under Triton
+    3.6 (`scripts/fp8mma_sass_count.py`), with `Config.widen`'s integer widening, and the shared-memory bytes a
+    warp moves a tile, from which the round's lower bounds on the prefill follow (128 bytes a clock an SM at 1.98 GHz,
+    no bank conflicts, 4096 tokens x 32 tiles of 64 keys over 132 SMs)."""
+    import re
+
+    def blocks(name):  # {(heads, "split" / "one-split", config): counts}
+        out, key = {}, None
+        for line in (BENCH / "sweeps" / name).read_text().splitlines():
+            if line.startswith("triton "):
+                head = re.match(r"triton 3\.6\.0, sm_90, (\d+) heads, (\S+) build", line).groups()
+            elif m := re.match(r"(\S+): (\d+) instructions in the loop \(BAR \d+, F2F\* (\d+)\)", line):
+                key = (*head, m[1])
+                out[key] = {"n": int(m[2]), "f2f": int(m[3])}
+            elif m := re.match(r"  shared memory a warp a tile: (\d+) bytes read, (\d+) written", line):
+                out[key].update(read=int(m[1]), written=int(m[2]))
+        return out
+
+    shipped = "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan"
+    widen = blocks("fp8mma_widen_sass_sm90_triton36.txt")
+    assert [(widen["8", "one-split", shipped + s]["n"], widen["8", "one-split", shipped + s]["f2f"])
+            for s in ("", "-i2", "-i4")] == [(1959, 544), (2751, 288), (3514, 32)]
+    for H in ("8", "16"):
+        for split in ("split", "one-split"):
+            row = [widen[H, split, shipped + s] for s in ("", "-i1", "-i2", "-i4")]
+            assert [r["n"] for r in row] == sorted(r["n"] for r in row)  # each chunk moved adds instructions
+            assert row[0]["f2f"] > row[1]["f2f"] > row[2]["f2f"] > row[3]["f2f"]
+    smem = blocks("fp8mma_smem_sass_sm90_triton36.txt")
+    p8, p16 = smem["8", "one-split", shipped], smem["16", "one-split", shipped]
+    assert (p8["n"], p8["read"], p8["written"]) == (1959, 60800, 22272)
+    assert (p16["n"], p16["read"], p16["written"]) == (1618, 53568, 13184)
+    tiles = 4096 * 32 / 132  # program tiles an SM
+
+    def us(b, warps):  # a program's warps: two at 8 heads, four (key warps) at 16 in the one-split build
+        return round(tiles * b * warps / 128 / 1.98e3)
+
+    assert (us(p8["read"] + p8["written"], 2), us(p8["read"], 2)) == (651, 476)
+    assert (us(p16["read"] + p16["written"], 4), us(p16["read"], 4)) == (1046, 840)
+    text = (BENCH / "sweeps" / "fp8mma_smem_sass_sm90_triton36.txt").read_text()
+    assert re.search(r"one-split build.*\n.*\n  shared memory.*LDSM\.16\.M88\.4 20480", text)  # 16 heads: q, 38 %

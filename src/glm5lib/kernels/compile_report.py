@@ -51,6 +51,12 @@ def sass_loop(sass: str, nops: bool = False, inner: bool = False) -> tuple[int, 
     branch; inner: the longest loop (of at least 256 instructions) that holds no other loop of
     that size (a kernel whose tile loop runs inside a loop over pieces of work: the tile loop); opcodes as
     `sass_opcodes` counts them; NOPs are left out unless `nops`."""
+    body, n_all = sass_loop_body(sass, nops, inner)
+    return len(body), n_all, _opcode_hist(body)
+
+
+def sass_loop_body(sass: str, nops: bool = False, inner: bool = False) -> tuple[list[str], int]:
+    """(the main loop's instruction texts, instructions in the kernel): `sass_loop`'s loop."""
     ins = _sass_instructions(sass, nops)
     loops = []
     for addr, text in ins:
@@ -61,8 +67,37 @@ def sass_loop(sass: str, nops: bool = False, inner: bool = False) -> tuple[int, 
         big = [lp for lp in loops if sum(lp[0] <= a <= lp[1] for a, _ in ins) >= 256]
         loops = [lp for lp in big if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in big)] or loops
     best = max(loops, key=lambda lp: lp[1] - lp[0], default=(0, 0))
-    body = [t for a, t in ins if best[0] <= a <= best[1]]
-    return len(body), len(ins), _opcode_hist(body)
+    return [t for a, t in ins if best[0] <= a <= best[1]], len(ins)
+
+
+# bytes a lane moves by an LDS / STS / LDGSTS width suffix (none: 32 bits); LDSM moves 8x8 16-bit matrices, 128
+# bytes a matrix for the warp, .1 / .2 / .4 of them
+_LANE_BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
+
+
+def smem_bytes(texts) -> dict:
+    """Shared-memory bytes a warp moves in the given SASS instructions, every lane counted as active: {"read": LDS
+    and LDSM, "written": STS and LDGSTS (cp.async's writes into shared memory), "by_op": {opcode with its width: bytes}}.
+    A static count: divided by the SM's shared-memory rate (128 bytes a clock on sm_80-sm_90) it bounds a loop's time
+    from below before bank conflicts."""
+    by_op: dict = {}
+    read = written = 0
+    for t in texts:
+        op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0]
+        parts = op.split(".")
+        if parts[0] == "LDSM":
+            n = int(parts[-1]) if parts[-1] in ("1", "2", "4") else 1
+            b = 128 * n
+        elif parts[0] in ("LDS", "STS", "LDGSTS"):
+            b = 32 * next((_LANE_BYTES[x] for x in parts[1:] if x in _LANE_BYTES), 4)
+        else:
+            continue
+        by_op[op] = by_op.get(op, 0) + b
+        if parts[0] in ("LDS", "LDSM"):
+            read += b
+        else:
+            written += b
+    return {"read": read, "written": written, "by_op": by_op}
 
 
 def cuobjdump(cubin: bytes, *flags: str) -> str:
