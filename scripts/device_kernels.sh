@@ -24,8 +24,9 @@
 # batches: the fp8-cache decode at batch 1-512, 8 and 16 heads: sparse_mla as captured (its key-warps rule), the
 #   shipped build with two and four key warps forced, Triton, FlashMLA padded (fp8mma_batches_h200.json; read by
 #   glm5lib.bench.batches)
-# widen: the fp8-cache kernel with 0 / 1 / 2 / 4 latent chunks widened by integer instructions (`Config.widen`), taken
-#   apart (--ablate; fp8mma_widen_h200.json), then the 8- and 16-head prefill at s_q 4096 with each (fp8mma_widen_waves*)
+# widen: the fp8-cache kernel with 0 / 1 / 2 / 4 latent chunks widened by integer instructions (`Config.widen`),
+#   taken apart (--ablate; fp8mma_widen_h200.json), then the 8- and 16-head prefill at s_q 4096 with each
+#   (fp8mma_widen_waves*). `batches` and `widen` together can outrun one device call: run them in two
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -96,7 +97,7 @@ for r in rows:
             echo "verify rc=${PIPESTATUS[0]}" ;;
     fp8mma) timeout 300 python3 scripts/fp8mma_device.py "$OUT/fp8mma_h200.json" --configs 0,1,1 1,1,1 2,1,1 2,2,2 1,2,2 --budget-s 200 \
               2>&1 | grep -v Warn > "$OUT/fp8mma_h200.log"; echo "fp8mma rc=${PIPESTATUS[0]}"; tail -8 "$OUT/fp8mma_h200.log" ;;
-    batches) timeout 240 python3 scripts/fp8mma_device.py "$OUT/fp8mma_batches_h200.json" --batches 2>&1 | grep -v Warn \
+    batches) timeout 420 python3 scripts/fp8mma_device.py "$OUT/fp8mma_batches_h200.json" --batches 2>&1 | grep -v Warn \
               > "$OUT/fp8mma_batches_h200.log"; echo "batches rc=${PIPESTATUS[0]}"; tail -3 "$OUT/fp8mma_batches_h200.log" ;;
     widen) W="0,1,1,0,0,8,2,1,0 0,1,1,0,0,8,2,1,0,1 0,1,1,0,0,8,2,1,0,2 0,1,1,0,0,8,2,1,0,4"
            timeout 330 python3 scripts/fp8mma_device.py "$OUT/fp8mma_widen_h200.json" --ablate --budget-s 220 --configs $W \

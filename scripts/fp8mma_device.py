@@ -113,6 +113,27 @@ def run_checks(cfgs, dev, rows, broken):
         torch.cuda.empty_cache()
 
 
+def _time_flashmla_decode(q, cache, idx_sets, res, ro=None):
+    """FlashMLA's sparse decode over the same fp8_ds_mla cache, q padded to 64 heads, timed as the other launches
+    (graph replay over the rotated index sets): res["flashmla_us"], or res["flashmla_error"]; with `ro` (fp32 output
+    on idx_sets[0]) also res["flashmla_ok"], its relative error under 1e-2 (its lse is its own convention)."""
+    B, H, _ = q.shape
+    try:
+        q4 = torch.zeros(B, 1, 64, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+        q4[:, 0, :H] = q
+        kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
+        fms = [bk.FlashMLADecode() for _ in idx_sets]
+        for f, i in zip(fms, idx_sets):
+            f(q4, kv4, i.unsqueeze(1))
+        if ro is not None:
+            fo = fms[0](q4, kv4, idx_sets[0].unsqueeze(1))[0][:, 0, :H].float()
+            res["flashmla_ok"] = bool(torch.isfinite(fo).all()) and float((fo - ro).norm() / ro.norm()) < 1e-2
+        res["flashmla_us"] = 1e3 * bk._graph_ms([lambda f=f, i=i: f(q4, kv4, i.unsqueeze(1))
+                                                 for f, i in zip(fms, idx_sets)])
+    except Exception as exc:  # noqa: BLE001
+        res["flashmla_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
     for B in (32, 128):
         for H in (8, 16):
@@ -146,17 +167,7 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
             finally:
                 mla.force_smem_class(None)
             if have_fm:
-                try:
-                    q4 = torch.zeros(B, 1, 64, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-                    q4[:, 0, :H] = q
-                    kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
-                    fms = [bk.FlashMLADecode() for _ in idx_sets]
-                    for f, i in zip(fms, idx_sets):
-                        f(q4, kv4, i.unsqueeze(1))
-                    res["flashmla_us"] = 1e3 * bk._graph_ms([lambda f=f, i=i: f(q4, kv4, i.unsqueeze(1))
-                                                             for f, i in zip(fms, idx_sets)])
-                except Exception as exc:  # noqa: BLE001
-                    res["flashmla_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                _time_flashmla_decode(q, cache, idx_sets, res)
             rows.append(res)
             print(json.dumps(res), flush=True)
             del q, cache, idx_sets, out
@@ -272,58 +283,74 @@ def run_small_batch(rows):
 BATCHES = (1, 8, 16, 32, 64, 96, 128, 136, 192, 256, 512)
 
 
-def run_batches(rows, ceil, have_fm, batches=BATCHES, heads=(8, 16)):
+def _decode_case(B, H, ctx=32768, block_size=64, chunk_rows=1 << 20):
+    """`bench.kernels._make_decode`'s case (one request of ctx rows per token, a paged fp8_ds_mla cache) with the cache
+    quantized chunk_rows at a time: at B = 512 quantizing 16.8M rows at once needs about 99 GB of temporaries."""
+    nb = -(-B * ctx // block_size)
+    cache = torch.empty(nb * block_size, naive.FP8_DS_MLA_ROW_BYTES, device="cuda", dtype=torch.uint8)
+    for r0 in range(0, cache.shape[0], chunk_rows):
+        r1 = min(cache.shape[0], r0 + chunk_rows)
+        cache[r0:r1] = naive.quantize_fp8_ds_mla(torch.randn(r1 - r0, naive.D_QK, device="cuda",
+                                                              dtype=torch.bfloat16))
+    q = torch.randn(B, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+    base = torch.arange(B, device="cuda", dtype=torch.int32) * ctx
+    return q, cache.view(nb, block_size, -1), base
+
+
+def _batch_row(B, H, ceil, have_fm, builds):
+    """One (batch, heads) row of `run_batches`."""
+    G = fm.head_groups(H)
+    q, cache, base = _decode_case(B, H)
+    R = bk._rotations(bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla"))
+    idx_sets = [bk._rand_indices(B, 32768, TOPK, base) for _ in range(R)]
+    out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
+    ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx_sets[0], SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
+    dev = q.device
+    wm = fm.plan_key_warps(B, TOPK, G, dev)
+    res = {"kind": "batch", "B": B, "H": H, "rule_key_warps": wm,
+           "rule_splits": fm.plan_splits(B, TOPK, G, dev, key_warps=wm)[0],
+           "graph_route": "fp8mma" if mla.fp8mma_shape(B, H, "fp8_ds_mla", graph=True) else "triton",
+           "floor_us": bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla") / ceil["copy_GBps"] / 1e3}
+    calls = {"dispatch": lambda i: mla.sparse_mla(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out),
+             "triton": lambda i: mla.sparse_mla_launch(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out)}
+    for name, cfg in builds.items():
+        calls[name] = lambda i, cfg=cfg: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, **fm.config_kwargs(cfg), out=out)
+        res[name + "_splits"] = fm.plan_splits(B, TOPK, G, dev, key_warps=cfg.key_warps)[0]
+    for name, f in calls.items():
+        try:
+            out.fill_(float("nan"))  # a launch that writes nothing must not pass on the last one's output
+            o, lse = f(idx_sets[0])
+            torch.cuda.synchronize()
+            res[name + "_ok"] = compare(o, lse, ro, rlse)["ok"]
+            res[name + "_us"] = 1e3 * bk._graph_ms([lambda i=i: f(i) for i in idx_sets])
+        except Exception as exc:  # noqa: BLE001
+            res[name + "_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if have_fm:
+        _time_flashmla_decode(q, cache, idx_sets, res, ro)
+    return res
+
+
+def run_batches(rows, ceil, have_fm, save, batches=BATCHES, heads=(8, 16)):
     """`--batches`: the decode (one 32K-token request per token, top-k 2048) at every batch in `batches`, 8 and 16
     heads, timed as `glm5lib bench` times it (CUDA-graph replay over rotated index sets): `mla.sparse_mla` itself
     (what vLLM's captured decode runs: its rule picks the kernel, the key warps and the splits), the shipped
     fp8-cache build with two and with four key warps forced (`Config.key_warps`), the Triton kernel, and FlashMLA
-    padded to 64 heads. Each launch's output on the first index set (an eager call: `sparse_mla` itself takes the
-    Triton kernel eagerly below `mla.FP8MMA_MIN_T`) is checked against fp32 (`compare`) before it is timed."""
+    padded to 64 heads. Each launch's output on the first index set is checked against fp32 before it is timed
+    (`compare`; FlashMLA's by its relative error, its lse being its own): an eager call, so `sparse_mla` itself takes
+    the Triton kernel there below `mla.FP8MMA_MIN_T` while its graph takes the fp8-cache kernel from
+    `mla.FP8MMA_MIN_T_GRAPH` (the k2 / k4 rows check that kernel). A row whose case fails records the error and the
+    run goes on; `save()` writes the JSON after every row."""
     big = fm.CONFIG_BY_CLASS["big"]
     builds = {"k2": big._replace(key_warps=2), "k4": big._replace(key_warps=4)}
     for H in heads:
-        G = fm.head_groups(H)
         for B in batches:
-            q, cache, base = bk._make_decode(B, H, 32768, TOPK, "fp8_ds_mla")
-            R = bk._rotations(bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla"))
-            idx_sets = [bk._rand_indices(B, 32768, TOPK, base) for _ in range(R)]
-            out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
-            ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx_sets[0], SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
-            dev = q.device
-            wm = fm.plan_key_warps(B, TOPK, G, dev)
-            res = {"kind": "batch", "B": B, "H": H, "rule_key_warps": wm,
-                   "rule_splits": fm.plan_splits(B, TOPK, G, dev, key_warps=wm)[0],
-                   "graph_route": "fp8mma" if mla.fp8mma_shape(B, H, "fp8_ds_mla", graph=True) else "triton",
-                   "floor_us": bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla") / ceil["copy_GBps"] / 1e3}
-            calls = {"dispatch": lambda i: mla.sparse_mla(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out),
-                     "triton": lambda i: mla.sparse_mla_launch(q, cache, i, SM_SCALE, kv_format="fp8_ds_mla", out=out)}
-            for name, cfg in builds.items():
-                calls[name] = lambda i, cfg=cfg: fm.sparse_mla_fp8mma(q, cache, i, SM_SCALE, **fm.config_kwargs(cfg),
-                                                                      out=out)
-                res[name + "_splits"] = fm.plan_splits(B, TOPK, G, dev, key_warps=cfg.key_warps)[0]
-            for name, f in calls.items():
-                try:
-                    o, lse = f(idx_sets[0])
-                    torch.cuda.synchronize()
-                    res[name + "_ok"] = compare(o, lse, ro, rlse)["ok"]
-                    res[name + "_us"] = 1e3 * bk._graph_ms([lambda i=i: f(i) for i in idx_sets])
-                except Exception as exc:  # noqa: BLE001
-                    res[name + "_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            if have_fm:
-                try:
-                    q4 = torch.zeros(B, 1, 64, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-                    q4[:, 0, :H] = q
-                    kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
-                    fms = [bk.FlashMLADecode() for _ in idx_sets]
-                    for f, i in zip(fms, idx_sets):
-                        f(q4, kv4, i.unsqueeze(1))
-                    res["flashmla_us"] = 1e3 * bk._graph_ms([lambda f=f, i=i: f(q4, kv4, i.unsqueeze(1))
-                                                             for f, i in zip(fms, idx_sets)])
-                except Exception as exc:  # noqa: BLE001
-                    res["flashmla_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            try:
+                res = _batch_row(B, H, ceil, have_fm, builds)
+            except Exception as exc:  # noqa: BLE001  (e.g. out of memory building the case)
+                res = {"kind": "batch", "B": B, "H": H, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             rows.append(res)
             print(json.dumps(res), flush=True)
-            del q, cache, idx_sets, out, ro, rlse
+            save()
             torch.cuda.empty_cache()
 
 
@@ -350,11 +377,16 @@ def main(argv=None) -> int:
     rows, broken = [], {}
     if "--batches" in argv:
         info["ceilings"] = bk.measure_ceilings()
-        run_batches(rows, info["ceilings"], info["flashmla"] is None)
-        info["elapsed_s"] = time.time() - t0
-        info["failed_checks"] = sum(1 for r in rows for k, v in r.items() if k.endswith("_ok") and v is False)
-        with open(out_path, "w") as f:
-            json.dump({"meta": info, "rows": rows}, f, indent=1)
+
+        def save():
+            info["elapsed_s"] = time.time() - t0
+            info["failed_checks"] = sum(1 for r in rows for k, v in r.items()
+                                        if (k.endswith("_ok") and v is False) or k.endswith("error"))
+            with open(out_path, "w") as f:
+                json.dump({"meta": info, "rows": rows}, f, indent=1)
+
+        run_batches(rows, info["ceilings"], info["flashmla"] is None, save)
+        save()
         print(json.dumps({k: info[k] for k in ("failed_checks", "elapsed_s")}), flush=True)
         return 1 if info["failed_checks"] else 0
     if "--small-batch" in argv:

@@ -7,8 +7,8 @@ CONFIG as the fields of `mla_gluon_fp8mma.Config` in order, `nbuf,q_terms,p_term
 refill[,sched[,key_warps[,widen]]]]]]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`); --no-split
 counts the build a program owning a token's whole top-k list takes (prefill), the balanced schedule's tile loop
 inside its loop over pieces where the config takes that schedule; --smem adds the shared-memory bytes a warp moves in
-one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The H200 runs Triton 3.6: put a 3.6 install first
-on PYTHONPATH to count what it runs.
+one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The H200
+runs Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
 """
 
 from __future__ import annotations
@@ -50,24 +50,30 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     split = not a.no_split
     print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, {'split' if split else 'one-split'} build; "
-          f"loop = one tile (32 keys at a split, 64 without, unless the config's name ends -n<keys>)")
+          f"loop = one tile of the keys and warps each line names (`tile_keys`, `key_warps_of`), counts a warp's")
     for text in a.configs:
         try:
             cfg = fm.Config(*(int(x) for x in text.split(",")))
         except (TypeError, ValueError):
-            sys.exit(f"fp8mma_sass_count: a config is Config's fields in order, nbuf,q_terms,p_terms[,...], got {text!r}")
+            sys.exit(f"fp8mma_sass_count: a config is Config's fields in order, nbuf,q_terms,p_terms[,...], "
+                     f"got {text!r}")
         k = fm.aot_compile(a.arch, fm.head_groups(a.heads), **fm.config_kwargs(cfg), split=split)
         sass = cuobjdump(k.asm["cubin"], "-sass")
         n, ops = loop_counts(sass, inner=bool(cfg.sched) and not split)
         top = ", ".join(f"{op} {c}" for op, c in ops.most_common(12))
         conv = sum(c for op, c in ops.items() if op.startswith("F2F"))
-        print(f"{fm.config_name(cfg)}: {n} instructions in the loop (BAR {ops['BAR']}, F2F* {conv}); {top}")
+        G = fm.head_groups(a.heads)
+        wm = fm.key_warps_of(cfg.key_warps, G, cfg.q_terms, split, cfg.block_n)
+        keys = fm.tile_keys(cfg.block_n, 2 if split else 1, wm)
+        print(f"{fm.config_name(cfg)}: {n} instructions in the loop (BAR {ops['BAR']}, F2F* {conv}, {keys}-key tile, "
+              f"{fm.num_warps_of(G, wm)} warps); {top}")
         if a.smem:
             from glm5lib.kernels.compile_report import sass_loop_body, smem_bytes
 
             sm = smem_bytes(sass_loop_body(sass, True, bool(cfg.sched) and not split)[0])
             ops_b = ", ".join(f"{op} {b}" for op, b in sorted(sm["by_op"].items(), key=lambda kv: -kv[1]))
-            print(f"  shared memory a warp a tile: {sm['read']} bytes read, {sm['written']} written ({ops_b})")
+            left = f"; not counted: {sm['uncounted']}" if sm["uncounted"] else ""
+            print(f"  shared memory a warp a tile: {sm['read']} bytes read, {sm['written']} written ({ops_b}){left}")
     return 0
 
 

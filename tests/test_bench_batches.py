@@ -1,5 +1,5 @@
-"""glm5lib.bench.batches: a `--batches` run read back, judged and plotted on the CPU (synthetic rows here; the
-committed H200 run is held by tests/test_evidence.py)."""
+"""glm5lib.bench.batches: a `--batches` run read back, judged and plotted on the CPU, on synthetic rows (no GPU run
+is committed yet: NOTES.md round 18)."""
 
 import json
 
@@ -31,18 +31,27 @@ def test_rule_verdict_names_the_faster_build_and_the_margin():
     missing = _row(16, 8, 2, k2=30.0, k4=31.0)
     del missing["k4_us"]
     assert batches.rule_verdict(missing)["ok"] is None
+    # a build that failed its check is never the best; the rule's own build failing is a wrong pick
+    assert batches.rule_verdict(_row(8, 192, 2, k2=50.0, k4=40.0, k4_ok=False))["ok"] is True
+    assert batches.rule_verdict(_row(8, 64, 4, k2=50.0, k4=40.0, k4_ok=False))["ok"] is False
+    # where the captured decode takes the Triton kernel the rule is not asked
+    assert batches.rule_verdict(_row(8, 1, 4, k2=50.0, k4=40.0, graph_route="triton"))["ok"] is None
 
 
 def test_table_and_failed_checks(tmp_path):
-    rows = [_row(8, 32, 4, k2=31.0, k4=30.0), _row(8, 192, 2, k2=50.0, k4=40.0, k4_ok=False),
-            _row(16, 32, 2, k2=35.0, k4=37.0, triton_error="RuntimeError: boom")]
+    rows = [_row(8, 32, 4, k2=31.0, k4=30.0), _row(8, 192, 2, k2=50.0, k4=40.0, flashmla_ok=False),
+            _row(16, 32, 2, k2=35.0, k4=37.0, triton_error="RuntimeError: boom"),
+            {"kind": "batch", "B": 512, "H": 16, "error": "OutOfMemoryError: CUDA out of memory"}]
     run = batches.load_run(_write(tmp_path, rows))
-    assert run["commit"] == "abc1234" and set(run["rows"]) == {(8, 32), (8, 192), (16, 32)}
-    assert batches.failed_checks(run) == ["H8 B192 k4", "H16 B32 triton"]
+    assert run["commit"] == "abc1234" and set(run["rows"]) == {(8, 32), (8, 192), (16, 32), (16, 512)}
+    assert batches.failed_checks(run) == ["H8 B192 flashmla", "H16 B32 triton",
+                                          "H16 B512 (the case: OutOfMemoryError: CUDA out of memory)"]
     text = batches.rule_table(run)
     assert "| 8 | 32 | 2 | k4 | 30.0 | 31.0 | 30.0 | 62.0 | 93.0 | 3.10x | yes |" in text
     assert "| 8 | 192 | 2 | k2 | 50.0 | 50.0 | 40.0 | 100.0 | 150.0 | 3.00x | no (k4) |" in text
     assert "| 16 | 32 | 2 | k2 | 35.0 | 35.0 | 37.0 | 70.0 | 105.0 | 3.00x | yes |" in text
+    assert "| 16 | 512 | - | - | - | - | - | - | - | - | OutOfMemoryError: CUDA out of memory |" in text
+    assert batches.plot(run, tmp_path / "b.png").is_file()  # a failed case is left out of the figure
 
 
 def test_plot_writes_one_png(tmp_path):

@@ -1110,9 +1110,10 @@ def test_evidence_fp8mma_round18_static_counts():
         for line in (BENCH / "sweeps" / name).read_text().splitlines():
             if line.startswith("triton "):
                 head = re.match(r"triton 3\.6\.0, sm_90, (\d+) heads, (\S+) build", line).groups()
-            elif m := re.match(r"(\S+): (\d+) instructions in the loop \(BAR \d+, F2F\* (\d+)\)", line):
+            elif m := re.match(r"(\S+): (\d+) instructions in the loop \(BAR \d+, F2F\* (\d+), (\d+)-key tile, "
+                               r"(\d+) warps\)", line):
                 key = (*head, m[1])
-                out[key] = {"n": int(m[2]), "f2f": int(m[3])}
+                out[key] = {"n": int(m[2]), "f2f": int(m[3]), "keys": int(m[4]), "warps": int(m[5])}
             elif m := re.match(r"  shared memory a warp a tile: (\d+) bytes read, (\d+) written", line):
                 out[key].update(read=int(m[1]), written=int(m[2]))
         return out
@@ -1130,6 +1131,7 @@ def test_evidence_fp8mma_round18_static_counts():
     p8, p16 = smem["8", "one-split", shipped], smem["16", "one-split", shipped]
     assert (p8["n"], p8["read"], p8["written"]) == (1959, 60800, 22272)
     assert (p16["n"], p16["read"], p16["written"]) == (1618, 53568, 13184)
+    assert (p8["keys"], p8["warps"], p16["keys"], p16["warps"]) == (64, 2, 64, 4)  # the bounds' program shapes
     tiles = 4096 * 32 / 132  # program tiles an SM
 
     def us(b, warps):  # a program's warps: two at 8 heads, four (key warps) at 16 in the one-split build
@@ -1138,4 +1140,6 @@ def test_evidence_fp8mma_round18_static_counts():
     assert (us(p8["read"] + p8["written"], 2), us(p8["read"], 2)) == (651, 476)
     assert (us(p16["read"] + p16["written"], 4), us(p16["read"], 4)) == (1046, 840)
     text = (BENCH / "sweeps" / "fp8mma_smem_sass_sm90_triton36.txt").read_text()
-    assert re.search(r"one-split build.*\n.*\n  shared memory.*LDSM\.16\.M88\.4 20480", text)  # 16 heads: q, 38 %
+    # 16 heads: LDSM carries q's fragments (16 heads x 576 fp16 = 18432 bytes, 34 % of 53568) and the keys' rope
+    assert re.search(r"16 heads, one-split build.*\n.*\n  shared memory.*LDSM\.16\.M88\.4 20480", text)
+    assert round(100 * 16 * 576 * 2 / p16["read"]) == 34

@@ -756,10 +756,14 @@ def test_smem_bytes_counts_a_warps_shared_memory_traffic_by_width():
              "LDSM.16.M88.4 R72, [R172+UR6+0x8000]", "LDSM.16.MT88.2 R8, [R3]",
              "LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64]", "@!P1 LDGSTS.E [R1+0x4], desc[UR4][R6.64]",
              "STS.64 [R1], R2", "STS [R1], R2", "F2FP.F16.E4M3.UNPACK_B R2, R3", "HMMA.16816.F32 R4, R8, R12, R4"]
+    assert smem_bytes(["ATOMS.ADD R1, [R2], R3", "STSM.16.M88.2 [R1], R2"]) == {
+        "read": 0, "written": 256, "by_op": {"STSM.16.M88.2": 256}, "uncounted": {"ATOMS": 1}}
     sm = smem_bytes(texts)
     assert sm["read"] == 32 * (16 + 8 + 4 + 1) + 128 * (4 + 2)
     assert sm["written"] == 32 * (16 + 4 + 8 + 4)
-    assert sm["by_op"]["LDSM.16.M88.4"] == 512 and sm["by_op"]["LDGSTS.E"] == 128 and "HMMA.16816.F32" not in sm["by_op"]
-    sass = "\n".join(f"        /*{16 * i:04x}*/                   {t} ;" for i, t in enumerate(texts + ["@P0 BRA 0x20"]))
+    assert sm["by_op"]["LDSM.16.M88.4"] == 512 and sm["by_op"]["LDGSTS.E"] == 128
+    assert "HMMA.16816.F32" not in sm["by_op"] and sm["uncounted"] == {}
+    sass = "\n".join(f"        /*{16 * i:04x}*/                   {t} ;"
+                     for i, t in enumerate(texts + ["@P0 BRA 0x20"]))
     body, n_all = sass_loop_body(sass)
     assert n_all == len(texts) + 1 and body[0] == texts[2] and len(body) == len(texts) - 1

@@ -45,7 +45,9 @@ def failed_checks(run: dict) -> list[str]:
     """Every (heads, batch, launch) whose output disagreed with fp32 or whose launch failed."""
     bad = []
     for (H, B), r in sorted(run["rows"].items()):
-        for impl in IMPLS[:4]:
+        if "error" in r:
+            bad.append(f"H{H} B{B} (the case: {r['error']})")
+        for impl in IMPLS:
             if r.get(impl + "_ok") is False or impl + "_error" in r:
                 bad.append(f"H{H} B{B} {impl}")
     return bad
@@ -58,11 +60,16 @@ def rule_pick(row: dict) -> str:
 
 def rule_verdict(row: dict, margin: float = RULE_MARGIN) -> dict:
     """{"pick", "best", "pick_us", "best_us", "ok"}: whether the rule's build was within `margin` of the faster of
-    the two timed builds at this row (None where either was not timed)."""
+    the two timed builds at this row. ok is None where the rule does not apply (the captured decode takes the Triton
+    kernel at this batch, "graph_route") or either build was not timed, and False where the rule's build failed its
+    check; a build that failed its check is never the best."""
     pick = rule_pick(row)
     times = {k: row.get(k + "_us") for k in ("k2", "k4")}
-    if None in times.values():
+    if row.get("graph_route", "fp8mma") != "fp8mma" or None in times.values():
         return {"pick": pick, "best": None, "pick_us": times.get(pick), "best_us": None, "ok": None}
+    if row.get(pick + "_ok") is False:
+        return {"pick": pick, "best": None, "pick_us": times[pick], "best_us": None, "ok": False}
+    times = {k: t for k, t in times.items() if row.get(k + "_ok") is not False}
     best = min(times, key=times.get)
     return {"pick": pick, "best": best, "pick_us": times[pick], "best_us": times[best],
             "ok": bool(times[pick] <= (1 + margin) * times[best])}
@@ -75,6 +82,9 @@ def rule_table(run: dict) -> str:
              "| heads | batch | splits | rule | " + " | ".join(IMPLS) + " | FlashMLA / dispatch | rule right |",
              "|---|---|---|---|" + "---|" * len(IMPLS) + "---|---|"]
     for (H, B), r in sorted(run["rows"].items()):
+        if "error" in r:
+            lines.append(f"| {H} | {B} | - | - | " + " | ".join("-" for _ in IMPLS) + f" | - | {r['error'][:60]} |")
+            continue
         v = rule_verdict(r)
         ts = [f"{r[i + '_us']:.1f}" if i + "_us" in r else "-" for i in IMPLS]
         sp = f"{r['flashmla_us'] / r['dispatch_us']:.2f}x" if "flashmla_us" in r and "dispatch_us" in r else "-"
@@ -92,7 +102,7 @@ def plot(run: dict, png_path: str | Path) -> Path:
     heads = sorted({H for H, _ in run["rows"]})
     fig, axes = plt.subplots(2, len(heads), figsize=(7 * len(heads), 8.5), squeeze=False)
     for j, H in enumerate(heads):
-        bs = sorted(B for h, B in run["rows"] if h == H)
+        bs = sorted(B for h, B in run["rows"] if h == H and "error" not in run["rows"][h, B])
         rows = [run["rows"][H, B] for B in bs]
         top, bottom = axes[0][j], axes[1][j]
         for k, impl in enumerate(IMPLS):

@@ -77,27 +77,32 @@ _LANE_BYTES = {"U8": 1, "S8": 1, "U16": 2, "S16": 2, "64": 8, "128": 16}
 
 def smem_bytes(texts) -> dict:
     """Shared-memory bytes a warp moves in the given SASS instructions, every lane counted as active: {"read": LDS
-    and LDSM, "written": STS and LDGSTS (cp.async's writes into shared memory), "by_op": {opcode with its width: bytes}}.
+    and LDSM, "written": STS, STSM and LDGSTS (cp.async's writes into shared memory), "by_op": {opcode with its
+    width: bytes}}.
     A static count: divided by the SM's shared-memory rate (128 bytes a clock on sm_80-sm_90) it bounds a loop's time
-    from below before bank conflicts."""
+    from below before bank conflicts. "uncounted": other shared-memory instructions it met (atomics, generic loads
+    and stores that may reach shared memory), whose bytes are not in the totals."""
     by_op: dict = {}
     read = written = 0
+    uncounted: dict = {}
     for t in texts:
         op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0]
         parts = op.split(".")
-        if parts[0] == "LDSM":
+        if parts[0] in ("LDSM", "STSM"):
             n = int(parts[-1]) if parts[-1] in ("1", "2", "4") else 1
             b = 128 * n
         elif parts[0] in ("LDS", "STS", "LDGSTS"):
             b = 32 * next((_LANE_BYTES[x] for x in parts[1:] if x in _LANE_BYTES), 4)
         else:
+            if parts[0] in ("ATOMS", "LD", "ST", "ATOM", "RED"):
+                uncounted[parts[0]] = uncounted.get(parts[0], 0) + 1
             continue
         by_op[op] = by_op.get(op, 0) + b
         if parts[0] in ("LDS", "LDSM"):
             read += b
         else:
             written += b
-    return {"read": read, "written": written, "by_op": by_op}
+    return {"read": read, "written": written, "by_op": by_op, "uncounted": uncounted}
 
 
 def cuobjdump(cubin: bytes, *flags: str) -> str:

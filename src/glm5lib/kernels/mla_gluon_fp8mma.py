@@ -409,7 +409,7 @@ if HAVE_GLUON:
         then its sign kept at bit 15 and its 7 exponent and mantissa bits shifted right by one, under fp16's sign,
         where fp16's exponent field (bias 15) reads e4m3's (bias 7): 2^(7 - 15) times the value, subnormals
         included (e4m3's smallest, 2^-9, becomes 2^-17, above fp16's 2^-24). The cache holds no NaN (vLLM's
-        quantization saturates), which this would widen to 1.75 * 2^-0. Marlin's and FasterTransformer's fast
+        quantization saturates), which this would widen to 1.875. Marlin's and FasterTransformer's fast
         dequantization use the same bit placement; here without their multiply by 2^8, which the callers fold into
         the row scales (S) and the output's scale (O)."""
         return gl.inline_asm_elementwise(_E4M3_F16_INT_PTX, "=r,=r,r", [x], dtype=gl.float16, is_pure=True, pack=4)
