@@ -106,15 +106,21 @@ def plot(run: dict, png_path: str | Path) -> Path:
         rows = [run["rows"][H, B] for B in bs]
         top, bottom = axes[0][j], axes[1][j]
         for k, impl in enumerate(IMPLS):
+            # sparse_mla follows one of the builds: a wide pale band under them shows which
+            style = dict(lw=6, alpha=0.3, zorder=1) if impl == "dispatch" else dict(marker="o", ms=3, zorder=2)
             pts = [(B, r[impl + "_us"] / B) for B, r in zip(bs, rows) if impl + "_us" in r]
             if pts:
-                top.plot(*zip(*pts), marker="o", ms=3, color=f"C{k}", label=LABELS[impl],
-                         ls="--" if impl == "flashmla" else "-")
+                top.plot(*zip(*pts), color=f"C{k}", label=LABELS[impl], ls="--" if impl == "flashmla" else "-",
+                         **style)
             if impl != "flashmla":
                 pts = [(B, r["flashmla_us"] / r[impl + "_us"]) for B, r in zip(bs, rows)
                        if impl + "_us" in r and "flashmla_us" in r]
                 if pts:
-                    bottom.plot(*zip(*pts), marker="o", ms=3, color=f"C{k}", label=LABELS[impl])
+                    bottom.plot(*zip(*pts), color=f"C{k}", label=LABELS[impl], **style)
+        wrong = [(B, r["dispatch_us"] / B) for B, r in zip(bs, rows)
+                 if rule_verdict(r)["ok"] is False and "dispatch_us" in r]
+        if wrong:
+            top.plot(*zip(*wrong), "x", color="k", ms=9, zorder=3, label="the rule took the slower build")
         floor = [(B, r["floor_us"] / B) for B, r in zip(bs, rows) if "floor_us" in r]
         if floor:
             top.plot(*zip(*floor), color="k", lw=1, ls=":", label="gathered bytes at copy bandwidth")
