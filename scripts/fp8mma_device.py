@@ -283,24 +283,10 @@ def run_small_batch(rows):
 BATCHES = (1, 8, 16, 32, 64, 96, 128, 136, 192, 256, 512)
 
 
-def _decode_case(B, H, ctx=32768, block_size=64, chunk_rows=1 << 20):
-    """`bench.kernels._make_decode`'s case (one request of ctx rows per token, a paged fp8_ds_mla cache) with the cache
-    quantized chunk_rows at a time: at B = 512 quantizing 16.8M rows at once needs about 99 GB of temporaries."""
-    nb = -(-B * ctx // block_size)
-    cache = torch.empty(nb * block_size, naive.FP8_DS_MLA_ROW_BYTES, device="cuda", dtype=torch.uint8)
-    for r0 in range(0, cache.shape[0], chunk_rows):
-        r1 = min(cache.shape[0], r0 + chunk_rows)
-        cache[r0:r1] = naive.quantize_fp8_ds_mla(torch.randn(r1 - r0, naive.D_QK, device="cuda",
-                                                              dtype=torch.bfloat16))
-    q = torch.randn(B, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-    base = torch.arange(B, device="cuda", dtype=torch.int32) * ctx
-    return q, cache.view(nb, block_size, -1), base
-
-
 def _batch_row(B, H, ceil, have_fm, builds):
     """One (batch, heads) row of `run_batches`."""
     G = fm.head_groups(H)
-    q, cache, base = _decode_case(B, H)
+    q, cache, base = bk._make_decode(B, H, 32768, TOPK, "fp8_ds_mla")
     R = bk._rotations(bk.sparse_mla_kv_bytes(B, TOPK, "fp8_ds_mla"))
     idx_sets = [bk._rand_indices(B, 32768, TOPK, base) for _ in range(R)]
     out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)

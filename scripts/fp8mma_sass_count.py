@@ -59,7 +59,8 @@ def main(argv=None) -> int:
                      f"got {text!r}")
         k = fm.aot_compile(a.arch, fm.head_groups(a.heads), **fm.config_kwargs(cfg), split=split)
         sass = cuobjdump(k.asm["cubin"], "-sass")
-        n, ops = loop_counts(sass, inner=bool(cfg.sched) and not split)
+        inner = bool(cfg.sched) and not split  # the balanced schedule's tile loop sits inside its loop over pieces
+        n, ops = loop_counts(sass, inner=inner)
         top = ", ".join(f"{op} {c}" for op, c in ops.most_common(12))
         conv = sum(c for op, c in ops.items() if op.startswith("F2F"))
         G = fm.head_groups(a.heads)
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
         if a.smem:
             from glm5lib.kernels.compile_report import sass_loop_body, smem_bytes
 
-            sm = smem_bytes(sass_loop_body(sass, True, bool(cfg.sched) and not split)[0])
+            sm = smem_bytes(sass_loop_body(sass, True, inner)[0])
             ops_b = ", ".join(f"{op} {b}" for op, b in sorted(sm["by_op"].items(), key=lambda kv: -kv[1]))
             left = f"; not counted: {sm['uncounted']}" if sm["uncounted"] else ""
             print(f"  shared memory a warp a tile: {sm['read']} bytes read, {sm['written']} written ({ops_b}){left}")

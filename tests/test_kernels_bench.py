@@ -411,3 +411,21 @@ def test_indexer_decode_sweep_rows_and_knobs_restored(monkeypatch):
     with pytest.raises(KeyboardInterrupt), bk._indexer_knobs():
         bk._indexer_decode_sweep("fp8", q, w, ref, None, cache, out, kw, 2, 4, 64, 1.0, 1.0, None)
     assert knobs() == before
+
+
+def test_decode_case_quantizes_in_chunks_that_give_the_bytes_of_one_pass(monkeypatch):
+    # fp8_ds_mla rows are quantized each on its own (their scales are per row), so a cache made `QUANT_CHUNK_ROWS`
+    # rows at a time holds the bytes one pass over the same rows would make; a chunk boundary inside a block too
+    from glm5lib.kernels import naive
+
+    rows = torch.randn(300, naive.D_QK, dtype=torch.bfloat16) * torch.exp2(torch.randint(-6, 7, (300, 1))).bfloat16()
+    whole = naive.quantize_fp8_ds_mla(rows)
+    assert torch.equal(torch.cat([naive.quantize_fp8_ds_mla(rows[a:a + 70]) for a in range(0, 300, 70)]), whole)
+    monkeypatch.setattr(bench, "QUANT_CHUNK_ROWS", 70)
+    torch.manual_seed(0)
+    q, cache, base = bench._make_decode(3, 8, 100, 16, "fp8_ds_mla", block_size=64, device="cpu")
+    assert q.shape == (3, 8, naive.D_QK) and cache.shape == (5, 64, naive.FP8_DS_MLA_ROW_BYTES)
+    assert base.tolist() == [0, 100, 200] and cache.dtype == torch.uint8
+    torch.manual_seed(0)  # the same random rows, quantized in one pass
+    flat = torch.cat([torch.randn(min(70, 320 - a), naive.D_QK, dtype=torch.bfloat16) for a in range(0, 320, 70)])
+    assert torch.equal(cache.view(320, -1), naive.quantize_fp8_ds_mla(flat))

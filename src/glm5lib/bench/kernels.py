@@ -152,15 +152,26 @@ def _rand_indices(T: int, ctx: int, topk: int, row_base: torch.Tensor | None = N
     return idx
 
 
-def _make_decode(B: int, H: int, ctx: int, topk: int, kv_format: str, block_size: int = 64):
-    """One request per token; request b owns rows [b*ctx, (b+1)*ctx) of a paged cache of block_size rows."""
+# rows quantized at a time into an fp8_ds_mla decode cache: quantizing B = 512 requests of 32K rows at once would
+# take about 99 GB of fp32 temporaries (the rows are independent, so chunks give the same bytes)
+QUANT_CHUNK_ROWS = 1 << 20
+
+
+def _make_decode(B: int, H: int, ctx: int, topk: int, kv_format: str, block_size: int = 64, device: str = "cuda"):
+    """One request per token; request b owns rows [b*ctx, (b+1)*ctx) of a paged cache of block_size rows (random
+    bf16 rows, or their fp8_ds_mla quantization made `QUANT_CHUNK_ROWS` rows at a time)."""
     n_rows = B * ctx
     nb = math.ceil(n_rows / block_size)
-    kv = torch.randn(nb * block_size, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-    cache = naive.quantize_fp8_ds_mla(kv) if kv_format == "fp8_ds_mla" else kv
-    del kv
-    q = torch.randn(B, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-    base = (torch.arange(B, device="cuda", dtype=torch.int32) * ctx)
+    if kv_format == "fp8_ds_mla":
+        cache = torch.empty(nb * block_size, naive.FP8_DS_MLA_ROW_BYTES, device=device, dtype=torch.uint8)
+        for r0 in range(0, cache.shape[0], QUANT_CHUNK_ROWS):
+            r1 = min(cache.shape[0], r0 + QUANT_CHUNK_ROWS)
+            cache[r0:r1] = naive.quantize_fp8_ds_mla(torch.randn(r1 - r0, naive.D_QK, device=device,
+                                                                  dtype=torch.bfloat16))
+    else:
+        cache = torch.randn(nb * block_size, naive.D_QK, device=device, dtype=torch.bfloat16)
+    q = torch.randn(B, H, naive.D_QK, device=device, dtype=torch.bfloat16)
+    base = (torch.arange(B, device=device, dtype=torch.int32) * ctx)
     return q, cache.view(nb, block_size, -1), base
 
 

@@ -31,11 +31,16 @@ def _sass_instructions(sass: str, nops: bool) -> list[tuple[int, str]]:
     return ins
 
 
+def _opcode(text: str) -> str:
+    """An instruction's opcode with its suffixes, its predicate left out (`@!P0 LDS.64 R4, [R2]` -> `LDS.64`)."""
+    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+
+
 def _opcode_hist(texts) -> dict:
     """{opcode: count}, most frequent first; opcodes lose their predicate and suffixes (`HMMA.16816.F32` -> `HMMA`)."""
     hist: dict = {}
     for t in texts:
-        op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0]
+        op = _opcode(t).split(".")[0]
         hist[op] = hist.get(op, 0) + 1
     return dict(sorted(hist.items(), key=lambda kv: -kv[1]))
 
@@ -86,7 +91,7 @@ def smem_bytes(texts) -> dict:
     read = written = 0
     uncounted: dict = {}
     for t in texts:
-        op = re.sub(r"^@!?U?P\w+\s+", "", t).split()[0]
+        op = _opcode(t)
         parts = op.split(".")
         if parts[0] in ("LDSM", "STSM"):
             n = int(parts[-1]) if parts[-1] in ("1", "2", "4") else 1
