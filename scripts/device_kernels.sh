@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -27,6 +27,9 @@
 # widen: the fp8-cache kernel with 0 / 1 / 2 / 4 latent chunks widened by integer instructions (`Config.widen`),
 #   taken apart (--ablate; fp8mma_widen_h200.json), then the 8- and 16-head prefill at s_q 4096 with each
 #   (fp8mma_widen_waves*). `batches` and `widen` together can outrun one device call: run them in two
+# round19: the shipped build, four key warps forced, four key warps with S as wgmma (`Config.wgmma`), widen 2 and 4,
+#   taken apart and checked (--ablate; fp8mma_round19_h200.json), then the 16-head prefill at 2112 / 4096 tokens with
+#   and without wgmma (fp8mma_wgmma_waves16_h200.json): one device call, in place of `widen`
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -104,6 +107,11 @@ for r in rows:
              2>&1 | grep -v Warn > "$OUT/fp8mma_widen_h200.log"; echo "widen rc=${PIPESTATUS[0]}"; grep ablate "$OUT/fp8mma_widen_h200.log" | cut -c1-300
            for H in 8 16; do timeout 90 python3 scripts/fp8mma_waves.py "$OUT/fp8mma_widen_waves${H}_h200.json" --heads $H \
              --tokens 4096 --configs $W 2>&1 | grep -v Warn | tail -2; done ;;
+    round19) W="0,1,1,0,0,8,2,1,0 0,1,1,0,0,8,2,1,4 0,1,1,0,0,8,2,1,4,0,1 0,1,1,0,0,8,2,1,0,2 0,1,1,0,0,8,2,1,0,4"
+           timeout 330 python3 scripts/fp8mma_device.py "$OUT/fp8mma_round19_h200.json" --ablate --budget-s 240 --configs $W \
+             2>&1 | grep -v Warn > "$OUT/fp8mma_round19_h200.log"; echo "round19 rc=${PIPESTATUS[0]}"; grep -v "^{\"kind\": \"gather" "$OUT/fp8mma_round19_h200.log" | cut -c1-260 | tail -40
+           timeout 100 python3 scripts/fp8mma_waves.py "$OUT/fp8mma_wgmma_waves16_h200.json" --heads 16 --tokens 2112,4096 \
+             --configs 0,1,1,0,0,8,2,1,4 0,1,1,0,0,8,2,1,4,0,1 2>&1 | grep -v Warn | tail -3 ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

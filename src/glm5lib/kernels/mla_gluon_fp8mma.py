@@ -86,6 +86,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
     from glm5lib.kernels.mla_gluon import _as, _async_copy, _barrier, _tile_idx
 
@@ -151,6 +152,15 @@ KEY_WARPS = (0, 2, 4)
 # the MIO queue first, math-pipe throttles rare: `sweeps/ncu_stalls_687b4f1.txt`) predict no gain. The e4m3 builds
 # widen nothing and take 0 only; nothing ships with another value.
 WIDENS = (0, 1, 2, 3, 4)
+# how the four-key-warp build (`KEY_WARPS` 4: one warpgroup) computes S^T = K q^T's latent and rope products. 0:
+# `mma_v2` (m16n8k16), each warp loading all of q's fragments from shared memory every tile (NOTES.md round 18: 34 %
+# of the bytes a warp reads from shared memory a tile in the 16-head prefill, 18432 of 53568). 1: `warpgroup_mma`
+# (sm_90's wgmma, m64nHNk16) with K from registers, widened as before (its operand layout is mma_v2's, warp w keys
+# 16 w..16 w + 15), and q read by the tensor cores themselves from shared memory, once for the warpgroup instead of
+# once a warp (q then lives in four [HN, 128] tiles under the wgmma's 128-byte swizzle). O^T = V^T P^T stays mma_v2:
+# its B operand P^T is scaled per key and chunk in registers (`_pv_chunk`), which a shared-memory operand cannot be.
+# sm_90 only; a measurement knob until timed (NOTES.md round 19)
+WGMMAS = (0, 1)
 
 
 class Config(NamedTuple):
@@ -166,7 +176,8 @@ class Config(NamedTuple):
     slot at 1-8 heads: `refill_mode`), and the programs' schedule (`SCHEDS`: 0 one a token and split, 1 balanced
     runs of tiles where the early refill owns whole lists and the tokens outnumber the slots: `balanced_mode`), and
     the warps along the keys (`KEY_WARPS`: 2, or 4 with all heads in one group, or 0: `key_warps_of`'s rule), and
-    the latent chunks widened by integer instructions instead of the hardware conversion (`WIDENS`)."""
+    the latent chunks widened by integer instructions instead of the hardware conversion (`WIDENS`), and, with four
+    key warps on sm_90, S's products as wgmma with q from shared memory (`WGMMAS`)."""
     nbuf: int
     q_terms: int
     p_terms: int
@@ -177,6 +188,7 @@ class Config(NamedTuple):
     sched: int = 0
     key_warps: int = 2
     widen: int = 0
+    wgmma: int = 0
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
@@ -254,7 +266,7 @@ def config_name(cfg) -> str:
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
     return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
             + ("", "-e", "-eplan")[c.refill] + ("", "-b")[c.sched] + {2: "", 4: "-k4", 0: "-kplan"}[c.key_warps]
-            + (f"-i{c.widen}" if c.widen else ""))
+            + (f"-i{c.widen}" if c.widen else "") + ("", "-wg")[c.wgmma])
 
 
 def config_kwargs(cfg) -> dict:
@@ -269,6 +281,17 @@ def check_widen(widen: int, q_terms: int, p_terms: int) -> None:
     if widen and (q_terms != 1 or p_terms != 1):
         raise ValueError(f"widen {widen} takes the fp16-product build (q_terms = p_terms = 1), got q_terms {q_terms}, "
                          f"p_terms {p_terms}")
+
+
+def check_wgmma(wgmma: int, key_warps: int, arch: int | None = None) -> None:
+    """`WGMMAS`: 1 only with four key warps forced (key_warps 4: the rule may take two), and only on sm_90 (arch:
+    the target's compute capability as major * 10 + minor, where known)."""
+    if wgmma not in WGMMAS:
+        raise ValueError(f"wgmma must be one of {WGMMAS} (S's products as wgmma with q from shared memory), got {wgmma}")
+    if wgmma and key_warps != 4:
+        raise ValueError(f"wgmma 1 takes four key warps (key_warps 4: one warpgroup), got key_warps {key_warps}")
+    if wgmma and arch is not None and arch // 10 != 9:
+        raise ValueError(f"wgmma 1 needs sm_90's warpgroup products (wgmma), not sm_{arch}")
 
 
 def check_block_n(block_n: int) -> None:
@@ -633,12 +656,20 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _scores_chunk(kc, q_s, c: gl.constexpr, s_c, acc, zero, LK: gl.constexpr, DA: gl.constexpr,
-                      DB: gl.constexpr, Q_TERMS: gl.constexpr, WIDEN: gl.constexpr = 0):
+                      DB: gl.constexpr, Q_TERMS: gl.constexpr, WIDEN: gl.constexpr = 0, WG: gl.constexpr = 0,
+                      zero_wg=None):
         """acc + s_c * (K_c q_c^T) for latent chunk c: K_c straight from the tile's chunk kc (e4m3 bytes), q_c as its
         e4m3 terms (rows of q_s, already in `_k_logical`'s column order). WIDEN: `WIDENS` (chunk c < WIDEN widened by
-        integer instructions, 2^-8 times K_c: s_c takes the 2^8)."""
+        integer instructions, 2^-8 times K_c: s_c takes the 2^8). WG (`WGMMAS`): the product as wgmma, K_c from
+        registers (DA then has the wgmma layout's parent, as zero_wg), q_c read by the tensor cores from q_s[c]."""
         CH: gl.constexpr = 128
-        if Q_TERMS == 1:  # fp16 products: K widened once, q one fp16 term
+        if WG:
+            k = gl.convert_layout(_k_logical16(_widen(kc.load(LK), c < WIDEN)), DA, assert_trivial=True)
+            s = gl.convert_layout(warpgroup_mma(k, q_s.index(c).permute([1, 0]), zero_wg, use_acc=False), zero.type.layout,
+                                  assert_trivial=True)
+            if c < WIDEN:
+                s_c = s_c * 256.0
+        elif Q_TERMS == 1:  # fp16 products: K widened once, q one fp16 term
             k = gl.convert_layout(_k_logical16(_widen(kc.load(LK), c < WIDEN)), DA, assert_trivial=True)
             s = mma_v2(k, q_s.index(0).slice(c * CH, CH, 1).permute([1, 0]).load(DB), zero)
             if c < WIDEN:
@@ -765,10 +796,11 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _load_q(Q, t, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN: gl.constexpr, LQ: gl.constexpr,
-                HEADS: gl.constexpr, Q_TERMS: gl.constexpr, DEBUG: gl.constexpr):
+                HEADS: gl.constexpr, Q_TERMS: gl.constexpr, DEBUG: gl.constexpr, WG: gl.constexpr = 0):
         """Token t's q into shared memory: per head a power of two sigma with max |q sigma| <= 448, the latent part
         as its e4m3 terms or (Q_TERMS 1) one fp16 copy, columns in the products' order, the rope part as bf16; rows
-        past H are zeros. Returns 1 / sigma per head (S = (K q_terms^T) / sigma)."""
+        past H are zeros. WG (`WGMMAS`): the fp16 copy as four [HN, 128] chunk tiles, read by wgmma (the async proxy:
+        fenced after the stores). Returns 1 / sigma per head (S = (K q_terms^T) / sigma)."""
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
         offs_qh = gl.arange(0, HN, layout=gl.SliceLayout(1, LQ))
@@ -777,12 +809,19 @@ if HAVE_GLUON:
         offs_q = gl.arange(0, DN, layout=gl.SliceLayout(0, LQ))
         qn = gl.load(q_row + offs_q[None, :], mask=qm, other=0.0).to(gl.float32)
         sigma = _pow2(_exp_to_max(gl.max(gl.abs(qn), axis=1)))
-        if Q_TERMS == 1:  # bf16 q sigma is exact in fp16 down to 2^-17 (about 2^-26 of the head's largest)
+        if WG:  # each chunk loaded again (from L1 / L2) in its 128 columns: the column order is chunk-local
+            offs_c = gl.arange(0, 128, layout=gl.SliceLayout(0, LQ))
+            for c in gl.static_range(4):
+                qc = gl.load(q_row + c * 128 + offs_c[None, :], mask=qm, other=0.0).to(gl.float32)
+                q_s.index(c).store(_k_logical16((qc * sigma[:, None]).to(gl.float16)))
+        elif Q_TERMS == 1:  # bf16 q sigma is exact in fp16 down to 2^-17 (about 2^-26 of the head's largest)
             q_s.index(0).store(_k_logical16((qn * sigma[:, None]).to(gl.float16)))
         else:
             _q_terms_store(qn * sigma[:, None], q_s, DBG, t, sp, HN, Q_TERMS, DEBUG)
         offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LQ))
         qr_s.store(gl.load(q_row + DN + offs_qr[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        if WG:
+            fence_async_shared()
         return gl.convert_layout(1.0 / sigma, HEADS)
 
     @triton.constexpr_function
@@ -835,7 +874,8 @@ if HAVE_GLUON:
                DA: gl.constexpr, DB: gl.constexpr, DA8: gl.constexpr, DB8: gl.constexpr, DA16: gl.constexpr,
                DB16: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LVP: gl.constexpr, LW: gl.constexpr,
                LR: gl.constexpr, LS: gl.constexpr, LQ: gl.constexpr, LC: gl.constexpr, IR: gl.constexpr,
-               IC: gl.constexpr, WM: gl.constexpr, WIDEN: gl.constexpr):
+               IC: gl.constexpr, WM: gl.constexpr, WIDEN: gl.constexpr, WG: gl.constexpr = 0,
+               DAK: gl.constexpr = None, DA16S: gl.constexpr = None, zero_wg=None):
         """The kernel's loop: n_tiles tiles of the index list at idx_row from position k_start (the list ends at
         k_end), each gathered, scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev),
         which it returns with the index tiles read ahead (nxt_w, nxt_k). The balanced schedule passes the whole
@@ -862,9 +902,15 @@ if HAVE_GLUON:
                                 sc_c.index(4 * slot).load(KEYS), inv_sigma)
             s = zero
             for c in gl.static_range(4):
-                s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK, DA,
-                                  DB, Q_TERMS, WIDEN)
-            s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
+                s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK,
+                                  DAK if WG else DA, DB, Q_TERMS, WIDEN, WG, zero_wg)
+            if WG:
+                s = gl.convert_layout(warpgroup_mma(
+                    rope.index(slot).load(DA16S), qr_s.permute([1, 0]),
+                    gl.convert_layout(s * inv_sigma[None, :], zero_wg.type.layout, assert_trivial=True)), MMA,
+                    assert_trivial=True)
+            else:
+                s = mma_v2(rope.index(slot).load(DA16), qr_s.permute([1, 0]).load(DB16), s * inv_sigma[None, :])
             s = gl.where(valid[:, None], s * qk_scale, float("-inf"))  # log2 domain
 
             # P against each warp's own max of its keys (no cross-warp reduction here): the maxima travel with P^T
@@ -956,7 +1002,7 @@ if HAVE_GLUON:
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
-        WM: gl.constexpr = 2, WIDEN: gl.constexpr = 0,
+        WM: gl.constexpr = 2, WIDEN: gl.constexpr = 0, WG: gl.constexpr = 0,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
@@ -976,6 +1022,7 @@ if HAVE_GLUON:
         F16: gl.constexpr = Q_TERMS == 1  # fp16 products (K and V widened once) instead of e4m3 ones
         gl.static_assert(WM == 2 or (WM == 4 and BN == 64 and F16 and not DEBUG),
                          "four warps along the keys take 64-key tiles and fp16 products")
+        gl.static_assert(not WG or WM == 4, "S as wgmma takes four key warps (one warpgroup)")
         # S^T [keys, heads] and O^T [value rows, heads]: warps (head group, key warp) -> heads along N, key warps
         # along M; key 16 WM r + 16 w + k of a tile is key warp w's (at 64 keys and WM 2 each warp holds two m16
         # tiles, r = 0, 1)
@@ -989,6 +1036,11 @@ if HAVE_GLUON:
         DA: gl.constexpr = DA16 if F16 else DA8  # the latent products' operands
         DB: gl.constexpr = DB16 if F16 else DB8
         PKEYS: gl.constexpr = gl.SliceLayout(1, DB)  # [BN] per key of P^T
+        # S as wgmma (`WGMMAS`): the warpgroup's accumulator for [64 keys, HN heads] holds the same elements in each
+        # thread as MMA's (warp w keys 16 w..16 w + 15), and its register A operand K's; the conversions between
+        # them are asserted trivial
+        MMA_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HN, 16])
+        DAK: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA_S, k_width=2)
         # physical loads of a chunk whose logical view (`_k_logical`, `_v_logical`) is the operand layout: the K tile
         # [BN, 128] 32 contiguous bytes of rows g, g + 8 per thread; the V tile [BN, 128] 8 bytes of 8 keys (keys
         # 4c + {0..3, 16..19} for the k32 e4m3 product, 2c + {0, 1, 8, 9, 16, 17, 24, 25} for the k16 fp16 one);
@@ -1053,11 +1105,16 @@ if HAVE_GLUON:
         scs = gl.allocate_shared_memory(gl.float32, [NBUF, 4, BN], FLAT2)  # the rows' scales as [slot, chunk, key]
         sc_c = _as(scs, gl.float32, [NBUF * 4, BN], FLAT1)  # the same bytes: chunk c of slot s at 4 s + c
         # q's e4m3 terms (or its fp16 copy), columns in the products' order
-        if F16:
-            q_s = gl.allocate_shared_memory(gl.float16, [1, HN, DN], SW16)
+        if WG:  # the wgmma's B operand layout (128-byte swizzle), one tile a chunk
+            SHQ: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+            q_s = gl.allocate_shared_memory(gl.float16, [4, HN, CH], SHQ)
+            qr_s = gl.allocate_shared_memory(gl.bfloat16, [HN, DR], SHQ)
         else:
-            q_s = gl.allocate_shared_memory(gl.float8e4nv, [Q_TERMS, HN, DN], SW8)
-        qr_s = gl.allocate_shared_memory(gl.bfloat16, [HN, DR], SW16)
+            if F16:
+                q_s = gl.allocate_shared_memory(gl.float16, [1, HN, DN], SW16)
+            else:
+                q_s = gl.allocate_shared_memory(gl.float8e4nv, [Q_TERMS, HN, DN], SW8)
+            qr_s = gl.allocate_shared_memory(gl.bfloat16, [HN, DR], SW16)
         # P^T passes between the warps (each needs all the tile's keys) as [heads, keys], 16-byte units swizzled by
         # head: the B-operand loads of 4 keys of one head are then conflict-free
         SWP: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
@@ -1103,11 +1160,13 @@ if HAVE_GLUON:
             cp.commit_group()
 
         zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
+        zero_wg = gl.full([BN, HN], 0.0, gl.float32, MMA_S) if WG else zero
         if BALANCED:
             for tk in range(t, t_last + 1):  # the run's pieces, one token each
                 a = gl.where(tk == t, j0, 0)
                 b = gl.where(tk == t_last, j_last, NT)
-                inv_sigma = _load_q(Q, tk, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG)
+                inv_sigma = _load_q(Q, tk, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG,
+                                    WG)
                 m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k = _tiles(
                     KV, IDX, (tk * NT + a) * BN, k_end, b - a, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
                     sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero,
@@ -1116,7 +1175,8 @@ if HAVE_GLUON:
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
                     gl.to_tensor(0), DBG, tk, sp,
                     NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN)
+                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, DAK,
+                    zero_wg)
                 # the token done (b = NT, a = 0), or this program's piece of it: the tail (slot 1) of boundary
                 # p - 1 (a > 0) or the head (slot 0) of boundary p
                 l_i = gl.sum(l_acc, axis=0)
@@ -1142,7 +1202,7 @@ if HAVE_GLUON:
                     gl.store(PART + 2 * n_prog.to(gl.int64) * H * DN + rows, lse2, mask=offs_h < H)
             cp.wait_group(0)
             return
-        inv_sigma = _load_q(Q, t, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG)
+        inv_sigma = _load_q(Q, t, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG, WG)
 
         m_i = gl.full([HN], float("-inf"), gl.float32, HEADS)
         l_acc = gl.full([BN, HN], 0.0, gl.float32, MMA)  # row sums, reduced over the keys once after the loop
@@ -1155,7 +1215,7 @@ if HAVE_GLUON:
             KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
             sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
             t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN)
+            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, DAK, zero_wg)
         cp.wait_group(0)
         l_i = gl.sum(l_acc, axis=0)
         has_key = l_i > 0
@@ -1319,7 +1379,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
                  p_terms: int, maxnreg: int, block_n: int, row_threads: int, refill: int, sched: int,
                  num_splits: int | None, idx_stride: int = 0,
                  programs: int | None = None, key_warps: int = 2,
-                 widen: int = 0) -> tuple[int, int, tuple, dict, tuple]:
+                 widen: int = 0, wgmma: int = 0) -> tuple[int, int, tuple, dict, tuple]:
     """(splits, keys per split, grid, constexprs and options, their values as a key) for a call shape: the host work
     an eager layer would otherwise repeat on every call. The grid is (T, splits), or under the balanced schedule
     (`balanced_mode`) (slots,): one program per slot of the machine; programs (a measurement knob) takes the
@@ -1340,7 +1400,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
         flat = balanced_mode(sched, refill, splits, T, slots, rows_flat)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
               TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
-              PAD=0, BALANCED=flat, WM=wm, WIDEN=widen,
+              PAD=0, BALANCED=flat, WM=wm, WIDEN=widen, WG=wgmma,
               num_warps=num_warps_of(G, wm), **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
@@ -1354,14 +1414,15 @@ def debug_record_bytes(H: int) -> int:
 def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=DEFAULT.nbuf, q_terms=DEFAULT.q_terms,
                       p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
                       row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, sched=DEFAULT.sched,
-                      key_warps=DEFAULT.key_warps, widen=DEFAULT.widen, out=None, debug=None, programs=None):
+                      key_warps=DEFAULT.key_warps, widen=DEFAULT.widen, wgmma=DEFAULT.wgmma, out=None, debug=None,
+                      programs=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
     build; maxnreg: register cap per thread (0: none); block_n: keys a tile (32 or 64); row_threads: threads a
     gathered row's latent bytes are spread over; refill: how a one-slot ring is refilled (`Config`, `REFILLS`);
     sched: the programs' schedule (`SCHEDS`); key_warps: warps along the keys (`KEY_WARPS`); widen: latent chunks
-    widened by integer instructions (`WIDENS`). `config_kwargs(cfg)`
+    widened by integer instructions (`WIDENS`); wgmma: S's products as wgmma (`WGMMAS`). `config_kwargs(cfg)`
     gives these for a `Config`. programs (a measurement knob): the balanced schedule's program count instead of the
     slots (T: one token a program)."""
     if not HAVE_GLUON:
@@ -1374,6 +1435,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     check_block_n(block_n)
     check_key_warps(key_warps, q_terms, block_n)
     check_widen(widen, q_terms, p_terms)
+    check_wgmma(wgmma, key_warps)
     check_row_threads(row_threads, G, key_warps or 4)  # (the rule: as many threads a row as it may take warps)
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
@@ -1388,11 +1450,14 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
+    if wgmma:
+        major, minor = torch.cuda.get_device_capability(dev)
+        check_wgmma(wgmma, key_warps, 10 * major + minor)
     if T == 0:
         return out, lse
     splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
                                                             maxnreg, block_n, row_threads, refill, sched, num_splits,
-                                                            indices.stride(0), programs, key_warps, widen)
+                                                            indices.stride(0), programs, key_warps, widen, wgmma)
     flat = kw["BALANCED"]
     if programs is not None and not flat:
         raise ValueError("programs (the balanced schedule's program count) applies only where the balanced schedule "
@@ -1454,6 +1519,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     check_block_n(c.block_n)
     check_key_warps(c.key_warps, c.q_terms, c.block_n)
     check_widen(c.widen, c.q_terms, c.p_terms)
+    check_wgmma(c.wgmma, c.key_warps)
     check_row_threads(c.row_threads, head_groups(q.shape[1]), c.key_warps or 4)
     check_refill(c.refill)
     check_sched(c.sched)
@@ -1465,7 +1531,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     dev = q.device
     splits, keys_per_split, _, kw, _ = _launch_plan(T, H, topk, dev.type, dev.index, c.nbuf, c.q_terms, c.p_terms,
                                                     c.maxnreg, c.block_n, c.row_threads, c.refill, 0, None,
-                                                    key_warps=c.key_warps, widen=c.widen)
+                                                    key_warps=c.key_warps, widen=c.widen, wgmma=c.wgmma)
     part_buf = split_buffer(splits, T, H, lse)
     G, nbuf, bn, wm = kw["G"], kw["NBUF"], kw["BN"], kw["WM"]
     smem = mla.smem_class(dev)
@@ -1493,11 +1559,12 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
                 pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched,
-                key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen):
+                key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen, wgmma: int = 0):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch
-    with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`; widen: `WIDENS`."""
+    with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`; widen: `WIDENS`;
+    wgmma: `WGMMAS`."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1505,6 +1572,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     check_block_n(block_n)
     check_key_warps(key_warps, q_terms, block_n)
     check_widen(widen, q_terms, p_terms)
+    check_wgmma(wgmma, key_warps, arch)
     wm = key_warps_of(key_warps, G, q_terms, split, block_n)
     check_row_threads(row_threads, G, wm)
     check_refill(refill)
@@ -1517,7 +1585,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
               "DEBUG": debug,
               "COMPUTE_ALONE": compute_alone, "PAD": pad,
               "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone, "WM": wm,
-              "WIDEN": widen}
+              "WIDEN": widen, "WG": wgmma}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1544,7 +1612,7 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
         pad = pad_words(smem_bytes_estimate(G, c.nbuf, c.q_terms, bn, wm), per_sm)
         return aot_compile(arch, G, c.nbuf, c.q_terms, c.p_terms, split, maxnreg=c.maxnreg, block_n=c.block_n,
                            row_threads=c.row_threads, compute_alone=True, pad=pad, refill=c.refill,
-                           key_warps=c.key_warps, widen=c.widen)
+                           key_warps=c.key_warps, widen=c.widen, wgmma=c.wgmma)
     if part != "gathers":
         raise ValueError(f"part must be 'gathers' or 'compute', got {part!r}")
     nbuf = ring_slots(c.nbuf, G, wm)
@@ -1562,15 +1630,15 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
                   p_terms: int = DEFAULT.p_terms, split: bool = True, maxnreg: int = DEFAULT.maxnreg,
                   block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads,
                   refill: int = DEFAULT.refill, sched: int = DEFAULT.sched, key_warps: int = DEFAULT.key_warps,
-                  widen: int = DEFAULT.widen) -> dict:
+                  widen: int = DEFAULT.widen, wgmma: int = DEFAULT.wgmma) -> dict:
     """`aot_compile` plus what the cubin says: shared memory, registers / stack / local memory per thread, and where
     the stack is used, the spill stores and loads (STL, LDL) in the tile loop's SASS (`loop_spills`; the balanced
     schedule's tile loop runs inside its loop over pieces: `sass_loop(inner=True)`)."""
     k = aot_compile(arch, G, nbuf, q_terms, p_terms, split, maxnreg=maxnreg, block_n=block_n, row_threads=row_threads,
-                    refill=refill, sched=sched, key_warps=key_warps, widen=widen)
+                    refill=refill, sched=sched, key_warps=key_warps, widen=widen, wgmma=wgmma)
     wm = key_warps_of(key_warps, G, q_terms, split, block_n)
     row = {"config": config_name((nbuf, q_terms, p_terms, maxnreg, block_n, row_threads, refill, sched, key_warps,
-                                  widen)),
+                                  widen, wgmma)),
            "arch": arch, "G": G, "split": split,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
            "estimate": smem_bytes_estimate(G, nbuf, q_terms, tile_keys(block_n, 2 if split else 1, wm), wm)}
@@ -1587,6 +1655,6 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
-           "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen",
+           "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen", "WGMMAS", "check_wgmma",
            "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
            "aot_compile_part", "compile_stats"]
