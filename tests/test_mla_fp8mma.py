@@ -341,7 +341,8 @@ def test_configs_name_their_builds():
     assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan"
     assert fm.config_name((1, 1, 1, 0, 0, 8, 2, 0, 4)) == "fp8mma-nbuf1-f16-nplan-t8-eplan-k4"
     assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32,
-                                           "row_threads": 0, "refill": 0, "sched": 0, "key_warps": 2, "widen": 0}
+                                           "row_threads": 0, "refill": 0, "sched": 0, "key_warps": 2, "widen": 0,
+                                           "wgmma": 0}
     assert fm.config_name((0, 1, 1, 0, 0, 8, 1)) == "fp8mma-nbufG-f16-nplan-t8-e"
     assert fm.config_name((0, 1, 1, 0, 0, 8)) == "fp8mma-nbufG-f16-nplan-t8"
     assert fm.config_name((1, 2, 2, 0, 32, 8)) == "fp8mma-nbuf1-q2-p2-t8"
@@ -747,6 +748,55 @@ def test_integer_widening_builds_compile_and_take_conversions_off_the_hardware_p
         per_chunk = (base["f2f"] - whole["f2f"]) / 4
         assert per_chunk > 0 and half["f2f"] == base["f2f"] - 2 * per_chunk
         assert whole["prmt"] > half["prmt"] > base["prmt"]
+
+
+def test_wgmma_is_refused_outside_four_key_warps_on_sm90():
+    fm.check_wgmma(1, 4, 90)
+    fm.check_wgmma(0, 2, 120)
+    with pytest.raises(ValueError, match="wgmma must be one of"):
+        fm.check_wgmma(2, 4)
+    with pytest.raises(ValueError, match="four key warps"):
+        fm.check_wgmma(1, 0)  # the rule may take two key warps
+    with pytest.raises(ValueError, match="sm_120"):
+        fm.check_wgmma(1, 4, 120)
+    with pytest.raises(ValueError, match="sm_89"):
+        fm.aot_compile(89, 1, **fm.config_kwargs(fm.DEFAULT._replace(key_warps=4, wgmma=1)))
+    assert fm.config_name(fm.DEFAULT._replace(key_warps=4, wgmma=1)).endswith("-k4-wg")
+    assert fm.config_name(fm.DEFAULT) == fm.config_name(fm.DEFAULT._replace(wgmma=0))
+
+
+_WGMMA_SCRIPT = """
+import json
+from glm5lib.kernels import mla_gluon_fp8mma as m
+from glm5lib.kernels.compile_report import cuobjdump, sass_loop, sass_loop_body, smem_bytes
+for G, split in ((1, True), (2, False)):
+    for wg in (0, 1):
+        cfg = m.CONFIG_BY_CLASS["big"]._replace(key_warps=4, wgmma=wg)
+        k = m.aot_compile(90, G, **m.config_kwargs(cfg), split=split)
+        sass = cuobjdump(k.asm["cubin"], "-sass")
+        hist = sass_loop(sass, nops=True)[2]
+        sm = smem_bytes(sass_loop_body(sass, True)[0])
+        print(json.dumps({"G": G, "wg": wg, "hmma": hist.get("HMMA", 0), "hgmma": hist.get("HGMMA", 0),
+                          "f2f": sum(v for op, v in hist.items() if op.startswith("F2F")), "read": sm["read"],
+                          "written": sm["written"], "ldsm": sm["by_op"].get("LDSM.16.M88.4", 0),
+                          "shared": k.metadata.shared}), flush=True)
+"""
+
+
+def test_wgmma_builds_read_q_once_a_warpgroup():
+    # four key warps (one warpgroup) at 8 heads split (decode) and 16 heads whole (prefill), S by mma_v2 and by wgmma,
+    # compiled for sm_90 (child process, interpreter off; K's operand and S's accumulator conversions between the
+    # two products' layouts are `assert_trivial`, so each build also proves they move no element across threads).
+    # S^T's k16 steps (4 chunks of 128 columns and the 64 rope columns: 36) move from HMMA (one per 16 keys, n8 tile
+    # and k16 step in each warp) to HGMMA (one m64nHNk16 per step for the warpgroup), and each warp stops loading
+    # q's fragments: its shared-memory reads a tile fall by q's bytes, 576 columns x 2 bytes a head, exactly
+    rows = {(r["G"], r["wg"]): r for r in compile_rows(_WGMMA_SCRIPT, timeout=600)}
+    for G in (1, 2):
+        base, wg = rows[G, 0], rows[G, 1]
+        assert base["hgmma"] == 0 and wg["hgmma"] == 36
+        assert base["hmma"] - wg["hmma"] == 36 * G
+        assert base["read"] - wg["read"] == 576 * 2 * 8 * G == base["ldsm"] - wg["ldsm"]
+        assert wg["f2f"] == base["f2f"] and wg["written"] == base["written"] and wg["shared"] == base["shared"]
 
 
 def test_smem_bytes_counts_a_warps_shared_memory_traffic_by_width():
