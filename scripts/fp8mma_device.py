@@ -313,6 +313,8 @@ def _batch_row(B, H, ceil, have_fm, builds):
             res[name + "_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     if have_fm:
         _time_flashmla_decode(q, cache, idx_sets, res, ro)
+    if "dispatch_us" in res:  # timed first and again last: the order's share of any gap to the forced builds
+        res["dispatch_again_us"] = 1e3 * bk._graph_ms([lambda i=i: calls["dispatch"](i) for i in idx_sets])
     return res
 
 

@@ -107,6 +107,27 @@ def test_paged_view_row_addressing():
         naive.kv_row_view(torch.as_strided(storage, (4, 5, 3), (16, 3, 1)))  # block stride not whole rows
 
 
+@pytest.mark.parametrize("kv_format", ["fp8_ds_mla", "fp32"])
+def test_chunked_reference_gathers_only_its_rows_and_equals_the_reference(kv_format):
+    """`sparse_mla_ref_chunked` widens only the rows a chunk names: on a padded paged view, with out-of-range and -1
+    indices, duplicates and a token with no valid key, it gives the whole reference's output and lse bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(9 * 8, naive.D_QK, generator=g)
+    storage = naive.quantize_fp8_ds_mla(kv) if kv_format == "fp8_ds_mla" else kv
+    view = storage.view(9, 8, -1)[:, :6]  # block_size 6, block stride 8 rows: 8 * 8 + 6 = 70 addressable rows
+    n = naive.kv_row_view(view)[1]
+    q = torch.randn(7, 3, naive.D_QK, generator=g)
+    idx = torch.randint(0, n, (7, 24), generator=g, dtype=torch.int32)
+    idx[1, :5] = -1
+    idx[2, 3] = n  # past the view: invalid
+    idx[3, :12] = idx[3, 12:]  # duplicates
+    idx[4] = -1  # no valid key
+    ro, rl = naive.sparse_mla_ref(q, view, idx, 0.07, kv_format=kv_format)
+    co, cl = naive.sparse_mla_ref_chunked(q, view, idx, 0.07, kv_format=kv_format, chunk=3)
+    assert torch.equal(co, ro) and torch.equal(cl, rl)
+    assert torch.isneginf(cl[4]).all() and torch.isfinite(cl[:4]).all()
+
+
 @pytest.mark.parametrize("bad", ["shape", "heads", "dtype", "format", "dv"])
 def test_input_validation(bad):
     q = torch.randn(2, 4, naive.D_QK)
