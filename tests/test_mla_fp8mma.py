@@ -754,7 +754,7 @@ def test_wgmma_is_refused_outside_four_key_warps_on_sm90():
     fm.check_wgmma(1, 4, 90)
     fm.check_wgmma(0, 2, 120)
     with pytest.raises(ValueError, match="wgmma must be one of"):
-        fm.check_wgmma(2, 4)
+        fm.check_wgmma(3, 4)
     with pytest.raises(ValueError, match="four key warps"):
         fm.check_wgmma(1, 0)  # the rule may take two key warps
     with pytest.raises(ValueError, match="sm_120"):
@@ -762,6 +762,7 @@ def test_wgmma_is_refused_outside_four_key_warps_on_sm90():
     with pytest.raises(ValueError, match="sm_89"):
         fm.aot_compile(89, 1, **fm.config_kwargs(fm.DEFAULT._replace(key_warps=4, wgmma=1)))
     assert fm.config_name(fm.DEFAULT._replace(key_warps=4, wgmma=1)).endswith("-k4-wg")
+    assert fm.config_name(fm.DEFAULT._replace(key_warps=4, wgmma=2)).endswith("-k4-wga")
     assert fm.config_name(fm.DEFAULT) == fm.config_name(fm.DEFAULT._replace(wgmma=0))
 
 
@@ -770,7 +771,7 @@ import json
 from glm5lib.kernels import mla_gluon_fp8mma as m
 from glm5lib.kernels.compile_report import cuobjdump, sass_loop, sass_loop_body, smem_bytes
 for G, split in ((1, True), (2, False)):
-    for wg in (0, 1):
+    for wg in (0, 1, 2):
         cfg = m.CONFIG_BY_CLASS["big"]._replace(key_warps=4, wgmma=wg)
         k = m.aot_compile(90, G, **m.config_kwargs(cfg), split=split)
         sass = cuobjdump(k.asm["cubin"], "-sass")
@@ -779,7 +780,8 @@ for G, split in ((1, True), (2, False)):
         print(json.dumps({"G": G, "wg": wg, "hmma": hist.get("HMMA", 0), "hgmma": hist.get("HGMMA", 0),
                           "f2f": sum(v for op, v in hist.items() if op.startswith("F2F")), "read": sm["read"],
                           "written": sm["written"], "ldsm": sm["by_op"].get("LDSM.16.M88.4", 0),
-                          "shared": k.metadata.shared}), flush=True)
+                          "shared": k.metadata.shared, "depbar1": sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1")}),
+              flush=True)
 """
 
 
@@ -790,13 +792,17 @@ def test_wgmma_builds_read_q_once_a_warpgroup():
     # S^T's k16 steps (4 chunks of 128 columns and the 64 rope columns: 36) move from HMMA (one per 16 keys, n8 tile
     # and k16 step in each warp) to HGMMA (one m64nHNk16 per step for the warpgroup), and each warp stops loading
     # q's fragments: its shared-memory reads a tile fall by q's bytes, 576 columns x 2 bytes a head, exactly
-    rows = {(r["G"], r["wg"]): r for r in compile_rows(_WGMMA_SCRIPT, timeout=600)}
+    # (wgmma 2, each chunk's product in flight while the next one's K is widened, issues the same instructions: it
+    # waits for one group fewer at each chunk, `WARPGROUP.DEPBAR.LE gsb0, 0x1`)
+    rows = {(r["G"], r["wg"]): r for r in compile_rows(_WGMMA_SCRIPT, timeout=900)}
     for G in (1, 2):
-        base, wg = rows[G, 0], rows[G, 1]
-        assert base["hgmma"] == 0 and wg["hgmma"] == 36
-        assert base["hmma"] - wg["hmma"] == 36 * G
-        assert base["read"] - wg["read"] == 576 * 2 * 8 * G == base["ldsm"] - wg["ldsm"]
-        assert wg["f2f"] == base["f2f"] and wg["written"] == base["written"] and wg["shared"] == base["shared"]
+        base = rows[G, 0]
+        for wg in (rows[G, 1], rows[G, 2]):
+            assert base["hgmma"] == 0 and wg["hgmma"] == 36
+            assert base["hmma"] - wg["hmma"] == 36 * G
+            assert base["read"] - wg["read"] == 576 * 2 * 8 * G == base["ldsm"] - wg["ldsm"]
+            assert wg["f2f"] == base["f2f"] and wg["written"] == base["written"] and wg["shared"] == base["shared"]
+        assert rows[G, 1]["depbar1"] == 0 and rows[G, 2]["depbar1"] == 3  # chunks 0-2 waited for one behind
 
 
 def test_smem_bytes_counts_a_warps_shared_memory_traffic_by_width():

@@ -86,7 +86,7 @@ if HAVE_GLUON:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.ampere import mma_v2
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     from glm5lib.kernels.mla_gluon import _as, _async_copy, _barrier, _tile_idx
 
@@ -159,8 +159,10 @@ WIDENS = (0, 1, 2, 3, 4)
 # 16 w..16 w + 15), and q read by the tensor cores themselves from shared memory, once for the warpgroup instead of
 # once a warp (q then lives in four [HN, 128] tiles under the wgmma's 128-byte swizzle). O^T = V^T P^T stays mma_v2:
 # its B operand P^T is scaled per key and chunk in registers (`_pv_chunk`), which a shared-memory operand cannot be.
-# sm_90 only; a measurement knob until timed (NOTES.md round 19)
-WGMMAS = (0, 1)
+# 2: as 1, each chunk's wgmma issued without waiting, so that the next chunk's K is loaded and widened while it runs
+# (waited for one chunk behind; two chunks' K operands live at once). sm_90 only; a measurement knob until timed
+# (NOTES.md round 19)
+WGMMAS = (0, 1, 2)
 
 
 class Config(NamedTuple):
@@ -266,7 +268,7 @@ def config_name(cfg) -> str:
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
     return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
             + ("", "-e", "-eplan")[c.refill] + ("", "-b")[c.sched] + {2: "", 4: "-k4", 0: "-kplan"}[c.key_warps]
-            + (f"-i{c.widen}" if c.widen else "") + ("", "-wg")[c.wgmma])
+            + (f"-i{c.widen}" if c.widen else "") + ("", "-wg", "-wga")[c.wgmma])
 
 
 def config_kwargs(cfg) -> dict:
@@ -901,9 +903,29 @@ if HAVE_GLUON:
                     _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS,
                                 sc_c.index(4 * slot).load(KEYS), inv_sigma)
             s = zero
-            for c in gl.static_range(4):
-                s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK,
-                                  DAK if WG else DA, DB, Q_TERMS, WIDEN, WG, zero_wg)
+            if WG == 2:  # each chunk's wgmma in flight while the next chunk's K is loaded and widened
+                k = gl.convert_layout(_k_logical16(_widen(_chunk(t8, 0, EARLY).load(LK), 0 < WIDEN)), DAK,
+                                      assert_trivial=True)
+                pend = warpgroup_mma(k, q_s.index(0).permute([1, 0]), zero_wg, use_acc=False, is_async=True)
+                for c in gl.static_range(1, 5):
+                    if c < 4:
+                        k_n = gl.convert_layout(_k_logical16(_widen(_chunk(t8, c, EARLY).load(LK), c < WIDEN)), DAK,
+                                                assert_trivial=True)
+                        nxt = warpgroup_mma(k_n, q_s.index(c).permute([1, 0]), zero_wg, use_acc=False, is_async=True)
+                        pend, k = warpgroup_mma_wait(1, deps=[pend, k])  # chunk c - 1's product done
+                    else:
+                        pend, k = warpgroup_mma_wait(0, deps=[pend, k])
+                    s_c = sc_c.index(4 * slot + c - 1).load(KEYS)
+                    if c - 1 < WIDEN:
+                        s_c = s_c * 256.0
+                    s = s + gl.convert_layout(pend, MMA, assert_trivial=True) * s_c[:, None]
+                    if c < 4:
+                        pend = nxt
+                        k = k_n
+            else:
+                for c in gl.static_range(4):
+                    s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK,
+                                      DAK if WG else DA, DB, Q_TERMS, WIDEN, WG, zero_wg)
             if WG:
                 s = gl.convert_layout(warpgroup_mma(
                     rope.index(slot).load(DA16S), qr_s.permute([1, 0]),
