@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [ncu16]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -32,6 +32,8 @@
 #   and without wgmma (fp8mma_wgmma_waves16_h200.json): one device call, in place of `widen`
 # round19b: four key warps with S by mma_v2, by wgmma waited for at each chunk, and by wgmma one chunk in flight
 #   (`Config.wgmma` 0 / 1 / 2), taken apart and checked, then the 16-head prefill at 2112 / 4096 tokens
+# sanitize-wgmma: compute-sanitizer memcheck, racecheck and synccheck on the four-key-warp build with S as wgmma one
+#   chunk in flight (`Config.wgmma` 2): a one-split and a split 16-head case (the kernel's async-proxy fence and barriers)
 # ncu16: Nsight Compute (--set full) of the 16-head prefill (s_q 4096), four key warps with S by mma_v2 and by wgmma:
 #   details and the stall samples by SASS instruction (ncu_fp8mma_prefill_h16_*.txt)
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
@@ -121,6 +123,10 @@ for r in rows:
              2>&1 | grep -v Warn > "$OUT/fp8mma_wgmma_h200.log"; echo "round19b rc=${PIPESTATUS[0]}"; tail -1 "$OUT/fp8mma_wgmma_h200.log"
            timeout 100 python3 scripts/fp8mma_waves.py "$OUT/fp8mma_wgmma_waves16_h200.json" --heads 16 --tokens 2112,4096 \
              --configs $W 2>&1 | grep -v Warn | tail -3 ;;
+    sanitize-wgmma) C=0,1,1,0,0,8,2,1,4,0,2; K=B140-H16-K256-mixed,B2-H16-K96-allinv
+           for tool in memcheck racecheck synccheck; do
+             timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/fp8mma_device.py /tmp/san_$tool.json --no-time \
+               --only $K --configs $C > "$OUT/${tool}_wgmma.log" 2>&1; echo "$tool rc=$?"; tail -2 "$OUT/${tool}_wgmma.log"; done ;;
     ncu16) for C in 0,1,1,0,0,8,2,1,4 0,1,1,0,0,8,2,1,4,0,1; do n=$(echo $C | tr , _)
              timeout 240 ncu -k regex:_sparse_mla_fp8mma --launch-skip 2 --launch-count 1 --set full -f -o /tmp/ncu16_$n \
                python3 scripts/fp8mma_ncu_case.py prefill 16 $C > /tmp/ncu16_$n.log 2>&1; echo "ncu16 $C rc=$?"

@@ -1,7 +1,8 @@
 """GPU check and timing of the fp8-product sparse-MLA kernel (`glm5lib.kernels.mla_gluon_fp8mma`) beside the shipped
 Triton kernel and FlashMLA, in one process.
 
-`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json [--configs 2,3,2 2,2,2] [--no-time] [--budget-s S]`
+`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json [--configs 2,3,2 2,2,2] [--no-time] [--budget-s S]
+[--only CASE,...]` (--only: those check cases alone, by `case_name`, e.g. under compute-sanitizer with --no-time)
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --ablate [--configs ...]`: each config's kernel taken apart
 (`mla_gluon_fp8mma.ablate_launch`: the whole kernel, its gathers alone at its programs per SM, its
 compute alone on rows gathered once) beside the fastest gather route of the same rows (`bench.gather.ceiling_rows`),
@@ -70,7 +71,10 @@ CHECKS = [dict(B=B, H=H) for B in (1, 32, 128) for H in (8, 16)] + [
     dict(B=512, H=8), dict(B=512, H=16, invalid="mixed"),
     # more tokens than the H200's 528 slots at one split: the balanced schedule (`SCHEDS`) cuts tokens between
     # programs (top-k 1024: 16 tiles of 64 keys a token, 21.2 a program at 700 tokens, so almost every boundary cuts)
-    dict(B=1100, H=8, invalid="mixed"), dict(B=700, H=5, topk=1024, invalid="neg")]
+    dict(B=1100, H=8, invalid="mixed"), dict(B=700, H=5, topk=1024, invalid="neg"),
+    # one split at 16 heads over few tiles (140 tokens, 264 slots of four-key-warp programs): the one-split 16-head
+    # build small enough for compute-sanitizer's racecheck (`--only`)
+    dict(B=140, H=16, topk=256, invalid="mixed")]
 
 
 def case_name(c) -> str:
@@ -81,8 +85,10 @@ def case_name(c) -> str:
     return "-".join(tags)
 
 
-def run_checks(cfgs, dev, rows, broken):
+def run_checks(cfgs, dev, rows, broken, only=None):
     for ci, c in enumerate(CHECKS):
+        if only is not None and case_name(c) not in only:
+            continue
         q, cache, idx = make_case(c["B"], c["H"], c.get("topk", TOPK), c.get("invalid", "none"), ci, dev,
                                   c.get("q_scale", 1.0), c.get("spread", 0), c.get("paged", False))
         ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
@@ -388,7 +394,10 @@ def main(argv=None) -> int:
         info["ceilings"] = ceil
         run_ablation(cfgs, ceil, rows, t0 + budget)
         info["ablate_s"] = time.time() - t0
-    run_checks(cfgs, dev, rows, broken)
+    only = set(argv[argv.index("--only") + 1].split(",")) if "--only" in argv else None
+    if only is not None and not only <= {case_name(c) for c in CHECKS}:
+        sys.exit(f"fp8mma_device: --only names no check case: {sorted(only - {case_name(c) for c in CHECKS})}")
+    run_checks(cfgs, dev, rows, broken, only)
     info["checks_s"] = time.time() - t0
     if "--no-time" not in argv and "--ablate" not in argv:
         ceil = bk.measure_ceilings()
