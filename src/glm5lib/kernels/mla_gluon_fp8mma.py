@@ -160,9 +160,11 @@ WIDENS = (0, 1, 2, 3, 4)
 # once a warp (q then lives in four [HN, 128] tiles under the wgmma's 128-byte swizzle). O^T = V^T P^T stays mma_v2:
 # its B operand P^T is scaled per key and chunk in registers (`_pv_chunk`), which a shared-memory operand cannot be.
 # 2: as 1, each chunk's wgmma issued without waiting, so that the next chunk's K is loaded and widened while it runs
-# (waited for one chunk behind; two chunks' K operands live at once). sm_90 only; a measurement knob until timed
-# (NOTES.md round 19)
-WGMMAS = (0, 1, 2)
+# (waited for one chunk behind; two chunks' K operands live at once). sm_90 only. 3: the rule (`wgmma_of`), 2 where
+# four key warps hold 9-16 heads on sm_90 (the one-split build, prefill), else 0. H200 (NOTES.md round 19,
+# `sweeps/fp8mma_wgmma_waves16_h200_4812c4d.json`), 16-head prefill over 32K keys: 4096 tokens 2342 -> 2259 (1) ->
+# 2157 us (2), 2112 tokens 1176 -> 1101; on an H100 the 8-head decode with four key warps 1-2 % slower with it
+WGMMAS = (0, 1, 2, 3)
 
 
 class Config(NamedTuple):
@@ -194,7 +196,7 @@ class Config(NamedTuple):
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0), Config(0, 1, 1, 0, 0, 8, 2, 1), Config(0, 1, 1, 0, 0, 8, 2),
+CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), Config(0, 1, 1, 0, 0, 8, 2, 1, 0), Config(0, 1, 1, 0, 0, 8, 2, 1), Config(0, 1, 1, 0, 0, 8, 2),
            Config(1, 1, 1, 0, 0, 8, 2, 0, 4), Config(0, 1, 1, 0, 0), Config(0, 1, 1),
            Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
@@ -210,7 +212,7 @@ CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0), Config(0, 1, 1, 0, 0, 8, 2, 1), Co
 # forced only): the e4m3 build with one slot (31 KB, 3 programs per SM) and 8 threads a row. Two q terms hold a bf16 q
 # exactly (8 significant bits = two 4-bit e4m3 terms) except for elements whose scaled value is below 2^-2 (about
 # 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
-CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2, 1, 0), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
+CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
 DEFAULT = CONFIG_BY_CLASS["big"]
 
 
@@ -268,7 +270,7 @@ def config_name(cfg) -> str:
     keys = "" if c.block_n == BLOCK_N else f"-n{c.block_n or 'plan'}"
     return (name + (f"-r{c.maxnreg}" if c.maxnreg else "") + keys + (f"-t{c.row_threads}" if c.row_threads else "")
             + ("", "-e", "-eplan")[c.refill] + ("", "-b")[c.sched] + {2: "", 4: "-k4", 0: "-kplan"}[c.key_warps]
-            + (f"-i{c.widen}" if c.widen else "") + ("", "-wg", "-wga")[c.wgmma])
+            + (f"-i{c.widen}" if c.widen else "") + ("", "-wg", "-wga", "-wgplan")[c.wgmma])
 
 
 def config_kwargs(cfg) -> dict:
@@ -286,14 +288,24 @@ def check_widen(widen: int, q_terms: int, p_terms: int) -> None:
 
 
 def check_wgmma(wgmma: int, key_warps: int, arch: int | None = None) -> None:
-    """`WGMMAS`: 1 only with four key warps forced (key_warps 4: the rule may take two), and only on sm_90 (arch:
-    the target's compute capability as major * 10 + minor, where known)."""
+    """`WGMMAS`: 1 and 2 only with four key warps forced (key_warps 4: the rule may take two), and only on sm_90
+    (arch: the target's compute capability as major * 10 + minor, where known); 3 (the rule) anywhere."""
     if wgmma not in WGMMAS:
         raise ValueError(f"wgmma must be one of {WGMMAS} (S's products as wgmma with q from shared memory), got {wgmma}")
+    if wgmma == 3:
+        return
     if wgmma and key_warps != 4:
         raise ValueError(f"wgmma 1 takes four key warps (key_warps 4: one warpgroup), got key_warps {key_warps}")
     if wgmma and arch is not None and arch // 10 != 9:
         raise ValueError(f"wgmma 1 needs sm_90's warpgroup products (wgmma), not sm_{arch}")
+
+
+def wgmma_of(wgmma: int, wm: int, G: int, arch: int) -> int:
+    """The S product a build takes (`WGMMAS`): wgmma, or for 3 the rule: 2 where four key warps (wm) hold 9-16
+    heads (G 2) on sm_90 (arch: major * 10 + minor), else 0."""
+    if wgmma != 3:
+        return wgmma
+    return 2 if wm == 4 and G == 2 and arch // 10 == 9 else 0
 
 
 def check_block_n(block_n: int) -> None:
@@ -1422,9 +1434,17 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
         flat = balanced_mode(sched, refill, splits, T, slots, rows_flat)
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
               TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
-              PAD=0, BALANCED=flat, WM=wm, WIDEN=widen, WG=wgmma,
+              PAD=0, BALANCED=flat, WM=wm, WIDEN=widen, WG=wgmma_of(wgmma, wm, G, _arch(dev)),
               num_warps=num_warps_of(G, wm), **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
+
+
+def _arch(dev: torch.device) -> int:
+    """major * 10 + minor of a CUDA device (0 elsewhere)."""
+    if dev.type != "cuda":
+        return 0
+    major, minor = torch.cuda.get_device_capability(dev)
+    return 10 * major + minor
 
 
 def debug_record_bytes(H: int) -> int:
@@ -1473,8 +1493,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     topk = indices.shape[1]
     dev = q.device
     if wgmma:
-        major, minor = torch.cuda.get_device_capability(dev)
-        check_wgmma(wgmma, key_warps, 10 * major + minor)
+        check_wgmma(wgmma, key_warps, _arch(dev))
     if T == 0:
         return out, lse
     splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
@@ -1607,7 +1626,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
               "DEBUG": debug,
               "COMPUTE_ALONE": compute_alone, "PAD": pad,
               "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone, "WM": wm,
-              "WIDEN": widen, "WG": wgmma}
+              "WIDEN": widen, "WG": wgmma_of(wgmma, wm, G, arch)}
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1677,6 +1696,6 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
-           "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen", "WGMMAS", "check_wgmma",
+           "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen", "WGMMAS", "check_wgmma", "wgmma_of",
            "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
            "aot_compile_part", "compile_stats"]
