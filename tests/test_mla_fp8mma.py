@@ -57,7 +57,10 @@ _BALANCED_LOOP_SPILLS = 8
 
 
 def _base(name: str) -> str:
-    """A config name without its key-warps suffix (`config_name`: "-k4", "-kplan")."""
+    """A config name without its S-product and key-warps suffixes (`config_name`: "-wg", "-wga", "-wgplan"; "-k4",
+    "-kplan")."""
+    for s in ("-wgplan", "-wga", "-wg"):
+        name = name.removesuffix(s)
     return name.removesuffix("-kplan").removesuffix("-k4")
 
 
@@ -338,7 +341,7 @@ def test_configs_name_their_builds():
     assert fm.config_name((1, 1, 1, 168)) == "fp8mma-nbuf1-f16-r168"
     assert len({fm.config_name(c) for c in fm.CONFIGS}) == len(fm.CONFIGS)
     assert fm.config_name((0, 1, 1, 0, 64)) == "fp8mma-nbufG-f16-n64"
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan"
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]) == "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan-wgplan"
     assert fm.config_name((1, 1, 1, 0, 0, 8, 2, 0, 4)) == "fp8mma-nbuf1-f16-nplan-t8-eplan-k4"
     assert fm.config_kwargs((1, 1, 1)) == {"nbuf": 1, "q_terms": 1, "p_terms": 1, "maxnreg": 0, "block_n": 32,
                                            "row_threads": 0, "refill": 0, "sched": 0, "key_warps": 2, "widen": 0,
@@ -754,7 +757,7 @@ def test_wgmma_is_refused_outside_four_key_warps_on_sm90():
     fm.check_wgmma(1, 4, 90)
     fm.check_wgmma(0, 2, 120)
     with pytest.raises(ValueError, match="wgmma must be one of"):
-        fm.check_wgmma(3, 4)
+        fm.check_wgmma(4, 4)
     with pytest.raises(ValueError, match="four key warps"):
         fm.check_wgmma(1, 0)  # the rule may take two key warps
     with pytest.raises(ValueError, match="sm_120"):
@@ -763,7 +766,12 @@ def test_wgmma_is_refused_outside_four_key_warps_on_sm90():
         fm.aot_compile(89, 1, **fm.config_kwargs(fm.DEFAULT._replace(key_warps=4, wgmma=1)))
     assert fm.config_name(fm.DEFAULT._replace(key_warps=4, wgmma=1)).endswith("-k4-wg")
     assert fm.config_name(fm.DEFAULT._replace(key_warps=4, wgmma=2)).endswith("-k4-wga")
-    assert fm.config_name(fm.DEFAULT) == fm.config_name(fm.DEFAULT._replace(wgmma=0))
+    assert fm.config_name(fm.DEFAULT._replace(wgmma=0)).endswith("-kplan")
+    # the rule (3): the in-flight build where four key warps hold 9-16 heads on sm_90, nowhere else
+    assert [fm.wgmma_of(3, wm, G, arch) for wm, G, arch in ((4, 2, 90), (4, 1, 90), (2, 2, 90), (4, 2, 120),
+                                                             (4, 2, 100))] == [2, 0, 0, 0, 0]
+    assert fm.wgmma_of(1, 4, 1, 90) == 1 and fm.wgmma_of(0, 4, 2, 90) == 0
+    fm.check_wgmma(3, 0, 120)  # the rule is no refusal: it resolves to 0 off sm_90
 
 
 _WGMMA_SCRIPT = """
@@ -782,6 +790,13 @@ for G, split in ((1, True), (2, False)):
                           "written": sm["written"], "ldsm": sm["by_op"].get("LDSM.16.M88.4", 0),
                           "shared": k.metadata.shared, "depbar1": sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1")}),
               flush=True)
+# the shipped config (the rule, 3) on sm_90 / sm_120 at 8 and 16 heads, split and not
+for arch in (90, 120):
+    for G in (1, 2):
+        for split in (True, False):
+            k = m.aot_compile(arch, G, **m.config_kwargs(m.CONFIG_BY_CLASS["big"]), split=split)
+            print(json.dumps({"shipped": True, "arch": arch, "G": G, "split": split,
+                              "hgmma": cuobjdump(k.asm["cubin"], "-sass").count("HGMMA")}), flush=True)
 """
 
 
@@ -794,7 +809,11 @@ def test_wgmma_builds_read_q_once_a_warpgroup():
     # q's fragments: its shared-memory reads a tile fall by q's bytes, 576 columns x 2 bytes a head, exactly
     # (wgmma 2, each chunk's product in flight while the next one's K is widened, issues the same instructions: it
     # waits for one group fewer at each chunk, `WARPGROUP.DEPBAR.LE gsb0, 0x1`)
-    rows = {(r["G"], r["wg"]): r for r in compile_rows(_WGMMA_SCRIPT, timeout=900)}
+    out = compile_rows(_WGMMA_SCRIPT, timeout=900)
+    rows = {(r["G"], r["wg"]): r for r in out if "wg" in r}
+    # the shipped rule takes it only in sm_90's one-split 16-head build (four key warps: the prefill)
+    assert {(r["arch"], r["G"], r["split"]) for r in out if r.get("shipped") and r["hgmma"]} == {(90, 2, False)}
+    assert sum(bool(r.get("shipped")) for r in out) == 8
     for G in (1, 2):
         base = rows[G, 0]
         for wg in (rows[G, 1], rows[G, 2]):
