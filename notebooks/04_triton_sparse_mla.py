@@ -38,6 +38,8 @@ RUN_GPU_BENCH = False  # on a GPU: run `glm5lib bench all` here instead of readi
 BENCH_RUN_NAME = None  # file stem for that run (None: bench_<gpu>); an existing file is never overwritten
 FIGURE = "outputs/figures/04_sparse_mla_bench.png"  # relative: to the checkout
 PARTS_FIGURE = "outputs/figures/04_fp8mma_parts.png"  # the fp8-cache kernel taken apart (committed H200 runs)
+BATCHES_RUN = "fp8mma_batches_h100_c757078.json"  # the decode across batch sizes (a committed run under sweeps/)
+BATCHES_FIGURE = "outputs/figures/04_fp8mma_batches.png"
 
 # %%
 import json
@@ -311,6 +313,35 @@ if INTERACTIVE:
     from IPython.display import Image, display
 
     display(Image(str(parts_fig)))
+
+# %% [markdown]
+# ### The decode across batch sizes
+#
+# The targets take the decode at batch 32 and 128; a serving GPU sees every batch from 1 to hundreds, and the
+# fp8-cache kernel's plan changes along the way: how many splits of each token's top-k list (`plan_splits`), and at
+# 1-8 heads four warps along the keys where that plan splits the list, two where it does not (`key_warps_of`).
+# `scripts/fp8mma_device.py --batches` times `sparse_mla` as vLLM's captured decode runs it (its rule's pick),
+# both key-warp builds forced, the Triton kernel and FlashMLA padded to 64 heads, each checked against fp32 first;
+# the committed run is from an H100 (round 19: no H200 could be had for it), so its ratios are the H100's. What it
+# shows: 1.4-1.6x FlashMLA at 8 heads from batch 8 to 512, 1.1-1.5x at 16; the rule takes the faster build within 3 %
+# at 17 of 20 batches; it misses at 8 heads B 8 (two key warps 4 % faster) and beyond a wave of four-key-warp
+# programs (B 256 and 512: four key warps 4-8 % faster, where the rule takes two); at 16 heads B 136 one split leaves
+# half of the 264 program slots empty and FlashMLA is ahead (0.92x).
+
+# %%
+from glm5lib.bench import batches as kbatches
+
+batch_run = kbatches.load_run(kbatches.run_path(BATCHES_RUN))
+print(kbatches.rule_table(batch_run))
+record("fp8mma_batches_failed_checks", kbatches.failed_checks(batch_run))
+verdicts = [kbatches.rule_verdict(r)["ok"] for r in batch_run["rows"].values() if "error" not in r]
+record("fp8mma_batches_rule_right", [sum(v is True for v in verdicts), sum(v is not None for v in verdicts)])
+batches_fig = kbatches.plot(batch_run, resolve(BATCHES_FIGURE))
+record("fp8mma_batches_figure", str(batches_fig))
+if INTERACTIVE:
+    from IPython.display import Image, display
+
+    display(Image(str(batches_fig)))
 
 # %% [markdown]
 # ### How fast can the rows be gathered at all?

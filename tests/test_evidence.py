@@ -67,10 +67,22 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
     cov = evidence.coverage()
     # both shared-memory classes, the Gluon kernels sm_90 takes for 17-128 heads and its fp8-cache kernel for 1-16
     assert len(cov["shipped"]) == len(evidence.CONFIGS) + 3 == len(evidence.shipped_configs())
+    h100 = {"h100_full_matrix", "h100_sanitizer"}
     for key, s in cov["shipped"].items():
         ran = set(s["covered_by"])
-        assert ran & {"h200_full_matrix", "h200_full_matrix_smem_small", "h200_full_matrix_r8"}, key
-        assert ran & {"h200_sanitizer", "h200_sanitizer_smem_small", "h200_sanitizer_r8"}, key
+        assert ran & {"h200_full_matrix", "h200_full_matrix_smem_small", "h200_full_matrix_r8", "h100_full_matrix"}, key
+        assert ran & {"h200_sanitizer", "h200_sanitizer_smem_small", "h200_sanitizer_r8", "h100_sanitizer"}, key
+    # round 19's H100 run (no H200 could be had) stands in for the sm_90 configs only, and for one not run on the H200
+    # only the fp8-cache kernel's (its wgmma rule); that build's racecheck / synccheck / memcheck ran on the H200
+    only_h100 = [k for k, s in cov["shipped"].items() if not set(s["covered_by"]) - h100 - {"h200_bench"}]
+    assert only_h100 == ["small-fp8mma/fp8_ds_mla/big"], only_h100
+    mh, sh = cov["pieces"]["h100_full_matrix"], cov["pieces"]["h100_sanitizer"]
+    assert mh["commit"] == sh["commit"] == "f6a643d" and mh["passed"] == mh["cases"] == 127
+    assert sh["passed"] == sh["cases"] == 28 and sh["sanitizer_errors"] == 0
+    for tool, summary in (("memcheck", "ERROR SUMMARY: 0 errors"), ("racecheck", "RACECHECK SUMMARY: 0 hazards"),
+                          ("synccheck", "ERROR SUMMARY: 0 errors")):
+        log = (BENCH / "sweeps" / f"{tool}_wgmma_h200_4812c4d.log").read_text()
+        assert summary in log and '"failed_checks": 0' in log and "k4-wga" in log, tool
     # round 8's runs (the fp8-cache kernel then took 1-8 heads) stand in for one config only: the Triton prefill config
     # that 9-16 heads over fp8_ds_mla fall back to on sm_90 (GLM5LIB_FP8MMA=0, fp16 q, no Gluon), unchanged since
     r8 = {"h200_full_matrix_r8", "h200_sanitizer_r8"}
@@ -845,7 +857,7 @@ def test_evidence_fp8mma_ablation_h200():
     e4m3 = second["ablate-decode", 128, 8, "fp8mma-nbuf1-q2-p2"], second["ablate-decode", 128, 8, "fp8mma-nbuf1-q2-p2-t8"]
     assert e4m3[1]["whole_us"] < 0.85 * e4m3[0]["whole_us"]  # the 99 KB class's build gains too
     # both classes ship the 8-thread build (sm_90's refilled early at one split since round 15)
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(refill=0, sched=0, key_warps=2)) == new
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(refill=0, sched=0, key_warps=2, wgmma=0)) == new
     assert fm.config_name(fm.CONFIG_BY_CLASS["small"]) == "fp8mma-nbuf1-q2-p2-t8"
     # round 13's benchmark ran the 8-thread build, faster than round 12's run of the 2-thread one
     now, before = load("sweeps/bench_h200_e59e9d5.json"), load("sweeps/bench_h200_6068e9e.json")
@@ -940,7 +952,8 @@ def test_evidence_fp8mma_refill_h200():
     assert t > 1.2 * e and abs(h - e) < 0.01 * e  # tail first: much slower; two groups: level
     assert round(runs["8457230"]["ablate-prefill", 4096, 8, early + "s"]["whole_us"]) == 1292  # one group a chunk
     # what round 15 shipped (round 16 adds the balanced schedule to it: `test_evidence_fp8mma_balanced_h200`)
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(sched=0, key_warps=2)) == "fp8mma-nbufG-f16-nplan-t8-eplan"
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(sched=0, key_warps=2, wgmma=0)) == \
+        "fp8mma-nbufG-f16-nplan-t8-eplan"
     bench_run = load("sweeps/bench_h200_30b2ee5.json")
     assert bench_run["meta"]["commit"] == "30b2ee5"
     fp8 = [r for r in bench_run["rows"] if r["kind"] in ("prefill", "decode") and r.get("kv_format") == "fp8_ds_mla"
@@ -974,7 +987,7 @@ def test_evidence_fp8mma_balanced_h200():
     from glm5lib.kernels import mla_gluon_fp8mma as fm
 
     old, new = "fp8mma-nbufG-f16-nplan-t8-eplan", "fp8mma-nbufG-f16-nplan-t8-eplan-b"
-    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(key_warps=2)) == new  # (round 17 added key_warps' rule)
+    assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(key_warps=2, wgmma=0)) == new  # (round 17 and 19's rules)
     w = _waves("4a85e56")  # v21a: 4096 tokens (7.76 waves) take 99.2 % of 8 waves' time
     assert [round(w[T]["shipped_us"], 1) for T in (3696, 4096, 4224)] == [1134.0, 1278.3, 1288.5]
     assert round(w[4096]["shipped_us"] / w[4224]["shipped_us"], 3) == 0.992
@@ -1068,7 +1081,7 @@ def test_evidence_fp8mma_key_warps_h200():
     assert fm.plan_key_warps(128, 2048, 1, cpu) == 4 and fm.plan_key_warps(32, 2048, 1, cpu) == 4
     assert fm.plan_key_warps(4096, 2048, 1, cpu) == 2 and fm.plan_key_warps(4096, 2048, 2, cpu) == 4
     assert fm.plan_key_warps(128, 2048, 2, cpu) == 2 and fm.ring_slots(0, 1, 4) == 2
-    shipped = fm.config_name(fm.CONFIG_BY_CLASS["big"])
+    shipped = fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(wgmma=0))  # (round 19 added the wgmma rule)
     assert shipped == "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan"
     # the benchmark, the matrix and the sanitizers ran the shipped rule at 97dc8b8
     run = load("bench_h200.json")
@@ -1160,3 +1173,82 @@ def test_evidence_fp8mma_round18_static_counts():
     # 16 heads: LDSM carries q's fragments (16 heads x 576 fp16 = 18432 bytes, 34 % of 53568) and the keys' rope
     assert re.search(r"16 heads, one-split build.*\n.*\n  shared memory.*LDSM\.16\.M88\.4 20480", text)
     assert round(100 * 16 * 576 * 2 / p16["read"]) == 34
+
+
+def test_evidence_fp8mma_round19_wgmma_widen_and_batches():
+    """NOTES round 19 / docs/kernels.md v24: S as wgmma in the four-key-warp build (H100 ablations and token sweeps,
+    the H200's token sweep, checks and sanitizers), integer widening timed, the decode across batch sizes, and the
+    Nsight Compute numbers the round's conclusion rests on (latency, not the shared-memory pipe)."""
+    import re
+
+    from glm5lib.bench import batches as kbatches
+    from glm5lib.bench.parts import overlap
+
+    k4, wg, wga = ("fp8mma-nbufG-f16-nplan-t8-eplan-b-k4" + s for s in ("", "-wg", "-wga"))
+
+    def ablate(name):  # {(kind, B, H, config): row}, every fp8mma check of the run passed
+        res = load(f"sweeps/{name}")
+        assert res["meta"]["failed_checks"] == 0 and res["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+        checks = [r for r in res["rows"] if r.get("kernel") == "fp8mma"]
+        assert checks and all(r["ok"] for r in checks)
+        return {(r["kind"][7:], r["B"], r["H"], r["config"]): r for r in res["rows"]
+                if r.get("kind", "").startswith("ablate")}
+
+    a19, a19b = ablate("fp8mma_round19_h100_0c7cefd.json"), ablate("fp8mma_wgmma_h100_725782d.json")
+    us = {k: round(r["whole_us"]) for k, r in a19b.items()}
+    assert (us["prefill", 4096, 16, k4], us["prefill", 4096, 16, wga]) == (2296, 2143)  # v24b
+    assert [round(a19b["prefill", 4096, 16, c]["compute_us"]) for c in (k4, wga)] == [1585, 1544]
+    assert [round(a19b["decode", 128, 8, c]["whole_us"], 1) for c in (k4, wga)] == [88.4, 89.4]
+    assert overlap(a19b["prefill", 4096, 16, wga]) > overlap(a19b["prefill", 4096, 16, k4])
+    # v24a: a third fewer shared-memory bytes read, the same compute
+    assert [round(a19["prefill", 4096, 16, c]["compute_us"]) for c in (k4, wg)] == [1584, 1597]
+    assert [round(a19["prefill", 4096, 16, c]["whole_us"]) for c in (k4, wg)] == [2255, 2244]
+    # v23a: widen 2 / 4 slower everywhere
+    ship = "fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan"
+    for kind, B, H, want in (("prefill", 4096, 8, [1306, 1641, 2333]), ("prefill", 4096, 16, [2300, 2417, 2829])):
+        assert [round(a19[kind, B, H, ship + s]["whole_us"]) for s in ("", "-i2", "-i4")] == want
+    assert [round(a19["decode", 128, 8, ship + s]["whole_us"], 1) for s in ("", "-i2", "-i4")] == [92.4, 93.2, 103.2]
+    for key, r in a19.items():
+        if key[3] in (ship + "-i2", ship + "-i4"):
+            assert r["whole_us"] > a19[key[:3] + (ship,)]["whole_us"], key
+
+    # the H200's token sweep: 2342 -> 2259 -> 2157 us at 4096 tokens, FlashMLA 1986 (0.85 -> 0.92x)
+    res = load("sweeps/fp8mma_wgmma_waves16_h200_4812c4d.json")
+    assert res["meta"]["gpu"] == "NVIDIA H200" and res["meta"]["heads"] == 16 and res["meta"]["slots"] == 264
+    rows = {r["T"]: r for r in res["rows"]}
+    assert all(r[c + "_rel"] < 2.5e-3 for r in rows.values() for c in (k4, wg, wga))
+    assert [round(rows[4096][c + "_us"]) for c in (k4, wg, wga, "flashmla")] == [2342, 2259, 2157, 1986]
+    assert [round(rows[2112][c + "_us"]) for c in (k4, wga)] == [1176, 1101]
+    assert [round(rows[4096]["flashmla_us"] / rows[4096][c + "_us"], 2) for c in (k4, wga)] == [0.85, 0.92]
+    checks = load("sweeps/fp8mma_wgmma_checks_h200_4812c4d.json")
+    assert checks["meta"]["failed_checks"] == 0 and checks["meta"]["device"] == "NVIDIA H200"
+    mine = [r for r in checks["rows"] if r.get("config") == wga]
+    assert len(mine) == 26 and all(r["ok"] for r in mine)
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        log = (BENCH / "sweeps" / f"{tool}_wgmma_h200_4812c4d.log").read_text()
+        assert ("0 hazards" if tool == "racecheck" else "ERROR SUMMARY: 0 errors") in log
+        assert sum(f'"config": "{wga}"' in ln and '"ok": true' in ln for ln in log.splitlines()) == 2
+
+    # Nsight Compute (H100, c757078): the L1 / shared pipe half busy, issue slots 39 %, with and without wgmma
+    def ncu(tag):
+        text = (BENCH / "sweeps" / f"ncu_fp8mma_prefill_h16_{tag}_h100_c757078.txt").read_text()
+        return {m: float(re.search(rf"{m}\s+\S+\s+([\d.]+)", text)[1])
+                for m in ("L1/TEX Cache Throughput", "Issue Slots Busy", "Warp Cycles Per Issued Instruction")}
+
+    assert list(ncu("k4").values()) == [55.54, 39.0, 4.95] and list(ncu("k4_wg").values()) == [46.25, 39.66, 4.81]
+
+    # the decode across batch sizes (H100, c757078): every launch checked, the rule right at 17 of 20 batches
+    run = kbatches.load_run(kbatches.run_path("fp8mma_batches_h100_c757078.json"))
+    assert run["device"] == "NVIDIA H100 80GB HBM3" and len(run["rows"]) == 22 and kbatches.failed_checks(run) == []
+    verdicts = {k: kbatches.rule_verdict(r) for k, r in run["rows"].items()}
+    assert sorted(k for k, v in verdicts.items() if v["ok"] is False) == [(8, 8), (8, 256), (8, 512)]
+    assert sum(v["ok"] is True for v in verdicts.values()) == 17
+    speed = {k: r["flashmla_us"] / r["dispatch_us"] for k, r in run["rows"].items()}
+    assert 1.38 < min(v for (H, B), v in speed.items() if H == 8 and B >= 8) < max(speed.values()) < 1.86
+    assert round(speed[16, 136], 2) == 0.92 and run["rows"][16, 136]["rule_splits"] == 1
+    assert all(abs(r["dispatch_again_us"] / r["dispatch_us"] - 1) < 0.07 for r in run["rows"].values())
+    first = kbatches.load_run(kbatches.run_path("fp8mma_batches_h100_0c7cefd.json"))  # the B512 rows' lost memory
+    assert [k for k, r in first["rows"].items() if "error" in r] == [(8, 512), (16, 512)]
+    gap = [r["dispatch_us"] / min(r["k2_us"], r["k4_us"]) - 1 for (H, B), r in first["rows"].items()
+           if "error" not in r and B >= 64]
+    assert sorted(g > 0.04 for g in gap) == [False] + [True] * 11 and max(gap) < 0.19  # NOTES: 4-19 % at 11 of 12

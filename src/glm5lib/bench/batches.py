@@ -11,8 +11,9 @@ the shipped build with two ("k2") and four ("k4") key warps forced, of the Trito
 64 heads, each checked against fp32 first (`*_ok`). `rule_table` says at each batch whether the rule's pick was the
 faster build; `plot` draws the times per token and the speed-up over FlashMLA.
 
-No run is committed yet (NOTES.md round 18: the session that wrote this got no GPU); `bash scripts/device_kernels.sh
-batches` makes one, which `load_run(run_path(name))` reads once it is under outputs/bench/sweeps.
+`bash scripts/device_kernels.sh batches` makes a run, which `load_run(run_path(name))` reads once it is under
+outputs/bench/sweeps; the committed one, `fp8mma_batches_h100_c757078.json`, ran on an H100 (NOTES.md round 19).
+Each row also holds `sparse_mla` timed again after the others ("dispatch_again": the order's share of a gap).
 """
 
 from __future__ import annotations

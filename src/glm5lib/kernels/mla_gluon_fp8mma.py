@@ -34,7 +34,10 @@ Two builds of the products (`Config.q_terms`, `p_terms`):
   V byte once per P term there. The fp16 build needs about half the instructions (SASS of the sm_90 loop under
   Triton 3.6, one 32-key tile: 905 instructions, 272 conversions and 68 HMMA, against 1698, 448 and 132) and is
   the one sm_90 takes.
-The rope part (64 bf16 per row) is a bf16 product in both.
+The rope part (64 bf16 per row) is a bf16 product in both. Where four warps along the keys make one warpgroup
+(`Config.key_warps`), S^T's products may be sm_90's wgmma instead, K from the same registers and q read by the tensor
+cores from shared memory, each chunk's product in flight while the next chunk's K is widened (`Config.wgmma`,
+`WGMMAS`; taken by the 9-16-head prefill on sm_90).
 
 A program owns (token, split of its top-k list) and all its heads: `2 * G` warps, G head groups of 8 (G = 1 up to
 8 heads, 2 up to 16). Each tile of `BN` keys (32, or 64 where a program owns a token's whole top-k list:
@@ -196,7 +199,8 @@ class Config(NamedTuple):
 
 
 # the builds the device script checks and times; DEFAULT is what `sparse_mla_fp8mma` takes unless told
-CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), Config(0, 1, 1, 0, 0, 8, 2, 1, 0), Config(0, 1, 1, 0, 0, 8, 2, 1), Config(0, 1, 1, 0, 0, 8, 2),
+CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), Config(0, 1, 1, 0, 0, 8, 2, 1, 0), Config(0, 1, 1, 0, 0, 8, 2, 1),
+           Config(0, 1, 1, 0, 0, 8, 2),
            Config(1, 1, 1, 0, 0, 8, 2, 0, 4), Config(0, 1, 1, 0, 0), Config(0, 1, 1),
            Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
@@ -206,7 +210,8 @@ CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), Config(0, 1, 1, 0, 0, 8, 2, 
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
 # 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e), refilled early at one split
 # (`REFILLS`' comment: H200 at e6da82b and 8457230), four key warps where `key_warps_of`'s rule takes them (decode
-# at 1-8 heads, prefill at 9-16: `KEY_WARPS`' comment). The 32-key, 2-thread build at
+# at 1-8 heads, prefill at 9-16: `KEY_WARPS`' comment), and there at 9-16 heads S as wgmma issued ahead of the next
+# chunk's widening (`WGMMAS`' comment: H200 at 4812c4d). The 32-key, 2-thread build at
 # 33e8f55 (`fp8mma_h200.json`): 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x
 # at prefill, 8 heads; 0.75-0.81x at 16 heads. The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and
 # forced only): the e4m3 build with one slot (31 KB, 3 programs per SM) and 8 threads a row. Two q terms hold a bf16 q
@@ -291,7 +296,8 @@ def check_wgmma(wgmma: int, key_warps: int, arch: int | None = None) -> None:
     """`WGMMAS`: 1 and 2 only with four key warps forced (key_warps 4: the rule may take two), and only on sm_90
     (arch: the target's compute capability as major * 10 + minor, where known); 3 (the rule) anywhere."""
     if wgmma not in WGMMAS:
-        raise ValueError(f"wgmma must be one of {WGMMAS} (S's products as wgmma with q from shared memory), got {wgmma}")
+        raise ValueError(f"wgmma must be one of {WGMMAS} (S's products as wgmma with q from shared memory), "
+                         f"got {wgmma}")
     if wgmma == 3:
         return
     if wgmma and key_warps != 4:
@@ -679,8 +685,8 @@ if HAVE_GLUON:
         CH: gl.constexpr = 128
         if WG:
             k = gl.convert_layout(_k_logical16(_widen(kc.load(LK), c < WIDEN)), DA, assert_trivial=True)
-            s = gl.convert_layout(warpgroup_mma(k, q_s.index(c).permute([1, 0]), zero_wg, use_acc=False), zero.type.layout,
-                                  assert_trivial=True)
+            s = warpgroup_mma(k, q_s.index(c).permute([1, 0]), zero_wg, use_acc=False)
+            s = gl.convert_layout(s, zero.type.layout, assert_trivial=True)
             if c < WIDEN:
                 s_c = s_c * 256.0
         elif Q_TERMS == 1:  # fp16 products: K widened once, q one fp16 term
@@ -1696,6 +1702,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
-           "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen", "WGMMAS", "check_wgmma", "wgmma_of",
+           "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen", "WGMMAS",
+           "check_wgmma", "wgmma_of",
            "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
            "aot_compile_part", "compile_stats"]
