@@ -169,7 +169,9 @@ record("topk_select_equals_stable_sort", same)
 # (`outputs/bench/sweeps/verify_v5_decode.log`) and the benchmark name theirs too. The vLLM backend's call path
 # (`outputs/bench/vllm_harness_h200.json`, notebook 05) predates that record: its configs are inferred from the
 # shapes and it credits none. The table below is read from those files (`glm5lib.bench.evidence`): which config
-# each piece ran, and for each config the H200 runs now, which pieces ran exactly that config.
+# each piece ran, and for each config the H200 runs now, which pieces ran exactly that config. The fp8-cache kernel's
+# config shipped in round 19 ran the matrix and memcheck on an H100 (the same sm_90 cubins; no H200 could be had),
+# its new build's memcheck, racecheck and synccheck on the H200.
 
 # %%
 profile = PROFILE if DEVICE == "cuda" else "ci"
@@ -324,9 +326,10 @@ if INTERACTIVE:
 # both key-warp builds forced, the Triton kernel and FlashMLA padded to 64 heads, each checked against fp32 first;
 # the committed run is from an H100 (round 19: no H200 could be had for it), so its ratios are the H100's. What it
 # shows: 1.4-1.6x FlashMLA at 8 heads from batch 8 to 512, 1.1-1.5x at 16; the rule takes the faster build within 3 %
-# at 17 of 20 batches; it misses at 8 heads B 8 (two key warps 4 % faster) and beyond a wave of four-key-warp
-# programs (B 256 and 512: four key warps 4-8 % faster, where the rule takes two); at 16 heads B 136 one split leaves
-# half of the 264 program slots empty and FlashMLA is ahead (0.92x).
+# at 17 of 20 batches; it misses at 8 heads B 8 (two key warps 4 % faster) and where four-key-warp programs at one
+# split fill the machine (B 256 and 512: four key warps 4-8 % faster, where the rule takes two); at 16 heads B 136 one
+# split leaves half of the 264 program slots empty and FlashMLA is ahead (0.92x). (The run predates the 16-head
+# one-split build's wgmma: its 16-head rows from B 136 on are the build before it.)
 
 # %%
 from glm5lib.bench import batches as kbatches

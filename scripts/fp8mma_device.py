@@ -362,6 +362,11 @@ def main(argv=None) -> int:
             cfgs.append(fm.Config(*(int(x) for x in argv[i].split(","))))
             i += 1
     budget = float(argv[argv.index("--budget-s") + 1]) if "--budget-s" in argv else 400.0
+    only = set(argv[argv.index("--only") + 1].split(",")) if "--only" in argv else None
+    if only is not None and ("--batches" in argv or "--small-batch" in argv):
+        sys.exit("fp8mma_device: --only selects check cases; --batches and --small-batch run none")
+    if only is not None and not only <= {case_name(c) for c in CHECKS}:
+        sys.exit(f"fp8mma_device: --only names no check case: {sorted(only - {case_name(c) for c in CHECKS})}")
     t0 = time.time()
     dev = torch.device("cuda")
     info = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(dev),
@@ -394,9 +399,6 @@ def main(argv=None) -> int:
         info["ceilings"] = ceil
         run_ablation(cfgs, ceil, rows, t0 + budget)
         info["ablate_s"] = time.time() - t0
-    only = set(argv[argv.index("--only") + 1].split(",")) if "--only" in argv else None
-    if only is not None and not only <= {case_name(c) for c in CHECKS}:
-        sys.exit(f"fp8mma_device: --only names no check case: {sorted(only - {case_name(c) for c in CHECKS})}")
     run_checks(cfgs, dev, rows, broken, only)
     info["checks_s"] = time.time() - t0
     if "--no-time" not in argv and "--ablate" not in argv:

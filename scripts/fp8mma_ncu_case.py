@@ -1,5 +1,5 @@
-"""One `mla_gluon_fp8mma` launch set for Nsight Compute: `prefill` (s_q 4096 over one 32K sequence, 8 heads) or
-`decode` (B=128, one 32K request per token, 8 heads); fp8_ds_mla, top-k 2048.
+"""One `mla_gluon_fp8mma` launch set for Nsight Compute: `prefill` (s_q 4096 over one 32K sequence) or `decode`
+(B=128, one 32K request per token), HEADS heads (8 unless given); fp8_ds_mla, top-k 2048.
 
 `ncu -k regex:_sparse_mla_fp8mma --launch-skip 2 --launch-count 1 --set full python scripts/fp8mma_ncu_case.py prefill
 [HEADS [CONFIG]]` runs the kernel three times (the first two compile and warm up; ncu profiles the third); CONFIG:

@@ -4,11 +4,11 @@ branch of the kernel), by opcode. What docs/kernels.md v14 quotes for the fp16- 
 
 `TRITON_INTERPRET=0 python scripts/fp8mma_sass_count.py [--arch 90] [--heads 8] [--no-split] [CONFIG ...]` with
 CONFIG as the fields of `mla_gluon_fp8mma.Config` in order, `nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads[,
-refill[,sched[,key_warps[,widen[,wgmma]]]]]]]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`); --no-split
-counts the build a program owning a token's whole top-k list takes (prefill), the balanced schedule's tile loop
-inside its loop over pieces where the config takes that schedule; --smem adds the shared-memory bytes a warp moves in
-one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The H200
-runs Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
+refill[,sched[,key_warps[,widen[,wgmma]]]]]]]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`);
+--no-split counts the build a program owning a token's whole top-k list takes (prefill), the balanced schedule's
+tile loop inside its loop over pieces where the config takes that schedule; --smem adds the shared-memory bytes a warp
+moves in one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The
+H200 runs Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
 """
 
 from __future__ import annotations

@@ -1244,7 +1244,10 @@ def test_evidence_fp8mma_round19_wgmma_widen_and_batches():
     assert sorted(k for k, v in verdicts.items() if v["ok"] is False) == [(8, 8), (8, 256), (8, 512)]
     assert sum(v["ok"] is True for v in verdicts.values()) == 17
     speed = {k: r["flashmla_us"] / r["dispatch_us"] for k, r in run["rows"].items()}
-    assert 1.38 < min(v for (H, B), v in speed.items() if H == 8 and B >= 8) < max(speed.values()) < 1.86
+    # "1.4-1.6x FlashMLA at 8 heads from B8 to B512, 1.1-1.5x at 16" (B136 apart), "1.55-1.85x at B1"
+    assert all(1.38 < v < 1.6 for (H, B), v in speed.items() if H == 8 and B >= 8)
+    assert all(1.1 < v < 1.5 for (H, B), v in speed.items() if H == 16 and B >= 8 and B != 136)
+    assert 1.54 < speed[16, 1] < speed[8, 1] < 1.87
     assert round(speed[16, 136], 2) == 0.92 and run["rows"][16, 136]["rule_splits"] == 1
     assert all(abs(r["dispatch_again_us"] / r["dispatch_us"] - 1) < 0.07 for r in run["rows"].values())
     first = kbatches.load_run(kbatches.run_path("fp8mma_batches_h100_0c7cefd.json"))  # the B512 rows' lost memory

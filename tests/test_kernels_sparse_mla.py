@@ -122,10 +122,11 @@ def test_chunked_reference_gathers_only_its_rows_and_equals_the_reference(kv_for
     idx[2, 3] = n  # past the view: invalid
     idx[3, :12] = idx[3, 12:]  # duplicates
     idx[4] = -1  # no valid key
+    idx[6] = n + 5  # ... and a chunk (tokens 6-) with none
     ro, rl = naive.sparse_mla_ref(q, view, idx, 0.07, kv_format=kv_format)
     co, cl = naive.sparse_mla_ref_chunked(q, view, idx, 0.07, kv_format=kv_format, chunk=3)
     assert torch.equal(co, ro) and torch.equal(cl, rl)
-    assert torch.isneginf(cl[4]).all() and torch.isfinite(cl[:4]).all()
+    assert torch.isneginf(cl[[4, 6]]).all() and torch.isfinite(cl[:4]).all() and not co[6].any()
 
 
 @pytest.mark.parametrize("bad", ["shape", "heads", "dtype", "format", "dv"])

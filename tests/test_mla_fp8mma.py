@@ -721,7 +721,7 @@ def test_widen_is_refused_outside_the_fp16_build():
         fm.check_widen(5, 1, 1)
     with pytest.raises(ValueError, match="fp16-product build"):
         fm.check_widen(1, 2, 2)
-    assert fm.config_name(fm.DEFAULT._replace(widen=2)).endswith("-i2")
+    assert fm.config_name(fm.DEFAULT._replace(widen=2)).endswith("-i2-wgplan")
     assert fm.config_name(fm.DEFAULT) == fm.config_name(fm.DEFAULT._replace(widen=0))
 
 
@@ -785,11 +785,22 @@ for G, split in ((1, True), (2, False)):
         sass = cuobjdump(k.asm["cubin"], "-sass")
         hist = sass_loop(sass, nops=True)[2]
         sm = smem_bytes(sass_loop_body(sass, True)[0])
+        stats = m.compile_stats(90, G, **m.config_kwargs(cfg), split=split)
         print(json.dumps({"G": G, "wg": wg, "hmma": hist.get("HMMA", 0), "hgmma": hist.get("HGMMA", 0),
+                          "stack": stats["stack"], "local": stats["local"],
                           "f2f": sum(v for op, v in hist.items() if op.startswith("F2F")), "read": sm["read"],
                           "written": sm["written"], "ldsm": sm["by_op"].get("LDSM.16.M88.4", 0),
                           "shared": k.metadata.shared, "depbar1": sass.count("WARPGROUP.DEPBAR.LE gsb0, 0x1")}),
               flush=True)
+# the in-flight build over a one-slot ring refilled early, one a token and balanced (the loop's refill reads the next
+# tile's key ids after S)
+for G in (1, 2):
+    for sched in (0, 1):
+        cfg = m.Config(1, 1, 1, 0, 0, 8, 1, sched, 4, 0, 2)
+        r = m.compile_stats(90, G, **m.config_kwargs(cfg), split=False)
+        k = m.aot_compile(90, G, **m.config_kwargs(cfg), split=False)
+        print(json.dumps({"early": True, "G": G, "sched": sched, "stack": r["stack"], "local": r["local"],
+                          "hgmma": cuobjdump(k.asm["cubin"], "-sass").count("HGMMA")}), flush=True)
 # the shipped config (the rule, 3) on sm_90 / sm_120 at 8 and 16 heads, split and not
 for arch in (90, 120):
     for G in (1, 2):
@@ -822,6 +833,9 @@ def test_wgmma_builds_read_q_once_a_warpgroup():
             assert base["read"] - wg["read"] == 576 * 2 * 8 * G == base["ldsm"] - wg["ldsm"]
             assert wg["f2f"] == base["f2f"] and wg["written"] == base["written"] and wg["shared"] == base["shared"]
         assert rows[G, 1]["depbar1"] == 0 and rows[G, 2]["depbar1"] == 3  # chunks 0-2 waited for one behind
+        assert all(rows[G, w]["stack"] == rows[G, w]["local"] == 0 for w in (0, 1, 2))  # no spills (255 registers)
+    early = [r for r in out if r.get("early")]
+    assert len(early) == 4 and all(r["hgmma"] == 36 for r in early)
 
 
 def test_smem_bytes_counts_a_warps_shared_memory_traffic_by_width():

@@ -34,8 +34,8 @@ def check(report: dict) -> None:
             assert p["passed"] == p["cases"] > 0, name
         if "sanitizer_errors" in p:
             assert p["sanitizer_errors"] == 0
-    for key, s in ev["shipped"].items():
-        assert set(s["covered_by"]) - {"h200_bench"}, f"{key} ({s['config']}) has no H200 correctness run"
+    for key, s in ev["shipped"].items():  # (round 19's fp8-cache config: its matrix and memcheck on an H100)
+        assert set(s["covered_by"]) - {"h200_bench"}, f"{key} ({s['config']}) has no sm_90 correctness run"
     # the prose of section 6, against the numbers it summarises
     head = report["headline"]
     lo, hi = head["decode_bf16_h8_16_b128_pct_copy"]
@@ -114,3 +114,7 @@ def check(report: dict) -> None:
     assert 86 < two["gathers"] < 96 and 64 < eight["gathers"] < 72 and 98 < two["whole"] < 108
     assert 74 < eight["whole"] < 84 and eight["compute"] < eight["gathers"] < eight["whole"]
     assert report["fp8mma_parts_fastest_gather_b128_us"] < eight["compute"]
+    # the decode across batch sizes (its prose): every launch checked, the rule right at 17 of 20 batches
+    assert report["fp8mma_batches_failed_checks"] == []
+    assert report["fp8mma_batches_rule_right"] == [17, 20]
+    assert Path(report["fp8mma_batches_figure"]).is_file()

@@ -37,7 +37,7 @@ Two builds of the products (`Config.q_terms`, `p_terms`):
 The rope part (64 bf16 per row) is a bf16 product in both. Where four warps along the keys make one warpgroup
 (`Config.key_warps`), S^T's products may be sm_90's wgmma instead, K from the same registers and q read by the tensor
 cores from shared memory, each chunk's product in flight while the next chunk's K is widened (`Config.wgmma`,
-`WGMMAS`; taken by the 9-16-head prefill on sm_90).
+`WGMMAS`; taken by the one-split 9-16-head build on sm_90: prefill, and decode batches past a wave).
 
 A program owns (token, split of its top-k list) and all its heads: `2 * G` warps, G head groups of 8 (G = 1 up to
 8 heads, 2 up to 16). Each tile of `BN` keys (32, or 64 where a program owns a token's whole top-k list:
@@ -301,9 +301,9 @@ def check_wgmma(wgmma: int, key_warps: int, arch: int | None = None) -> None:
     if wgmma == 3:
         return
     if wgmma and key_warps != 4:
-        raise ValueError(f"wgmma 1 takes four key warps (key_warps 4: one warpgroup), got key_warps {key_warps}")
+        raise ValueError(f"wgmma {wgmma} takes four key warps (key_warps 4: one warpgroup), got key_warps {key_warps}")
     if wgmma and arch is not None and arch // 10 != 9:
-        raise ValueError(f"wgmma 1 needs sm_90's warpgroup products (wgmma), not sm_{arch}")
+        raise ValueError(f"wgmma {wgmma} needs sm_90's warpgroup products (wgmma), not sm_{arch}")
 
 
 def wgmma_of(wgmma: int, wm: int, G: int, arch: int) -> int:
@@ -895,7 +895,7 @@ if HAVE_GLUON:
                DB16: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LVP: gl.constexpr, LW: gl.constexpr,
                LR: gl.constexpr, LS: gl.constexpr, LQ: gl.constexpr, LC: gl.constexpr, IR: gl.constexpr,
                IC: gl.constexpr, WM: gl.constexpr, WIDEN: gl.constexpr, WG: gl.constexpr = 0,
-               DAK: gl.constexpr = None, DA16S: gl.constexpr = None, zero_wg=None):
+               DAK: gl.constexpr = None, zero_wg=None):
         """The kernel's loop: n_tiles tiles of the index list at idx_row from position k_start (the list ends at
         k_end), each gathered, scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev),
         which it returns with the index tiles read ahead (nxt_w, nxt_k). The balanced schedule passes the whole
@@ -927,9 +927,9 @@ if HAVE_GLUON:
                 pend = warpgroup_mma(k, q_s.index(0).permute([1, 0]), zero_wg, use_acc=False, is_async=True)
                 for c in gl.static_range(1, 5):
                     if c < 4:
-                        k_n = gl.convert_layout(_k_logical16(_widen(_chunk(t8, c, EARLY).load(LK), c < WIDEN)), DAK,
+                        k_c = gl.convert_layout(_k_logical16(_widen(_chunk(t8, c, EARLY).load(LK), c < WIDEN)), DAK,
                                                 assert_trivial=True)
-                        nxt = warpgroup_mma(k_n, q_s.index(c).permute([1, 0]), zero_wg, use_acc=False, is_async=True)
+                        nxt = warpgroup_mma(k_c, q_s.index(c).permute([1, 0]), zero_wg, use_acc=False, is_async=True)
                         pend, k = warpgroup_mma_wait(1, deps=[pend, k])  # chunk c - 1's product done
                     else:
                         pend, k = warpgroup_mma_wait(0, deps=[pend, k])
@@ -939,14 +939,14 @@ if HAVE_GLUON:
                     s = s + gl.convert_layout(pend, MMA, assert_trivial=True) * s_c[:, None]
                     if c < 4:
                         pend = nxt
-                        k = k_n
+                        k = k_c
             else:
                 for c in gl.static_range(4):
                     s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK,
                                       DAK if WG else DA, DB, Q_TERMS, WIDEN, WG, zero_wg)
             if WG:
                 s = gl.convert_layout(warpgroup_mma(
-                    rope.index(slot).load(DA16S), qr_s.permute([1, 0]),
+                    rope.index(slot).load(DAK), qr_s.permute([1, 0]),
                     gl.convert_layout(s * inv_sigma[None, :], zero_wg.type.layout, assert_trivial=True)), MMA,
                     assert_trivial=True)
             else:
@@ -1215,8 +1215,7 @@ if HAVE_GLUON:
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
                     gl.to_tensor(0), DBG, tk, sp,
                     NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, DAK,
-                    zero_wg)
+                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg)
                 # the token done (b = NT, a = 0), or this program's piece of it: the tail (slot 1) of boundary
                 # p - 1 (a > 0) or the head (slot 0) of boundary p
                 l_i = gl.sum(l_acc, axis=0)
@@ -1255,7 +1254,7 @@ if HAVE_GLUON:
             KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
             sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
             t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, DAK, zero_wg)
+            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg)
         cp.wait_group(0)
         l_i = gl.sum(l_acc, axis=0)
         has_key = l_i > 0
@@ -1498,7 +1497,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
-    if wgmma:
+    if wgmma in (1, 2):  # forced builds: refused off sm_90 (the rule, 3, resolves per device in `_launch_plan`)
         check_wgmma(wgmma, key_warps, _arch(dev))
     if T == 0:
         return out, lse
@@ -1566,7 +1565,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
     check_block_n(c.block_n)
     check_key_warps(c.key_warps, c.q_terms, c.block_n)
     check_widen(c.widen, c.q_terms, c.p_terms)
-    check_wgmma(c.wgmma, c.key_warps)
+    check_wgmma(c.wgmma, c.key_warps, _arch(q.device) if c.wgmma in (1, 2) else None)
     check_row_threads(c.row_threads, head_groups(q.shape[1]), c.key_warps or 4)
     check_refill(c.refill)
     check_sched(c.sched)
@@ -1606,7 +1605,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
                 pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched,
-                key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen, wgmma: int = 0):
+                key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen, wgmma: int = DEFAULT.wgmma):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch

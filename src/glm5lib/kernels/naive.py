@@ -200,8 +200,10 @@ def sparse_mla_ref(
 
 def sparse_mla_ref_chunked(q, kv_cache, indices, sm_scale, *, d_v=D_NOPE, kv_format="bf16", chunk=256):
     """`sparse_mla_ref` in token chunks, each over only the cache rows its indices name (gathered, then widened to
-    fp32; the same rows in the same order of the sum, so the same result), so that references at real sizes fit in
-    memory: a decode of 512 requests of 32K tokens has a cache of 16.7M rows, 38 GB in fp32."""
+    fp32; the same rows in the same order of the sum, so the same result on a finite cache), so that references at
+    real sizes fit in memory: a decode of 512 requests of 32K tokens has a cache of 16.7M rows, 38 GB in fp32. (An
+    invalid index reads no row here; the whole reference gathers row 0 for it and masks the logit, so a non-finite
+    row 0 makes its output NaN where this one's is not.)"""
     flat, n_rows = kv_row_view(kv_cache)
     outs, lses = [], []
     for s in range(0, q.shape[0], chunk):
