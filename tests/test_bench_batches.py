@@ -1,5 +1,5 @@
-"""glm5lib.bench.batches: a `--batches` run read back, judged and plotted on the CPU, on synthetic rows (no GPU run
-is committed yet: NOTES.md round 18)."""
+"""glm5lib.bench.batches: a `--batches` run read back, judged and plotted on the CPU, on synthetic rows (the committed
+GPU run is held by tests/test_evidence.py)."""
 
 import json
 

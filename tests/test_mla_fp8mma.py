@@ -772,6 +772,9 @@ def test_wgmma_is_refused_outside_four_key_warps_on_sm90():
                                                              (4, 2, 100))] == [2, 0, 0, 0, 0]
     assert fm.wgmma_of(1, 4, 1, 90) == 1 and fm.wgmma_of(0, 4, 2, 90) == 0
     fm.check_wgmma(3, 0, 120)  # the rule is no refusal: it resolves to 0 off sm_90
+    with pytest.raises(ValueError, match="without CUDA"):  # a forced build on the CPU, before any launch
+        fm.sparse_mla_fp8mma(torch.zeros(2, 8, 576, dtype=torch.bfloat16), torch.zeros(100, 656, dtype=torch.uint8),
+                             torch.zeros(2, 64, dtype=torch.int32), 0.1, key_warps=4, wgmma=2)
 
 
 _WGMMA_SCRIPT = """

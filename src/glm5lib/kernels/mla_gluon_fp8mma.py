@@ -74,7 +74,7 @@ import torch
 
 from glm5lib.kernels import common  # noqa: F401  (before triton: the interpreter switch)
 from glm5lib.kernels import mla
-from glm5lib.kernels.common import Prebound, num_sms
+from glm5lib.kernels.common import Prebound, capability, num_sms
 from glm5lib.kernels.compile_report import SMEM_LIMIT
 from glm5lib.kernels.mla import LOG2E, _part_rows
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE
@@ -303,7 +303,8 @@ def check_wgmma(wgmma: int, key_warps: int, arch: int | None = None) -> None:
     if wgmma and key_warps != 4:
         raise ValueError(f"wgmma {wgmma} takes four key warps (key_warps 4: one warpgroup), got key_warps {key_warps}")
     if wgmma and arch is not None and arch // 10 != 9:
-        raise ValueError(f"wgmma {wgmma} needs sm_90's warpgroup products (wgmma), not sm_{arch}")
+        raise ValueError(f"wgmma {wgmma} needs sm_90's warpgroup products (wgmma), not "
+                         f"{f'sm_{arch}' if arch else 'a device without CUDA'}")
 
 
 def wgmma_of(wgmma: int, wm: int, G: int, arch: int) -> int:
@@ -1445,10 +1446,10 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
 
 
 def _arch(dev: torch.device) -> int:
-    """major * 10 + minor of a CUDA device (0 elsewhere)."""
+    """major * 10 + minor of a CUDA device (`common.capability`, cached; 0 elsewhere)."""
     if dev.type != "cuda":
         return 0
-    major, minor = torch.cuda.get_device_capability(dev)
+    major, minor = capability(dev)
     return 10 * major + minor
 
 
@@ -1482,7 +1483,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     check_block_n(block_n)
     check_key_warps(key_warps, q_terms, block_n)
     check_widen(widen, q_terms, p_terms)
-    check_wgmma(wgmma, key_warps)
+    # forced builds (1, 2) refused off sm_90; the rule (3) resolves per device in `_launch_plan`
+    check_wgmma(wgmma, key_warps, _arch(q.device) if wgmma in (1, 2) else None)
     check_row_threads(row_threads, G, key_warps or 4)  # (the rule: as many threads a row as it may take warps)
     if nbuf < 0 or maxnreg < 0:
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
@@ -1497,8 +1499,6 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out)
     topk = indices.shape[1]
     dev = q.device
-    if wgmma in (1, 2):  # forced builds: refused off sm_90 (the rule, 3, resolves per device in `_launch_plan`)
-        check_wgmma(wgmma, key_warps, _arch(dev))
     if T == 0:
         return out, lse
     splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
