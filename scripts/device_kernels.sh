@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -36,6 +36,9 @@
 #   chunk in flight (`Config.wgmma` 2): a one-split and a split 16-head case (the kernel's async-proxy fence and barriers)
 # ncu16: Nsight Compute (--set full) of the 16-head prefill (s_q 4096), four key warps with S by mma_v2 and by wgmma:
 #   details and the stall samples by SASS instruction (ncu_fp8mma_prefill_h16_*.txt)
+# round20: four key warps at 8 heads with S as wgmma (`Config.wgmma` 2; two ring slots, and one refilled early) beside
+#   the shipped build and four key warps by mma_v2: the prefill at 2112 / 4096 tokens (fp8mma_wgmma_waves8_h200.json),
+#   taken apart and checked (--ablate; fp8mma_round20_h200.json), then `batches` (with the wgmma build: "k4wg")
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -134,6 +137,13 @@ for r in rows:
              ncu -i /tmp/ncu16_$n.ncu-rep --page source --print-source sass --csv > /tmp/ncu16_$n.csv 2>&1
              python3 scripts/ncu_sass_top.py /tmp/ncu16_$n.csv 60 > "$OUT/ncu_fp8mma_prefill_h16_sass_top_$n.txt" 2>&1
              grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Shared Memory|Bank" "$OUT/ncu_fp8mma_prefill_h16_$n.txt" | head -12; done ;;
+    round20) W="0,1,1,0,0,8,2,1,0,0,3 0,1,1,0,0,8,2,1,4 0,1,1,0,0,8,2,1,4,0,2 1,1,1,0,0,8,2,1,4,0,2"
+           timeout 120 python3 scripts/fp8mma_waves.py "$OUT/fp8mma_wgmma_waves8_h200.json" --heads 8 --tokens 2112,4096 \
+             --configs $W 2>&1 | grep -v Warn | tail -3
+           timeout 250 python3 scripts/fp8mma_device.py "$OUT/fp8mma_round20_h200.json" --ablate --budget-s 140 --configs $W \
+             2>&1 | grep -v Warn > "$OUT/fp8mma_round20_h200.log"; echo "round20 rc=${PIPESTATUS[0]}"; tail -1 "$OUT/fp8mma_round20_h200.log"
+           timeout 170 python3 scripts/fp8mma_device.py "$OUT/fp8mma_batches_h200.json" --batches 2>&1 | grep -v Warn \
+             > "$OUT/fp8mma_batches_h200.log"; echo "batches rc=${PIPESTATUS[0]}"; tail -1 "$OUT/fp8mma_batches_h200.log" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done
