@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -39,6 +39,8 @@
 # round20: four key warps at 8 heads with S as wgmma (`Config.wgmma` 2; two ring slots, and one refilled early) beside
 #   the shipped build and four key warps by mma_v2: the prefill at 2112 / 4096 tokens (fp8mma_wgmma_waves8_h200.json),
 #   taken apart and checked (--ablate; fp8mma_round20_h200.json), then `batches` (with the wgmma build: "k4wg")
+# round20b: the 8-head decode at batches 128-784 (`batches` with more sizes: the captured decode's key-warps rule by
+#   the last wave's fill, `mla_gluon_fp8mma.DECODE_FILL_K4`, against both builds forced; fp8mma_batches_fill_h200.json)
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -144,6 +146,9 @@ for r in rows:
              2>&1 | grep -v Warn > "$OUT/fp8mma_round20_h200.log"; echo "round20 rc=${PIPESTATUS[0]}"; tail -1 "$OUT/fp8mma_round20_h200.log"
            timeout 170 python3 scripts/fp8mma_device.py "$OUT/fp8mma_batches_h200.json" --batches 2>&1 | grep -v Warn \
              > "$OUT/fp8mma_batches_h200.log"; echo "batches rc=${PIPESTATUS[0]}"; tail -1 "$OUT/fp8mma_batches_h200.log" ;;
+    round20b) timeout 150 python3 scripts/fp8mma_device.py "$OUT/fp8mma_batches_fill_h200.json" --batches --heads 8 \
+               --batch-sizes 128,136,192,256,320,384,448,512,520,640,784 2>&1 | grep -v Warn > "$OUT/fp8mma_batches_fill_h200.log"
+             echo "round20b rc=${PIPESTATUS[0]}"; tail -1 "$OUT/fp8mma_batches_fill_h200.log" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

@@ -7,7 +7,8 @@ Triton kernel and FlashMLA, in one process.
 (`mla_gluon_fp8mma.ablate_launch`: the whole kernel, its gathers alone at its programs per SM, its
 compute alone on rows gathered once) beside the fastest gather route of the same rows (`bench.gather.ceiling_rows`),
 on the timed shapes below; then the checks of the configs
-`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --batches`: the decode at batch 1-512, 8 and 16 heads:
+`PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --batches [--batch-sizes 136,256,...] [--heads 8]`: the decode
+at batch 1-512 (or the sizes given), 8 and 16 heads (or those given):
 `mla.sparse_mla` as captured in a CUDA graph (its rule's choice), the shipped build with two and four key warps
 forced, the Triton kernel and FlashMLA padded to 64 heads (`run_batches`; `glm5lib.bench.batches` reads and plots it)
 `PYTHONPATH=src python scripts/fp8mma_device.py OUT.json --small-batch`: only batch 1-32 at 8 and 16 heads (graph
@@ -298,7 +299,7 @@ def _batch_row(B, H, ceil, have_fm, builds):
     out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
     ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx_sets[0], SM_SCALE, kv_format="fp8_ds_mla", chunk=32)
     dev = q.device
-    wm = fm.plan_key_warps(B, TOPK, G, dev)
+    wm = fm.plan_key_warps(B, TOPK, G, dev, decode=True)  # the rule as the captured decode asks it
     res = {"kind": "batch", "B": B, "H": H, "rule_key_warps": wm,
            "rule_splits": fm.plan_splits(B, TOPK, G, dev, key_warps=wm)[0],
            "graph_route": "fp8mma" if mla.fp8mma_shape(B, H, "fp8_ds_mla", graph=True) else "triton",
@@ -386,7 +387,10 @@ def main(argv=None) -> int:
             with open(out_path, "w") as f:
                 json.dump({"meta": info, "rows": rows}, f, indent=1)
 
-        run_batches(rows, info["ceilings"], info["flashmla"] is None, save)
+        sizes = tuple(int(b) for b in argv[argv.index("--batch-sizes") + 1].split(",")) if "--batch-sizes" in argv \
+            else BATCHES
+        heads = tuple(int(h) for h in argv[argv.index("--heads") + 1].split(",")) if "--heads" in argv else (8, 16)
+        run_batches(rows, info["ceilings"], info["flashmla"] is None, save, sizes, heads)
         save()
         print(json.dumps({k: info[k] for k in ("failed_checks", "elapsed_s")}), flush=True)
         return 1 if info["failed_checks"] else 0

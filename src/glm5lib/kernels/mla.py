@@ -846,7 +846,9 @@ def sparse_mla(
         if cfg8:
             from glm5lib.kernels.mla_gluon_fp8mma import config_kwargs, sparse_mla_fp8mma
 
-            return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(cfg8), out=out)
+            # a captured step is a decode (vLLM captures decode-only batches): each token reads its own rows
+            return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(cfg8), out=out,
+                                     decode=graph or capturing(q.device))
     if H > 16 and T >= GLUON_LARGE_MIN_T and q.is_cuda:
         mode = gluon_large_route(T, H, fmt, q.device, q.dtype, kv_cache.dtype, aligned)
         if mode:

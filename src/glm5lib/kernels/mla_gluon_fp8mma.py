@@ -1347,14 +1347,37 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
     return mla.split_keys(topk, splits, tile_keys(block_n, splits, wm))
 
 
+# a captured decode at 1-8 heads takes four key warps at one split where their programs fill at least this share of
+# the last wave's slots (`plan_key_warps`). Two H100 runs (`sweeps/fp8mma_batches_h100_c757078.json`,
+# `_3fefa76.json`; graph replay, each token its own 32K-token request): at one split four key warps were 4 % faster
+# at B256 (256 programs on 264 slots, 97 % full) and 8 % at B512 (two waves, the last 94 % full), 7-18 % slower at
+# B136 (52 %) and B192 (73 %), where two key warps split the list over twice the slots. The prefill, whose tokens
+# share one request's rows (L2 hits), is the other way round at every token count (8 heads, 2112 tokens: 684 against
+# 853 us, 100 % full): hence a decode-only rule
+DECODE_FILL_K4 = 0.9
+
+
+def wave_fill(programs: int, slots: int) -> float:
+    """The share of `slots` the last wave of `programs` equal programs occupies (1.0 for whole waves)."""
+    if programs < 1 or slots < 1:
+        raise ValueError(f"programs and slots must be >= 1, got {programs}, {slots}")
+    return ((programs - 1) % slots + 1) / slots
+
+
 def plan_key_warps(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None,
                    nbuf: int = DEFAULT[0], q_terms: int = DEFAULT[1], maxnreg: int = 0,
-                   block_n: int = DEFAULT.block_n) -> int:
+                   block_n: int = DEFAULT.block_n, decode: bool = False) -> int:
     """`key_warps_of`'s rule (key_warps 0) for a call: at 1-8 heads whether four key warps' own plan splits the
-    top-k list, at 9-16 whether two key warps' plan does (their programs per SM are the same there)."""
+    top-k list, at 9-16 whether two key warps' plan does (their programs per SM are the same there). decode: each
+    token gathers its own request's rows (a captured decode step, `mla.sparse_mla`): at 1-8 heads four key warps
+    also where their plan does not split and fills at least `DECODE_FILL_K4` of its last wave (`wave_fill`)."""
     wm = 4 if G == 1 and q_terms == 1 and block_n == 0 else 2
-    split = plan_splits(T, topk, G, device, num_splits, nbuf, q_terms, maxnreg, block_n, wm)[0] > 1
-    return key_warps_of(0, G, q_terms, split, block_n)
+    splits = plan_splits(T, topk, G, device, num_splits, nbuf, q_terms, maxnreg, block_n, wm)[0]
+    pick = key_warps_of(0, G, q_terms, splits > 1, block_n)
+    if decode and wm == 4 and splits == 1:
+        slots = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg, BLOCK_NS[1], wm) * num_sms(device)
+        pick = 4 if wave_fill(T, slots) >= DECODE_FILL_K4 else pick
+    return pick
 
 
 _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
@@ -1419,14 +1442,14 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
                  p_terms: int, maxnreg: int, block_n: int, row_threads: int, refill: int, sched: int,
                  num_splits: int | None, idx_stride: int = 0,
                  programs: int | None = None, key_warps: int = 2,
-                 widen: int = 0, wgmma: int = 0) -> tuple[int, int, tuple, dict, tuple]:
+                 widen: int = 0, wgmma: int = 0, decode: bool = False) -> tuple[int, int, tuple, dict, tuple]:
     """(splits, keys per split, grid, constexprs and options, their values as a key) for a call shape: the host work
     an eager layer would otherwise repeat on every call. The grid is (T, splits), or under the balanced schedule
     (`balanced_mode`) (slots,): one program per slot of the machine; programs (a measurement knob) takes the
     balanced schedule over that many programs wherever it applies with T >= programs."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     G = head_groups(H)
-    wm = key_warps or plan_key_warps(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n)
+    wm = key_warps or plan_key_warps(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n, decode)
     nbuf = ring_slots(nbuf, G, wm)
     splits, keys_per_split = plan_splits(T, topk, G, dev, num_splits, nbuf, q_terms, maxnreg, block_n, wm)
     bn = tile_keys(block_n, splits, wm)
@@ -1463,7 +1486,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
                       p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
                       row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, sched=DEFAULT.sched,
                       key_warps=DEFAULT.key_warps, widen=DEFAULT.widen, wgmma=DEFAULT.wgmma, out=None, debug=None,
-                      programs=None):
+                      programs=None, decode=False):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
@@ -1472,7 +1495,9 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     sched: the programs' schedule (`SCHEDS`); key_warps: warps along the keys (`KEY_WARPS`); widen: latent chunks
     widened by integer instructions (`WIDENS`); wgmma: S's products as wgmma (`WGMMAS`). `config_kwargs(cfg)`
     gives these for a `Config`. programs (a measurement knob): the balanced schedule's program count instead of the
-    slots (T: one token a program)."""
+    slots (T: one token a program). decode: each token gathers its own request's rows (a captured decode step:
+    `mla.sparse_mla` passes whether the call is being captured into a CUDA graph), which the key-warps rule reads
+    (`plan_key_warps`)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -1503,7 +1528,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         return out, lse
     splits, keys_per_split, grid, kw, kw_key = _launch_plan(T, H, topk, dev.type, dev.index, nbuf, q_terms, p_terms,
                                                             maxnreg, block_n, row_threads, refill, sched, num_splits,
-                                                            indices.stride(0), programs, key_warps, widen, wgmma)
+                                                            indices.stride(0), programs, key_warps, widen, wgmma,
+                                                            bool(decode))
     flat = kw["BALANCED"]
     if programs is not None and not flat:
         raise ValueError("programs (the balanced schedule's program count) applies only where the balanced schedule "
@@ -1701,6 +1727,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
+           "DECODE_FILL_K4", "wave_fill",
            "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen", "WGMMAS",
            "check_wgmma", "wgmma_of",
            "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
