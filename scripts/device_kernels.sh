@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -40,7 +40,10 @@
 #   the shipped build and four key warps by mma_v2: the prefill at 2112 / 4096 tokens (fp8mma_wgmma_waves8_h200.json),
 #   taken apart and checked (--ablate; fp8mma_round20_h200.json), then `batches` (with the wgmma build: "k4wg")
 # round20b: the 8-head decode at batches 128-784 (`batches` with more sizes: the captured decode's key-warps rule by
-#   the last wave's fill, `mla_gluon_fp8mma.DECODE_FILL_K4`, against both builds forced; fp8mma_batches_fill_h200.json)
+#   the last wave's fill, round 20's first guess, against both builds forced; fp8mma_batches_fill_h200.json)
+# round20c: the same at batches either side of the rule's threshold (`mla_gluon_fp8mma.DECODE_EFFICIENCY_K4` on
+#   `wave_efficiency`): 400, 420, 432, 600, 700 and 1000 tokens (fp8mma_batches_fill2_h200.json); memcheck and racecheck
+#   of the four-key-warp build at one split (8 heads, 512 tokens; 5 heads, 700 tokens with invalid indices)
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -149,6 +152,13 @@ for r in rows:
     round20b) timeout 150 python3 scripts/fp8mma_device.py "$OUT/fp8mma_batches_fill_h200.json" --batches --heads 8 \
                --batch-sizes 128,136,192,256,320,384,448,512,520,640,784 2>&1 | grep -v Warn > "$OUT/fp8mma_batches_fill_h200.log"
              echo "round20b rc=${PIPESTATUS[0]}"; tail -1 "$OUT/fp8mma_batches_fill_h200.log" ;;
+    round20c) timeout 150 python3 scripts/fp8mma_device.py "$OUT/fp8mma_batches_fill2_h200.json" --batches --heads 8 \
+               --batch-sizes 400,420,432,600,700,1000 2>&1 | grep -v Warn > "$OUT/fp8mma_batches_fill2_h200.log"
+             echo "round20c rc=${PIPESTATUS[0]}"; tail -1 "$OUT/fp8mma_batches_fill2_h200.log"
+             for tool in memcheck racecheck; do  # the four-key-warp build the rule now takes at one split, 1-8 heads
+               timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/fp8mma_device.py /tmp/san_$tool.json \
+                 --no-time --only B512-H8-K2048-none,B700-H5-K1024-neg --configs 0,1,1,0,0,8,2,1,4 > "$OUT/${tool}_k4.log" 2>&1
+               echo "$tool rc=$?"; tail -2 "$OUT/${tool}_k4.log"; done ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

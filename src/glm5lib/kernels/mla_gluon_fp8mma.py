@@ -1347,21 +1347,23 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
     return mla.split_keys(topk, splits, tile_keys(block_n, splits, wm))
 
 
-# a captured decode at 1-8 heads takes four key warps at one split where their programs fill at least this share of
-# the last wave's slots (`plan_key_warps`). Two H100 runs (`sweeps/fp8mma_batches_h100_c757078.json`,
-# `_3fefa76.json`; graph replay, each token its own 32K-token request): at one split four key warps were 4 % faster
-# at B256 (256 programs on 264 slots, 97 % full) and 8 % at B512 (two waves, the last 94 % full), 7-18 % slower at
-# B136 (52 %) and B192 (73 %), where two key warps split the list over twice the slots. The prefill, whose tokens
-# share one request's rows (L2 hits), is the other way round at every token count (8 heads, 2112 tokens: 684 against
-# 853 us, 100 % full): hence a decode-only rule
-DECODE_FILL_K4 = 0.9
+# a captured decode at 1-8 heads takes four key warps at one split where their programs keep at least this share of
+# the slots busy over their waves (`wave_efficiency`; `plan_key_warps`). H100 runs, graph replay, each token its own
+# 32K-token request (NOTES.md round 20): two key warps spread a token's list over twice the slots (528 on 132 SMs, a
+# time nearly proportional to the tokens, ~0.61 us each), four take ~10 % less a token in whole waves of 264 but
+# lose that to idle slots in a short last wave. `sweeps/fp8mma_batches_fill_h100_59e3fa7.json`: four key warps faster
+# at B256, 448, 512, 520, 640 and 784 (efficiency 0.81-0.99; by 4-13 %), slower at B136, 192, 320 and 384 (0.52-0.73;
+# by 8-18 %). Round 20's prediction, 0.9 of the last wave alone, missed B448 and B640. The prefill, whose tokens share
+# one request's rows (L2 hits), is the other way round at every token count (8 heads, 2112 tokens: 684 against 853
+# us, whole waves): hence a decode-only rule
+DECODE_EFFICIENCY_K4 = 0.8
 
 
-def wave_fill(programs: int, slots: int) -> float:
-    """The share of `slots` the last wave of `programs` equal programs occupies (1.0 for whole waves)."""
+def wave_efficiency(programs: int, slots: int) -> float:
+    """The share of `slots` x waves that `programs` equal programs keep busy (1.0 for whole waves)."""
     if programs < 1 or slots < 1:
         raise ValueError(f"programs and slots must be >= 1, got {programs}, {slots}")
-    return ((programs - 1) % slots + 1) / slots
+    return programs / (-(-programs // slots) * slots)
 
 
 def plan_key_warps(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None,
@@ -1370,13 +1372,14 @@ def plan_key_warps(T: int, topk: int, G: int, device: torch.device, num_splits: 
     """`key_warps_of`'s rule (key_warps 0) for a call: at 1-8 heads whether four key warps' own plan splits the
     top-k list, at 9-16 whether two key warps' plan does (their programs per SM are the same there). decode: each
     token gathers its own request's rows (a captured decode step, `mla.sparse_mla`): at 1-8 heads four key warps
-    also where their plan does not split and fills at least `DECODE_FILL_K4` of its last wave (`wave_fill`)."""
+    also where their plan does not split and keeps at least `DECODE_EFFICIENCY_K4` of the slots busy over its waves
+    (`wave_efficiency`)."""
     wm = 4 if G == 1 and q_terms == 1 and block_n == 0 else 2
     splits = plan_splits(T, topk, G, device, num_splits, nbuf, q_terms, maxnreg, block_n, wm)[0]
     pick = key_warps_of(0, G, q_terms, splits > 1, block_n)
     if decode and wm == 4 and splits == 1:
         slots = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg, BLOCK_NS[1], wm) * num_sms(device)
-        pick = 4 if wave_fill(T, slots) >= DECODE_FILL_K4 else pick
+        pick = 4 if wave_efficiency(T, slots) >= DECODE_EFFICIENCY_K4 else pick
     return pick
 
 
@@ -1727,7 +1730,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
-           "DECODE_FILL_K4", "wave_fill",
+           "DECODE_EFFICIENCY_K4", "wave_efficiency",
            "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen", "WGMMAS",
            "check_wgmma", "wgmma_of",
            "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
