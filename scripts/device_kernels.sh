@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -41,9 +41,11 @@
 #   taken apart and checked (--ablate; fp8mma_round20_h200.json), then `batches` (with the wgmma build: "k4wg")
 # round20b: the 8-head decode at batches 128-784 (`batches` with more sizes: the captured decode's key-warps rule by
 #   the last wave's fill, round 20's first guess, against both builds forced; fp8mma_batches_fill_h200.json)
-# round20c: the same at batches either side of the rule's threshold (`mla_gluon_fp8mma.DECODE_EFFICIENCY_K4` on
-#   `wave_efficiency`): 400, 420, 432, 600, 700 and 1000 tokens (fp8mma_batches_fill2_h200.json); memcheck and racecheck
+# round20c: the same at batches either side of the rule's threshold (mean fill of all waves >= 0.8, round 20's second
+#   guess): 400, 420, 432, 600, 700 and 1000 tokens (fp8mma_batches_fill2_h200.json); memcheck and racecheck
 #   of the four-key-warp build at one split (8 heads, 512 tokens; 5 heads, 700 tokens with invalid indices)
+# round20d: the same at batches either side of the rule fitted to round20b-c (`mla_gluon_fp8mma.DECODE_K4_FILL`,
+#   `DECODE_K4_WAVES`): 230, 240, 300, 320, 384, 410, 640 and 900 tokens (fp8mma_batches_fill3_h200.json)
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -159,6 +161,9 @@ for r in rows:
                timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/fp8mma_device.py /tmp/san_$tool.json \
                  --no-time --only B512-H8-K2048-none,B700-H5-K1024-neg --configs 0,1,1,0,0,8,2,1,4 > "$OUT/${tool}_k4.log" 2>&1
                echo "$tool rc=$?"; tail -2 "$OUT/${tool}_k4.log"; done ;;
+    round20d) timeout 150 python3 scripts/fp8mma_device.py "$OUT/fp8mma_batches_fill3_h200.json" --batches --heads 8 \
+               --batch-sizes 230,240,300,320,384,410,640,900 2>&1 | grep -v Warn > "$OUT/fp8mma_batches_fill3_h200.log"
+             echo "round20d rc=${PIPESTATUS[0]}"; tail -1 "$OUT/fp8mma_batches_fill3_h200.log" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

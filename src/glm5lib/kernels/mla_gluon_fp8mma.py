@@ -1347,23 +1347,19 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
     return mla.split_keys(topk, splits, tile_keys(block_n, splits, wm))
 
 
-# a captured decode at 1-8 heads takes four key warps at one split where their programs keep at least this share of
-# the slots busy over their waves (`wave_efficiency`; `plan_key_warps`). H100 runs, graph replay, each token its own
-# 32K-token request (NOTES.md round 20): two key warps spread a token's list over twice the slots (528 on 132 SMs, a
-# time nearly proportional to the tokens, ~0.61 us each), four take ~10 % less a token in whole waves of 264 but
-# lose that to idle slots in a short last wave. `sweeps/fp8mma_batches_fill_h100_59e3fa7.json`: four key warps faster
-# at B256, 448, 512, 520, 640 and 784 (efficiency 0.81-0.99; by 4-13 %), slower at B136, 192, 320 and 384 (0.52-0.73;
-# by 8-18 %). Round 20's prediction, 0.9 of the last wave alone, missed B448 and B640. The prefill, whose tokens share
-# one request's rows (L2 hits), is the other way round at every token count (8 heads, 2112 tokens: 684 against 853
-# us, whole waves): hence a decode-only rule
-DECODE_EFFICIENCY_K4 = 0.8
-
-
-def wave_efficiency(programs: int, slots: int) -> float:
-    """The share of `slots` x waves that `programs` equal programs keep busy (1.0 for whole waves)."""
-    if programs < 1 or slots < 1:
-        raise ValueError(f"programs and slots must be >= 1, got {programs}, {slots}")
-    return programs / (-(-programs // slots) * slots)
+# a captured decode at 1-8 heads takes four key warps at one split where their programs fill at least
+# `DECODE_K4_FILL` of one wave's slots or span at least `DECODE_K4_WAVES` waves (`plan_key_warps`). H100 runs, graph
+# replay, each token its own 32K-token request (NOTES.md round 20; 264 four-key-warp slots on 132 SMs): two key warps
+# spread a token's list over twice the slots, in a time nearly proportional to the tokens (~0.61 us each at one
+# split); four take 8-13 % less from two waves on, but a short second wave leaves half an SM's slots idle.
+# `sweeps/fp8mma_batches_fill_h100_59e3fa7.json` and `_fill2_h100_87757bd.json`: four key warps faster at B256 (0.97
+# waves) and at every batch from 400 (1.52 waves: by 2 %) to 1000 (by 4-13 % from 432), slower at B136, 192 (0.52,
+# 0.73 waves), 320 and 384 (1.21, 1.45 waves; by 8-18 %). Fitted to those 16 batches after two guesses missed (0.9 of
+# the last wave alone: B448, B640; 0.8 of all waves' slots: B420, B600). The prefill, whose tokens share one request's
+# rows (L2 hits), is the other way round at every token count (8 heads, 2112 tokens: 684 against 853 us, whole
+# waves): hence a decode-only rule
+DECODE_K4_FILL = 0.9
+DECODE_K4_WAVES = 1.5
 
 
 def plan_key_warps(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None,
@@ -1372,14 +1368,15 @@ def plan_key_warps(T: int, topk: int, G: int, device: torch.device, num_splits: 
     """`key_warps_of`'s rule (key_warps 0) for a call: at 1-8 heads whether four key warps' own plan splits the
     top-k list, at 9-16 whether two key warps' plan does (their programs per SM are the same there). decode: each
     token gathers its own request's rows (a captured decode step, `mla.sparse_mla`): at 1-8 heads four key warps
-    also where their plan does not split and keeps at least `DECODE_EFFICIENCY_K4` of the slots busy over its waves
-    (`wave_efficiency`)."""
+    also where their plan does not split and its programs fill at least `DECODE_K4_FILL` of one wave or span at
+    least `DECODE_K4_WAVES` waves."""
     wm = 4 if G == 1 and q_terms == 1 and block_n == 0 else 2
     splits = plan_splits(T, topk, G, device, num_splits, nbuf, q_terms, maxnreg, block_n, wm)[0]
     pick = key_warps_of(0, G, q_terms, splits > 1, block_n)
     if decode and wm == 4 and splits == 1:
         slots = programs_per_sm(G, nbuf, q_terms, mla.smem_class(device), maxnreg, BLOCK_NS[1], wm) * num_sms(device)
-        pick = 4 if wave_efficiency(T, slots) >= DECODE_EFFICIENCY_K4 else pick
+        waves = T / slots
+        pick = 4 if waves >= DECODE_K4_WAVES or DECODE_K4_FILL <= waves <= 1 else pick
     return pick
 
 
@@ -1730,7 +1727,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
-           "DECODE_EFFICIENCY_K4", "wave_efficiency",
+           "DECODE_K4_FILL", "DECODE_K4_WAVES",
            "check_key_warps", "balanced_pieces", "SCHEDS", "merge_pieces", "WIDENS", "check_widen", "WGMMAS",
            "check_wgmma", "wgmma_of",
            "pad_words", "BLOCK_NS", "head_groups", "plan_splits", "smem_bytes_estimate", "aot_compile",
