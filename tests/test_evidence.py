@@ -67,17 +67,18 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
     cov = evidence.coverage()
     # both shared-memory classes, the Gluon kernels sm_90 takes for 17-128 heads and its fp8-cache kernel for 1-16
     assert len(cov["shipped"]) == len(evidence.CONFIGS) + 3 == len(evidence.shipped_configs())
-    h100 = {"h100_full_matrix", "h100_sanitizer"}
+    h100 = {"h100_full_matrix", "h100_sanitizer", "h100_bench"}
     for key, s in cov["shipped"].items():
         ran = set(s["covered_by"])
         assert ran & {"h200_full_matrix", "h200_full_matrix_smem_small", "h200_full_matrix_r8", "h100_full_matrix"}, key
         assert ran & {"h200_sanitizer", "h200_sanitizer_smem_small", "h200_sanitizer_r8", "h100_sanitizer"}, key
-    # round 19's H100 run (no H200 could be had) stands in for the sm_90 configs only, and for one not run on the H200
+    # round 20's H100 run (no H200 could be had) stands in for the sm_90 configs only, and for one not run on the H200
     # only the fp8-cache kernel's (its wgmma rule); that build's racecheck / synccheck / memcheck ran on the H200
     only_h100 = [k for k, s in cov["shipped"].items() if not set(s["covered_by"]) - h100 - {"h200_bench"}]
     assert only_h100 == ["small-fp8mma/fp8_ds_mla/big"], only_h100
     mh, sh = cov["pieces"]["h100_full_matrix"], cov["pieces"]["h100_sanitizer"]
-    assert mh["commit"] == sh["commit"] == "f6a643d" and mh["passed"] == mh["cases"] == 127
+    assert mh["commit"] == sh["commit"] == "59e3fa7" and mh["passed"] == mh["cases"] == 127
+    assert "ERROR SUMMARY: 0 errors" in (BENCH / "sweeps" / "sanitizer_h100_f6a643d.log").read_text()  # round 19's
     assert sh["passed"] == sh["cases"] == 28 and sh["sanitizer_errors"] == 0
     for tool, summary in (("memcheck", "ERROR SUMMARY: 0 errors"), ("racecheck", "RACECHECK SUMMARY: 0 hazards"),
                           ("synccheck", "ERROR SUMMARY: 0 errors")):

@@ -417,6 +417,15 @@ def test_key_warps_rule_four_for_split_lists_at_8_heads_and_whole_lists_at_16():
     assert fm.plan_key_warps(132, 2048, 1, cpu) == 4 and fm.plan_key_warps(133, 2048, 1, cpu) == 2
     T_mid = 150  # four key warps' plan (264 slots) takes it whole, two key warps' (528) splits it
     assert fm.plan_key_warps(T_mid, 2048, 1, cpu) == 2 and fm.plan_splits(T_mid, 2048, 1, cpu)[0] > 1
+    # a captured decode (decode=True) at 1-8 heads also takes four key warps at one split where their 264 slots are
+    # at least 0.9 full in one wave or the tokens span at least 1.5 waves; the split plans, 9-16 heads and the
+    # eager call (prefill: decode=False) are unchanged
+    assert fm.DECODE_K4_FILL == 0.9 and fm.DECODE_K4_WAVES == 1.5
+    decode = {T: fm.plan_key_warps(T, 2048, 1, cpu, decode=True) for T in (128, 150, 237, 238, 264, 265, 395, 396, 4096)}
+    assert decode == {128: 4, 150: 2, 237: 2, 238: 4, 264: 4, 265: 2, 395: 2, 396: 4, 4096: 4}
+    assert all(fm.plan_key_warps(T, 2048, 1, cpu) == (4 if T == 128 else 2) for T in decode)
+    assert [fm.plan_key_warps(T, 2048, 2, cpu, decode=True) for T in (128, 264, 512)] == [2, 4, 4]
+    assert fm.plan_key_warps(512, 2048, 1, cpu, decode=True, q_terms=2, nbuf=1) == 2  # e4m3 build: two always
     for bad, kw in ((3, {}), (4, {"q_terms": 2, "p_terms": 2}), (4, {"block_n": 32})):
         with pytest.raises(ValueError, match="key_warps"):
             fm.sparse_mla_fp8mma(torch.zeros(2, 8, 576, dtype=torch.bfloat16), torch.zeros(100, 656, dtype=torch.uint8),

@@ -7,8 +7,9 @@ list (`plan_splits`), and, at 1-8 heads, four warps along the keys where the lis
 (`key_warps_of`, `plan_key_warps`); under CUDA-graph capture `mla.sparse_mla` takes it from
 `mla.FP8MMA_MIN_T_GRAPH` tokens, the Triton kernel below. Each row of a run holds, for one batch and head count,
 the time of `mla.sparse_mla` itself replayed from a CUDA graph ("dispatch": what vLLM's captured decode runs), of
-the shipped build with two ("k2") and four ("k4") key warps forced, of the Triton kernel and of FlashMLA padded to
-64 heads, each checked against fp32 first (`*_ok`). `rule_table` says at each batch whether the rule's pick was the
+the shipped build with two ("k2") and four ("k4") key warps forced (runs since round 20 on sm_90 also four with S as
+wgmma, "k4wg"), of the Triton kernel and of FlashMLA padded to 64 heads, each checked against fp32 first (`*_ok`).
+The rule a row records (`rule_key_warps`) is the one of the run's commit; `rule_now` asks today's. `rule_table` says at each batch whether the rule's pick was the
 faster build; `plot` draws the times per token and the speed-up over FlashMLA.
 
 `bash scripts/device_kernels.sh batches` makes a run, which `load_run(run_path(name))` reads once it is under
@@ -23,9 +24,12 @@ from pathlib import Path
 
 from glm5lib.bench.parts import run_path
 
-IMPLS = ("dispatch", "k2", "k4", "triton", "flashmla")
+TOPK = 2048  # every run's top-k (`scripts/fp8mma_device.py`)
+
+IMPLS = ("dispatch", "k2", "k4", "k4wg", "triton", "flashmla")
 LABELS = {"dispatch": "sparse_mla (its rule, graph replay)", "k2": "fp8-cache kernel, 2 key warps",
-          "k4": "fp8-cache kernel, 4 key warps", "triton": "Triton kernel", "flashmla": "FlashMLA padded to 64 heads"}
+          "k4": "fp8-cache kernel, 4 key warps", "k4wg": "4 key warps, S as wgmma in flight (sm_90)",
+          "triton": "Triton kernel", "flashmla": "FlashMLA padded to 64 heads"}
 # the rule's pick counts as right where it is within this fraction of the faster build's time: the 3 % the
 # benchmark allows a ceiling (`bench.kernels.CEILING_MARGIN`), since one build's time moves by 1-3 % between H200
 # runs (NOTES.md rounds 13-17)
@@ -57,6 +61,17 @@ def failed_checks(run: dict) -> list[str]:
 def rule_pick(row: dict) -> str:
     """The build the key-warps rule took for this row ("k2" / "k4")."""
     return f"k{row['rule_key_warps']}"
+
+
+def rule_now(row: dict) -> str:
+    """The build today's key-warps rule takes for this row's shape as the captured decode asks it
+    (`plan_key_warps(..., decode=True)`), planned off-GPU: 132 SMs of sm_90's shared-memory class, the H100's and
+    the H200's."""
+    import torch
+
+    from glm5lib.kernels import mla_gluon_fp8mma as fm
+
+    return f"k{fm.plan_key_warps(row['B'], TOPK, fm.head_groups(row['H']), torch.device('cpu'), decode=True)}"
 
 
 def rule_verdict(row: dict, margin: float = RULE_MARGIN) -> dict:
@@ -137,5 +152,5 @@ def plot(run: dict, png_path: str | Path) -> Path:
     return save_figure(fig, png_path)
 
 
-__all__ = ["IMPLS", "RULE_MARGIN", "run_path", "load_run", "failed_checks", "rule_pick", "rule_verdict",
+__all__ = ["IMPLS", "RULE_MARGIN", "run_path", "load_run", "failed_checks", "rule_pick", "rule_now", "rule_verdict",
            "rule_table", "plot"]
