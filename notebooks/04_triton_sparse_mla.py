@@ -38,7 +38,7 @@ RUN_GPU_BENCH = False  # on a GPU: run `glm5lib bench all` here instead of readi
 BENCH_RUN_NAME = None  # file stem for that run (None: bench_<gpu>); an existing file is never overwritten
 FIGURE = "outputs/figures/04_sparse_mla_bench.png"  # relative: to the checkout
 PARTS_FIGURE = "outputs/figures/04_fp8mma_parts.png"  # the fp8-cache kernel taken apart (committed H200 runs)
-BATCHES_RUN = "fp8mma_batches_h100_c757078.json"  # the decode across batch sizes (a committed run under sweeps/)
+BATCHES_RUN = "fp8mma_batches_h100_3fefa76.json"  # the decode across batch sizes (a committed run under sweeps/)
 BATCHES_FIGURE = "outputs/figures/04_fp8mma_batches.png"
 
 # %%
@@ -321,15 +321,17 @@ if INTERACTIVE:
 #
 # The targets take the decode at batch 32 and 128; a serving GPU sees every batch from 1 to hundreds, and the
 # fp8-cache kernel's plan changes along the way: how many splits of each token's top-k list (`plan_splits`), and at
-# 1-8 heads four warps along the keys where that plan splits the list, two where it does not (`key_warps_of`).
+# 1-8 heads four warps along the keys where that plan splits the list, two where it does not (`key_warps_of`), and
+# since round 20 also four in a captured decode at one split from 0.9 of a wave or from 1.5 waves (`plan_key_warps`).
 # `scripts/fp8mma_device.py --batches` times `sparse_mla` as vLLM's captured decode runs it (its rule's pick),
-# both key-warp builds forced, the Triton kernel and FlashMLA padded to 64 heads, each checked against fp32 first;
-# the committed run is from an H100 (round 19: no H200 could be had for it), so its ratios are the H100's. What it
-# shows: 1.4-1.6x FlashMLA at 8 heads from batch 8 to 512, 1.1-1.5x at 16; the rule takes the faster build within 3 %
-# at 17 of 20 batches; it misses at 8 heads B 8 (two key warps 4 % faster) and where four-key-warp programs at one
-# split fill the machine (B 256 and 512: four key warps 4-8 % faster, where the rule takes two); at 16 heads B 136 one
-# split leaves half of the 264 program slots empty and FlashMLA is ahead (0.92x). (The run predates the 16-head
-# one-split build's wgmma: its 16-head rows from B 136 on are the build before it.)
+# both key-warp builds forced (and four with S as wgmma, "k4wg"), the Triton kernel and FlashMLA padded to 64 heads,
+# each checked against fp32 first; the committed run is from an H100 (round 20: no H200 could be had), so its ratios
+# are the H100's. Its `sparse_mla` ran round 19's rule; the last two columns ask today's (`rule_now`) of the same
+# times. What it shows: 1.4-1.6x FlashMLA at 8 heads from batch 8 to 512, 1.0-1.5x at 16 (1.04x at B 136, where one
+# split leaves half of the 264 program slots empty: 0.92x before the wgmma rule); round 19's rule takes the faster
+# build within 3 % at 16 of 20 batches and today's at 18: round 19's took two key warps at 8 heads B 256 and 512,
+# where four are 4-8 % faster, and both miss at 8 heads B 8 (two key warps 4 % faster) and 16 heads B 96 (3.6 %, the
+# other way round in round 19's run).
 
 # %%
 from glm5lib.bench import batches as kbatches
@@ -339,6 +341,9 @@ print(kbatches.rule_table(batch_run))
 record("fp8mma_batches_failed_checks", kbatches.failed_checks(batch_run))
 verdicts = [kbatches.rule_verdict(r)["ok"] for r in batch_run["rows"].values() if "error" not in r]
 record("fp8mma_batches_rule_right", [sum(v is True for v in verdicts), sum(v is not None for v in verdicts)])
+now = [kbatches.rule_verdict(r, pick=kbatches.rule_now(r))["ok"]
+       for r in batch_run["rows"].values() if "error" not in r]
+record("fp8mma_batches_rule_now_right", [sum(v is True for v in now), sum(v is not None for v in now)])
 batches_fig = kbatches.plot(batch_run, resolve(BATCHES_FIGURE))
 record("fp8mma_batches_figure", str(batches_fig))
 if INTERACTIVE:

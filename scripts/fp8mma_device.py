@@ -330,7 +330,8 @@ def run_batches(rows, ceil, have_fm, save, batches=BATCHES, heads=(8, 16)):
     heads, timed as `glm5lib bench` times it (CUDA-graph replay over rotated index sets): `mla.sparse_mla` itself
     (what vLLM's captured decode runs: its rule picks the kernel, the key warps and the splits), the shipped
     fp8-cache build with two and with four key warps forced (`Config.key_warps`), the Triton kernel, and FlashMLA
-    padded to 64 heads (on sm_90 also four key warps with S as wgmma, `Config.wgmma` 2: "k4wg"). Each launch's output on the first index set is checked against fp32 before it is timed
+    padded to 64 heads (on sm_90 also four key warps with S as wgmma, `Config.wgmma` 2: "k4wg"). Each launch's
+    output on the first index set is checked against fp32 before it is timed
     (`compare`; FlashMLA's by its relative error, its lse being its own): an eager call, so `sparse_mla` itself takes
     the Triton kernel there below `mla.FP8MMA_MIN_T` while its graph takes the fp8-cache kernel from
     `mla.FP8MMA_MIN_T_GRAPH` (the k2 / k4 rows check that kernel). A row whose case fails records the error and the

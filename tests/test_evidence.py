@@ -1263,3 +1263,70 @@ def test_evidence_fp8mma_round19_wgmma_widen_and_batches():
     gap = [r["dispatch_us"] / min(r["k2_us"], r["k4_us"]) - 1 for (H, B), r in first["rows"].items()
            if "error" not in r and B >= 64]
     assert sorted(g > 0.04 for g in gap) == [False] + [True] * 11 and max(gap) < 0.19  # NOTES: 4-19 % at 11 of 12
+
+
+def test_evidence_fp8mma_round20_wgmma8_and_decode_key_warps():
+    """NOTES round 20 / docs/kernels.md v25: four key warps with S as wgmma at 8 heads (no gain), the 16-head decode
+    past 132 tokens under round 19's wgmma rule, the batches the captured decode's key-warps rule is fitted to, and
+    the H100 matrix, sanitizer and benchmark of round 20's shipped code."""
+    from glm5lib.bench import batches as kbatches
+    from glm5lib.kernels import mla_gluon_fp8mma as fm
+
+    base = "fp8mma-nbufG-f16-nplan-t8-eplan-b-"
+    ship, k4, k4wg = base + "kplan-wgplan", base + "k4", base + "k4-wga"
+    k4wg1 = "fp8mma-nbuf1-f16-nplan-t8-eplan-b-k4-wga"
+    res = load("sweeps/fp8mma_wgmma_waves8_h100_3fefa76.json")
+    assert res["meta"]["heads"] == 8 and res["meta"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    rows = {r["T"]: r for r in res["rows"]}
+    assert all(r[c + "_rel"] < 2.5e-3 for r in rows.values() for c in (ship, k4, k4wg, k4wg1))
+    assert [round(rows[4096][c + "_us"]) for c in (ship, k4, k4wg, k4wg1, "flashmla")] == [1327, 1710, 1677, 2011, 1986]
+    assert [round(rows[2112][c + "_us"]) for c in (ship, k4, k4wg)] == [690, 853, 858]
+    r20 = load("sweeps/fp8mma_round20_h100_3fefa76.json")
+    assert r20["meta"]["failed_checks"] == 0
+    checks = [r for r in r20["rows"] if r.get("kernel") == "fp8mma"]
+    assert len(checks) == 104 and all(r["ok"] for r in checks)
+    ab = {(r["kind"][7:], r["B"], r["H"], r["config"]): r for r in r20["rows"]
+          if r.get("kind", "").startswith("ablate")}
+    assert [round(ab["prefill", 4096, 8, c]["compute_us"]) for c in (ship, k4, k4wg)] == [809, 1183, 1211]
+    assert [round(ab["prefill", 4096, 16, c]["whole_us"]) for c in (k4, k4wg)] == [2318, 2125]
+
+    # the 16-head decode past 132 tokens under round 19's rule (wgmma), against round 19's run (before it)
+    now = kbatches.load_run(kbatches.run_path("fp8mma_batches_h100_3fefa76.json"))
+    then = kbatches.load_run(kbatches.run_path("fp8mma_batches_h100_c757078.json"))
+    assert kbatches.failed_checks(now) == [] and now["device"] == then["device"] == "NVIDIA H100 80GB HBM3"
+    pairs = [(round(then["rows"][16, B]["dispatch_us"], 1), round(now["rows"][16, B]["dispatch_us"], 1))
+             for B in (136, 192, 256, 512)]
+    assert pairs == [(171.0, 150.5), (176.7, 157.4), (184.1, 164.7), (348.4, 311.7)]
+    assert round(now["rows"][16, 136]["flashmla_us"] / now["rows"][16, 136]["dispatch_us"], 2) == 1.04
+
+    # the key-warps rule's batches: the first two guesses' misses, then today's rule right at every one-split batch
+    fill, fill2 = (kbatches.load_run(kbatches.run_path(f)) for f in
+                   ("fp8mma_batches_fill_h100_59e3fa7.json", "fp8mma_batches_fill2_h100_87757bd.json"))
+    assert (fill["commit"], fill2["commit"]) == ("59e3fa7", "87757bd")
+    assert kbatches.failed_checks(fill) == kbatches.failed_checks(fill2) == []
+    assert sorted(B for (H, B), r in fill["rows"].items() if kbatches.rule_verdict(r)["ok"] is False) == [448, 640]
+    assert sorted(B for (H, B), r in fill2["rows"].items() if kbatches.rule_verdict(r)["ok"] is False) == [420, 600]
+    assert fm.DECODE_K4_FILL == 0.9 and fm.DECODE_K4_WAVES == 1.5
+    one_split = [r for run in (fill, fill2, now, then) for r in run["rows"].values()
+                 if "error" not in r and r["graph_route"] == "fp8mma" and r["k4_splits"] == 1]
+    assert len(one_split) == 32  # 10 + 6 batches at 8 heads, 4 + 4 at 8 and 16 heads in each full run
+    for r in one_split:
+        pick = kbatches.rule_now(r)
+        assert r[pick + "_us"] <= (1 + kbatches.RULE_MARGIN) * min(r["k2_us"], r["k4_us"]), (r["H"], r["B"], pick)
+    per_token = [r["k2_us"] / B for (H, B), r in fill["rows"].items() if B >= 320]  # "~0.61 us a token"
+    assert all(0.58 < t < 0.68 for t in per_token)
+    speed = {B: r["k2_us"] / r["k4_us"] - 1 for run in (fill, fill2) for (H, B), r in run["rows"].items()}
+    assert all(0.08 < speed[B] < 0.15 for B in (512, 520, 600, 700, 784, 1000))  # "8-13 % less" from two waves
+    assert all(-0.19 < speed[B] < -0.07 for B in (136, 192, 320, 384))  # "slower by 8-18 %"
+    # the matrix and memcheck of round 20's shipped code, and memcheck of the four-key-warp one-split build
+    rows = load("sweeps/checks_h100_full_59e3fa7.json")
+    assert len(rows) == 127 and all(r["ok"] for r in rows)
+    fp8mma = [r for r in rows if "fp8mma" in (r.get("config") or "")]
+    assert len(fp8mma) >= 10 and {r["config"] for r in fp8mma} == {ship}
+    log = (BENCH / "sweeps" / "memcheck_k4_h100_87757bd.log").read_text()
+    assert "ERROR SUMMARY: 0 errors" in log and sum(f'"config": "{k4}"' in ln and '"ok": true' in ln
+                                                    for ln in log.splitlines()) == 2
+    bench = load("sweeps/bench_h100_59e3fa7.json")
+    targets = {t["target"]: t for t in bench["targets"]}
+    assert bench["meta"]["commit"] == "59e3fa7" and sum(t["met"] for t in targets.values()) == 8
+    assert round(targets["prefill fp8_ds_mla H16: speed-up vs FlashMLA bf16 padded to 64 (time)"]["value"], 2) == 0.97

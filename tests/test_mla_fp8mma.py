@@ -421,7 +421,8 @@ def test_key_warps_rule_four_for_split_lists_at_8_heads_and_whole_lists_at_16():
     # at least 0.9 full in one wave or the tokens span at least 1.5 waves; the split plans, 9-16 heads and the
     # eager call (prefill: decode=False) are unchanged
     assert fm.DECODE_K4_FILL == 0.9 and fm.DECODE_K4_WAVES == 1.5
-    decode = {T: fm.plan_key_warps(T, 2048, 1, cpu, decode=True) for T in (128, 150, 237, 238, 264, 265, 395, 396, 4096)}
+    decode = {T: fm.plan_key_warps(T, 2048, 1, cpu, decode=True)
+              for T in (128, 150, 237, 238, 264, 265, 395, 396, 4096)}
     assert decode == {128: 4, 150: 2, 237: 2, 238: 4, 264: 4, 265: 2, 395: 2, 396: 4, 4096: 4}
     assert all(fm.plan_key_warps(T, 2048, 1, cpu) == (4 if T == 128 else 2) for T in decode)
     assert [fm.plan_key_warps(T, 2048, 2, cpu, decode=True) for T in (128, 264, 512)] == [2, 4, 4]

@@ -9,11 +9,14 @@ list (`plan_splits`), and, at 1-8 heads, four warps along the keys where the lis
 the time of `mla.sparse_mla` itself replayed from a CUDA graph ("dispatch": what vLLM's captured decode runs), of
 the shipped build with two ("k2") and four ("k4") key warps forced (runs since round 20 on sm_90 also four with S as
 wgmma, "k4wg"), of the Triton kernel and of FlashMLA padded to 64 heads, each checked against fp32 first (`*_ok`).
-The rule a row records (`rule_key_warps`) is the one of the run's commit; `rule_now` asks today's. `rule_table` says at each batch whether the rule's pick was the
-faster build; `plot` draws the times per token and the speed-up over FlashMLA.
+The rule a row records (`rule_key_warps`) is the one of the run's commit; `rule_now` asks today's. `rule_table`
+says at each batch whether either rule's pick was the faster build; `plot` draws the times per token and the
+speed-up over FlashMLA.
 
 `bash scripts/device_kernels.sh batches` makes a run, which `load_run(run_path(name))` reads once it is under
-outputs/bench/sweeps; the committed one, `fp8mma_batches_h100_c757078.json`, ran on an H100 (NOTES.md round 19).
+outputs/bench/sweeps; the committed ones ran on an H100: `fp8mma_batches_h100_c757078.json` (NOTES.md round 19) and
+`fp8mma_batches_h100_3fefa76.json` (round 20, notebook 04's), with the 8-head batches of the key-warps rule beside
+them (`fp8mma_batches_fill*_h100_*.json`).
 Each row also holds `sparse_mla` timed again after the others ("dispatch_again": the order's share of a gap).
 """
 
@@ -74,12 +77,13 @@ def rule_now(row: dict) -> str:
     return f"k{fm.plan_key_warps(row['B'], TOPK, fm.head_groups(row['H']), torch.device('cpu'), decode=True)}"
 
 
-def rule_verdict(row: dict, margin: float = RULE_MARGIN) -> dict:
+def rule_verdict(row: dict, margin: float = RULE_MARGIN, pick: str | None = None) -> dict:
     """{"pick", "best", "pick_us", "best_us", "ok"}: whether the rule's build was within `margin` of the faster of
     the two timed builds at this row. ok is None where the rule does not apply (the captured decode takes the Triton
     kernel at this batch, "graph_route") or either build was not timed, and False where the rule's build failed its
-    check; a build that failed its check is never the best."""
-    pick = rule_pick(row)
+    check; a build that failed its check is never the best. pick: judge that build instead of the run's rule's
+    (e.g. `rule_now(row)`)."""
+    pick = pick or rule_pick(row)
     times = {k: row.get(k + "_us") for k in ("k2", "k4")}
     if row.get("graph_route", "fp8mma") != "fp8mma" or None in times.values():
         return {"pick": pick, "best": None, "pick_us": times.get(pick), "best_us": None, "ok": None}
@@ -92,20 +96,24 @@ def rule_verdict(row: dict, margin: float = RULE_MARGIN) -> dict:
 
 
 def rule_table(run: dict) -> str:
-    """Markdown: per head count and batch, every launch's time, the rule's pick and splits, and its verdict."""
-    lines = [f"run {run['commit']} ({run['device']}); times in us, graph replay; the rule's pick right within "
+    """Markdown: per head count and batch, every launch's time, the run's rule's pick and splits and its verdict, and
+    today's rule's pick (`rule_now`) and verdict."""
+    lines = [f"run {run['commit']} ({run['device']}); times in us, graph replay; a pick right within "
              f"{RULE_MARGIN:.0%} of the faster build",
-             "| heads | batch | splits | rule | " + " | ".join(IMPLS) + " | FlashMLA / dispatch | rule right |",
-             "|---|---|---|---|" + "---|" * len(IMPLS) + "---|---|"]
+             "| heads | batch | splits | rule | " + " | ".join(IMPLS) + " | FlashMLA / dispatch | rule right | "
+             "today's rule | right |",
+             "|---|---|---|---|" + "---|" * len(IMPLS) + "---|---|---|---|"]
     for (H, B), r in sorted(run["rows"].items()):
         if "error" in r:
-            lines.append(f"| {H} | {B} | - | - | " + " | ".join("-" for _ in IMPLS) + f" | - | {r['error'][:60]} |")
+            lines.append(f"| {H} | {B} | - | - | " + " | ".join("-" for _ in IMPLS) + f" | - | {r['error'][:60]} |"
+                         " - | - |")
             continue
-        v = rule_verdict(r)
         ts = [f"{r[i + '_us']:.1f}" if i + "_us" in r else "-" for i in IMPLS]
         sp = f"{r['flashmla_us'] / r['dispatch_us']:.2f}x" if "flashmla_us" in r and "dispatch_us" in r else "-"
-        ok = {True: "yes", False: f"no ({v['best']})", None: "-"}[v["ok"]]
-        lines.append(f"| {H} | {B} | {r['rule_splits']} | {v['pick']} | " + " | ".join(ts) + f" | {sp} | {ok} |")
+        v, w = rule_verdict(r), rule_verdict(r, pick=rule_now(r))
+        ok, ok_now = ({True: "yes", False: f"no ({x['best']})", None: "-"}[x["ok"]] for x in (v, w))
+        lines.append(f"| {H} | {B} | {r['rule_splits']} | {v['pick']} | " + " | ".join(ts) +
+                     f" | {sp} | {ok} | {w['pick']} | {ok_now} |")
     return "\n".join(lines)
 
 

@@ -210,7 +210,8 @@ CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), Config(0, 1, 1, 0, 0, 8, 2, 
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
 # 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e), refilled early at one split
 # (`REFILLS`' comment: H200 at e6da82b and 8457230), four key warps where `key_warps_of`'s rule takes them (decode
-# at 1-8 heads, prefill at 9-16: `KEY_WARPS`' comment), and there at 9-16 heads S as wgmma issued ahead of the next
+# at 1-8 heads, prefill at 9-16: `KEY_WARPS`' comment; a captured decode at 1-8 heads also at one split from 0.9 of
+# a wave or from 1.5 waves: `DECODE_K4_FILL`), and there at 9-16 heads S as wgmma issued ahead of the next
 # chunk's widening (`WGMMAS`' comment: H200 at 4812c4d). The 32-key, 2-thread build at
 # 33e8f55 (`fp8mma_h200.json`): 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x
 # at prefill, 8 heads; 0.75-0.81x at 16 heads. The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and
