@@ -38,7 +38,7 @@ RUN_GPU_BENCH = False  # on a GPU: run `glm5lib bench all` here instead of readi
 BENCH_RUN_NAME = None  # file stem for that run (None: bench_<gpu>); an existing file is never overwritten
 FIGURE = "outputs/figures/04_sparse_mla_bench.png"  # relative: to the checkout
 PARTS_FIGURE = "outputs/figures/04_fp8mma_parts.png"  # the fp8-cache kernel taken apart (committed H200 runs)
-BATCHES_RUN = "fp8mma_batches_h100_3fefa76.json"  # the decode across batch sizes (a committed run under sweeps/)
+BATCHES_RUN = "fp8mma_batches_h100_3d643c8.json"  # the decode across batch sizes (a committed run under sweeps/)
 BATCHES_FIGURE = "outputs/figures/04_fp8mma_batches.png"
 
 # %%
@@ -326,12 +326,11 @@ if INTERACTIVE:
 # `scripts/fp8mma_device.py --batches` times `sparse_mla` as vLLM's captured decode runs it (its rule's pick),
 # both key-warp builds forced (and four with S as wgmma, "k4wg"), the Triton kernel and FlashMLA padded to 64 heads,
 # each checked against fp32 first; the committed run is from an H100 (round 20: no H200 could be had), so its ratios
-# are the H100's. Its `sparse_mla` ran round 19's rule; the last two columns ask today's (`rule_now`) of the same
-# times. What it shows: 1.4-1.6x FlashMLA at 8 heads from batch 8 to 512, 1.0-1.5x at 16 (1.04x at B 136, where one
-# split leaves half of the 264 program slots empty: 0.92x before the wgmma rule); round 19's rule takes the faster
-# build within 3 % at 16 of 20 batches and today's at 18: round 19's took two key warps at 8 heads B 256 and 512,
-# where four are 4-8 % faster, and both miss at 8 heads B 8 (two key warps 4 % faster) and 16 heads B 96 (3.6 %, the
-# other way round in round 19's run).
+# are the H100's. The last two columns ask today's rule (`rule_now`) of the same times; for this run it is the rule
+# its `sparse_mla` ran. What it shows: 1.35-1.6x FlashMLA at 8 heads from batch 8 to 512, 1.1-1.5x at 16 (1.05x at
+# B 136, where one split leaves half of the 264 program slots empty: 0.92x before round 19's wgmma rule); the rule
+# takes the faster build within 3 % at 19 of 20 batches, four key warps at 8 heads B 256 and 512 (4-5 % faster than
+# two, which round 19's rule took), and misses at 8 heads B 8 (two key warps 4 % faster).
 
 # %%
 from glm5lib.bench import batches as kbatches

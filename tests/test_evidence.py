@@ -1313,6 +1313,21 @@ def test_evidence_fp8mma_round20_wgmma8_and_decode_key_warps():
     for r in one_split:
         pick = kbatches.rule_now(r)
         assert r[pick + "_us"] <= (1 + kbatches.RULE_MARGIN) * min(r["k2_us"], r["k4_us"]), (r["H"], r["B"], pick)
+    # the fitted rule tested on 8 new batches (round20d): right at 7, B230 four key warps 3.1 % faster (0.87 of a wave)
+    fill3 = kbatches.load_run(kbatches.run_path("fp8mma_batches_fill3_h100_3d643c8.json"))
+    assert kbatches.failed_checks(fill3) == [] and sorted(B for _, B in fill3["rows"]) == [230, 240, 300, 320, 384,
+                                                                                          410, 640, 900]
+    v3 = {B: kbatches.rule_verdict(r, pick=kbatches.rule_now(r)) for (H, B), r in fill3["rows"].items()}
+    assert [B for B, v in v3.items() if not v["ok"]] == [230] and 1.03 < v3[230]["pick_us"] / v3[230]["best_us"] < 1.035
+    assert all(kbatches.rule_now(r) == kbatches.rule_pick(r) for r in fill3["rows"].values())  # the rule it ran
+    # the full sweep with the rule shipped: right at 19 of 20 (8 heads B8 apart), sparse_mla level with its pick
+    full = kbatches.load_run(kbatches.run_path("fp8mma_batches_h100_3d643c8.json"))
+    assert kbatches.failed_checks(full) == [] and len(full["rows"]) == 22
+    vf = {k: kbatches.rule_verdict(r)["ok"] for k, r in full["rows"].items()}
+    assert [k for k, v in vf.items() if v is False] == [(8, 8)] and sum(v is True for v in vf.values()) == 19
+    assert [kbatches.rule_pick(full["rows"][8, B]) for B in (136, 192, 256, 512)] == ["k2", "k2", "k4", "k4"]
+    assert all(abs(r["dispatch_us"] / r[kbatches.rule_pick(r) + "_us"] - 1) < 0.02 for r in full["rows"].values()
+               if r["graph_route"] == "fp8mma")
     per_token = [r["k2_us"] / B for (H, B), r in fill["rows"].items() if B >= 320]  # "~0.61 us a token"
     assert all(0.58 < t < 0.68 for t in per_token)
     speed = {B: r["k2_us"] / r["k4_us"] - 1 for run in (fill, fill2) for (H, B), r in run["rows"].items()}

@@ -1356,7 +1356,8 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
 # `sweeps/fp8mma_batches_fill_h100_59e3fa7.json` and `_fill2_h100_87757bd.json`: four key warps faster at B256 (0.97
 # waves) and at every batch from 400 (1.52 waves: by 2 %) to 1000 (by 4-13 % from 432), slower at B136, 192 (0.52,
 # 0.73 waves), 320 and 384 (1.21, 1.45 waves; by 8-18 %). Fitted to those 16 batches after two guesses missed (0.9 of
-# the last wave alone: B448, B640; 0.8 of all waves' slots: B420, B600). The prefill, whose tokens share one request's
+# the last wave alone: B448, B640; 0.8 of all waves' slots: B420, B600); on 8 new batches (`_fill3_h100_3d643c8.json`)
+# right at 7, wrong at B230 (0.87 of a wave, four key warps 3.1 % faster). The prefill, whose tokens share one request's
 # rows (L2 hits), is the other way round at every token count (8 heads, 2112 tokens: 684 against 853 us, whole
 # waves): hence a decode-only rule
 DECODE_K4_FILL = 0.9
