@@ -355,8 +355,6 @@ def run_batches(rows, ceil, have_fm, save, batches=BATCHES, heads=(8, 16)):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     out_path = argv[0] if argv and not argv[0].startswith("--") else "fp8mma_device.json"
-    if not torch.cuda.is_available():
-        sys.exit("fp8mma_device: needs a CUDA GPU (Gluon kernels do not run on the CPU or in the interpreter)")
     cfgs = list(fm.CONFIGS)
     # launched directly: the dispatcher's own choice is timed by `glm5lib bench`
     if "--configs" in argv:
@@ -371,6 +369,18 @@ def main(argv=None) -> int:
         sys.exit("fp8mma_device: --only selects check cases; --batches and --small-batch run none")
     if only is not None and not only <= {case_name(c) for c in CHECKS}:
         sys.exit(f"fp8mma_device: --only names no check case: {sorted(only - {case_name(c) for c in CHECKS})}")
+    sizes, heads = BATCHES, (8, 16)
+    try:
+        if "--batch-sizes" in argv:
+            sizes = tuple(int(b) for b in argv[argv.index("--batch-sizes") + 1].split(","))
+        if "--heads" in argv:
+            heads = tuple(int(h) for h in argv[argv.index("--heads") + 1].split(","))
+    except (IndexError, ValueError):
+        sys.exit("fp8mma_device: --batch-sizes and --heads take comma-separated integers, e.g. --batch-sizes 256,512")
+    if min(sizes) < 1 or not all(1 <= h <= 16 for h in heads):
+        sys.exit(f"fp8mma_device: batch sizes must be >= 1 and heads 1-16, got {sizes}, {heads}")
+    if not torch.cuda.is_available():
+        sys.exit("fp8mma_device: needs a CUDA GPU (Gluon kernels do not run on the CPU or in the interpreter)")
     t0 = time.time()
     dev = torch.device("cuda")
     info = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(dev),
@@ -388,9 +398,6 @@ def main(argv=None) -> int:
             with open(out_path, "w") as f:
                 json.dump({"meta": info, "rows": rows}, f, indent=1)
 
-        sizes = tuple(int(b) for b in argv[argv.index("--batch-sizes") + 1].split(",")) if "--batch-sizes" in argv \
-            else BATCHES
-        heads = tuple(int(h) for h in argv[argv.index("--heads") + 1].split(",")) if "--heads" in argv else (8, 16)
         run_batches(rows, info["ceilings"], info["flashmla"] is None, save, sizes, heads)
         save()
         print(json.dumps({k: info[k] for k in ("failed_checks", "elapsed_s")}), flush=True)
