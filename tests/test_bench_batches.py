@@ -38,6 +38,17 @@ def test_rule_verdict_names_the_faster_build_and_the_margin():
     assert batches.rule_verdict(_row(8, 1, 4, k2=50.0, k4=40.0, graph_route="triton"))["ok"] is None
 
 
+def test_rule_now_asks_todays_rule_of_a_rows_shape():
+    """`rule_now`: the captured decode's key-warps rule of today for the row's heads and batch (132 SMs), which may
+    differ from the rule the run recorded; `rule_verdict(pick=...)` judges that pick against the same times."""
+    old = _row(8, 512, 2, k2=308.0, k4=283.0)  # a run whose rule took two key warps at B512
+    assert batches.rule_verdict(old)["ok"] is False
+    assert batches.rule_now(old) == "k4" and batches.rule_verdict(old, pick=batches.rule_now(old))["ok"] is True
+    assert [batches.rule_now(_row(8, B, 2, 1.0, 1.0)) for B in (32, 136, 256, 320, 400)] == ["k4", "k2", "k4", "k2",
+                                                                                           "k4"]
+    assert [batches.rule_now(_row(16, B, 2, 1.0, 1.0)) for B in (32, 136)] == ["k2", "k4"]
+
+
 def test_table_and_failed_checks(tmp_path):
     rows = [_row(8, 32, 4, k2=31.0, k4=30.0), _row(8, 192, 2, k2=50.0, k4=40.0, flashmla_ok=False),
             _row(16, 32, 2, k2=35.0, k4=37.0, triton_error="RuntimeError: boom"),
@@ -47,10 +58,11 @@ def test_table_and_failed_checks(tmp_path):
     assert batches.failed_checks(run) == ["H8 B192 flashmla", "H16 B32 triton",
                                           "H16 B512 (the case: OutOfMemoryError: CUDA out of memory)"]
     text = batches.rule_table(run)
-    assert "| 8 | 32 | 2 | k4 | 30.0 | 31.0 | 30.0 | 62.0 | 93.0 | 3.10x | yes |" in text
-    assert "| 8 | 192 | 2 | k2 | 50.0 | 50.0 | 40.0 | 100.0 | 150.0 | 3.00x | no (k4) |" in text
-    assert "| 16 | 32 | 2 | k2 | 35.0 | 35.0 | 37.0 | 70.0 | 105.0 | 3.00x | yes |" in text
-    assert "| 16 | 512 | - | - | - | - | - | - | - | - | OutOfMemoryError: CUDA out of memory |" in text
+    # the run's rule and today's (`rule_now`: the same picks at these batches); no k4wg column in these rows
+    assert "| 8 | 32 | 2 | k4 | 30.0 | 31.0 | 30.0 | - | 62.0 | 93.0 | 3.10x | yes | k4 | yes |" in text
+    assert "| 8 | 192 | 2 | k2 | 50.0 | 50.0 | 40.0 | - | 100.0 | 150.0 | 3.00x | no (k4) | k2 | no (k4) |" in text
+    assert "| 16 | 32 | 2 | k2 | 35.0 | 35.0 | 37.0 | - | 70.0 | 105.0 | 3.00x | yes | k2 | yes |" in text
+    assert "| 16 | 512 | - | - | - | - | - | - | - | - | - | OutOfMemoryError: CUDA out of memory | - | - |" in text
     assert batches.plot(run, tmp_path / "b.png").is_file()  # a failed case is left out of the figure
 
 
