@@ -369,6 +369,8 @@ def main(argv=None) -> int:
         sys.exit("fp8mma_device: --only selects check cases; --batches and --small-batch run none")
     if only is not None and not only <= {case_name(c) for c in CHECKS}:
         sys.exit(f"fp8mma_device: --only names no check case: {sorted(only - {case_name(c) for c in CHECKS})}")
+    if ("--batch-sizes" in argv or "--heads" in argv) and "--batches" not in argv:
+        sys.exit("fp8mma_device: --batch-sizes and --heads go with --batches")
     sizes, heads = BATCHES, (8, 16)
     try:
         if "--batch-sizes" in argv:

@@ -157,3 +157,31 @@ def test_quantize_write_indexer_keys_stores_what_the_reference_quantizes(dtype):
             want[o : o + 128] = cast[t * 128 : (t + 1) * 128]
     quantize_write_indexer_keys(view(b), k, slots)
     assert torch.equal(b, want)
+
+
+def test_the_paged_forward_tells_the_kernel_whether_tokens_share_rows(monkeypatch):
+    """`sparse_mla_forward` passes `decode` (one query token a request: no two tokens gather the same request's rows)
+    from metadata that has max_query_len (the backend's), None where it does not (PagedBatch: the kernel infers it);
+    `run_sparse_mla` hands it to `mla.sparse_mla`, whose fp8-cache key-warps rule reads it."""
+    from types import SimpleNamespace
+
+    from glm5lib.kernels import mla
+    from glm5lib.vllm_plugin import paged
+
+    seen = []
+    monkeypatch.setattr(paged, "run_sparse_mla", lambda *a: seen.append(a[-1]) or (None, None))
+    monkeypatch.setattr(paged, "physical_rows_for", lambda kernel: lambda *a: None)
+    q, cache = torch.zeros(4, 8, 576), torch.zeros(2, 64, 656, dtype=torch.uint8)
+    base = dict(req_id_per_token=torch.zeros(4, dtype=torch.int32), block_table=torch.zeros(1, 2, dtype=torch.int32),
+                block_size=64, topk_tokens=16)
+    for extra in ({"max_query_len": 1}, {"max_query_len": 3}, {}):
+        paged.sparse_mla_forward(q, cache, SimpleNamespace(**base, **extra), torch.zeros(4, 16, dtype=torch.int32),
+                                 0.1, "fp8_ds_mla", "triton")
+    assert seen == [True, False, None]
+    monkeypatch.undo()
+    calls = []
+    monkeypatch.setattr(mla, "sparse_mla", lambda *a, **kw: calls.append(kw["decode"]) or (None, None))
+    for decode in (True, None):
+        paged.run_sparse_mla(q, cache.view(-1, 656), torch.zeros(4, 16, dtype=torch.int32), 0.1, "fp8_ds_mla",
+                             "triton", decode)
+    assert calls == [True, None]

@@ -427,6 +427,16 @@ def test_key_warps_rule_four_for_split_lists_at_8_heads_and_whole_lists_at_16():
     assert all(fm.plan_key_warps(T, 2048, 1, cpu) == (4 if T == 128 else 2) for T in decode)
     assert [fm.plan_key_warps(T, 2048, 2, cpu, decode=True) for T in (128, 264, 512)] == [2, 4, 4]
     assert fm.plan_key_warps(512, 2048, 1, cpu, decode=True, q_terms=2, nbuf=1) == 2  # e4m3 build: two always
+    # the launch plan takes it (four warps, one split, two slots) and so does plan_splits with the rule's key warps
+    plan = fm._launch_plan.__wrapped__
+    args = (2048, "cpu", None, 0, 1, 1, 0, 0, 8, 2, 1, None, 2048, None, 0, 0, 3)
+    for T, want in ((256, (4, 1, 2)), (512, (4, 1, 2)), (320, (2, 1, 1))):
+        s, _, grid, kw, key = plan(T, 8, *args, True)
+        assert (kw["WM"], s, kw["NBUF"]) == want and grid == (T, 1), T
+    s, _, _, kw, _ = plan(256, 8, *args, False)
+    assert (kw["WM"], s) == (2, 2) and plan(256, 8, *args, False)[4] != plan(256, 8, *args, True)[4]
+    assert fm.plan_splits(256, 2048, 1, cpu, key_warps=0, decode=True)[0] == 1
+    assert fm.plan_splits(256, 2048, 1, cpu, key_warps=0)[0] == 2
     for bad, kw in ((3, {}), (4, {"q_terms": 2, "p_terms": 2}), (4, {"block_n": 32})):
         with pytest.raises(ValueError, match="key_warps"):
             fm.sparse_mla_fp8mma(torch.zeros(2, 8, 576, dtype=torch.bfloat16), torch.zeros(100, 656, dtype=torch.uint8),

@@ -814,6 +814,7 @@ def sparse_mla(
     kv_format: str = "bf16",
     block_size: int | None = None,
     out: torch.Tensor | None = None,
+    decode: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA forward over gathered cache rows.
 
@@ -823,6 +824,10 @@ def sparse_mla(
     indices: int32 `[T, topk]` physical rows; -1 or >= N (or beyond the last block) means "no key".
     Returns `(out [T, H, 512] in q's dtype, lse [T, H] fp32 natural log)`; a row with no key gives zeros
     and lse = -inf.
+    decode: every token is its request's only query token, so no two tokens gather the same request's rows (a decode
+      step without speculative tokens; the fp8-cache kernel's key-warps rule reads it at 1-8 heads,
+      `mla_gluon_fp8mma.plan_key_warps`); None: taken as so while a CUDA graph is being captured (vLLM captures
+      decode batches) and not otherwise.
 
     On sm_90 with Gluon, 17-128 heads and at least `GLUON_LARGE_MIN_T` tokens (bf16 q, bf16 or fp8_ds_mla rows on
     16-byte boundaries) run the Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_route`), 1-16 heads over an
@@ -846,9 +851,9 @@ def sparse_mla(
         if cfg8:
             from glm5lib.kernels.mla_gluon_fp8mma import config_kwargs, sparse_mla_fp8mma
 
-            # a captured step is a decode (vLLM captures decode-only batches): each token reads its own rows
-            return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(cfg8), out=out,
-                                     decode=graph or capturing(q.device))
+            if decode is None:  # asked only where the rule reads it (1-8 heads)
+                decode = graph or (H <= 8 and capturing(q.device))
+            return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(cfg8), out=out, decode=decode)
     if H > 16 and T >= GLUON_LARGE_MIN_T and q.is_cuda:
         mode = gluon_large_route(T, H, fmt, q.device, q.dtype, kv_cache.dtype, aligned)
         if mode:

@@ -1333,12 +1333,13 @@ def programs_per_sm(G: int, nbuf: int, q_terms: int, smem: str = "big", maxnreg:
 
 def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int | None = None, nbuf: int = DEFAULT[0],
                 q_terms: int = DEFAULT[1], maxnreg: int = 0, block_n: int = DEFAULT.block_n,
-                key_warps: int = DEFAULT.key_warps) -> tuple[int, int]:
+                key_warps: int = DEFAULT.key_warps, decode: bool = False) -> tuple[int, int]:
     """(split count, keys per split): enough programs for every SM's resident slots (`mla.pick_num_splits` with the
     fit rule), each split whole tiles of `block_n` keys (`mla.split_keys`; block_n 0: planned with 32-key tiles,
-    then `tile_keys`'s rule; four key warps: 64-key tiles, `KEY_WARPS`)."""
+    then `tile_keys`'s rule; four key warps: 64-key tiles, `KEY_WARPS`; key_warps 0: `plan_key_warps`'s pick, which
+    reads decode)."""
     if key_warps == 0:
-        key_warps = plan_key_warps(T, topk, G, device, num_splits, nbuf, q_terms, maxnreg, block_n)
+        key_warps = plan_key_warps(T, topk, G, device, num_splits, nbuf, q_terms, maxnreg, block_n, decode)
     wm = key_warps
     bn = tile_keys(block_n, 1, wm) if wm == 4 else block_n or BLOCK_N
     if num_splits is None:
@@ -1351,10 +1352,10 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
 # a captured decode at 1-8 heads takes four key warps at one split where their programs fill at least
 # `DECODE_K4_FILL` of one wave's slots or span at least `DECODE_K4_WAVES` waves (`plan_key_warps`). H100 runs, graph
 # replay, each token its own 32K-token request (NOTES.md round 20; 264 four-key-warp slots on 132 SMs): two key warps
-# spread a token's list over twice the slots, in a time nearly proportional to the tokens (~0.61 us each at one
-# split); four take 8-13 % less from two waves on, but a short second wave leaves half an SM's slots idle.
+# spread a token's list over twice the slots, in a time nearly proportional to the tokens (0.60-0.71 us each at one
+# split, B300-B1000); four take 2-13 % less from 1.5 waves on, but a short second wave leaves half an SM's slots idle.
 # `sweeps/fp8mma_batches_fill_h100_59e3fa7.json` and `_fill2_h100_87757bd.json`: four key warps faster at B256 (0.97
-# waves) and at every batch from 400 (1.52 waves: by 2 %) to 1000 (by 4-13 % from 432), slower at B136, 192 (0.52,
+# waves) and at every batch from 400 (1.52 waves: by 2 %) to 1000 (by 5-13 % from 432), slower at B136, 192 (0.52,
 # 0.73 waves), 320 and 384 (1.21, 1.45 waves; by 8-18 %). Fitted to those 16 batches after two guesses missed (0.9 of
 # the last wave alone: B448, B640; 0.8 of all waves' slots: B420, B600); on 8 new batches (`_fill3_h100_3d643c8.json`)
 # right at 7, wrong at B230 (0.87 of a wave, four key warps 3.1 % faster). The prefill, whose tokens share one request's

@@ -106,14 +106,15 @@ def kernel_choice(device: torch.device) -> str:
 
 
 def run_sparse_mla(q: torch.Tensor, kv_rows: torch.Tensor, rows: torch.Tensor, scale: float, kv_format: str,
-                   kernel: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [T, H, 576], flat cache rows, physical row ids [T, topk] -> (latent out [T, H, 512] in q's dtype, lse)."""
+                   kernel: str, decode: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, 576], flat cache rows, physical row ids [T, topk] -> (latent out [T, H, 512] in q's dtype, lse);
+    decode: one query token a request (`mla.sparse_mla`'s decode; None: the kernel infers it)."""
     if kernel == "triton":
         from glm5lib.kernels.mla import sparse_mla
 
         if kv_format != "fp8_ds_mla":  # the kernel names the cache by its element type (fp32: interpreter runs)
             kv_format = {torch.float32: "fp32", torch.float16: "fp16"}.get(kv_rows.dtype, "bf16")
-        return sparse_mla(q, kv_rows, rows, scale, d_v=LATENT, kv_format=kv_format)
+        return sparse_mla(q, kv_rows, rows, scale, d_v=LATENT, kv_format=kv_format, decode=decode)
     fmt = kv_format if kv_format == "fp8_ds_mla" else "fp32"
     out, lse = sparse_mla_ref(q, kv_rows, rows, scale, d_v=LATENT, kv_format=fmt)
     return out.to(q.dtype), lse
@@ -142,7 +143,10 @@ def sparse_mla_forward(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_c
     kernel = kernel or kernel_choice(q.device)
     rows = physical_rows_for(kernel)(batch.req_id_per_token[:T], batch.block_table, topk_local, batch.block_size,
                                      stride_rows)
-    return run_sparse_mla(q, kv_rows, rows, scale, kv_format, kernel)
+    # one query token a request (metadata with max_query_len: the backend's) tells the kernel that no two tokens
+    # share a request's rows; speculative tokens share them (a prefill-like gather), and PagedBatch does not say
+    max_q = getattr(batch, "max_query_len", None)
+    return run_sparse_mla(q, kv_rows, rows, scale, kv_format, kernel, None if max_q is None else max_q == 1)
 
 
 # ---- the DSA indexer's key cache (fp8 e4m3 + fp32 scale, DeepGEMM's block-split layout) -------------------------
