@@ -75,7 +75,10 @@ CHECKS = [dict(B=B, H=H) for B in (1, 32, 128) for H in (8, 16)] + [
     dict(B=1100, H=8, invalid="mixed"), dict(B=700, H=5, topk=1024, invalid="neg"),
     # one split at 16 heads over few tiles (140 tokens, 264 slots of four-key-warp programs): the one-split 16-head
     # build small enough for compute-sanitizer's racecheck (`--only`)
-    dict(B=140, H=16, topk=256, invalid="mixed")]
+    dict(B=140, H=16, topk=256, invalid="mixed"),
+    # the same at 8 heads over 300 tokens: four key warps at one split (what a decode step's key-warps rule takes from
+    # 1.5 waves, `mla_gluon_fp8mma.DECODE_K4_WAVES`), small enough for racecheck
+    dict(B=300, H=8, topk=256, invalid="mixed")]
 
 
 def case_name(c) -> str:
