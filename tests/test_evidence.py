@@ -1348,6 +1348,11 @@ def test_evidence_fp8mma_round20_wgmma8_and_decode_key_warps():
     log = (BENCH / "sweeps" / "memcheck_k4_h100_87757bd.log").read_text()
     assert "ERROR SUMMARY: 0 errors" in log and sum(f'"config": "{k4}"' in ln and '"ok": true' in ln
                                                     for ln in log.splitlines()) == 2
+    for tool, summary in (("racecheck", "RACECHECK SUMMARY: 0 hazards"), ("synccheck", "ERROR SUMMARY: 0 errors")):
+        log = (BENCH / "sweeps" / f"{tool}_k4_h100_592e597.log").read_text()  # one split, B300 at 8 heads
+        assert summary in log and '"failed_checks": 0' in log, tool
+        assert sum(f'"config": "{k4}"' in ln and '"ok": true' in ln and '"splits": 1' in ln
+                   for ln in log.splitlines()) == 1, tool
     bench = load("sweeps/bench_h100_59e3fa7.json")
     targets = {t["target"]: t for t in bench["targets"]}
     assert bench["meta"]["commit"] == "59e3fa7" and sum(t["met"] for t in targets.values()) == 8
