@@ -77,3 +77,30 @@ def test_plot_writes_one_png(tmp_path):
 def test_a_run_without_batch_rows_is_refused(tmp_path):
     with pytest.raises(ValueError, match="no batch rows"):
         batches.load_run(_write(tmp_path, [{"kind": "ablate-decode", "B": 32, "H": 8}]))
+
+
+def test_cli_reads_a_run_back(tmp_path, capsys):
+    """`glm5lib bench batches RUN.json`: the table with both rules' verdicts and the PNG; exit 1 where a launch failed
+    its check; one-line errors (exit 2) for a missing file, a file that is not a run, an existing PNG."""
+    from glm5lib.bench.cli import main
+
+    good = _write(tmp_path, [_row(8, 512, 2, k2=308.0, k4=283.0), _row(16, 32, 2, k2=35.0, k4=37.0)])
+    assert main(["bench", "batches", str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "| 8 | 512 | 2 | k2 | 308.0 | 308.0 | 283.0 | - |" in out and "| no (k4) | k4 | yes |" in out
+    assert "every launch matched fp32" in out and good.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert main(["bench", "batches", str(good)]) == 2  # the PNG exists: not replaced without --force
+    assert "already exists" in capsys.readouterr().err
+    assert main(["bench", "batches", str(good), "--force"]) == 0
+    capsys.readouterr()
+    bad = tmp_path / "bad" / "run.json"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps({"meta": {}, "rows": [_row(8, 32, 4, k2=31.0, k4=30.0, k4_ok=False)]}))
+    assert main(["bench", "batches", str(bad)]) == 1 and "failed checks: H8 B32 k4" in capsys.readouterr().out
+    for text, msg in (("[1]", "must hold a JSON object"), ('{"rows": []}', "no batch rows"), ("{", "JSON")):
+        bad.write_text(text)
+        assert main(["bench", "batches", str(bad), "--force"]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1, err
+    assert main(["bench", "batches", str(tmp_path / "none.json")]) == 2
+    assert "no batch run at" in capsys.readouterr().err

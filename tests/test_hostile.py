@@ -148,11 +148,12 @@ def _config_argv(verb: str, cfg: Path, base: Base) -> list[str]:
     return {"doctor": ["doctor", str(cfg), "--cc", "cpu"],
             "map-check": ["map", "check", str(base.gguf), "--config", str(cfg)],
             "bench-plot": ["bench", "plot", str(cfg)],
+            "bench-batches": ["bench", "batches", str(cfg)],
             "serve": ["serve", "--dry-run", str(cfg.parent)],
             "plan": ["plan", str(cfg), "--gpus", "8", "--gpu-mem", "96GB"]}[verb]
 
 
-@pytest.mark.parametrize("verb", ["doctor", "map-check", "bench-plot", "serve", "plan"])
+@pytest.mark.parametrize("verb", ["doctor", "map-check", "bench-plot", "bench-batches", "serve", "plan"])
 @pytest.mark.parametrize("case", list(CONFIGS))
 def test_bad_config(case, verb, base, tmp_path):
     cfg = CONFIGS[case](tmp_path)
@@ -172,12 +173,13 @@ WRITERS = {
     "map-export": lambda src, out: ["map", "export", "-q", str(src.gguf), str(out)],
     "tiny-build": lambda src, out: ["tiny", "build", "--types", "Q4_0", "--out", str(out)],
     "bench-plot": lambda src, out: ["bench", "plot", str(src.hf_dir / "bench.json"), "--png", str(out)],
+    "bench-batches": lambda src, out: ["bench", "batches", str(src.hf_dir / "batches.json"), "--png", str(out)],
 }
 
 
 def _out_name(verb: str) -> str:
     return {"split": "s-00001-of-00001.gguf", "merge": "m.gguf", "map-export": "hf", "tiny-build": "tiny",
-            "bench-plot": "b.png"}[verb]
+            "bench-plot": "b.png", "bench-batches": "bb.png"}[verb]
 
 
 def _prefix(verb: str, out: Path) -> Path:
@@ -189,6 +191,9 @@ def src(base, tmp_path):
     hf = tmp_path / "hfsrc"
     hf.mkdir()
     (hf / "bench.json").write_text(json.dumps({"rows": [], "meta": {"name": "x"}, "targets": []}))
+    (hf / "batches.json").write_text(json.dumps({"meta": {"commit": "x", "device": "x"}, "rows": [
+        {"kind": "batch", "B": 32, "H": 8, "rule_key_warps": 4, "rule_splits": 8, "k2_us": 31.0, "k4_us": 30.0,
+         "dispatch_us": 30.0}]}))
     return Base(base.gguf, base.shards, hf)
 
 
@@ -224,7 +229,7 @@ def test_unwritable_output(case, verb, src, tmp_path):
     before = {p.name for p in out.parent.iterdir()} if out.parent.is_dir() else set()
     try:
         rc, o, err, seconds = run_cli(WRITERS[verb](src, _prefix(verb, out)))
-        if verb == "bench-plot" and case == "full_disk" and rc == 0:  # a tiny PNG fits in 1 MB: written whole
+        if verb in ("bench-plot", "bench-batches") and case == "full_disk" and rc == 0:  # a PNG fits in 1 MB: whole
             assert out.is_file() and out.read_bytes().startswith(b"\x89PNG"), (o, err)
             return
         assert_refused(verb, rc, o, err, (out.name, out.parent.name, "s-00001-of-00001.gguf", "s"))

@@ -13,7 +13,8 @@ The rule a row records (`rule_key_warps`) is the one of the run's commit; `rule_
 says at each batch whether either rule's pick was the faster build; `plot` draws the times per token and the
 speed-up over FlashMLA.
 
-`bash scripts/device_kernels.sh batches` makes a run, which `load_run(run_path(name))` reads once it is under
+`bash scripts/device_kernels.sh batches` makes a run, which `glm5lib bench batches RUN.json` reads back anywhere
+(table, verdicts, figure) and `load_run(run_path(name))` reads once it is under
 outputs/bench/sweeps; the committed ones ran on an H100: `fp8mma_batches_h100_c757078.json` (NOTES.md round 19) and
 `fp8mma_batches_h100_3fefa76.json` (round 20, notebook 04's), with the 8-head batches of the key-warps rule beside
 them (`fp8mma_batches_fill*_h100_*.json`).

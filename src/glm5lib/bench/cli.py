@@ -1,4 +1,5 @@
-"""`glm5lib bench sparse-mla|indexer|all|gather|plot|compile|check`: kernel benchmarks (GPU) and checks (CPU or GPU)."""
+"""`glm5lib bench sparse-mla|indexer|all|gather|plot|batches|compile|check`: kernel benchmarks (GPU) and checks (CPU
+or GPU)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,37 @@ def _plot(args) -> int:
         raise UserError(f"{out}: cannot write ({exc.strerror or exc})") from None
     print(f"wrote {png}")
     return 0
+
+
+def _batches(args) -> int:
+    """A `scripts/fp8mma_device.py --batches` run read back on any machine: the table of every launch's time with the
+    run's and today's key-warps verdicts (`bench.batches.rule_table`), the launches that failed their check, and the
+    figure (`bench.batches.plot`). Exit 1 where a launch failed its check."""
+    from glm5lib.bench import batches
+    from glm5lib.files import check_output, read_json_object
+
+    src = Path(args.json)
+    if not os.path.lexists(src):
+        raise UserError(f"no batch run at {src}")
+    read_json_object(src, "batch run")  # one-line errors for a file that is not JSON or not an object
+    try:
+        run = batches.load_run(src)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{src}: not a `scripts/fp8mma_device.py --batches` run ({type(exc).__name__}: {exc})") \
+            from None
+    out = check_output(src.with_suffix(".png") if args.png is None else Path(args.png), force=args.force,
+                       inputs=[src])
+    try:
+        print(batches.rule_table(run))
+        png = batches.plot(run, out)
+    except (KeyError, TypeError) as exc:
+        raise UserError(f"{src}: a batch row lacks a field ({type(exc).__name__}: {exc})") from None
+    except OSError as exc:
+        raise UserError(f"{out}: cannot write ({exc.strerror or exc})") from None
+    bad = batches.failed_checks(run)
+    print(f"failed checks: {', '.join(bad)}" if bad else "every launch matched fp32")
+    print(f"wrote {png}")
+    return 1 if bad else 0
 
 
 def _gather(args) -> int:
@@ -114,6 +146,12 @@ def register_cli(subparsers) -> None:
     pl.add_argument("--png")
     pl.add_argument("--force", action="store_true", help="overwrite an existing PNG")
     pl.set_defaults(func=_plot)
+    bt = sub.add_parser("batches", help="read back a decode batch sweep (scripts/fp8mma_device.py --batches): the "
+                        "key-warps rule's verdicts, table and PNG")
+    bt.add_argument("json")
+    bt.add_argument("--png", help="figure path (default: the JSON's path with .png)")
+    bt.add_argument("--force", action="store_true", help="overwrite an existing PNG")
+    bt.set_defaults(func=_batches)
     c = sub.add_parser("compile", help="AOT-compile every shipped config for sm_80/89/90/120 and check shared memory")
     c.add_argument("--arch", type=int, nargs="*", default=[80, 89, 90, 120])
     c.set_defaults(func=_compile)
