@@ -210,8 +210,8 @@ CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), Config(0, 1, 1, 0, 0, 8, 2, 
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
 # 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e), refilled early at one split
 # (`REFILLS`' comment: H200 at e6da82b and 8457230), four key warps where `key_warps_of`'s rule takes them (decode
-# at 1-8 heads, prefill at 9-16: `KEY_WARPS`' comment; a captured decode at 1-8 heads also at one split from 0.9 of
-# a wave or from 1.5 waves: `DECODE_K4_FILL`), and there at 9-16 heads S as wgmma issued ahead of the next
+# at 1-8 heads, prefill at 9-16: `KEY_WARPS`' comment; a decode step at 1-8 heads also at one split from 0.9 of a
+# wave or from 1.5 waves: `DECODE_K4_FILL`), and there at 9-16 heads S as wgmma issued ahead of the next
 # chunk's widening (`WGMMAS`' comment: H200 at 4812c4d). The 32-key, 2-thread build at
 # 33e8f55 (`fp8mma_h200.json`): 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x
 # at prefill, 8 heads; 0.75-0.81x at 16 heads. The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and
@@ -1349,8 +1349,9 @@ def plan_splits(T: int, topk: int, G: int, device: torch.device, num_splits: int
     return mla.split_keys(topk, splits, tile_keys(block_n, splits, wm))
 
 
-# a captured decode at 1-8 heads takes four key warps at one split where their programs fill at least
-# `DECODE_K4_FILL` of one wave's slots or span at least `DECODE_K4_WAVES` waves (`plan_key_warps`). H100 runs, graph
+# a decode step at 1-8 heads (`plan_key_warps`' decode: no two tokens share a request's rows) takes four key warps at
+# one split where their programs fill at least `DECODE_K4_FILL` of one wave's slots or span at least
+# `DECODE_K4_WAVES` waves. H100 runs, graph
 # replay, each token its own 32K-token request (NOTES.md round 20; 264 four-key-warp slots on 132 SMs): two key warps
 # spread a token's list over twice the slots, in a time nearly proportional to the tokens (0.60-0.71 us each at one
 # split, B300-B1000); four take 2-13 % less from 1.5 waves on, but a short second wave leaves half an SM's slots idle.
@@ -1370,7 +1371,7 @@ def plan_key_warps(T: int, topk: int, G: int, device: torch.device, num_splits: 
                    block_n: int = DEFAULT.block_n, decode: bool = False) -> int:
     """`key_warps_of`'s rule (key_warps 0) for a call: at 1-8 heads whether four key warps' own plan splits the
     top-k list, at 9-16 whether two key warps' plan does (their programs per SM are the same there). decode: each
-    token gathers its own request's rows (a captured decode step, `mla.sparse_mla`): at 1-8 heads four key warps
+    token gathers its own request's rows (a decode step: `mla.sparse_mla`'s decode): at 1-8 heads four key warps
     also where their plan does not split and its programs fill at least `DECODE_K4_FILL` of one wave or span at
     least `DECODE_K4_WAVES` waves."""
     wm = 4 if G == 1 and q_terms == 1 and block_n == 0 else 2
@@ -1498,9 +1499,9 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     sched: the programs' schedule (`SCHEDS`); key_warps: warps along the keys (`KEY_WARPS`); widen: latent chunks
     widened by integer instructions (`WIDENS`); wgmma: S's products as wgmma (`WGMMAS`). `config_kwargs(cfg)`
     gives these for a `Config`. programs (a measurement knob): the balanced schedule's program count instead of the
-    slots (T: one token a program). decode: each token gathers its own request's rows (a captured decode step:
-    `mla.sparse_mla` passes whether the call is being captured into a CUDA graph), which the key-warps rule reads
-    (`plan_key_warps`)."""
+    slots (T: one token a program). decode: each token gathers its own request's rows (a decode step: `mla.sparse_mla`
+    passes its caller's word, or whether the call is being captured into a CUDA graph), which the key-warps rule
+    reads (`plan_key_warps`)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
