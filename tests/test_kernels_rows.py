@@ -161,7 +161,7 @@ def test_quantize_write_indexer_keys_stores_what_the_reference_quantizes(dtype):
 
 def test_the_paged_forward_tells_the_kernel_whether_tokens_share_rows(monkeypatch):
     """`sparse_mla_forward` passes `decode` (one query token a request: no two tokens gather the same request's rows)
-    from metadata that has max_query_len (the backend's), None where it does not (PagedBatch: the kernel infers it);
+    from the step's max_query_len (the backend's metadata), None where it is not known (the kernel infers it);
     `run_sparse_mla` hands it to `mla.sparse_mla`, whose fp8-cache key-warps rule reads it."""
     from types import SimpleNamespace
 
@@ -174,10 +174,12 @@ def test_the_paged_forward_tells_the_kernel_whether_tokens_share_rows(monkeypatc
     q, cache = torch.zeros(4, 8, 576), torch.zeros(2, 64, 656, dtype=torch.uint8)
     base = dict(req_id_per_token=torch.zeros(4, dtype=torch.int32), block_table=torch.zeros(1, 2, dtype=torch.int32),
                 block_size=64, topk_tokens=16)
-    for extra in ({"max_query_len": 1}, {"max_query_len": 3}, {}):
-        paged.sparse_mla_forward(q, cache, SimpleNamespace(**base, **extra), torch.zeros(4, 16, dtype=torch.int32),
-                                 0.1, "fp8_ds_mla", "triton")
-    assert seen == [True, False, None]
+    for max_q in (1, 3, None):
+        paged.sparse_mla_forward(q, cache, SimpleNamespace(**base, max_query_len=max_q),
+                                 torch.zeros(4, 16, dtype=torch.int32), 0.1, "fp8_ds_mla", "triton")
+    paged.sparse_mla_forward(q, cache, paged.PagedBatch(**base), torch.zeros(4, 16, dtype=torch.int32), 0.1,
+                             "fp8_ds_mla", "triton")  # the harness's batch: not known
+    assert seen == [True, False, None, None]
     monkeypatch.undo()
     calls = []
     monkeypatch.setattr(mla, "sparse_mla", lambda *a, **kw: calls.append(kw["decode"]) or (None, None))

@@ -39,6 +39,9 @@ class PagedBatch:
     block_table: torch.Tensor  # int32 [R, max_blocks]
     block_size: int
     topk_tokens: int
+    # 1: one query token a request, so no two tokens share a request's rows (the kernel's `decode`); None: not known
+    # (the kernel then takes a step captured into a CUDA graph as a decode)
+    max_query_len: int | None = None
 
 
 def req_id_per_token(query_start_loc_cpu: torch.Tensor | np.ndarray, num_tokens: int) -> torch.Tensor:
@@ -143,10 +146,9 @@ def sparse_mla_forward(q: torch.Tensor | tuple[torch.Tensor, torch.Tensor], kv_c
     kernel = kernel or kernel_choice(q.device)
     rows = physical_rows_for(kernel)(batch.req_id_per_token[:T], batch.block_table, topk_local, batch.block_size,
                                      stride_rows)
-    # one query token a request (metadata with max_query_len: the backend's) tells the kernel that no two tokens
-    # share a request's rows; speculative tokens share them (a prefill-like gather), and PagedBatch does not say
-    max_q = getattr(batch, "max_query_len", None)
-    return run_sparse_mla(q, kv_rows, rows, scale, kv_format, kernel, None if max_q is None else max_q == 1)
+    # speculative tokens share their request's rows (a prefill-like gather): only max_query_len 1 is a decode
+    decode = None if batch.max_query_len is None else batch.max_query_len == 1
+    return run_sparse_mla(q, kv_rows, rows, scale, kv_format, kernel, decode)
 
 
 # ---- the DSA indexer's key cache (fp8 e4m3 + fp32 scale, DeepGEMM's block-split layout) -------------------------
