@@ -202,6 +202,16 @@ def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False, ro
                 r = {**base, "impl": f"gluon-wgmma-probe{pr}{tag}", "error": _err(exc)}
             rows.append(r)
             print(json.dumps(r), flush=True)
+    if probe and fmt == "fp8_ds_mla":  # the dequantising-producer kernel: its producer alone, its consumers alone
+        for pr in (1, 2):
+            try:
+                ms = bk._graph_ms([lambda i=i, pr=pr: gl_large.sparse_mla_gluon_large(
+                    q, flat, i, SM_SCALE, kv_format=fmt, out=out, mode="dq", probe=pr) for i in idx_sets])
+                r = {**base, "impl": f"gluon-dq-probe{pr}", "us": ms * 1e3}
+            except Exception as exc:  # noqa: BLE001
+                r = {**base, "impl": f"gluon-dq-probe{pr}", "error": _err(exc)}
+            rows.append(r)
+            print(json.dumps(r), flush=True)
     if have_fm and fmt == "fp8_ds_mla":
         q4 = q.unsqueeze(1).contiguous()
         kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
@@ -225,7 +235,7 @@ def summarize(bench) -> list[str]:
     lines = ["| case | impl | time | FlashMLA / it | Triton / it |", "|---|---|---|---|---|"]
     cases = {}
     for r in bench:
-        if "error" not in r and not r["impl"].startswith(("gluon-wgmma-probe", "gluon-pingpong-probe")):
+        if "error" not in r and not r["impl"].startswith(("gluon-wgmma-probe", "gluon-pingpong-probe", "gluon-dq-probe")):
             cases.setdefault((r["kind"], r["kv_format"], r["H"]), []).append(r)
     for (kind, fmt, H), rows in cases.items():
         t = {r["impl"]: r.get("ms") or r.get("us") / 1e3 for r in rows}

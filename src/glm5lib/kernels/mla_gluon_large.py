@@ -76,16 +76,24 @@ NUM_WARPS = 8  # two warpgroups, splitting S by keys and the accumulator by colu
 # (block_n, nbuf, mode) the device script times; DEFAULT is what `sparse_mla_gluon_large` takes unless told. mode:
 # "sync" / "async" / "defer" the key-split kernel with its ASYNC 0 / 1 / 2 (its docstring: one wait per wgmma, one per
 # tile's S and one per its P V, P V waited for behind the next tile's S), "pingpong" the three-warpgroup kernel
-# (`_sparse_mla_pingpong_kernel`, nbuf must be 2). "defer" and "pingpong" take bf16 caches only.
-CONFIGS = [(64, 2, "async"), (64, 2, "sync"), (64, 2, "defer"), (32, 2, "async"), (64, 2, "pingpong")]
+# (`_sparse_mla_pingpong_kernel`, nbuf must be 2), "dq" the three-warpgroup kernel with a dequantising producer
+# (`_sparse_mla_dq_kernel`, nbuf 2). "defer" and "pingpong" take bf16 caches only, "dq" fp8_ds_mla only.
+CONFIGS = [(64, 2, "async"), (64, 2, "sync"), (64, 2, "defer"), (32, 2, "async"), (64, 2, "pingpong"), (64, 2, "dq")]
 DEFAULT = (64, 2, "async")
 ASYNC = {"sync": 0, "async": 1, "defer": 2}
 BF16_ONLY = ("defer", "pingpong")
+FP8_ONLY = ("dq",)
+WS_MODES = ("pingpong", "dq")  # the warp-specialised kernels: 64-key tiles, two buffers, probes 1-2
 # setmaxnreg of the ping-pong kernel's second consumer and of its producer (the first consumer, the default partition,
 # takes what the launch leaves). Triton 3.6's sm_90 builds: the consumers spill nothing down to 208; the producer (which
 # holds two pairs' index tiles) keeps 8 bytes of stack at 88 and more below
 PP_CONSUMER_REGS = 208
 PP_PRODUCER_REGS = 88
+# the same for the dequantising-producer kernel; the default partition (warpgroup 0) takes the rest, 216. Triton 3.6's
+# sm_90 build: FlashMLA's split (192 / 160 / 152) spills 104 bytes (warpgroup 0), 160 / 128 keeps 16 (the producer,
+# which holds a whole tile's loads: 64 registers of e4m3 words, 16 of rope, 16 of scales, while it waits for a buffer)
+DQ_CONSUMER_REGS = 160
+DQ_PRODUCER_REGS = 128
 # threads that copy one raw fp8_ds_mla row's 512 e4m3 bytes in the key-split kernel, 16 bytes each (its TPR): 32 is
 # one warp a row (a warp's copy instruction reads one row's four 128-byte lines; each thread holds 8 row offsets at
 # 64-key tiles), 8 reads 4 rows' lines (2 row offsets a thread), the mapping that was faster in the fp8-cache kernel
@@ -96,17 +104,18 @@ RAW_ROW_THREADS_CHOICES = (4, 8, 16, 32)
 
 def configs_for(kv_format: str) -> list:
     """The CONFIGS entries that apply to a cache format."""
-    return [c for c in CONFIGS if kv_format == "bf16" or c[2] not in BF16_ONLY]
+    return [c for c in CONFIGS if c[2] not in (FP8_ONLY if kv_format == "bf16" else BF16_ONLY)]
 
 
 def config_name(cfg) -> str:
     return f"BN{cfg[0]}-nbuf{cfg[1]}-{cfg[2]}"
 
 
-def smem_bytes_estimate(block_n: int, nbuf: int, kv_format: str = "bf16") -> int:
-    """Shared memory of one program: q, the bf16 tile ring, and (fp8) the raw gather ring with its scales."""
+def smem_bytes_estimate(block_n: int, nbuf: int, kv_format: str = "bf16", mode: str = DEFAULT[2]) -> int:
+    """Shared memory of one program: q, the bf16 tile ring, and (fp8, but for "dq", whose producer converts from
+    registers) the raw gather ring with its scales."""
     q = BLOCK_H * D_QK * 2
-    if kv_format == "fp8_ds_mla":  # one bf16 latent tile, a ring of rope tiles and of raw rows (e4m3 + scales)
+    if kv_format == "fp8_ds_mla" and mode != "dq":  # one bf16 latent tile, a ring of rope tiles and of raw rows (e4m3 + scales)
         return q + block_n * D_NOPE * 2 + nbuf * block_n * (D_ROPE * 2 + D_NOPE + 16)
     return q + nbuf * block_n * D_QK * 2
 
@@ -159,18 +168,22 @@ if HAVE_GLUON:
         w = raw.index(slot).slice(c * 32, 32, 1).load(LW)  # [N, 32] int32
         s = sc.index(slot).load(LSC)  # [N, 4]
         col = gl.arange(0, 4, layout=gl.SliceLayout(0, LSC))
-        N: gl.constexpr = w.shape[0]
         NW: gl.constexpr = gl.num_warps()
         LX: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [NW, 1], [1, 0])  # what the word unpacking gives
         s_c = gl.convert_layout(gl.sum(gl.where(col[None, :] == c, s, 0.0), axis=1), gl.SliceLayout(1, LX))
+        dst.store((_e4m3_words_f32(w, LX) * s_c[:, None]).to(gl.bfloat16))
+
+    @gluon.jit
+    def _e4m3_words_f32(w, LX: gl.constexpr):
+        """[N, 32] int32 words of e4m3 bytes -> [N, 128] fp32 in memory order, in layout LX."""
+        N: gl.constexpr = w.shape[0]
         # e4m3 -> fp16 is exact: two cvt.rn.f16x2.e4m3x2 per word, bytes in memory order e0..e3
         e0, e1, e2, e3 = gl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; .reg .b32 a, b;\n mov.b32 {lo, hi}, $4;\n cvt.rn.f16x2.e4m3x2 a, lo;\n"
             " cvt.rn.f16x2.e4m3x2 b, hi;\n mov.b32 {$0, $1}, a;\n mov.b32 {$2, $3}, b; }",
             "=h,=h,=h,=h,r", [w], dtype=(gl.float16, gl.float16, gl.float16, gl.float16), is_pure=True, pack=1)
         # join(join(e0, e2), join(e1, e3))[n, j, a, b] = e_(2a + b): memory order after the reshape
-        x = gl.convert_layout(gl.reshape(gl.join(gl.join(e0, e2), gl.join(e1, e3)), [N, 128]), LX).to(gl.float32)
-        dst.store((x * s_c[:, None]).to(gl.bfloat16))
+        return gl.convert_layout(gl.reshape(gl.join(gl.join(e0, e2), gl.join(e1, e3)), [N, 128]), LX).to(gl.float32)
 
     @gluon.jit
     def _scores_wgmma(q0, q1, q2, q3, qr, k0, k1, k2, k3, kr, zero_s, IS_ASYNC: gl.constexpr):
@@ -722,6 +735,234 @@ if HAVE_GLUON:
                             BLOCK_N, PROBE)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
+    # ---- the dequantising producer (fp8_ds_mla caches): FlashMLA's sm_90 fp8 decode plan ----
+
+    @gluon.jit
+    def _dq_producer(KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
+                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
+        """Worker partition: tile i's rows into buffer i % 2 as bf16. Each thread loads 16 bytes of a row a chunk
+        into registers (8 threads a 128-byte line), the whole tile's loads issued before it waits for the buffer
+        (`free`: both consumers done with tile i - 2), then converts (e4m3 * the row's chunk scale, rounded to bf16:
+        exact for power-of-two scales) and stores into the wgmma layout; the rope part goes in as it is. Invalid rows
+        load as zeros. `ready` is arrived once the partition's stores are fenced for the tensor cores. The next tile's
+        indices are read one tile ahead. PROBE 2: nothing is loaded or stored (the consumers alone)."""
+        PW: gl.constexpr = gl.num_warps()
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [PW, 1], [1, 0])  # [N, 32] int32 words of a chunk
+        LX: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [PW, 1], [1, 0])  # the words' values, [N, 128]
+        LR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])  # [N, 64] bf16 rope part
+        IW: gl.constexpr = gl.SliceLayout(1, LW)
+        IR: gl.constexpr = gl.SliceLayout(1, LR)
+        IX: gl.constexpr = gl.SliceLayout(1, LX)
+        KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
+        KVH = KV.to(gl.pointer_type(gl.bfloat16), bitcast=True)
+        KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True)
+        offs_w = gl.arange(0, 32, layout=gl.SliceLayout(0, LW))
+        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
+        n_w = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IW)
+        n_r = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IR)
+        n_x = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IX)
+        for i in range(n_tiles):
+            b = i & 1
+            i_w = n_w
+            i_r = n_r
+            i_x = n_x
+            s1 = k_start + (i + 1) * BLOCK_N  # past the split: -1 (masked)
+            n_w = _tile_idx(idx_row, s1, k_end, BLOCK_N, IW)
+            n_r = _tile_idx(idx_row, s1, k_end, BLOCK_N, IR)
+            n_x = _tile_idx(idx_row, s1, k_end, BLOCK_N, IX)
+            if PROBE != 2:
+                v = (i_w >= 0) & (i_w < N_ROWS)
+                w_row = KVW + gl.multiple_of(gl.where(v, i_w, 0).to(gl.int64) * (stride_kv // 4), 4)[:, None]
+                w0 = gl.load(w_row + offs_w[None, :], mask=v[:, None], other=0)
+                w1 = gl.load(w_row + 32 + offs_w[None, :], mask=v[:, None], other=0)
+                w2 = gl.load(w_row + 64 + offs_w[None, :], mask=v[:, None], other=0)
+                w3 = gl.load(w_row + 96 + offs_w[None, :], mask=v[:, None], other=0)
+                v = (i_r >= 0) & (i_r < N_ROWS)
+                h_off = gl.multiple_of((gl.where(v, i_r, 0).to(gl.int64) * stride_kv + 528) // 2, 8)
+                rope = gl.load(KVH + h_off[:, None] + offs_r[None, :], mask=v[:, None], other=0.0)
+                v = (i_x >= 0) & (i_x < N_ROWS)
+                f_row = KVF + (gl.where(v, i_x, 0).to(gl.int64) * stride_kv + 512) // 4
+                s0 = gl.load(f_row, mask=v, other=0.0)
+                s1c = gl.load(f_row + 1, mask=v, other=0.0)
+                s2 = gl.load(f_row + 2, mask=v, other=0.0)
+                s3 = gl.load(f_row + 3, mask=v, other=0.0)
+            mbarrier.wait(free.index(b), ((i >> 1) & 1) ^ 1)  # the first use of each buffer passes at once
+            if PROBE != 2:
+                k0.index(b).store((_e4m3_words_f32(w0, LX) * s0[:, None]).to(gl.bfloat16))
+                k1.index(b).store((_e4m3_words_f32(w1, LX) * s1c[:, None]).to(gl.bfloat16))
+                k2.index(b).store((_e4m3_words_f32(w2, LX) * s2[:, None]).to(gl.bfloat16))
+                k3.index(b).store((_e4m3_words_f32(w3, LX) * s3[:, None]).to(gl.bfloat16))
+                kr.index(b).store(rope)
+                fence_async_shared()  # the generic-proxy stores before the consumers' wgmma reads
+            _barrier()  # every thread's stores before the (one-thread) arrive
+            mbarrier.arrive(ready.index(b))
+
+    @gluon.jit
+    def _dq_consumer(W: gl.constexpr, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS,
+                     qk_scale, idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free,
+                     bar_p, bar_l, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
+        """Warpgroup W of the dequantising-producer kernel. W 0 (the default partition) computes each tile's whole S
+        (no row statistics cross warpgroups), its softmax, and P V on value chunks 0-1 with P from registers; it
+        writes P (bf16) into the tile's rope part (read by S already) and the accumulator's rescale factor into
+        `sc[b]`, then arrives `bar_p[b]`. W 1 waits `bar_p[b]`, rescales its accumulator and computes P V on chunks
+        2-3 with P from shared memory. Each arrives `free[b]` once its wgmma have read the buffer. At the end W 0
+        hands its row max and sum to W 1 through `sml` (`bar_l`). PROBE 1: the producer alone (buffers handed back
+        unread)."""
+        BH: gl.constexpr = 64
+        CH: gl.constexpr = 128
+        S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH, 16])
+        PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+        ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+        COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
+        ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+        COL_O: gl.constexpr = gl.SliceLayout(0, O_L)
+        if W == 0:  # this warpgroup's value columns
+            va = k0
+            vb = k1
+        else:
+            va = k2
+            vb = k3
+        m_run = gl.full([BH], float("-inf"), gl.float32, ROW_S)
+        l_i = gl.full([BH], 0.0, gl.float32, ROW_S)
+        acc_a = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        acc_b = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        zero_s = gl.full([BH, BLOCK_N], 0.0, gl.float32, S_L)
+        n_main = n_tiles
+        if PROBE == 1:  # the producer alone: each buffer handed back unread
+            for i in range(n_tiles):
+                mbarrier.wait(ready.index(i & 1), (i >> 1) & 1)
+                _barrier()
+                mbarrier.arrive(free.index(i & 1))
+            n_main = 0
+        for i in range(n_main):
+            # the buffer index at run time: with a constant one the compiler hoists every wgmma's shared-memory
+            # descriptor out of the loop, and they spill (as in `_pp_consumer`)
+            b = _opaque_zero(i) + (i & 1)
+            ph = (i >> 1) & 1
+            if W == 0:
+                mbarrier.wait(ready.index(b), ph)
+                s = _scores_wgmma(qa.index(0), qa.index(1), qa.index(2), qa.index(3), qr.index(0), k0.index(b),
+                                  k1.index(b), k2.index(b), k3.index(b), kr.index(b), zero_s, True)
+                cur = _tile_idx(idx_row, k_start + i * BLOCK_N, k_end, BLOCK_N, COL_S)
+                s = warpgroup_mma_wait(0, deps=[s])
+                s = gl.where(((cur >= 0) & (cur < N_ROWS))[None, :], s * qk_scale, float("-inf"))  # log2 domain
+                m_new = gl.maximum(m_run, gl.max(s, axis=1))
+                m_u = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
+                alpha = gl.exp2(m_run - m_u)
+                p = gl.exp2(s - m_u[:, None])
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                pb = p.to(gl.bfloat16)
+                kr.index(b).store(pb)  # P for warpgroup 1, in the rope part S has read
+                sc.index(b).store(alpha)
+                fence_async_shared()
+                _barrier()
+                mbarrier.arrive(bar_p.index(b))
+                a2 = gl.convert_layout(alpha, ROW_O)[:, None]
+                pa = gl.convert_layout(pb, PA)
+                acc_a = warpgroup_mma(pa, va.index(b), acc_a * a2, is_async=True)
+                acc_b = warpgroup_mma(pa, vb.index(b), acc_b * a2, is_async=True)
+                acc_a, acc_b, pa = warpgroup_mma_wait(0, deps=[acc_a, acc_b, pa])
+                m_run = m_new
+            else:
+                mbarrier.wait(bar_p.index(b), ph)
+                a2 = sc.index(b).load(ROW_O)[:, None]
+                acc_a = warpgroup_mma(kr.index(b), va.index(b), acc_a * a2, is_async=True)
+                acc_b = warpgroup_mma(kr.index(b), vb.index(b), acc_b * a2, is_async=True)
+                acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
+            _barrier()
+            mbarrier.arrive(free.index(b))
+        # the final row max and sum, warpgroup 0's, to warpgroup 1
+        if W == 0:
+            sml.index(0).store(m_run)
+            sml.index(1).store(l_i)
+            _barrier()
+            mbarrier.arrive(bar_l)
+            m_o = gl.convert_layout(m_run, ROW_O)
+            l_o = gl.convert_layout(l_i, ROW_O)
+        else:
+            mbarrier.wait(bar_l, 0)
+            m_o = sml.index(0).load(ROW_O)
+            l_o = sml.index(1).load(ROW_O)
+        _store_half(O, LSE, PART, t, n_t, sp, H, stride_ot, stride_oh, stride_lt, m_o, l_o, acc_a, acc_b, hb * BH, W,
+                    SPLIT, ROW_O, COL_O)
+
+    @gluon.jit
+    def _sparse_mla_dq_kernel(
+        Q, KV, IDX, O, LSE, PART,
+        stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
+        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+        SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+        PROBE: gl.constexpr = 0,
+    ):
+        """fp8_ds_mla caches: one program = (token t, 64-head block hb, split sp), grid axis 0 = t * head blocks + hb,
+        axis 2 = sp; 3 warpgroups (`_dq_consumer` 0 and 1, `_dq_producer`), two bf16 tile buffers (tile i in i % 2).
+        Barriers per buffer: `ready` (producer -> consumers), `free` (both consumers -> producer), `p` (warpgroup 0's
+        P and rescale factor -> warpgroup 1); `l` (the final row statistics). PROBE (stage timing; outputs
+        meaningless): 1 the producer alone, 2 the consumers alone."""
+        BH: gl.constexpr = 64
+        CH: gl.constexpr = 128
+        DR: gl.constexpr = 64
+        NW: gl.constexpr = gl.num_warps()
+        n_hb = gl.cdiv(H, BH)
+        t = gl.program_id(0) // n_hb
+        hb = gl.program_id(0) % n_hb
+        n_t = gl.num_programs(0) // n_hb
+        sp = gl.program_id(2)
+        SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        k0 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        k1 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        k2 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        k3 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        kr = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DR], SH)
+        qa = gl.allocate_shared_memory(gl.bfloat16, [4, BH, CH], SH)
+        qr = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], SH)
+        FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])  # of each slot
+        sc = gl.allocate_shared_memory(gl.float32, [2, BH], FLAT1)  # per buffer: the rescale factor of its tile
+        sml = gl.allocate_shared_memory(gl.float32, [2, BH], FLAT1)  # the final row max and sum
+        ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        bar_p = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        bar_l = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for j in gl.static_range(2):
+            mbarrier.init(ready.index(j), count=1)
+            mbarrier.init(free.index(j), count=2)
+            mbarrier.init(bar_p.index(j), count=1)
+        mbarrier.init(bar_l, count=1)
+
+        # q rows of this head block (rows past H are zeros) into shared memory, by the default partition's warps
+        LG: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+        LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        offs_qh = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LG))
+        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
+        qm = (offs_qh < H)[:, None]
+        offs_q = gl.arange(0, CH, layout=gl.SliceLayout(0, LG))
+        for c in gl.static_range(4):
+            qa.index(c).store(gl.load(q_row + c * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        offs_qhr = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LGR))
+        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LGR))
+        q_rope = Q + t.to(gl.int64) * stride_qt + offs_qhr[:, None] * stride_qh + 4 * CH + offs_qr[None, :]
+        qr.index(0).store(gl.load(q_rope, mask=(offs_qhr < H)[:, None], other=0.0).to(gl.bfloat16))
+        fence_async_shared()
+        _barrier()  # barriers initialised and q staged before any partition runs
+
+        k_start = sp * KEYS_PER_SPLIT
+        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+        n_tiles = gl.cdiv(k_end - k_start, BLOCK_N)
+        idx_row = IDX + t.to(gl.int64) * stride_it
+        gl.warp_specialize([
+            (_dq_consumer, (0, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale,
+                            idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free, bar_p,
+                            bar_l, SPLIT, BLOCK_N, PROBE)),
+            (_dq_consumer, (1, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale,
+                            idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free, bar_p,
+                            bar_l, SPLIT, BLOCK_N, PROBE)),
+            (_dq_producer, (KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
+                            BLOCK_N, PROBE)),
+        ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
+
+
 
 
 def check_row_threads(row_threads: int | None, block_n: int) -> int:
@@ -749,9 +990,10 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
                            pp_regs=None, row_threads=None):
     """Sparse MLA forward for 17-128 heads on sm_90 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
-    token without a valid key. mode: a CONFIGS mode ("pingpong": the three-warpgroup kernel, 64-key tiles, two
-    buffers). probe: a stage-timing build (`PROBE` in the kernels' docstrings). pp_regs: (consumer, producer)
-    registers of the ping-pong kernel's worker partitions (default `PP_CONSUMER_REGS`, `PP_PRODUCER_REGS`).
+    token without a valid key. mode: a CONFIGS mode ("pingpong" (bf16) and "dq" (fp8_ds_mla): the three-warpgroup
+    kernels, 64-key tiles, two buffers). probe: a stage-timing build (`PROBE` in the kernels' docstrings). pp_regs:
+    (consumer, producer) registers of the three-warpgroup kernels' worker partitions (default `PP_*_REGS`,
+    `DQ_*_REGS`).
     row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
@@ -762,13 +1004,14 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         raise ValueError(f"q must be bf16 (wgmma with the bf16 tile), got {q.dtype}")
     if nbuf < 2:
         raise ValueError(f"nbuf must be >= 2 (the next tile's gather overlaps this tile), got {nbuf}")
-    if mode not in ASYNC and mode != "pingpong" or (mode in BF16_ONLY and kv_format != "bf16"):
-        raise ValueError(f"mode must be one of {sorted(ASYNC) + ['pingpong']} ({', '.join(BF16_ONLY)}: bf16 caches "
-                         f"only), got {mode!r} for {kv_format}")
-    if mode == "pingpong" and ((block_n, nbuf) != (64, 2) or probe not in (0, 1, 2)):
-        raise ValueError(f"the ping-pong kernel takes 64-key tiles, two buffers and probes 1-2, got block_n={block_n} "
+    if (mode not in ASYNC and mode not in WS_MODES or (mode in BF16_ONLY and kv_format != "bf16")
+            or (mode in FP8_ONLY and kv_format != "fp8_ds_mla")):
+        raise ValueError(f"mode must be one of {sorted(ASYNC) + list(WS_MODES)} ({', '.join(BF16_ONLY)}: bf16 caches "
+                         f"only, {', '.join(FP8_ONLY)}: fp8_ds_mla only), got {mode!r} for {kv_format}")
+    if mode in WS_MODES and ((block_n, nbuf) != (64, 2) or probe not in (0, 1, 2)):
+        raise ValueError(f"the {mode} kernel takes 64-key tiles, two buffers and probes 1-2, got block_n={block_n} "
                          f"nbuf={nbuf} probe={probe}")
-    if mode != "pingpong" and probe not in (range(7) if kv_format == "fp8_ds_mla" else (0, 1, 2)):
+    if mode not in WS_MODES and probe not in (range(7) if kv_format == "fp8_ds_mla" else (0, 1, 2)):
         raise ValueError(f"probe must be 0-6 (fp8_ds_mla) or 0-2 (bf16) for the key-split kernel, got {probe}")
     row_threads = check_row_threads(row_threads, block_n)
     fp8 = kv_format == "fp8_ds_mla"
@@ -784,9 +1027,11 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     args = (q, kv_cache, indices, out, lse, part,
             q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
             H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E)
-    if mode == "pingpong":
-        cr, pr = pp_regs or (PP_CONSUMER_REGS, PP_PRODUCER_REGS)
-        _sparse_mla_pingpong_kernel[(T * grid[1], 1, splits)](
+    if mode in WS_MODES:
+        kernel, regs = ((_sparse_mla_pingpong_kernel, (PP_CONSUMER_REGS, PP_PRODUCER_REGS)) if mode == "pingpong" else
+                        (_sparse_mla_dq_kernel, (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS)))
+        cr, pr = pp_regs or regs
+        kernel[(T * grid[1], 1, splits)](
             *args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4)
     else:
         _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
@@ -803,10 +1048,11 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fp8 = kv_format == "fp8_ds_mla"
-    if mode == "pingpong":
-        fn = _sparse_mla_pingpong_kernel
-        consts = {"SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": PP_CONSUMER_REGS,
-                  "PRODUCER_REGS": PP_PRODUCER_REGS, "PROBE": probe}
+    if mode in WS_MODES:
+        fn = _sparse_mla_pingpong_kernel if mode == "pingpong" else _sparse_mla_dq_kernel
+        regs = (PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS)
+        consts = {"SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": regs[0], "PRODUCER_REGS": regs[1],
+                  "PROBE": probe}
         nw = 4
     else:
         fn = _sparse_mla_wgmma_kernel
@@ -832,7 +1078,7 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
     k = aot_compile(arch, cfg[0], cfg[1], kv_format, split, cfg[2])
     row = {"config": config_name(cfg), "kv_format": kv_format, "split": split, "arch": arch,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
-           "estimate": smem_bytes_estimate(cfg[0], cfg[1], kv_format)}
+           "estimate": smem_bytes_estimate(cfg[0], cfg[1], kv_format, cfg[2])}
     row["fits"] = row["shared"] <= row["limit"]
     row.update(cubin_usage(k.asm["cubin"]))
     return row
