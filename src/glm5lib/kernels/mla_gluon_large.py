@@ -89,11 +89,12 @@ WS_MODES = ("pingpong", "dq")  # the warp-specialised kernels: 64-key tiles, two
 # holds two pairs' index tiles) keeps 8 bytes of stack at 88 and more below
 PP_CONSUMER_REGS = 208
 PP_PRODUCER_REGS = 88
-# the same for the dequantising-producer kernel; the default partition (warpgroup 0) takes the rest, 216. Triton 3.6's
-# sm_90 build: FlashMLA's split (192 / 160 / 152) spills 104 bytes (warpgroup 0), 160 / 128 keeps 16 (the producer,
-# which holds a whole tile's loads: 64 registers of e4m3 words, 16 of rope, 16 of scales, while it waits for a buffer)
+# the same for the dequantising-producer kernel; the default partition (warpgroup 0) takes the rest, 208. Triton 3.6's
+# sm_90 build: FlashMLA's split (192 / 160 / 152) spills 104 bytes a thread in warpgroup 0; at 160 / 136 only
+# warpgroup 0 keeps a few (6 stores, 5 loads); the producer, which holds two half tiles' loads (88 registers), spills
+# at 128
 DQ_CONSUMER_REGS = 160
-DQ_PRODUCER_REGS = 128
+DQ_PRODUCER_REGS = 136
 # threads that copy one raw fp8_ds_mla row's 512 e4m3 bytes in the key-split kernel, 16 bytes each (its TPR): 32 is
 # one warp a row (a warp's copy instruction reads one row's four 128-byte lines; each thread holds 8 row offsets at
 # 64-key tiles), 8 reads 4 rows' lines (2 row offsets a thread), the mapping that was faster in the fp8-cache kernel
@@ -738,64 +739,77 @@ if HAVE_GLUON:
     # ---- the dequantising producer (fp8_ds_mla caches): FlashMLA's sm_90 fp8 decode plan ----
 
     @gluon.jit
-    def _dq_producer(KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
-                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
-        """Worker partition: tile i's rows into buffer i % 2 as bf16. Each thread loads 16 bytes of a row a chunk
-        into registers (8 threads a 128-byte line), the whole tile's loads issued before it waits for the buffer
-        (`free`: both consumers done with tile i - 2), then converts (e4m3 * the row's chunk scale, rounded to bf16:
-        exact for power-of-two scales) and stores into the wgmma layout; the rope part goes in as it is. Invalid rows
-        load as zeros. `ready` is arrived once the partition's stores are fenced for the tensor cores. The next tile's
-        indices are read one tile ahead. PROBE 2: nothing is loaded or stored (the consumers alone)."""
-        PW: gl.constexpr = gl.num_warps()
-        LW: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [PW, 1], [1, 0])  # [N, 32] int32 words of a chunk
-        LX: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [PW, 1], [1, 0])  # the words' values, [N, 128]
-        LR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])  # [N, 64] bf16 rope part
-        IW: gl.constexpr = gl.SliceLayout(1, LW)
-        IR: gl.constexpr = gl.SliceLayout(1, LR)
-        IX: gl.constexpr = gl.SliceLayout(1, LX)
+    def _dq_load_half(KV, idx_row, start, k_end, N_ROWS, stride_kv, HN: gl.constexpr, LW: gl.constexpr,
+                      LR: gl.constexpr, LX: gl.constexpr):
+        """Issue the loads of HN rows (top-k positions start..start + HN, past the split: none) into registers: the
+        four latent chunks as int32 words (16 bytes a thread and row, 4 threads a 64-byte run), the rope part, the
+        four chunk scales. Invalid rows load as zeros."""
         KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
         KVH = KV.to(gl.pointer_type(gl.bfloat16), bitcast=True)
         KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True)
-        offs_w = gl.arange(0, 32, layout=gl.SliceLayout(0, LW))
-        offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
-        n_w = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IW)
-        n_r = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IR)
-        n_x = _tile_idx(idx_row, k_start, k_end, BLOCK_N, IX)
+        i_w = _tile_idx(idx_row, start, k_end, HN, gl.SliceLayout(1, LW))
+        v = (i_w >= 0) & (i_w < N_ROWS)
+        row = gl.where(v, i_w, 0).to(gl.int64) * stride_kv  # bytes
+        w_row = KVW + gl.multiple_of(row // 4, 4)[:, None] + gl.arange(0, 32, layout=gl.SliceLayout(0, LW))[None, :]
+        m = v[:, None]
+        w0 = gl.load(w_row, mask=m, other=0)
+        w1 = gl.load(w_row + 32, mask=m, other=0)
+        w2 = gl.load(w_row + 64, mask=m, other=0)
+        w3 = gl.load(w_row + 96, mask=m, other=0)
+        v_r = gl.convert_layout(v, gl.SliceLayout(1, LR))
+        h_off = gl.multiple_of((gl.convert_layout(row, gl.SliceLayout(1, LR)) + 528) // 2, 8)
+        rope = gl.load(KVH + h_off[:, None] + gl.arange(0, 64, layout=gl.SliceLayout(0, LR))[None, :],
+                       mask=v_r[:, None], other=0.0)
+        v_x = gl.convert_layout(v, gl.SliceLayout(1, LX))
+        f_row = KVF + (gl.convert_layout(row, gl.SliceLayout(1, LX)) + 512) // 4
+        s0 = gl.load(f_row, mask=v_x, other=0.0)
+        s1 = gl.load(f_row + 1, mask=v_x, other=0.0)
+        s2 = gl.load(f_row + 2, mask=v_x, other=0.0)
+        s3 = gl.load(f_row + 3, mask=v_x, other=0.0)
+        return w0, w1, w2, w3, rope, s0, s1, s2, s3
+
+    @gluon.jit
+    def _dq_store_half(k0, k1, k2, k3, kr, b, r0: gl.constexpr, w0, w1, w2, w3, rope, s0, s1, s2, s3,
+                       LX: gl.constexpr):
+        """Rows r0..r0 + HN of buffer b from `_dq_load_half`'s registers: e4m3 * the row's chunk scale, rounded to
+        bf16 (exact for power-of-two scales), into the wgmma layout; the rope part as it is."""
+        HN: gl.constexpr = w0.shape[0]
+        k0.index(b).slice(r0, HN).store((_e4m3_words_f32(w0, LX) * s0[:, None]).to(gl.bfloat16))
+        k1.index(b).slice(r0, HN).store((_e4m3_words_f32(w1, LX) * s1[:, None]).to(gl.bfloat16))
+        k2.index(b).slice(r0, HN).store((_e4m3_words_f32(w2, LX) * s2[:, None]).to(gl.bfloat16))
+        k3.index(b).slice(r0, HN).store((_e4m3_words_f32(w3, LX) * s3[:, None]).to(gl.bfloat16))
+        kr.index(b).slice(r0, HN).store(rope)
+
+    @gluon.jit
+    def _dq_producer(KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
+                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
+        """Worker partition: tile i's rows into buffer i % 2 as bf16, in two halves of BLOCK_N / 2 rows whose loads
+        go to registers (`_dq_load_half`, one row a thread) one half ahead of their conversion: once buffer i % 2 is
+        free (`free`: both consumers done with tile i - 2), the first half is converted and stored, the next tile's
+        first half is loaded, the second half is converted, `ready` is arrived (the stores fenced for the tensor
+        cores), and the next tile's second half is loaded. So a tile's worth of loads stays in flight while the
+        partition converts. PROBE 2: nothing is loaded, converted or stored (the consumers alone)."""
+        PW: gl.constexpr = gl.num_warps()
+        HN: gl.constexpr = BLOCK_N // 2
+        LW: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PW, 1], [1, 0])  # [HN, 32] int32 words of a chunk
+        LX: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])  # the words' values, [HN, 128]
+        LR: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])  # [HN, 64] bf16 rope part
+        if PROBE != 2:
+            a = _dq_load_half(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, HN, LW, LR, LX)
+            c = _dq_load_half(KV, idx_row, k_start + HN, k_end, N_ROWS, stride_kv, HN, LW, LR, LX)
         for i in range(n_tiles):
             b = i & 1
-            i_w = n_w
-            i_r = n_r
-            i_x = n_x
-            s1 = k_start + (i + 1) * BLOCK_N  # past the split: -1 (masked)
-            n_w = _tile_idx(idx_row, s1, k_end, BLOCK_N, IW)
-            n_r = _tile_idx(idx_row, s1, k_end, BLOCK_N, IR)
-            n_x = _tile_idx(idx_row, s1, k_end, BLOCK_N, IX)
-            if PROBE != 2:
-                v = (i_w >= 0) & (i_w < N_ROWS)
-                w_row = KVW + gl.multiple_of(gl.where(v, i_w, 0).to(gl.int64) * (stride_kv // 4), 4)[:, None]
-                w0 = gl.load(w_row + offs_w[None, :], mask=v[:, None], other=0)
-                w1 = gl.load(w_row + 32 + offs_w[None, :], mask=v[:, None], other=0)
-                w2 = gl.load(w_row + 64 + offs_w[None, :], mask=v[:, None], other=0)
-                w3 = gl.load(w_row + 96 + offs_w[None, :], mask=v[:, None], other=0)
-                v = (i_r >= 0) & (i_r < N_ROWS)
-                h_off = gl.multiple_of((gl.where(v, i_r, 0).to(gl.int64) * stride_kv + 528) // 2, 8)
-                rope = gl.load(KVH + h_off[:, None] + offs_r[None, :], mask=v[:, None], other=0.0)
-                v = (i_x >= 0) & (i_x < N_ROWS)
-                f_row = KVF + (gl.where(v, i_x, 0).to(gl.int64) * stride_kv + 512) // 4
-                s0 = gl.load(f_row, mask=v, other=0.0)
-                s1c = gl.load(f_row + 1, mask=v, other=0.0)
-                s2 = gl.load(f_row + 2, mask=v, other=0.0)
-                s3 = gl.load(f_row + 3, mask=v, other=0.0)
             mbarrier.wait(free.index(b), ((i >> 1) & 1) ^ 1)  # the first use of each buffer passes at once
             if PROBE != 2:
-                k0.index(b).store((_e4m3_words_f32(w0, LX) * s0[:, None]).to(gl.bfloat16))
-                k1.index(b).store((_e4m3_words_f32(w1, LX) * s1c[:, None]).to(gl.bfloat16))
-                k2.index(b).store((_e4m3_words_f32(w2, LX) * s2[:, None]).to(gl.bfloat16))
-                k3.index(b).store((_e4m3_words_f32(w3, LX) * s3[:, None]).to(gl.bfloat16))
-                kr.index(b).store(rope)
+                _dq_store_half(k0, k1, k2, k3, kr, b, 0, *a, LX)
+                a = _dq_load_half(KV, idx_row, k_start + (i + 1) * BLOCK_N, k_end, N_ROWS, stride_kv, HN, LW, LR, LX)
+                _dq_store_half(k0, k1, k2, k3, kr, b, HN, *c, LX)
                 fence_async_shared()  # the generic-proxy stores before the consumers' wgmma reads
             _barrier()  # every thread's stores before the (one-thread) arrive
             mbarrier.arrive(ready.index(b))
+            if PROBE != 2:
+                c = _dq_load_half(KV, idx_row, k_start + (i + 1) * BLOCK_N + HN, k_end, N_ROWS, stride_kv, HN, LW, LR,
+                                  LX)
 
     @gluon.jit
     def _dq_consumer(W: gl.constexpr, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS,
