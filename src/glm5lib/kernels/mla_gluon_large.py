@@ -739,15 +739,13 @@ if HAVE_GLUON:
     # ---- the dequantising producer (fp8_ds_mla caches): FlashMLA's sm_90 fp8 decode plan ----
 
     @gluon.jit
-    def _dq_load_half(KV, idx_row, start, k_end, N_ROWS, stride_kv, HN: gl.constexpr, LW: gl.constexpr,
-                      LR: gl.constexpr, LX: gl.constexpr):
-        """Issue the loads of HN rows (top-k positions start..start + HN, past the split: none) into registers: the
-        four latent chunks as int32 words (16 bytes a thread and row, 4 threads a 64-byte run), the rope part, the
-        four chunk scales. Invalid rows load as zeros."""
+    def _dq_load_half(KV, i_w, N_ROWS, stride_kv, LW: gl.constexpr, LR: gl.constexpr, LX: gl.constexpr):
+        """Issue the loads of the rows `i_w` names (a half tile, one row a thread; -1 past the split: nothing is
+        loaded) into registers: the four latent chunks as int32 words (16 bytes a thread and row, 4 threads a 64-byte
+        run), the rope part, the four chunk scales. Invalid rows load as zeros."""
         KVW = KV.to(gl.pointer_type(gl.int32), bitcast=True)
         KVH = KV.to(gl.pointer_type(gl.bfloat16), bitcast=True)
         KVF = KV.to(gl.pointer_type(gl.float32), bitcast=True)
-        i_w = _tile_idx(idx_row, start, k_end, HN, gl.SliceLayout(1, LW))
         v = (i_w >= 0) & (i_w < N_ROWS)
         row = gl.where(v, i_w, 0).to(gl.int64) * stride_kv  # bytes
         w_row = KVW + gl.multiple_of(row // 4, 4)[:, None] + gl.arange(0, 32, layout=gl.SliceLayout(0, LW))[None, :]
@@ -788,28 +786,34 @@ if HAVE_GLUON:
         free (`free`: both consumers done with tile i - 2), the first half is converted and stored, the next tile's
         first half is loaded, the second half is converted, `ready` is arrived (the stores fenced for the tensor
         cores), and the next tile's second half is loaded. So a tile's worth of loads stays in flight while the
-        partition converts. PROBE 2: nothing is loaded, converted or stored (the consumers alone)."""
+        partition converts. The index tiles are read one tile further ahead, so that no row load waits on an index
+        load (with them read just before, each half waited for two memory latencies in a row). PROBE 2: nothing is
+        loaded, converted or stored (the consumers alone)."""
         PW: gl.constexpr = gl.num_warps()
         HN: gl.constexpr = BLOCK_N // 2
         LW: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [PW, 1], [1, 0])  # [HN, 32] int32 words of a chunk
         LX: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [PW, 1], [1, 0])  # the words' values, [HN, 128]
         LR: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [PW, 1], [1, 0])  # [HN, 64] bf16 rope part
+        IW: gl.constexpr = gl.SliceLayout(1, LW)
         if PROBE != 2:
-            a = _dq_load_half(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, HN, LW, LR, LX)
-            c = _dq_load_half(KV, idx_row, k_start + HN, k_end, N_ROWS, stride_kv, HN, LW, LR, LX)
+            a = _dq_load_half(KV, _tile_idx(idx_row, k_start, k_end, HN, IW), N_ROWS, stride_kv, LW, LR, LX)
+            c = _dq_load_half(KV, _tile_idx(idx_row, k_start + HN, k_end, HN, IW), N_ROWS, stride_kv, LW, LR, LX)
+            n_a = _tile_idx(idx_row, k_start + BLOCK_N, k_end, HN, IW)  # tile 1's halves
+            n_c = _tile_idx(idx_row, k_start + BLOCK_N + HN, k_end, HN, IW)
         for i in range(n_tiles):
             b = i & 1
             mbarrier.wait(free.index(b), ((i >> 1) & 1) ^ 1)  # the first use of each buffer passes at once
             if PROBE != 2:
                 _dq_store_half(k0, k1, k2, k3, kr, b, 0, *a, LX)
-                a = _dq_load_half(KV, idx_row, k_start + (i + 1) * BLOCK_N, k_end, N_ROWS, stride_kv, HN, LW, LR, LX)
+                a = _dq_load_half(KV, n_a, N_ROWS, stride_kv, LW, LR, LX)  # tile i + 1
+                n_a = _tile_idx(idx_row, k_start + (i + 2) * BLOCK_N, k_end, HN, IW)  # tile i + 2
                 _dq_store_half(k0, k1, k2, k3, kr, b, HN, *c, LX)
                 fence_async_shared()  # the generic-proxy stores before the consumers' wgmma reads
             _barrier()  # every thread's stores before the (one-thread) arrive
             mbarrier.arrive(ready.index(b))
             if PROBE != 2:
-                c = _dq_load_half(KV, idx_row, k_start + (i + 1) * BLOCK_N + HN, k_end, N_ROWS, stride_kv, HN, LW, LR,
-                                  LX)
+                c = _dq_load_half(KV, n_c, N_ROWS, stride_kv, LW, LR, LX)
+                n_c = _tile_idx(idx_row, k_start + (i + 2) * BLOCK_N + HN, k_end, HN, IW)
 
     @gluon.jit
     def _dq_consumer(W: gl.constexpr, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS,
