@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -50,7 +50,8 @@
 #   256: the build a decode step's key-warps rule takes from 1.5 waves)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
-#   alone and its consumers alone (gluon_large_dq_h200.json/.log)
+#   alone and its consumers alone (gluon_large_dq_h200.json/.log); round21b: the same script with the prefill
+#   timings (bf16 and fp8 caches, s_q 4096) and no stage builds (gluon_large_dq_full_h200.json/.log)
 # The benchmark JSON records the commit: set GLM5LIB_COMMIT=<sha> (the device copy of the checkout has no .git).
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1 TRITON_DEFAULT_FP_FUSION=1
@@ -175,6 +176,8 @@ for r in rows:
                echo "$tool rc=$?"; tail -2 "$OUT/${tool}_k4.log"; done ;;
     round21) timeout 400 python3 scripts/gluon_mla_large_device.py "$OUT/gluon_large_dq_h200.json" --decode-only --probe \
         > "$OUT/gluon_large_dq_h200.log" 2>&1; echo "round21 rc=$?"; grep -v "^{" "$OUT/gluon_large_dq_h200.log" | tail -30 ;;
+    round21b) timeout 400 python3 scripts/gluon_mla_large_device.py "$OUT/gluon_large_dq_full_h200.json" \
+        > "$OUT/gluon_large_dq_full_h200.log" 2>&1; echo "round21b rc=$?"; grep -v "^{" "$OUT/gluon_large_dq_full_h200.log" | tail -40 ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
         R = bk._rotations(bk.sparse_mla_kv_bytes(B, bk.TOPK, "fp8_ds_mla"))
         idx_sets = [bk._rand_indices(B, 32768, bk.TOPK, base_rows) for _ in range(R)]
         out = torch.empty(B, H, 512, device="cuda", dtype=torch.bfloat16)
-        plan = gl_large.plan_splits(B, H, bk.TOPK, 64, q.device)[0]
+        plan = gl_large.plan_splits(B, H, bk.TOPK, 64, q.device, mode="dq")[0]
         for splits in (None, 1, 2, 3, 4):
             for probe in (0, 1):
                 ms = bk._graph_ms([lambda i=i: gl_large.sparse_mla_gluon_large(

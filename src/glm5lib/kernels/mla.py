@@ -498,11 +498,12 @@ def config_key(T: int, H: int, kv_format: str, smem: str = "big", n_sms: int = 1
 
 
 # sm_90 with Gluon: 17-128 heads and at least GLUON_LARGE_MIN_T tokens go to the Gluon wgmma kernels
-# (`mla_gluon_large`, NOTES.md round 4): bf16 caches to the ping-pong kernel, fp8_ds_mla to the key-split one. Measured
-# on the H200 at 128-token decode and 4096-token prefill (1.5-1.8x the Triton kernel); fewer tokens were not timed and
-# stay on Triton, as does everything the CPU CI runs (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns it off.
+# (`mla_gluon_large`, NOTES.md rounds 4 and 21): bf16 caches to the ping-pong kernel, fp8_ds_mla to the one with a
+# dequantising producer ("dq", FlashMLA's sm_90 fp8 decode plan; the key-split kernel before round 21). Measured at
+# 128-token decode and 4096-token prefill (1.5-2.4x the Triton kernel); fewer tokens were not timed and stay on
+# Triton, as does everything the CPU CI runs (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns it off.
 GLUON_LARGE_MIN_T = 128
-GLUON_LARGE_MODES = {"bf16": "pingpong", "fp8_ds_mla": "async"}
+GLUON_LARGE_MODES = {"bf16": "pingpong", "fp8_ds_mla": "dq"}
 
 
 def gluon_large_shape(T: int, H: int, kv_format: str, smem: str = "big") -> str | None:

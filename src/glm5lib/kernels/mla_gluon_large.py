@@ -994,12 +994,40 @@ def check_row_threads(row_threads: int | None, block_n: int) -> int:
     return row_threads
 
 
+# The dequantising-producer kernel's split plan (`dq_num_splits`). One program an SM (shared memory), so a launch
+# takes ceil(programs / SMs) waves, each as long as its programs' tiles plus a fixed cost a program (q staged, the
+# first tiles' loads not yet overlapped, the epilogue); a split plan adds the partials' round trip and the merge.
+# Fitted to fp8 decode B128 at 64 heads on an H100 (132 SMs; 1-4 splits: 129 / 182 / 198 / 215 us,
+# outputs/bench/sweeps/dq_splits_h100_58bd792.json): a 64-key tile 3.5 us, a program 16.5 us, the merge 36.5 us.
+# `mla.pick_num_splits` (one wave of programs, rounded up) took 2 splits there: 256 programs, 1.94 waves, 182 us.
+DQ_TILE_US = 3.5
+DQ_PROGRAM_US = 16.5
+DQ_MERGE_US = 36.5
+
+
+def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -> int:
+    """The split count with the least modelled time (constants above; ties go to fewer splits) for T tokens of
+    n_hb 64-head blocks on n_sms SMs."""
+    tiles = max(1, -(-topk // block_n))
+    best = None
+    for want in range(1, min(mla.MAX_SPLITS, tiles) + 1):
+        splits, keys = mla.split_keys(topk, want, block_n)
+        waves = -(-(T * n_hb * splits) // n_sms)
+        cost = waves * (keys // block_n * DQ_TILE_US + DQ_PROGRAM_US) + (DQ_MERGE_US if splits > 1 else 0.0)
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, splits)
+    return best[1]
+
+
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
-                num_splits: int | None = None) -> tuple[int, int]:
-    """(split count, keys per split): `mla.pick_num_splits` at one program per SM (shared memory), rounded by
-    `mla.split_keys`."""
+                num_splits: int | None = None, mode: str = DEFAULT[2]) -> tuple[int, int]:
+    """(split count, keys per split): for mode "dq" `dq_num_splits`, else `mla.pick_num_splits` at one program per
+    SM (shared memory); rounded by `mla.split_keys`."""
     if num_splits is None:
-        num_splits = mla.pick_num_splits(T, -(-H // BLOCK_H), topk, block_n, num_sms(device), waves=1)
+        if mode == "dq":
+            num_splits = dq_num_splits(T, -(-H // BLOCK_H), topk, num_sms(device), block_n)
+        else:
+            num_splits = mla.pick_num_splits(T, -(-H // BLOCK_H), topk, block_n, num_sms(device), waves=1)
     return mla.split_keys(topk, num_splits, block_n)
 
 
@@ -1039,7 +1067,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     if T == 0:
         return out, lse
     # the ping-pong kernel takes tiles in pairs: its splits are whole pairs
-    splits, keys_per_split = plan_splits(T, H, topk, 2 * block_n if mode == "pingpong" else block_n, dev, num_splits)
+    splits, keys_per_split = plan_splits(T, H, topk, 2 * block_n if mode == "pingpong" else block_n, dev, num_splits,
+                                         mode)
     part = split_buffer(splits, T, H, lse)
     grid = (T, -(-H // BLOCK_H), splits)
     args = (q, kv_cache, indices, out, lse, part,
@@ -1103,4 +1132,4 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
-           "plan_splits", "smem_bytes_estimate", "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
+           "plan_splits", "dq_num_splits", "smem_bytes_estimate", "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
