@@ -77,15 +77,13 @@ NUM_WARPS = 8  # two warpgroups, splitting S by keys and the accumulator by colu
 # "sync" / "async" / "defer" the key-split kernel with its ASYNC 0 / 1 / 2 (its docstring: one wait per wgmma, one per
 # tile's S and one per its P V, P V waited for behind the next tile's S), "pingpong" the three-warpgroup kernel
 # (`_sparse_mla_pingpong_kernel`, nbuf must be 2), "dq" the three-warpgroup kernel with a dequantising producer
-# (`_sparse_mla_dq_kernel`, nbuf 2; "dq-defer": its DEFER build). "defer" and "pingpong" take bf16 caches only, "dq"
-# and "dq-defer" fp8_ds_mla only.
-CONFIGS = [(64, 2, "async"), (64, 2, "sync"), (64, 2, "defer"), (32, 2, "async"), (64, 2, "pingpong"), (64, 2, "dq"),
-           (64, 2, "dq-defer")]
+# (`_sparse_mla_dq_kernel`, nbuf 2). "defer" and "pingpong" take bf16 caches only, "dq" fp8_ds_mla only.
+CONFIGS = [(64, 2, "async"), (64, 2, "sync"), (64, 2, "defer"), (32, 2, "async"), (64, 2, "pingpong"), (64, 2, "dq")]
 DEFAULT = (64, 2, "async")
 ASYNC = {"sync": 0, "async": 1, "defer": 2}
 BF16_ONLY = ("defer", "pingpong")
-FP8_ONLY = ("dq", "dq-defer")
-WS_MODES = ("pingpong", "dq", "dq-defer")  # the warp-specialised kernels: 64-key tiles, two buffers, probes 1-2
+FP8_ONLY = ("dq",)
+WS_MODES = ("pingpong", "dq")  # the warp-specialised kernels: 64-key tiles, two buffers, probes 1-2
 # setmaxnreg of the ping-pong kernel's second consumer and of its producer (the first consumer, the default partition,
 # takes what the launch leaves). Triton 3.6's sm_90 builds: the consumers spill nothing down to 208; the producer (which
 # holds two pairs' index tiles) keeps 8 bytes of stack at 88 and more below
@@ -118,7 +116,7 @@ def smem_bytes_estimate(block_n: int, nbuf: int, kv_format: str = "bf16", mode: 
     """Shared memory of one program: q, the bf16 tile ring, and (fp8, but for "dq", whose producer converts from
     registers) the raw gather ring with its scales."""
     q = BLOCK_H * D_QK * 2
-    if kv_format == "fp8_ds_mla" and mode not in FP8_ONLY:  # one bf16 latent tile, a ring of rope tiles and of raw rows (e4m3 + scales)
+    if kv_format == "fp8_ds_mla" and mode != "dq":  # one bf16 latent tile, a ring of rope tiles and of raw rows (e4m3 + scales)
         return q + block_n * D_NOPE * 2 + nbuf * block_n * (D_ROPE * 2 + D_NOPE + 16)
     return q + nbuf * block_n * D_QK * 2
 
@@ -820,17 +818,14 @@ if HAVE_GLUON:
     @gluon.jit
     def _dq_consumer(W: gl.constexpr, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS,
                      qk_scale, idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free,
-                     bar_p, bar_l, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, PROBE: gl.constexpr,
-                     DEFER: gl.constexpr):
+                     bar_p, bar_l, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
         """Warpgroup W of the dequantising-producer kernel. W 0 (the default partition) computes each tile's whole S
         (no row statistics cross warpgroups), its softmax, and P V on value chunks 0-1 with P from registers; it
         writes P (bf16) into the tile's rope part (read by S already) and the accumulator's rescale factor into
         `sc[b]`, then arrives `bar_p[b]`. W 1 waits `bar_p[b]`, rescales its accumulator and computes P V on chunks
         2-3 with P from shared memory. Each arrives `free[b]` once its wgmma have read the buffer. At the end W 0
         hands its row max and sum to W 1 through `sml` (`bar_l`). PROBE 1: the producer alone (buffers handed back
-        unread). DEFER (W 0): tile i's S goes out before tile i - 1's P V is waited for (the key-split kernel's
-        ASYNC 2), so the tensor cores take the next product while the warpgroup waits; tile i - 1's buffer is handed
-        back once that P V is done."""
+        unread)."""
         BH: gl.constexpr = 64
         CH: gl.constexpr = 128
         S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -852,10 +847,6 @@ if HAVE_GLUON:
         acc_a = gl.full([BH, CH], 0.0, gl.float32, O_L)
         acc_b = gl.full([BH, CH], 0.0, gl.float32, O_L)
         zero_s = gl.full([BH, BLOCK_N], 0.0, gl.float32, S_L)
-        if DEFER and W == 0:  # tile i - 1's P V is carried in flight into iteration i
-            acc_a = warpgroup_mma_init(acc_a)
-            acc_b = warpgroup_mma_init(acc_b)
-            pa = gl.full([BH, BLOCK_N], 0.0, gl.bfloat16, PA)
         n_main = n_tiles
         if PROBE == 1:  # the producer alone: each buffer handed back unread
             for i in range(n_tiles):
@@ -873,11 +864,6 @@ if HAVE_GLUON:
                 s = _scores_wgmma(qa.index(0), qa.index(1), qa.index(2), qa.index(3), qr.index(0), k0.index(b),
                                   k1.index(b), k2.index(b), k3.index(b), kr.index(b), zero_s, True)
                 cur = _tile_idx(idx_row, k_start + i * BLOCK_N, k_end, BLOCK_N, COL_S)
-                if DEFER:  # tile i - 1's P V (S's five products stay in flight), then its buffer back
-                    acc_a, acc_b, pa = warpgroup_mma_wait(5, deps=[acc_a, acc_b, pa])
-                    if i > 0:
-                        _barrier()
-                        mbarrier.arrive(free.index(b ^ 1))
                 s = warpgroup_mma_wait(0, deps=[s])
                 s = gl.where(((cur >= 0) & (cur < N_ROWS))[None, :], s * qk_scale, float("-inf"))  # log2 domain
                 m_new = gl.maximum(m_run, gl.max(s, axis=1))
@@ -895,10 +881,7 @@ if HAVE_GLUON:
                 pa = gl.convert_layout(pb, PA)
                 acc_a = warpgroup_mma(pa, va.index(b), acc_a * a2, is_async=True)
                 acc_b = warpgroup_mma(pa, vb.index(b), acc_b * a2, is_async=True)
-                if not DEFER:
-                    acc_a, acc_b, pa = warpgroup_mma_wait(0, deps=[acc_a, acc_b, pa])
-                    _barrier()
-                    mbarrier.arrive(free.index(b))
+                acc_a, acc_b, pa = warpgroup_mma_wait(0, deps=[acc_a, acc_b, pa])
                 m_run = m_new
             else:
                 mbarrier.wait(bar_p.index(b), ph)
@@ -906,13 +889,8 @@ if HAVE_GLUON:
                 acc_a = warpgroup_mma(kr.index(b), va.index(b), acc_a * a2, is_async=True)
                 acc_b = warpgroup_mma(kr.index(b), vb.index(b), acc_b * a2, is_async=True)
                 acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
-                _barrier()
-                mbarrier.arrive(free.index(b))
-        if DEFER and W == 0:  # the last tile's P V
-            acc_a, acc_b, pa = warpgroup_mma_wait(0, deps=[acc_a, acc_b, pa])
-            if n_main > 0:
-                _barrier()
-                mbarrier.arrive(free.index((n_main - 1) & 1))
+            _barrier()
+            mbarrier.arrive(free.index(b))
         # the final row max and sum, warpgroup 0's, to warpgroup 1
         if W == 0:
             sml.index(0).store(m_run)
@@ -934,7 +912,7 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        PROBE: gl.constexpr = 0, DEFER: gl.constexpr = 0,
+        PROBE: gl.constexpr = 0,
     ):
         """fp8_ds_mla caches: one program = (token t, 64-head block hb, split sp), grid axis 0 = t * head blocks + hb,
         axis 2 = sp; 3 warpgroups (`_dq_consumer` 0 and 1, `_dq_producer`), two bf16 tile buffers (tile i in i % 2).
@@ -994,10 +972,10 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_dq_consumer, (0, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale,
                             idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free, bar_p,
-                            bar_l, SPLIT, BLOCK_N, PROBE, DEFER)),
+                            bar_l, SPLIT, BLOCK_N, PROBE)),
             (_dq_consumer, (1, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale,
                             idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free, bar_p,
-                            bar_l, SPLIT, BLOCK_N, PROBE, DEFER)),
+                            bar_l, SPLIT, BLOCK_N, PROBE)),
             (_dq_producer, (KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
                             BLOCK_N, PROBE)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
@@ -1043,10 +1021,10 @@ def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -
 
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
                 num_splits: int | None = None, mode: str = DEFAULT[2]) -> tuple[int, int]:
-    """(split count, keys per split): for modes "dq" and "dq-defer" `dq_num_splits`, else `mla.pick_num_splits` at one program per
+    """(split count, keys per split): for mode "dq" `dq_num_splits`, else `mla.pick_num_splits` at one program per
     SM (shared memory); rounded by `mla.split_keys`."""
     if num_splits is None:
-        if mode in FP8_ONLY:
+        if mode == "dq":
             num_splits = dq_num_splits(T, -(-H // BLOCK_H), topk, num_sms(device), block_n)
         else:
             num_splits = mla.pick_num_splits(T, -(-H // BLOCK_H), topk, block_n, num_sms(device), waves=1)
@@ -1058,7 +1036,7 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
                            pp_regs=None, row_threads=None):
     """Sparse MLA forward for 17-128 heads on sm_90 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
-    token without a valid key. mode: a CONFIGS mode ("pingpong" (bf16), "dq" and "dq-defer" (fp8_ds_mla): the three-warpgroup
+    token without a valid key. mode: a CONFIGS mode ("pingpong" (bf16) and "dq" (fp8_ds_mla): the three-warpgroup
     kernels, 64-key tiles, two buffers). probe: a stage-timing build (`PROBE` in the kernels' docstrings). pp_regs:
     (consumer, producer) registers of the three-warpgroup kernels' worker partitions (default `PP_*_REGS`,
     `DQ_*_REGS`).
@@ -1100,10 +1078,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         kernel, regs = ((_sparse_mla_pingpong_kernel, (PP_CONSUMER_REGS, PP_PRODUCER_REGS)) if mode == "pingpong" else
                         (_sparse_mla_dq_kernel, (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS)))
         cr, pr = pp_regs or regs
-        extra = {} if mode == "pingpong" else {"DEFER": int(mode == "dq-defer")}
         kernel[(T * grid[1], 1, splits)](
-            *args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4,
-            **extra)
+            *args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4)
     else:
         _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
                                        ASYNC=ASYNC[mode], PROBE=probe, TPR=row_threads, num_warps=NUM_WARPS)
@@ -1124,8 +1100,6 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
         regs = (PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS)
         consts = {"SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": regs[0], "PRODUCER_REGS": regs[1],
                   "PROBE": probe}
-        if mode != "pingpong":
-            consts["DEFER"] = int(mode == "dq-defer")
         nw = 4
     else:
         fn = _sparse_mla_wgmma_kernel
