@@ -14,7 +14,8 @@ rotated index sets); FlashMLA (`_flashmla_C.abi3.so` under --vendor) on the same
 fails is recorded with its error and the run goes on. `--probe` also times the default config's stage builds (the
 kernel's PROBE) at H64. `--row-threads` adds the default fp8 config with each of those raw-row mappings
 (`RAW_ROW_THREADS`) to the checks and the decode timings, each with its stage builds at H64 and H128;
-`--decode-only` skips the prefill timings. Needs an sm_90 GPU (wgmma).
+`--decode-only` skips the prefill timings. With `--probe` the dequantising-producer kernel's (mode "dq") producer alone
+and consumers alone are timed at decode H64 too. Needs an sm_90 GPU (wgmma).
 """
 
 from __future__ import annotations
@@ -235,7 +236,8 @@ def summarize(bench) -> list[str]:
     lines = ["| case | impl | time | FlashMLA / it | Triton / it |", "|---|---|---|---|---|"]
     cases = {}
     for r in bench:
-        if "error" not in r and not r["impl"].startswith(("gluon-wgmma-probe", "gluon-pingpong-probe", "gluon-dq-probe")):
+        probes = ("gluon-wgmma-probe", "gluon-pingpong-probe", "gluon-dq-probe")
+        if "error" not in r and not r["impl"].startswith(probes):
             cases.setdefault((r["kind"], r["kv_format"], r["H"]), []).append(r)
     for (kind, fmt, H), rows in cases.items():
         t = {r["impl"]: r.get("ms") or r.get("us") / 1e3 for r in rows}

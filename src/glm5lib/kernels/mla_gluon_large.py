@@ -3,7 +3,7 @@
 `sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, kv_format=..., mode=...)` -> `(out [T, H, 512], lse [T, H])`,
 the contract of `mla.sparse_mla_launch`; the fp32 twin is `naive.sparse_mla_ref`. `mla.sparse_mla` takes it on sm_90
 for 17-128 heads and at least `mla.GLUON_LARGE_MIN_T` tokens (`mla.gluon_large_mode`): bf16 caches -> "pingpong",
-fp8_ds_mla -> "async".
+fp8_ds_mla -> "dq" (the key-split kernel, "async", before round 21).
 
 Why. The Triton kernel (`mla._sparse_mla_fwd_kernel`, `BLOCK_H` 64 on 8 warps) computes `S = q k^T` twice: its
 wgmma layout for S is chosen by Triton's heuristic for a dot whose result feeds another dot (flash attention), which
@@ -38,12 +38,24 @@ from the kernel. Two kernels:
   Buffer indices are computed at run time so that the compiler does not hoist (and spill) every wgmma's
   shared-memory descriptor; the partitions' registers (`PP_*_REGS`) are split so that the consumers spill nothing
   (the producer keeps 8 bytes of stack in Triton 3.6's sm_90 build).
+- dequantising producer (`_sparse_mla_dq_kernel`, mode "dq", fp8_ds_mla caches; FlashMLA's sm_90 fp8 decode plan):
+  three warpgroups and two bf16 tile buffers (q and both: 216 KB). Warpgroup 0 computes each 64-key tile's whole S
+  (N = 64), so its softmax needs no reduction across warpgroups, then P V on value columns 0-255 with P from
+  registers; it writes P (bf16) into the tile's rope part, which S has read, and hands it with the accumulator's
+  rescale factor to warpgroup 1, which computes P V on columns 256-511 with P from shared memory. The producer loads
+  rows into registers (16 bytes a thread and row, one row a thread, half a tile at a time, one half ahead of its
+  conversion; the index tiles one tile further ahead), converts `e4m3 * scale` to bf16 and stores into the free
+  buffer: no raw ring in shared memory. Its split plan is `dq_num_splits` (one program an SM: a fitted model of waves,
+  a program's fixed cost and the merge). Measured (NOTES.md round 21, H100): fp8 decode B128 0.95x / 0.91x FlashMLA at
+  64 / 128 heads, where the key-split kernel took 0.65x / 0.70x; its producer alone (103 us of the 130 at 64 heads)
+  bounds it.
 
 One program owns (token, 64-head block, split). Split-K partials (decode) use `mla._part_rows`'s layout and are
 merged by `mla._merge_splits_kernel`; the split count is `mla.pick_num_splits` with one program per SM (shared
-memory: about 221 KB at 64-key tiles). Gluon does not run in Triton's interpreter: the numeric checks are
-`scripts/gluon_mla_large_device.py` and `checks --profile full` (whose large-head cases with >= 128 tokens reach this
-module on sm_90), on an H200; `tests/test_mla_gluon.py` compiles every config for sm_90.
+memory: about 221 KB at 64-key tiles), `dq_num_splits` for the dequantising-producer kernel. Gluon does not run in
+Triton's interpreter: the numeric checks are `scripts/gluon_mla_large_device.py` and `checks --profile full` (whose
+large-head cases with >= 128 tokens reach this module on sm_90), on an sm_90 GPU; `tests/test_mla_gluon.py` compiles
+every config for sm_90.
 """
 
 from __future__ import annotations
@@ -116,7 +128,7 @@ def smem_bytes_estimate(block_n: int, nbuf: int, kv_format: str = "bf16", mode: 
     """Shared memory of one program: q, the bf16 tile ring, and (fp8, but for "dq", whose producer converts from
     registers) the raw gather ring with its scales."""
     q = BLOCK_H * D_QK * 2
-    if kv_format == "fp8_ds_mla" and mode != "dq":  # one bf16 latent tile, a ring of rope tiles and of raw rows (e4m3 + scales)
+    if kv_format == "fp8_ds_mla" and mode != "dq":  # one bf16 latent tile, a ring of rope tiles and raw rows + scales
         return q + block_n * D_NOPE * 2 + nbuf * block_n * (D_ROPE * 2 + D_NOPE + 16)
     return q + nbuf * block_n * D_QK * 2
 
@@ -1055,7 +1067,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         raise ValueError(f"mode must be one of {sorted(ASYNC) + list(WS_MODES)} ({', '.join(BF16_ONLY)}: bf16 caches "
                          f"only, {', '.join(FP8_ONLY)}: fp8_ds_mla only), got {mode!r} for {kv_format}")
     if mode in WS_MODES and ((block_n, nbuf) != (64, 2) or probe not in (0, 1, 2)):
-        raise ValueError(f"the {mode} kernel takes 64-key tiles, two buffers and probes 1-2, got block_n={block_n} "
+        kind = "ping-pong" if mode == "pingpong" else "dequantising-producer"
+        raise ValueError(f"the {kind} kernel takes 64-key tiles, two buffers and probes 1-2, got block_n={block_n} "
                          f"nbuf={nbuf} probe={probe}")
     if mode not in WS_MODES and probe not in (range(7) if kv_format == "fp8_ds_mla" else (0, 1, 2)):
         raise ValueError(f"probe must be 0-6 (fp8_ds_mla) or 0-2 (bf16) for the key-split kernel, got {probe}")
