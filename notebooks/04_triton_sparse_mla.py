@@ -171,7 +171,8 @@ record("topk_select_equals_stable_sort", same)
 # shapes and it credits none. The table below is read from those files (`glm5lib.bench.evidence`): which config
 # each piece ran, and for each config the H200 runs now, which pieces ran exactly that config. The fp8-cache kernel's
 # config shipped in round 19 ran the matrix and memcheck on an H100 (the same sm_90 cubins; no H200 could be had),
-# its new build's memcheck, racecheck and synccheck on the H200.
+# its new build's memcheck, racecheck and synccheck on the H200; so did round 21's kernel for 64-128 heads over the
+# fp8 cache ("gluon-BN64-nbuf2-dq", its synccheck and racecheck on the H100 too).
 
 # %%
 profile = PROFILE if DEVICE == "cuda" else "ci"
@@ -281,6 +282,20 @@ print("time vs context (H16, B64, fp8, top-k 2048):", cx)
 record("scale_source", source)
 record("scale_topk_us", sc)
 record("scale_ctx_us", cx)
+
+# %% [markdown]
+# The same targets recomputed from the latest `bench all --quick` run, on an H100 (round 21: no H200 could be had, so
+# its ratios are the H100's against its own copy rate and FlashMLA, not the issue's). It has round 21's kernel for
+# 64-128 heads over the fp8 cache (`mla_gluon_large` mode "dq", FlashMLA's sm_90 fp8 decode plan), which the H200
+# run above predates.
+
+# %%
+H100_RUN = "bench_h100_1e053bb.json"  # a committed run under sweeps/
+h100_res = json.loads((bench_dir() / "sweeps" / H100_RUN).read_text())
+h100_targets = kbench.evaluate_targets(h100_res)
+print(f"{H100_RUN}: {h100_res['meta']['gpu']}, commit {h100_res['meta']['commit'][:7]}")
+print(kbench.targets_table({"targets": h100_targets}))
+record("h100_targets", h100_targets)
 
 # %% [markdown]
 # ### The fp8-cache kernel taken apart
