@@ -664,6 +664,46 @@ if HAVE_GLUON:
                 gl.store(PART + n_sp.to(gl.int64) * n_t * H * DN + rows, lse2, mask=h_mask)
 
     @gluon.jit
+    def _alloc_tiles(BLOCK_N: gl.constexpr):
+        """The three-warpgroup kernels' shared tiles in the wgmma layout (128-byte swizzle): two buffers of a tile's
+        four latent chunks and its rope part, q's four latent chunks and its rope part."""
+        BH: gl.constexpr = 64
+        CH: gl.constexpr = 128
+        DR: gl.constexpr = 64
+        SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        k0 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        k1 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        k2 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        k3 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
+        kr = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DR], SH)
+        qa = gl.allocate_shared_memory(gl.bfloat16, [4, BH, CH], SH)
+        qr = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], SH)
+        return k0, k1, k2, k3, kr, qa, qr
+
+    @gluon.jit
+    def _stage_q(Q, t, hb, H, stride_qt, stride_qh, qa, qr):
+        """The three-warpgroup kernels' q: token t's rows of head block hb (rows past H are zeros) into shared memory
+        as bf16 (latent chunks into `qa`, the rope part into `qr`), by the calling warps, fenced for the tensor
+        cores."""
+        BH: gl.constexpr = 64
+        CH: gl.constexpr = 128
+        DR: gl.constexpr = 64
+        NW: gl.constexpr = gl.num_warps()
+        LG: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
+        LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        offs_qh = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LG))
+        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
+        qm = (offs_qh < H)[:, None]
+        offs_q = gl.arange(0, CH, layout=gl.SliceLayout(0, LG))
+        for c in gl.static_range(4):
+            qa.index(c).store(gl.load(q_row + c * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
+        offs_qhr = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LGR))
+        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LGR))
+        q_rope = Q + t.to(gl.int64) * stride_qt + offs_qhr[:, None] * stride_qh + 4 * CH + offs_qr[None, :]
+        qr.index(0).store(gl.load(q_rope, mask=(offs_qhr < H)[:, None], other=0.0).to(gl.bfloat16))
+        fence_async_shared()
+
+    @gluon.jit
     def _sparse_mla_pingpong_kernel(
         Q, KV, IDX, O, LSE, PART,
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
@@ -680,23 +720,13 @@ if HAVE_GLUON:
         `_pp_consumer`), `l[w]` (the final row sums). PROBE (stage timing; outputs meaningless): 1 the producer alone
         (the consumers hand buffers back unread), 2 the consumers alone (the producer gathers nothing)."""
         BH: gl.constexpr = 64
-        CH: gl.constexpr = 128
-        DR: gl.constexpr = 64
-        NW: gl.constexpr = gl.num_warps()
         # axis 0 runs over (token, head block), head blocks fastest: a token's head blocks run side by side
         n_hb = gl.cdiv(H, BH)
         t = gl.program_id(0) // n_hb
         hb = gl.program_id(0) % n_hb
         n_t = gl.num_programs(0) // n_hb
         sp = gl.program_id(2)
-        SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        k0 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
-        k1 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
-        k2 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
-        k3 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
-        kr = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DR], SH)
-        qa = gl.allocate_shared_memory(gl.bfloat16, [4, BH, CH], SH)  # q's latent chunks
-        qr = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], SH)
+        k0, k1, k2, k3, kr, qa, qr = _alloc_tiles(BLOCK_N)
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         sm0 = gl.allocate_shared_memory(gl.float32, [BH], FLAT1)  # the running max after tile 2r / 2r + 1
         sm1 = gl.allocate_shared_memory(gl.float32, [BH], FLAT1)
@@ -717,20 +747,7 @@ if HAVE_GLUON:
         mbarrier.init(bar_a, count=1)
         mbarrier.init(bar_b, count=1)
 
-        # q rows of this head block (rows past H are zeros) into shared memory, by the default partition's warps
-        LG: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
-        LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
-        offs_qh = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LG))
-        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
-        qm = (offs_qh < H)[:, None]
-        offs_q = gl.arange(0, CH, layout=gl.SliceLayout(0, LG))
-        for c in gl.static_range(4):
-            qa.index(c).store(gl.load(q_row + c * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
-        offs_qhr = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LGR))
-        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LGR))
-        q_rope = Q + t.to(gl.int64) * stride_qt + offs_qhr[:, None] * stride_qh + 4 * CH + offs_qr[None, :]
-        qr.index(0).store(gl.load(q_rope, mask=(offs_qhr < H)[:, None], other=0.0).to(gl.bfloat16))
-        fence_async_shared()
+        _stage_q(Q, t, hb, H, stride_qt, stride_qh, qa, qr)  # by the default partition's warps
         _barrier()  # barriers initialised and q staged before any partition runs
 
         k_start = sp * KEYS_PER_SPLIT
@@ -932,22 +949,12 @@ if HAVE_GLUON:
         P and rescale factor -> warpgroup 1); `l` (the final row statistics). PROBE (stage timing; outputs
         meaningless): 1 the producer alone, 2 the consumers alone."""
         BH: gl.constexpr = 64
-        CH: gl.constexpr = 128
-        DR: gl.constexpr = 64
-        NW: gl.constexpr = gl.num_warps()
         n_hb = gl.cdiv(H, BH)
         t = gl.program_id(0) // n_hb
         hb = gl.program_id(0) % n_hb
         n_t = gl.num_programs(0) // n_hb
         sp = gl.program_id(2)
-        SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        k0 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
-        k1 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
-        k2 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
-        k3 = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, CH], SH)
-        kr = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, DR], SH)
-        qa = gl.allocate_shared_memory(gl.bfloat16, [4, BH, CH], SH)
-        qr = gl.allocate_shared_memory(gl.bfloat16, [1, BH, DR], SH)
+        k0, k1, k2, k3, kr, qa, qr = _alloc_tiles(BLOCK_N)
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])  # of each slot
         sc = gl.allocate_shared_memory(gl.float32, [2, BH], FLAT1)  # per buffer: the rescale factor of its tile
         sml = gl.allocate_shared_memory(gl.float32, [2, BH], FLAT1)  # the final row max and sum
@@ -961,20 +968,7 @@ if HAVE_GLUON:
             mbarrier.init(bar_p.index(j), count=1)
         mbarrier.init(bar_l, count=1)
 
-        # q rows of this head block (rows past H are zeros) into shared memory, by the default partition's warps
-        LG: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])
-        LGR: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
-        offs_qh = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LG))
-        q_row = Q + t.to(gl.int64) * stride_qt + offs_qh[:, None] * stride_qh
-        qm = (offs_qh < H)[:, None]
-        offs_q = gl.arange(0, CH, layout=gl.SliceLayout(0, LG))
-        for c in gl.static_range(4):
-            qa.index(c).store(gl.load(q_row + c * CH + offs_q[None, :], mask=qm, other=0.0).to(gl.bfloat16))
-        offs_qhr = hb * BH + gl.arange(0, BH, layout=gl.SliceLayout(1, LGR))
-        offs_qr = gl.arange(0, DR, layout=gl.SliceLayout(0, LGR))
-        q_rope = Q + t.to(gl.int64) * stride_qt + offs_qhr[:, None] * stride_qh + 4 * CH + offs_qr[None, :]
-        qr.index(0).store(gl.load(q_rope, mask=(offs_qhr < H)[:, None], other=0.0).to(gl.bfloat16))
-        fence_async_shared()
+        _stage_q(Q, t, hb, H, stride_qt, stride_qh, qa, qr)  # by the default partition's warps
         _barrier()  # barriers initialised and q staged before any partition runs
 
         k_start = sp * KEYS_PER_SPLIT
