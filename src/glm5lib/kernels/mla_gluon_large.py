@@ -90,13 +90,12 @@ NUM_WARPS = 8  # two warpgroups, splitting S by keys and the accumulator by colu
 # tile's S and one per its P V, P V waited for behind the next tile's S), "pingpong" the three-warpgroup kernel
 # (`_sparse_mla_pingpong_kernel`, nbuf must be 2), "dq" the three-warpgroup kernel with a dequantising producer
 # (`_sparse_mla_dq_kernel`, nbuf 2). "defer" and "pingpong" take bf16 caches only, "dq" fp8_ds_mla only.
-CONFIGS = [(64, 2, "async"), (64, 2, "sync"), (64, 2, "defer"), (32, 2, "async"), (64, 2, "pingpong"), (64, 2, "dq"),
-           (64, 2, "dq-int")]
+CONFIGS = [(64, 2, "async"), (64, 2, "sync"), (64, 2, "defer"), (32, 2, "async"), (64, 2, "pingpong"), (64, 2, "dq")]
 DEFAULT = (64, 2, "async")
 ASYNC = {"sync": 0, "async": 1, "defer": 2}
 BF16_ONLY = ("defer", "pingpong")
-FP8_ONLY = ("dq", "dq-int")
-WS_MODES = ("pingpong", "dq", "dq-int")  # the warp-specialised kernels: 64-key tiles, two buffers, probes 1-2
+FP8_ONLY = ("dq",)
+WS_MODES = ("pingpong", "dq")  # the warp-specialised kernels: 64-key tiles, two buffers, probes 1-2
 # setmaxnreg of the ping-pong kernel's second consumer and of its producer (the first consumer, the default partition,
 # takes what the launch leaves). Triton 3.6's sm_90 builds: the consumers spill nothing down to 208; the producer (which
 # holds two pairs' index tiles) keeps 8 bytes of stack at 88 and more below
@@ -129,7 +128,7 @@ def smem_bytes_estimate(block_n: int, nbuf: int, kv_format: str = "bf16", mode: 
     """Shared memory of one program: q, the bf16 tile ring, and (fp8, but for "dq", whose producer converts from
     registers) the raw gather ring with its scales."""
     q = BLOCK_H * D_QK * 2
-    if kv_format == "fp8_ds_mla" and mode not in FP8_ONLY:  # one bf16 latent tile, a ring of rope tiles and raw rows + scales
+    if kv_format == "fp8_ds_mla" and mode != "dq":  # one bf16 latent tile, a ring of rope tiles and raw rows + scales
         return q + block_n * D_NOPE * 2 + nbuf * block_n * (D_ROPE * 2 + D_NOPE + 16)
     return q + nbuf * block_n * D_QK * 2
 
@@ -797,54 +796,20 @@ if HAVE_GLUON:
         return w0, w1, w2, w3, rope, s0, s1, s2, s3
 
     @gluon.jit
-    def _e4m3_words_bf16(w, scale, LX: gl.constexpr):
-        """[N, 32] int32 words of e4m3 bytes times the rows' scales `scale` ([N] fp32, powers of two) -> [N, 128] bf16
-        in memory order, layout LX, by integer and bf16x2 instructions alone (no conversion unit): each byte's bits
-        placed where bf16 keeps them (sign to bit 15, exponent and mantissa to bits 4-10) read as bf16 are the e4m3
-        value times 2^-120, e4m3's subnormals included (bf16 subnormals); two bf16x2 products, by 2^60 and by
-        scale * 2^60, put the value back, exactly while |e4m3 * scale| and scale * 2^60 stay in bf16's range (the
-        products of powers of two round nothing)."""
-        N: gl.constexpr = w.shape[0]
-        sb = (scale * 1152921504606846976.0).to(gl.bfloat16).to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF  # 2^60
-        pair = gl.convert_layout(sb | (sb << 16), gl.SliceLayout(1, w.type.layout))[:, None] + gl.zeros_like(w)
-        e0, e1, e2, e3 = gl.inline_asm_elementwise(
-            "{ .reg .b32 z, t0, t1, u0, u1, c;\n mov.b32 z, 0;\n mov.b32 c, 0x5D805D80;\n"  # c: 2^60 twice
-            " prmt.b32 t0, $4, z, 0x1404;\n prmt.b32 t1, $4, z, 0x3424;\n"  # bytes 0, 1 (2, 3) to bytes 1 and 3
-            " shr.b32 u0, t0, 4;\n and.b32 u0, u0, 0x07F007F0;\n and.b32 t0, t0, 0x80008000;\n or.b32 u0, u0, t0;\n"
-            " shr.b32 u1, t1, 4;\n and.b32 u1, u1, 0x07F007F0;\n and.b32 t1, t1, 0x80008000;\n or.b32 u1, u1, t1;\n"
-            " mul.rn.bf16x2 u0, u0, c;\n mul.rn.bf16x2 u1, u1, c;\n"
-            " mul.rn.bf16x2 u0, u0, $5;\n mul.rn.bf16x2 u1, u1, $5;\n"
-            " mov.b32 {$0, $1}, u0;\n mov.b32 {$2, $3}, u1; }",
-            "=h,=h,=h,=h,r,r", [w, pair], dtype=(gl.bfloat16, gl.bfloat16, gl.bfloat16, gl.bfloat16), is_pure=True,
-            pack=1)
-        # join(join(e0, e2), join(e1, e3))[n, j, a, b] = e_(2a + b): memory order after the reshape
-        return gl.convert_layout(gl.reshape(gl.join(gl.join(e0, e2), gl.join(e1, e3)), [N, 128]), LX)
-
-    @gluon.jit
-    def _dq_widen(w, scale, LX: gl.constexpr, INT: gl.constexpr):
-        """A chunk's e4m3 words times the rows' scales as bf16: by the conversion unit (e4m3 -> fp16 -> fp32, the
-        product in fp32, rounded to bf16) or (INT) `_e4m3_words_bf16`; the same bits for power-of-two scales."""
-        if INT:
-            x = _e4m3_words_bf16(w, scale, LX)
-        else:
-            x = (_e4m3_words_f32(w, LX) * scale[:, None]).to(gl.bfloat16)
-        return x
-
-    @gluon.jit
     def _dq_store_half(k0, k1, k2, k3, kr, b, r0: gl.constexpr, w0, w1, w2, w3, rope, s0, s1, s2, s3,
-                       LX: gl.constexpr, INT: gl.constexpr):
+                       LX: gl.constexpr):
         """Rows r0..r0 + HN of buffer b from `_dq_load_half`'s registers: e4m3 * the row's chunk scale, rounded to
-        bf16 (exact for power-of-two scales; `_dq_widen`), into the wgmma layout; the rope part as it is."""
+        bf16 (exact for power-of-two scales), into the wgmma layout; the rope part as it is."""
         HN: gl.constexpr = w0.shape[0]
-        k0.index(b).slice(r0, HN).store(_dq_widen(w0, s0, LX, INT))
-        k1.index(b).slice(r0, HN).store(_dq_widen(w1, s1, LX, INT))
-        k2.index(b).slice(r0, HN).store(_dq_widen(w2, s2, LX, INT))
-        k3.index(b).slice(r0, HN).store(_dq_widen(w3, s3, LX, INT))
+        k0.index(b).slice(r0, HN).store((_e4m3_words_f32(w0, LX) * s0[:, None]).to(gl.bfloat16))
+        k1.index(b).slice(r0, HN).store((_e4m3_words_f32(w1, LX) * s1[:, None]).to(gl.bfloat16))
+        k2.index(b).slice(r0, HN).store((_e4m3_words_f32(w2, LX) * s2[:, None]).to(gl.bfloat16))
+        k3.index(b).slice(r0, HN).store((_e4m3_words_f32(w3, LX) * s3[:, None]).to(gl.bfloat16))
         kr.index(b).slice(r0, HN).store(rope)
 
     @gluon.jit
     def _dq_producer(KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
-                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr, INT: gl.constexpr):
+                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
         """Worker partition: tile i's rows into buffer i % 2 as bf16, in two halves of BLOCK_N / 2 rows whose loads
         go to registers (`_dq_load_half`, one row a thread) one half ahead of their conversion: once buffer i % 2 is
         free (`free`: both consumers done with tile i - 2), the first half is converted and stored, the next tile's
@@ -868,10 +833,10 @@ if HAVE_GLUON:
             b = i & 1
             mbarrier.wait(free.index(b), ((i >> 1) & 1) ^ 1)  # the first use of each buffer passes at once
             if PROBE != 2:
-                _dq_store_half(k0, k1, k2, k3, kr, b, 0, *a, LX, INT)
+                _dq_store_half(k0, k1, k2, k3, kr, b, 0, *a, LX)
                 a = _dq_load_half(KV, n_a, N_ROWS, stride_kv, LW, LR, LX)  # tile i + 1
                 n_a = _tile_idx(idx_row, k_start + (i + 2) * BLOCK_N, k_end, HN, IW)  # tile i + 2
-                _dq_store_half(k0, k1, k2, k3, kr, b, HN, *c, LX, INT)
+                _dq_store_half(k0, k1, k2, k3, kr, b, HN, *c, LX)
                 fence_async_shared()  # the generic-proxy stores before the consumers' wgmma reads
             _barrier()  # every thread's stores before the (one-thread) arrive
             mbarrier.arrive(ready.index(b))
@@ -976,7 +941,7 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        PROBE: gl.constexpr = 0, INT: gl.constexpr = 0,
+        PROBE: gl.constexpr = 0,
     ):
         """fp8_ds_mla caches: one program = (token t, 64-head block hb, split sp), grid axis 0 = t * head blocks + hb,
         axis 2 = sp; 3 warpgroups (`_dq_consumer` 0 and 1, `_dq_producer`), two bf16 tile buffers (tile i in i % 2).
@@ -1018,7 +983,7 @@ if HAVE_GLUON:
                             idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free, bar_p,
                             bar_l, SPLIT, BLOCK_N, PROBE)),
             (_dq_producer, (KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
-                            BLOCK_N, PROBE, INT)),
+                            BLOCK_N, PROBE)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -1065,7 +1030,7 @@ def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
     """(split count, keys per split): for mode "dq" `dq_num_splits`, else `mla.pick_num_splits` at one program per
     SM (shared memory); rounded by `mla.split_keys`."""
     if num_splits is None:
-        if mode in FP8_ONLY:
+        if mode == "dq":
             num_splits = dq_num_splits(T, -(-H // BLOCK_H), topk, num_sms(device), block_n)
         else:
             num_splits = mla.pick_num_splits(T, -(-H // BLOCK_H), topk, block_n, num_sms(device), waves=1)
@@ -1120,10 +1085,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         kernel, regs = ((_sparse_mla_pingpong_kernel, (PP_CONSUMER_REGS, PP_PRODUCER_REGS)) if mode == "pingpong" else
                         (_sparse_mla_dq_kernel, (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS)))
         cr, pr = pp_regs or regs
-        extra = {} if mode == "pingpong" else {"INT": int(mode == "dq-int")}
         kernel[(T * grid[1], 1, splits)](
-            *args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4,
-            **extra)
+            *args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4)
     else:
         _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
                                        ASYNC=ASYNC[mode], PROBE=probe, TPR=row_threads, num_warps=NUM_WARPS)
@@ -1144,8 +1107,6 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
         regs = (PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS)
         consts = {"SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": regs[0], "PRODUCER_REGS": regs[1],
                   "PROBE": probe}
-        if mode != "pingpong":
-            consts["INT"] = int(mode == "dq-int")
         nw = 4
     else:
         fn = _sparse_mla_wgmma_kernel
