@@ -1434,6 +1434,16 @@ def test_evidence_round21_dq_kernel_h100():
     defer = _dq_run("gluon_large_dq_defer_h100_807ef42.json", "807ef42", 96)
     for kind, H in (("decode", 64), ("decode", 128), ("prefill", 64), ("prefill", 128)):
         assert defer[kind, H, "gluon-wgmma:BN64-nbuf2-dq-defer"] > 1.03 * defer[kind, H, dq], (kind, H)
+    # widening by integer and bf16x2 instructions (7aa6a4b): bit-identical to the conversion unit's, not faster
+    wi = load("sweeps/gluon_large_dq_int_h100_7aa6a4b.json")
+    assert wi["meta"]["commit"][:7] == "7aa6a4b" and wi["meta"]["checks_ok"] == wi["meta"]["checks"] == 98
+    same = [r for r in wi["checks"] if r["case"].startswith("int-widening")]
+    assert len(same) == 2 and all(r["identical"] and r["ok"] for r in same)
+    t = {(r["H"], r["impl"]): r["us"] for r in wi["bench"] if "us" in r}
+    assert round(t[64, "gluon-dq-probe1"], 1) == 103.1 and round(t[64, "gluon-dq-int-probe1"], 1) == 111.0
+    assert round(t[64, "gluon-dq-probe2"], 1) == 78.4  # the consumers alone at one split
+    for H in (64, 128):
+        assert t[H, "gluon-wgmma:BN64-nbuf2-dq-int"] >= t[H, "gluon-wgmma:BN64-nbuf2-dq"], H
     # the matrix, memcheck, synccheck and racecheck of the shipped code (e6bb2f0)
     rows = load("sweeps/checks_h100_full_e6bb2f0.json")
     assert len(rows) == 127 and all(r["ok"] for r in rows)
