@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -48,6 +48,8 @@
 #   `DECODE_K4_WAVES`): 230, 240, 300, 320, 384, 410, 640 and 900 tokens (fp8mma_batches_fill3_h200.json)
 # racecheck-k4: compute-sanitizer racecheck and synccheck on four key warps at one split at 8 heads (300 tokens, top-k
 #   256: the build a decode step's key-warps rule takes from 1.5 waves)
+# round21c: compute-sanitizer memcheck on the dq kernel's split plans and invalid indices (scripts/dq_sanitize_case.py),
+#   then the dq kernel at B4-B180 (its split plan against other counts) beside the Triton kernel and FlashMLA
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -174,6 +176,10 @@ for r in rows:
     racecheck-dq) for tool in racecheck synccheck; do  # the dequantising-producer kernel's barriers (64-128 heads, fp8)
                  timeout 200 compute-sanitizer --tool $tool --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize \
                    --only T130-H128-K2048-N3000-fp8 > "$OUT/${tool}_dq.log" 2>&1; echo "$tool rc=$?"; tail -3 "$OUT/${tool}_dq.log"; done ;;
+    round21c) timeout 200 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/dq_sanitize_case.py \
+        > "$OUT/memcheck_dq_splits.log" 2>&1; echo "memcheck-dq rc=$?"; tail -3 "$OUT/memcheck_dq_splits.log"
+        timeout 200 python3 scripts/dq_splits_probe.py "$OUT/dq_splits_small_h200.json" --batches 4,16,64,150,180 \
+          --triton 2>&1 | grep -v Warn | tail -40 ;;
     racecheck-k4) for tool in racecheck synccheck; do  # four key warps at one split, 8 heads (the decode rule's build)
                timeout 140 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/fp8mma_device.py /tmp/san_$tool.json \
                  --no-time --only B300-H8-K256-mixed --configs 0,1,1,0,0,8,2,1,4 > "$OUT/${tool}_k4.log" 2>&1

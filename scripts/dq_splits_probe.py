@@ -3,7 +3,9 @@ with several split counts of the top-k list, beside the shipped split plan (`dq_
 replay over rotated index sets, as `scripts/gluon_mla_large_device.py`): the data the plan's constants were fitted to
 (B128, 1-4 splits, with the producer alone) and, with --batches, other batch sizes to test it on. Needs an sm_90 GPU.
 
-`PYTHONPATH=src python scripts/dq_splits_probe.py OUT.json [--vendor .vendor] [--batches 32,64,256]`"""
+`PYTHONPATH=src python scripts/dq_splits_probe.py OUT.json [--vendor .vendor] [--batches 32,64,256] [--triton]`
+(--triton: the Triton kernel too, `mla.sparse_mla_launch`, which `sparse_mla` takes below `mla.GLUON_LARGE_MIN_T`
+tokens)."""
 
 from __future__ import annotations
 
@@ -48,6 +50,11 @@ def main(argv=None) -> int:
                      "us": ms * 1e3}
                 rows.append(r)
                 print(json.dumps(r), flush=True)
+        if "--triton" in argv:
+            ms = bk._graph_ms([lambda i=i: mla.sparse_mla_launch(q, flat, i, bk.SM_SCALE, kv_format="fp8_ds_mla",
+                                                                 out=out) for i in idx_sets])
+            rows.append({"H": H, "B": B, "impl": "triton", "us": ms * 1e3, "probe": 0})
+            print(json.dumps(rows[-1]), flush=True)
         if fm_err is None:
             q4 = q.unsqueeze(1).contiguous()
             kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)

@@ -1,0 +1,50 @@
+"""Launches of the dequantising-producer kernel (`mla_gluon_large` mode "dq") for `compute-sanitizer` (sm_90 GPU):
+split plans (the split partials and their merge), invalid indices (-1, out of range, a token with none valid), top-k
+lists that end inside a tile, a split left with no valid key, and 40 heads (a partly masked head block). Each launch is
+compared with `naive.sparse_mla_ref_chunked` (the case matrix's bf16 tolerances), so a wrong result fails here too.
+
+`PYTHONPATH=src compute-sanitizer --tool memcheck python scripts/dq_sanitize_case.py`
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from glm5lib.kernels import mla_gluon_large as gl_large, naive
+from glm5lib.kernels.checks import make_indices
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gluon_mla_device import compare  # noqa: E402  (the comparison the device scripts use)
+
+# (T, H, top-k, invalid, splits): None is the kernel's own plan (`dq_num_splits`: 2 splits at T160 H64)
+CASES = [(160, 64, 2048, "mixed", None), (4, 128, 2048, "mixed", None), (33, 40, 777, "oob", 3),
+         (2, 64, 1000, "allinv", 4), (6, 128, 96, "neg", 2)]
+
+
+def main() -> int:
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        sys.exit("dq_sanitize_case: needs an sm_90 GPU (wgmma)")
+    gen = torch.Generator().manual_seed(3)
+    n_rows = 3000
+    cache = naive.quantize_fp8_ds_mla(torch.randn(n_rows, naive.D_QK, generator=gen)).cuda()
+    bad = 0
+    for T, H, topk, invalid, splits in CASES:
+        q = torch.randn(T, H, naive.D_QK, generator=gen).to(torch.bfloat16).cuda()
+        idx = make_indices(T, topk, n_rows, invalid, gen, torch.device("cuda"))
+        got = gl_large.plan_splits(T, H, topk, 64, q.device, splits, mode="dq")[0]
+        o, lse = gl_large.sparse_mla_gluon_large(q, cache, idx, 0.0625, kv_format="fp8_ds_mla", mode="dq",
+                                                 num_splits=splits)
+        ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, 0.0625, kv_format="fp8_ds_mla", chunk=8)
+        r = compare(o, lse, ro, rlse)
+        bad += not r["ok"]
+        print(f"dq T{T} H{H} K{topk} {invalid} splits {got}: {'ok' if r['ok'] else 'FAILED'} rel {r['rel']:.2e}",
+              flush=True)
+    print(f"{len(CASES) - bad}/{len(CASES)} dq launches match the reference")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
