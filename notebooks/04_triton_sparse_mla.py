@@ -171,8 +171,8 @@ record("topk_select_equals_stable_sort", same)
 # shapes and it credits none. The table below is read from those files (`glm5lib.bench.evidence`): which config
 # each piece ran, and for each config the H200 runs now, which pieces ran exactly that config. The fp8-cache kernel's
 # config shipped in round 19 ran the matrix and memcheck on an H100 (the same sm_90 cubins; no H200 could be had),
-# its new build's memcheck, racecheck and synccheck on the H200; so did round 21's kernel for 64-128 heads over the
-# fp8 cache ("gluon-BN64-nbuf2-dq", its synccheck and racecheck on the H100 too).
+# its new build's memcheck, racecheck and synccheck on the H200. Round 21's kernel for 64-128 heads over the fp8
+# cache ("gluon-BN64-nbuf2-dq") ran the matrix, memcheck, racecheck and synccheck on an H100 only.
 
 # %%
 profile = PROFILE if DEVICE == "cuda" else "ci"

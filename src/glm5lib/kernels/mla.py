@@ -500,8 +500,10 @@ def config_key(T: int, H: int, kv_format: str, smem: str = "big", n_sms: int = 1
 # sm_90 with Gluon: 17-128 heads and at least GLUON_LARGE_MIN_T tokens go to the Gluon wgmma kernels
 # (`mla_gluon_large`, NOTES.md rounds 4 and 21): bf16 caches to the ping-pong kernel, fp8_ds_mla to the one with a
 # dequantising producer ("dq", FlashMLA's sm_90 fp8 decode plan; the key-split kernel before round 21). Measured at
-# 128-token decode and 4096-token prefill (1.5-2.4x the Triton kernel); fewer tokens were not timed and stay on
-# Triton, as does everything the CPU CI runs (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns it off.
+# 128-token decode and 4096-token prefill: on the H200 the ping-pong kernel 1.9-2.0x the Triton kernel (round 5), on
+# an H100 the dq kernel 2.1-2.4x (round 21). Below 128 tokens the Triton kernel was not timed beside them (the dq
+# kernel alone was, NOTES.md round 21), so fewer tokens stay on Triton, as does everything the CPU CI runs (Gluon has
+# no interpreter). GLM5LIB_GLUON_LARGE=0 turns it off.
 GLUON_LARGE_MIN_T = 128
 GLUON_LARGE_MODES = {"bf16": "pingpong", "fp8_ds_mla": "dq"}
 

@@ -10,7 +10,7 @@ wgmma layout for S is chosen by Triton's heuristic for a dot whose result feeds 
 puts all 8 warps along the 64 head rows (`warpsPerCTA = [8, 1]`, TTGIR of the sm_90 build); a warpgroup covers 64
 rows, so the second warpgroup holds a copy of the first's S. The 576-wide product is done twice for every tile, and
 the tensor cores do 1664 units of work per key and head where 1088 (576 + 512) are needed. Gluon takes the layouts
-from the kernel. Two kernels:
+from the kernel. Three kernels:
 
 - key-split (`_sparse_mla_wgmma_kernel`, modes "sync" / "async" / "defer"; 8 warps, no specialisation):
   - S `[64 heads, BLOCK_N keys]`: warps `[4, 2]`, each warpgroup the products for half of the keys (no copy);
@@ -47,8 +47,8 @@ from the kernel. Two kernels:
   conversion; the index tiles one tile further ahead), converts `e4m3 * scale` to bf16 and stores into the free
   buffer: no raw ring in shared memory. Its split plan is `dq_num_splits` (one program an SM: a fitted model of waves,
   a program's fixed cost and the merge). Measured (NOTES.md round 21, H100): fp8 decode B128 0.95x / 0.91x FlashMLA at
-  64 / 128 heads, where the key-split kernel took 0.65x / 0.70x; its producer alone (103 us of the 130 at 64 heads)
-  bounds it.
+  64 / 128 heads, where the key-split kernel took 0.65x / 0.69x in the same run; its producer alone (103 us of the
+  130 at 64 heads, another run) bounds it.
 
 One program owns (token, 64-head block, split). Split-K partials (decode) use `mla._part_rows`'s layout and are
 merged by `mla._merge_splits_kernel`; the split count is `mla.pick_num_splits` with one program per SM (shared
@@ -1003,7 +1003,7 @@ def check_row_threads(row_threads: int | None, block_n: int) -> int:
 # The dequantising-producer kernel's split plan (`dq_num_splits`). One program an SM (shared memory), so a launch
 # takes ceil(programs / SMs) waves, each as long as its programs' tiles plus a fixed cost a program (q staged, the
 # first tiles' loads not yet overlapped, the epilogue); a split plan adds the partials' round trip and the merge.
-# Fitted to fp8 decode B128 at 64 heads on an H100 (132 SMs; 1-4 splits: 129 / 182 / 198 / 215 us,
+# Fitted to fp8 decode B128 at 64 heads on an H100 (132 SMs; 1-4 splits: 129 / 183 / 198 / 216 us,
 # outputs/bench/sweeps/dq_splits_h100_58bd792.json): a 64-key tile 3.5 us, a program 16.5 us, the merge 36.5 us.
 # `mla.pick_num_splits` (one wave of programs, rounded up) took 2 splits there: 256 programs, 1.94 waves, 182 us.
 DQ_TILE_US = 3.5
@@ -1043,10 +1043,12 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     """Sparse MLA forward for 17-128 heads on sm_90 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. mode: a CONFIGS mode ("pingpong" (bf16) and "dq" (fp8_ds_mla): the three-warpgroup
-    kernels, 64-key tiles, two buffers). probe: a stage-timing build (`PROBE` in the kernels' docstrings). pp_regs:
+    kernels, 64-key tiles, two buffers); the default is the key-split kernel ("async"), while `mla.sparse_mla` takes
+    the mode `mla.GLUON_LARGE_MODES` names for the cache's format. probe: a stage-timing build (`PROBE` in the kernels' docstrings). pp_regs:
     (consumer, producer) registers of the three-warpgroup kernels' worker partitions (default `PP_*_REGS`,
     `DQ_*_REGS`).
-    row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`)."""
+    row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`; the
+    three-warpgroup kernels take none)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -1066,7 +1068,10 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
                          f"nbuf={nbuf} probe={probe}")
     if mode not in WS_MODES and probe not in (range(7) if kv_format == "fp8_ds_mla" else (0, 1, 2)):
         raise ValueError(f"probe must be 0-6 (fp8_ds_mla) or 0-2 (bf16) for the key-split kernel, got {probe}")
-    row_threads = check_row_threads(row_threads, block_n)
+    if mode not in WS_MODES:  # the key-split kernel's raw gather; the three-warpgroup kernels have their own mappings
+        row_threads = check_row_threads(row_threads, block_n)
+    elif row_threads is not None:
+        raise ValueError(f"row_threads applies to the key-split kernel only, got {row_threads} for mode {mode!r}")
     fp8 = kv_format == "fp8_ds_mla"
     q, indices, stride_kv, n_rows, out, lse = prepare_call(q, kv_cache, indices, out, kv_format)
     topk = indices.shape[1]
@@ -1101,6 +1106,8 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    if (mode, kv_format) not in {(c[2], f) for f in ("bf16", "fp8_ds_mla") for c in configs_for(f)}:
+        raise ValueError(f"mode {mode!r} does not take {kv_format} caches (configs_for)")
     fp8 = kv_format == "fp8_ds_mla"
     if mode in WS_MODES:
         fn = _sparse_mla_pingpong_kernel if mode == "pingpong" else _sparse_mla_dq_kernel
