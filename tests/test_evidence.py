@@ -1431,6 +1431,8 @@ def test_evidence_round21_dq_kernel_h100():
         assert round(full["decode", H, fm] / full["decode", H, dq], 2) == want
     assert round(full["prefill", 64, dq] / 1e3, 2) == 3.10 and round(full["prefill", 64, ks] / 1e3, 2) == 4.45
     assert round(full["prefill", 128, dq] / 1e3, 2) == 6.04 and round(full["prefill", 128, ks] / 1e3, 2) == 8.69
+    vs_bf16 = [full["prefill", H, fm] / full["prefill", H, dq] for H in (64, 128)]  # FlashMLA's bf16 prefill
+    assert [round(x, 2) for x in vs_bf16] == [0.74, 0.68]  # "0.68-0.74x FlashMLA's bf16 prefill"
     # deferring P V behind the next S (807ef42) was slower at all four shapes
     defer = _dq_run("gluon_large_dq_defer_h100_807ef42.json", "807ef42", 96)
     for kind, H in (("decode", 64), ("decode", 128), ("prefill", 64), ("prefill", 128)):
@@ -1443,6 +1445,12 @@ def test_evidence_round21_dq_kernel_h100():
     t = {(r["H"], r["impl"]): r["us"] for r in wi["bench"] if "us" in r}
     assert round(t[64, "gluon-dq-probe1"], 1) == 103.1 and round(t[64, "gluon-dq-int-probe1"], 1) == 111.0
     assert round(t[64, "gluon-dq-probe2"], 1) == 78.4  # the consumers alone at one split
+    # the producer alone moves the decode's rows at 1.7 TB/s, 55 % of the H100's copy rate in the 1e053bb run
+    from glm5lib.bench.kernels import sparse_mla_kv_bytes
+
+    rate = sparse_mla_kv_bytes(128, 2048, "fp8_ds_mla") / (t[64, "gluon-dq-probe1"] * 1e-6) / 1e12
+    copy = load("sweeps/bench_h100_1e053bb.json")["ceilings"]["copy_GBps"] / 1e3
+    assert round(rate, 1) == 1.7 and round(100 * rate / copy) == 55, (rate, copy)
     for H in (64, 128):
         assert t[H, "gluon-wgmma:BN64-nbuf2-dq-int"] >= t[H, "gluon-wgmma:BN64-nbuf2-dq"], H
     # the matrix, memcheck, synccheck and racecheck of the shipped code (e6bb2f0)

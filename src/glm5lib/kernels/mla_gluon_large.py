@@ -128,7 +128,7 @@ def smem_bytes_estimate(block_n: int, nbuf: int, kv_format: str = "bf16", mode: 
     """Shared memory of one program: q, the bf16 tile ring, and (fp8, but for "dq", whose producer converts from
     registers) the raw gather ring with its scales."""
     q = BLOCK_H * D_QK * 2
-    if kv_format == "fp8_ds_mla" and mode != "dq":  # one bf16 latent tile, a ring of rope tiles and raw rows + scales
+    if kv_format == "fp8_ds_mla" and mode not in FP8_ONLY:  # one bf16 latent tile, a ring of rope tiles and raw rows + scales
         return q + block_n * D_NOPE * 2 + nbuf * block_n * (D_ROPE * 2 + D_NOPE + 16)
     return q + nbuf * block_n * D_QK * 2
 
@@ -895,11 +895,7 @@ if HAVE_GLUON:
                 cur = _tile_idx(idx_row, k_start + i * BLOCK_N, k_end, BLOCK_N, COL_S)
                 s = warpgroup_mma_wait(0, deps=[s])
                 s = gl.where(((cur >= 0) & (cur < N_ROWS))[None, :], s * qk_scale, float("-inf"))  # log2 domain
-                m_new = gl.maximum(m_run, gl.max(s, axis=1))
-                m_u = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: keep exp2 finite
-                alpha = gl.exp2(m_run - m_u)
-                p = gl.exp2(s - m_u[:, None])
-                l_i = l_i * alpha + gl.sum(p, axis=1)
+                p, alpha, m_run, l_i = _softmax_step(s, m_run, l_i)
                 pb = p.to(gl.bfloat16)
                 kr.index(b).store(pb)  # P for warpgroup 1, in the rope part S has read
                 sc.index(b).store(alpha)
@@ -911,7 +907,6 @@ if HAVE_GLUON:
                 acc_a = warpgroup_mma(pa, va.index(b), acc_a * a2, is_async=True)
                 acc_b = warpgroup_mma(pa, vb.index(b), acc_b * a2, is_async=True)
                 acc_a, acc_b, pa = warpgroup_mma_wait(0, deps=[acc_a, acc_b, pa])
-                m_run = m_new
             else:
                 mbarrier.wait(bar_p.index(b), ph)
                 a2 = sc.index(b).load(ROW_O)[:, None]
