@@ -60,6 +60,8 @@ every config for sm_90.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from glm5lib.kernels import common  # noqa: F401  (before triton: the interpreter switch)
@@ -982,6 +984,11 @@ if HAVE_GLUON:
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
 
 
+# The three-warpgroup kernels launch through the pre-bound launcher (`common.Prebound`) with their split plan and
+# constexprs cached per call shape (`_ws_plan`): through Gluon's own binder an eager decode call cost 75-95 us of host
+# time on an H100 at B1-B16, against the Triton kernel's 30-50 (`sweeps/large_small_batch_h100_024dda2.json`).
+_WS_LAUNCH = {"pingpong": common.Prebound(_sparse_mla_pingpong_kernel),
+              "dq": common.Prebound(_sparse_mla_dq_kernel)} if HAVE_GLUON else {}
 
 
 def check_row_threads(row_threads: int | None, block_n: int) -> int:
@@ -1004,20 +1011,33 @@ def check_row_threads(row_threads: int | None, block_n: int) -> int:
 DQ_TILE_US = 3.5
 DQ_PROGRAM_US = 16.5
 DQ_MERGE_US = 36.5
+# The model takes every wave as long as a full one. A partial last wave costs less than that (1 split, 64 heads:
+# 129 us for one wave at B128, 246 for two at B200; 128 heads 229 for two at B128; H100, sweeps/dq_splits_*), while
+# more splits fill their waves: so where more splits win by a few % of modelled time, they lose in fact (128 heads
+# B96: 2 splits modelled 1 % faster, measured 246.5 us against 229 for 1 split at B128, sweeps/
+# large_small_batch_h100_024dda2.json). The plan takes the fewest splits within DQ_SPLIT_MARGIN of the least
+# modelled time.
+DQ_SPLIT_MARGIN = 0.05
 
 
-def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -> int:
-    """The split count with the least modelled time (constants above; ties go to fewer splits) for T tokens of
-    n_hb 64-head blocks on n_sms SMs."""
+def dq_split_costs(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -> dict[int, float]:
+    """Modelled time (us, constants above) of each split count `mla.split_keys` makes of 1..MAX_SPLITS wanted, for T
+    tokens of n_hb 64-head blocks on n_sms SMs."""
     tiles = max(1, -(-topk // block_n))
-    best = None
+    costs: dict[int, float] = {}
     for want in range(1, min(mla.MAX_SPLITS, tiles) + 1):
         splits, keys = mla.split_keys(topk, want, block_n)
         waves = -(-(T * n_hb * splits) // n_sms)
-        cost = waves * (keys // block_n * DQ_TILE_US + DQ_PROGRAM_US) + (DQ_MERGE_US if splits > 1 else 0.0)
-        if best is None or cost < best[0] - 1e-9:
-            best = (cost, splits)
-    return best[1]
+        costs[splits] = waves * (keys // block_n * DQ_TILE_US + DQ_PROGRAM_US) + (DQ_MERGE_US if splits > 1 else 0.0)
+    return costs
+
+
+def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -> int:
+    """The fewest splits whose modelled time (`dq_split_costs`) is within `DQ_SPLIT_MARGIN` of the least, for T
+    tokens of n_hb 64-head blocks on n_sms SMs."""
+    costs = dq_split_costs(T, n_hb, topk, n_sms, block_n)
+    least = min(costs.values())
+    return min(s for s, c in costs.items() if c <= least * (1 + DQ_SPLIT_MARGIN))
 
 
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
@@ -1030,6 +1050,21 @@ def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
         else:
             num_splits = mla.pick_num_splits(T, -(-H // BLOCK_H), topk, block_n, num_sms(device), waves=1)
     return mla.split_keys(topk, num_splits, block_n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, num_splits: int | None, mode: str,
+             block_n: int, probe: int, pp_regs: tuple[int, int] | None) -> tuple[int, int, tuple, dict, tuple]:
+    """(splits, keys per split, grid, constexprs and options, their values as a key) of a three-warpgroup kernel's
+    call shape: the host work an eager layer would otherwise repeat on every call."""
+    dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
+    # the ping-pong kernel takes tiles in pairs: its splits are whole pairs
+    splits, keys_per_split = plan_splits(T, H, topk, 2 * block_n if mode == "pingpong" else block_n, dev, num_splits,
+                                         mode)
+    cr, pr = pp_regs or ((PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else
+                         (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS))
+    kw = dict(SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4)
+    return splits, keys_per_split, (T * -(-H // BLOCK_H), 1, splits), kw, tuple(kw.values())
 
 
 def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", num_splits=None,
@@ -1073,23 +1108,27 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     dev = q.device
     if T == 0:
         return out, lse
-    # the ping-pong kernel takes tiles in pairs: its splits are whole pairs
-    splits, keys_per_split = plan_splits(T, H, topk, 2 * block_n if mode == "pingpong" else block_n, dev, num_splits,
-                                         mode)
+    if mode in WS_MODES:
+        splits, keys_per_split, grid, kw, kw_key = _ws_plan(T, H, topk, dev.type, dev.index, num_splits, mode, block_n,
+                                                            probe, tuple(pp_regs) if pp_regs else None)
+        part = split_buffer(splits, T, H, lse)
+        ptrs = (q, kv_cache, indices, out, lse, part)
+        ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk,
+                n_rows, keys_per_split)
+        # what Triton specializes on: the dtypes, each pointer's 16-byte alignment, the int values themselves
+        spec = (q.dtype, kv_cache.dtype, out.dtype, tuple(t.data_ptr() % 16 == 0 for t in ptrs), ints)
+        _WS_LAUNCH[mode].launch(grid, (*ptrs, *ints, float(sm_scale) * LOG2E), kw, kw_key, dev.index, spec)
+        if splits > 1:
+            mla.merge_splits(part, out, lse, splits)
+        return out, lse
+    splits, keys_per_split = plan_splits(T, H, topk, block_n, dev, num_splits, mode)
     part = split_buffer(splits, T, H, lse)
     grid = (T, -(-H // BLOCK_H), splits)
     args = (q, kv_cache, indices, out, lse, part,
             q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H,
             H, topk, n_rows, keys_per_split, float(sm_scale) * LOG2E)
-    if mode in WS_MODES:
-        kernel, regs = ((_sparse_mla_pingpong_kernel, (PP_CONSUMER_REGS, PP_PRODUCER_REGS)) if mode == "pingpong" else
-                        (_sparse_mla_dq_kernel, (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS)))
-        cr, pr = pp_regs or regs
-        kernel[(T * grid[1], 1, splits)](
-            *args, SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4)
-    else:
-        _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
-                                       ASYNC=ASYNC[mode], PROBE=probe, TPR=row_threads, num_warps=NUM_WARPS)
+    _sparse_mla_wgmma_kernel[grid](*args, KV_FP8=fp8, SPLIT=splits > 1, BLOCK_N=block_n, NBUF=nbuf,
+                                   ASYNC=ASYNC[mode], PROBE=probe, TPR=row_threads, num_warps=NUM_WARPS)
     if splits > 1:
         mla.merge_splits(part, out, lse, splits)
     return out, lse
@@ -1141,4 +1180,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
-           "plan_splits", "dq_num_splits", "smem_bytes_estimate", "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
+           "plan_splits", "dq_num_splits", "dq_split_costs", "smem_bytes_estimate", "aot_compile", "check_row_threads",
+           "RAW_ROW_THREADS"]
