@@ -1,6 +1,6 @@
-"""The 17-128-head decode below `mla.GLUON_LARGE_MIN_T` tokens: the Gluon kernel `sparse_mla` takes from there
-(`mla_gluon_large`, mode "pingpong" for bf16 rows, "dq" for fp8_ds_mla, each with its own split plan) beside the
-Triton kernel it keeps below (`mla.sparse_mla_launch`) and FlashMLA (fp8_ds_mla, padded to 64 / 128 heads), at decode
+"""The 17-128-head decode at B1-B128: the Gluon kernel (`mla_gluon_large`, mode "pingpong" for bf16 rows, "dq" for
+fp8_ds_mla, each with its own split plan) beside the Triton kernel (`mla.sparse_mla_launch`), between which
+`mla.gluon_large_shape` chooses there, and FlashMLA (fp8_ds_mla, padded to 64 / 128 heads), at decode
 batches of one 32K-row request a token, top-k 2048. Each launch is checked against the fp32 reference
 (`naive.sparse_mla_ref_chunked`) before it is timed. Two times a row: CUDA-graph replay over rotated index sets (what
 a captured decode step pays) and eager (calls back to back, host and GPU, what an uncaptured step pays at least).
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
-            "flashmla": fm_err or "loaded", "eager_calls": EAGER_CALLS, "gluon_large_min_t": mla.GLUON_LARGE_MIN_T}
+            "flashmla": fm_err or "loaded", "eager_calls": EAGER_CALLS, "gluon_large_min_ht": mla.GLUON_LARGE_MIN_HT}
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

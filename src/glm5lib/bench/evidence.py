@@ -100,15 +100,32 @@ def _names(keys, table: dict) -> dict[str, str]:
     return {"/".join(k): table[k].name if k in table else shipped["/".join(k)] for k in sorted(set(keys))}
 
 
+def _ran_key(name: str, config: str, smem: str = SMEM) -> tuple[str, str, str] | None:
+    """The config key of a case by the config its run recorded (None for indexer cases): a Gluon kernel's by its
+    name's prefix, else the Triton kernel's `CONFIGS` key for the shape. The dispatch rules move between rounds
+    (round 22 took 17-128 heads below 128 tokens to the Gluon kernels), so a run is read by what it ran."""
+    m = _CASE.match(name)
+    if m is None:
+        return None
+    if config.startswith("gluon-"):
+        return ("large-gluon", m["fmt"], smem)
+    if config.startswith("fp8mma-"):
+        return ("small-fp8mma", m["fmt"], smem)
+    return config_key(int(m["T"]), int(m["H"]), m["fmt"], smem, H200_SMS)
+
+
 def _configs(named: list[tuple[str, str | None]], smem: str, fp8mma_max_h: int | None = None
              ) -> tuple[dict[str, str], bool]:
     """({config key: config name}, recorded) from (case name, recorded config or None) pairs: the names the run
-    recorded when every sparse-MLA case has one, else the shapes' configs in today's `CONFIGS`."""
+    recorded when every sparse-MLA case has one (each keyed by what it ran, `_ran_key`), else the shapes' configs in
+    today's `CONFIGS`."""
     keyed = [(k, c) for k, c in ((_key(n, smem, fp8mma_max_h), c) for n, c in named) if k]
     if keyed and all(c for _, c in keyed):
         ran: dict[str, set] = {}
-        for k, c in keyed:
-            ran.setdefault("/".join(k), set()).add(c)
+        for n, c in named:
+            k = _ran_key(n, c, smem)
+            if k:
+                ran.setdefault("/".join(k), set()).add(c)
         # a key whose cases ran different configs is named by all of them: it then matches no single shipped config
         return {k: " + ".join(sorted(names)) for k, names in sorted(ran.items())}, True
     return _names([k for k, _ in keyed], CONFIGS), False

@@ -196,7 +196,7 @@ def mla_cases(profile: str) -> list[MLACase]:
         for inv in ("neg", "dup", "oob", "allinv", "mixed"):
             for H in (8, 64, 128):
                 cases.append(MLACase(T=33, H=H, topk=2048, n_kv=4096, kv_format=fmt, invalid=inv, group="invalid"))
-        # enough tokens for the Gluon kernels on sm_90 (mla.GLUON_LARGE_MIN_T)
+        # prefill-sized batches for the Gluon kernels on sm_90 (their split plans at one split; mla.gluon_large_shape)
         for inv, H in (("mixed", 64), ("oob", 128), ("mixed", 40)):
             cases.append(MLACase(T=160, H=H, topk=2048, n_kv=4096, kv_format=fmt, invalid=inv, group="invalid"))
         cases.append(MLACase(T=16, H=16, topk=2048, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64, group="paged"))

@@ -2,8 +2,8 @@
 
 `sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, kv_format=..., mode=...)` -> `(out [T, H, 512], lse [T, H])`,
 the contract of `mla.sparse_mla_launch`; the fp32 twin is `naive.sparse_mla_ref`. `mla.sparse_mla` takes it on sm_90
-for 17-128 heads and at least `mla.GLUON_LARGE_MIN_T` tokens (`mla.gluon_large_mode`): bf16 caches -> "pingpong",
-fp8_ds_mla -> "dq" (the key-split kernel, "async", before round 21).
+for 17-128 heads (`mla.gluon_large_shape`: at least `mla.GLUON_LARGE_MIN_HT` tokens x heads, or any token count under
+CUDA-graph capture): bf16 caches -> "pingpong", fp8_ds_mla -> "dq" (the key-split kernel, "async", before round 21).
 
 Why. The Triton kernel (`mla._sparse_mla_fwd_kernel`, `BLOCK_H` 64 on 8 warps) computes `S = q k^T` twice: its
 wgmma layout for S is chosen by Triton's heuristic for a dot whose result feeds another dot (flash attention), which
