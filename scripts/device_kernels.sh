@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -55,6 +55,8 @@
 #   checked (scripts/large_small_batch_probe.py; large_small_batch_h200.json): where `sparse_mla` should start on Gluon
 # round22b: the same probe (large_small_batch_h200.json), then the dq split plan at the batches where its margin
 #   (`mla_gluon_large.DQ_SPLIT_MARGIN`) changes it, against the neighbouring split counts (dq_splits_margin_h200.json)
+# round22c: the dq split plan held out at B70, B140 and B190 (64 and 128 heads) against the neighbouring split counts
+#   (dq_splits_heldout2_h200.json)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -201,6 +203,8 @@ for r in rows:
           > "$OUT/large_small_batch.log" 2>&1; echo "probe rc=$?"; tail -2 "$OUT/large_small_batch.log"
         timeout 250 python3 scripts/dq_splits_probe.py "$OUT/dq_splits_margin_h200.json" --batches 12,20,24,80,96,150,180 \
           > "$OUT/dq_splits_margin.log" 2>&1; echo "splits rc=$?"; grep -c '"us"' "$OUT/dq_splits_margin.log" ;;
+    round22c) timeout 150 python3 scripts/dq_splits_probe.py "$OUT/dq_splits_heldout2_h200.json" --batches 70,140,190 \
+          > "$OUT/dq_splits_heldout2.log" 2>&1; echo "splits rc=$?"; grep -c '"us"' "$OUT/dq_splits_heldout2.log" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

@@ -499,25 +499,22 @@ def config_key(T: int, H: int, kv_format: str, smem: str = "big", n_sms: int = 1
 
 # sm_90 with Gluon: 17-128 heads go to the Gluon wgmma kernels (`mla_gluon_large`, NOTES.md rounds 4, 21 and 22):
 # bf16 caches to the ping-pong kernel, fp8_ds_mla to the one with a dequantising producer ("dq", FlashMLA's sm_90
-# fp8 decode plan). Measured at 128-token decode and 4096-token prefill: on the H200 the ping-pong kernel 1.9-2.0x
-# the Triton kernel (round 5), on an H100 the dq kernel 2.1-2.4x (round 21). Below 128 tokens (round 22, an H100,
-# decode at B1-B128, 32 / 64 / 128 heads, outputs/bench/sweeps/large_small_batch_h100_*.json): in CUDA-graph replay the
-# Gluon kernels take 0.42-1.02x the Triton kernel's time at every batch, so a call being captured takes them from one
-# token (GLUON_LARGE_MIN_T_GRAPH). An eager call also pays its host time, which the Triton kernel's pre-bound path
-# keeps lower at the smallest batches: there the Gluon kernels start at GLUON_LARGE_MIN_HT tokens x heads. Everything
-# the CPU CI runs stays on Triton (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns them off.
-GLUON_LARGE_MIN_HT = 2048
-GLUON_LARGE_MIN_T_GRAPH = 1
+# fp8 decode plan), from GLUON_LARGE_MIN_HT tokens x heads. At 128-token decode and 4096-token prefill: on the H200
+# the ping-pong kernel 1.9-2.0x the Triton kernel (round 5), on an H100 the dq kernel 2.1-2.4x (round 21). Below that
+# (round 22, an H100, decode at B1-B128, 32 / 64 / 128 heads, both formats, outputs/bench/sweeps/
+# large_small_batch_h100_06d1f89.json): from 512 tokens x heads the Gluon kernels took 0.42-0.78x the Triton kernel's
+# time, in CUDA-graph replay and eager alike; below it, where both are bound by host time (eager 25-35 us a call),
+# the Triton kernel's leaner host path won by 5-15 us a call eager, while in graph replay the Gluon kernels took
+# 0.63-1.02x. One rule for both, so that a captured step computes what the same step does eagerly, bit for bit.
+# Everything the CPU CI runs stays on Triton (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns them off.
+GLUON_LARGE_MIN_HT = 512
 GLUON_LARGE_MODES = {"bf16": "pingpong", "fp8_ds_mla": "dq"}
 
 
-def gluon_large_shape(T: int, H: int, kv_format: str, smem: str = "big", graph: bool = False) -> str | None:
+def gluon_large_shape(T: int, H: int, kv_format: str, smem: str = "big") -> str | None:
     """The rule alone: the `mla_gluon_large` mode for a shape on an sm_90 GPU with Gluon (None: the Triton kernel).
-    kv_format: "bf16" (bf16 rows) or "fp8_ds_mla"; anything else stays on Triton. graph: the call is being captured
-    into a CUDA graph (`capturing`: `GLUON_LARGE_MIN_T_GRAPH` tokens suffice)."""
-    if smem != "big" or not 16 < H <= 128:
-        return None
-    if T < GLUON_LARGE_MIN_T_GRAPH if graph else T * H < GLUON_LARGE_MIN_HT:
+    kv_format: "bf16" (bf16 rows) or "fp8_ds_mla"; anything else stays on Triton."""
+    if smem != "big" or not 16 < H <= 128 or T * H < GLUON_LARGE_MIN_HT:
         return None
     return GLUON_LARGE_MODES.get(kv_format)
 
@@ -558,14 +555,13 @@ def gluon_large_ready(device: torch.device) -> bool:
 
 
 def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dtype: torch.dtype,
-                      kv_dtype: torch.dtype, aligned: bool = True, graph: bool = False) -> str | None:
+                      kv_dtype: torch.dtype, aligned: bool = True) -> str | None:
     """What `sparse_mla` decides for a call: the Gluon mode, or None for the Triton kernel. kv_format as
     `sparse_mla` normalises it ("bf16" for bf16 / fp16 rows, "fp32", "fp8_ds_mla"); kv_dtype: the cache's element
-    type; aligned: cache base and row stride are multiples of 16 bytes (every gather is a 16-byte cp.async); graph:
-    the call is being captured into a CUDA graph (`capturing`)."""
+    type; aligned: cache base and row stride are multiples of 16 bytes (every gather is a 16-byte cp.async)."""
     if q_dtype != torch.bfloat16 or not aligned or (kv_format == "bf16" and kv_dtype != torch.bfloat16):
         return None
-    mode = gluon_large_shape(T, H, kv_format, smem_class(device), graph)
+    mode = gluon_large_shape(T, H, kv_format, smem_class(device))
     if mode is None or not gluon_large_ready(device) or not gluon_large_enabled():
         return None
     return mode
@@ -669,7 +665,7 @@ def dispatched(T: int, H: int, kv_format: str, device: torch.device,
     cfg8 = fp8mma_route(T, H, fmt, device, q_dtype, graph=graph)
     if cfg8:
         return ("small-fp8mma", fmt, smem), fp8mma_name(cfg8)
-    if gluon_large_route(T, H, fmt, device, q_dtype, q_dtype if fmt == "bf16" else torch.uint8, graph=graph):
+    if gluon_large_route(T, H, fmt, device, q_dtype, q_dtype if fmt == "bf16" else torch.uint8):
         return ("large-gluon", fmt, smem), gluon_large_name(fmt)
     key = config_key(T, H, fmt, smem, num_sms(device))
     return key, CONFIGS[key].name
@@ -839,11 +835,10 @@ def sparse_mla(
       `mla_gluon_fp8mma.plan_key_warps`); None: taken as so while a CUDA graph is being captured (vLLM captures
       decode batches) and not otherwise.
 
-    On sm_90 with Gluon, 17-128 heads (bf16 q, bf16 or fp8_ds_mla rows on 16-byte boundaries) at least
-    `GLUON_LARGE_MIN_HT` tokens x heads, or any token count under CUDA-graph capture, run the Gluon wgmma kernels of
-    `mla_gluon_large` (`gluon_large_route`), 1-16 heads over an fp8_ds_mla cache and at least `FP8MMA_MIN_T` tokens
-    (`FP8MMA_MIN_T_GRAPH` under CUDA-graph capture) the fp8-cache kernel of `mla_gluon_fp8mma` (`fp8mma_route`);
-    everything else the Triton kernel below.
+    On sm_90 with Gluon, 17-128 heads and at least `GLUON_LARGE_MIN_HT` tokens x heads (bf16 q, bf16 or fp8_ds_mla
+    rows on 16-byte boundaries) run the Gluon wgmma kernels of `mla_gluon_large` (`gluon_large_route`), 1-16 heads
+    over an fp8_ds_mla cache and at least `FP8MMA_MIN_T` tokens (`FP8MMA_MIN_T_GRAPH` under CUDA-graph capture) the
+    fp8-cache kernel of `mla_gluon_fp8mma` (`fp8mma_route`); everything else the Triton kernel below.
     """
     fmt = "bf16" if kv_format == "fp16" else kv_format
     _check_inputs(q, kv_cache, indices, d_v, kv_format)
@@ -854,9 +849,7 @@ def sparse_mla(
     gluon_fp8 = fp8mma_shape(T, H, fmt)
     if not gluon_fp8 and fp8mma_shape(T, H, fmt, graph=True) and capturing(q.device):  # asked only when it matters
         gluon_fp8 = graph = True
-    large = q.is_cuda and H > 16
-    if large and T * H < GLUON_LARGE_MIN_HT:  # asked only when it matters
-        large = graph = capturing(q.device)
+    large = q.is_cuda and H > 16 and T * H >= GLUON_LARGE_MIN_HT
     if q.is_cuda and (gluon_fp8 or large):
         # every Gluon gather is a 16-byte cp.async
         aligned = kv_cache.data_ptr() % 16 == 0 and (kv_row_geometry(kv_cache)[0] * kv_cache.element_size()) % 16 == 0
@@ -869,7 +862,7 @@ def sparse_mla(
                 decode = graph or (H <= 8 and capturing(q.device))
             return sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, **config_kwargs(cfg8), out=out, decode=decode)
     if large:
-        mode = gluon_large_route(T, H, fmt, q.device, q.dtype, kv_cache.dtype, aligned, graph)
+        mode = gluon_large_route(T, H, fmt, q.device, q.dtype, kv_cache.dtype, aligned)
         if mode:
             from glm5lib.kernels.mla_gluon_large import sparse_mla_gluon_large
 
@@ -890,6 +883,6 @@ def sparse_mla_kv_bytes(T: int, topk: int, kv_format: str) -> float:
 
 __all__ = ["sparse_mla", "sparse_mla_launch", "CONFIGS", "MLAConfig", "pick_config", "pick_num_splits",
            "dispatched", "gluon_large_shape", "gluon_large_route", "gluon_large_ready", "gluon_large_enabled",
-           "gluon_large_name", "GLUON_LARGE_MIN_HT", "GLUON_LARGE_MIN_T_GRAPH", "fp8mma_route", "fp8mma_shape", "fp8mma_mode", "fp8mma_name",
+           "gluon_large_name", "GLUON_LARGE_MIN_HT", "fp8mma_route", "fp8mma_shape", "fp8mma_mode", "fp8mma_name",
            "FP8MMA_MIN_T", "FP8MMA_MIN_T_GRAPH", "capturing",
            "config_num_splits", "sparse_mla_flops", "sparse_mla_kv_bytes"]

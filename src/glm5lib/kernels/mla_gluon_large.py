@@ -985,8 +985,9 @@ if HAVE_GLUON:
 
 
 # The three-warpgroup kernels launch through the pre-bound launcher (`common.Prebound`) with their split plan and
-# constexprs cached per call shape (`_ws_plan`): through Gluon's own binder an eager decode call cost 75-95 us of host
-# time on an H100 at B1-B16, against the Triton kernel's 30-50 (`sweeps/large_small_batch_h100_024dda2.json`).
+# constexprs cached per call shape (`_ws_plan`): through Gluon's own binder an eager decode call at B1-B16 took
+# 64-130 us on an H100 (host-bound; the Triton kernel's pre-bound path 25-50), pre-bound mostly 32-35 us
+# (`sweeps/large_small_batch_h100_024dda2.json`, `..._06d1f89.json`).
 _WS_LAUNCH = {"pingpong": common.Prebound(_sparse_mla_pingpong_kernel),
               "dq": common.Prebound(_sparse_mla_dq_kernel)} if HAVE_GLUON else {}
 
@@ -1011,33 +1012,37 @@ def check_row_threads(row_threads: int | None, block_n: int) -> int:
 DQ_TILE_US = 3.5
 DQ_PROGRAM_US = 16.5
 DQ_MERGE_US = 36.5
-# The model takes every wave as long as a full one. A partial last wave costs less than that (1 split, 64 heads:
-# 129 us for one wave at B128, 246 for two at B200; 128 heads 229 for two at B128; H100, sweeps/dq_splits_*), while
-# more splits fill their waves: so where more splits win by a few % of modelled time, they lose in fact (128 heads
-# B96: 2 splits modelled 1 % faster, measured 246.5 us against 229 for 1 split at B128, sweeps/
-# large_small_batch_h100_024dda2.json). The plan takes the fewest splits within DQ_SPLIT_MARGIN of the least
-# modelled time.
+# The model charges every wave a whole program's time. Launches of more than one wave run below it: one split at 64
+# heads took 244-246 us for two waves at B150-B200 (257 modelled) and at 128 heads 223-229 us for two at B80-B128
+# (257 modelled), while two splits there, three fuller waves, matched it (254 us at B150 64 heads, 254 modelled; H100,
+# sweeps/dq_splits_heldout_h100_c1ec177.json, sweeps/dq_splits_margin_h100_06d1f89.json). So where fewer splits
+# take more than one wave, the plan takes them when their modelled time is within DQ_SPLIT_MARGIN of the least:
+# B80-B96 at 128 heads and B150-B180 at 64 took one split, 5-10 % faster than the two the least modelled time
+# gives; in one wave the least modelled time stands (B12-B24, where the margin would have cost 0-3 %).
 DQ_SPLIT_MARGIN = 0.05
 
 
-def dq_split_costs(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -> dict[int, float]:
-    """Modelled time (us, constants above) of each split count `mla.split_keys` makes of 1..MAX_SPLITS wanted, for T
-    tokens of n_hb 64-head blocks on n_sms SMs."""
+def dq_split_costs(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -> dict[int, tuple[float, int]]:
+    """{split count: (modelled time in us, waves)} for each split count `mla.split_keys` makes of 1..MAX_SPLITS
+    wanted, for T tokens of n_hb 64-head blocks on n_sms SMs (constants above)."""
     tiles = max(1, -(-topk // block_n))
-    costs: dict[int, float] = {}
+    costs: dict[int, tuple[float, int]] = {}
     for want in range(1, min(mla.MAX_SPLITS, tiles) + 1):
         splits, keys = mla.split_keys(topk, want, block_n)
         waves = -(-(T * n_hb * splits) // n_sms)
-        costs[splits] = waves * (keys // block_n * DQ_TILE_US + DQ_PROGRAM_US) + (DQ_MERGE_US if splits > 1 else 0.0)
+        cost = waves * (keys // block_n * DQ_TILE_US + DQ_PROGRAM_US) + (DQ_MERGE_US if splits > 1 else 0.0)
+        costs[splits] = (cost, waves)
     return costs
 
 
 def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -> int:
-    """The fewest splits whose modelled time (`dq_split_costs`) is within `DQ_SPLIT_MARGIN` of the least, for T
-    tokens of n_hb 64-head blocks on n_sms SMs."""
+    """The split plan for T tokens of n_hb 64-head blocks on n_sms SMs: the least modelled time (`dq_split_costs`;
+    ties to fewer splits), or fewer splits of more than one wave within `DQ_SPLIT_MARGIN` of it."""
     costs = dq_split_costs(T, n_hb, topk, n_sms, block_n)
-    least = min(costs.values())
-    return min(s for s, c in costs.items() if c <= least * (1 + DQ_SPLIT_MARGIN))
+    least = min(c for c, _ in costs.values())
+    best = min(s for s, (c, _) in costs.items() if c <= least + 1e-9)
+    near = [s for s, (c, w) in costs.items() if s < best and w > 1 and c <= least * (1 + DQ_SPLIT_MARGIN)]
+    return min(near, default=best)
 
 
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
