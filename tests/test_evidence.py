@@ -1473,3 +1473,76 @@ def test_evidence_round21_dq_kernel_h100():
     for H, want in ((64, 0.95), (128, 0.90)):
         t = targets[f"decode fp8 H{H} B128: ratio to FlashMLA"]
         assert t["met"] and round(t["value"], 2) == want
+
+
+def _small_batch_run(name: str, commit: str) -> dict:
+    """{(format, H, B, impl): row} of a round-22 `scripts/large_small_batch_probe.py` run on an H100, after every
+    launch (Gluon, Triton, FlashMLA) matched the fp32 reference."""
+    res = load(f"sweeps/{name}")
+    meta = res["meta"]
+    assert meta["device"] == "NVIDIA H100 80GB HBM3" and meta["commit"][:7] == commit and meta["flashmla"] == "loaded"
+    assert len(res["rows"]) == 135 and all(r["ok"] and r["rel_err"] < 1e-2 for r in res["rows"])
+    return {(r["format"], r["H"], r["B"], r["impl"]): r for r in res["rows"]}
+
+
+def test_evidence_round22_large_heads_at_small_batches_h100():
+    """NOTES round 22 (v27): the 32-128-head decode at B1-B128, Gluon beside Triton, before and after the pre-bound
+    launch; the dispatch threshold (`mla.GLUON_LARGE_MIN_HT`) against those runs; the dq split plan's margin."""
+    from glm5lib.kernels import mla, mla_gluon_large as m
+
+    before = _small_batch_run("large_small_batch_h100_024dda2.json", "024dda2")
+    after = _small_batch_run("large_small_batch_h100_06d1f89.json", "06d1f89")
+    shapes = {k[:3] for k in after}
+    above = {s for s in shapes if mla.gluon_large_shape(s[2], s[1], s[0])}
+    below = shapes - above
+    assert len(shapes) == 54 and len(above) == 36
+
+    def ratio(s, t="graph_us"):
+        return after[s + ("gluon",)][t] / after[s + ("triton",)][t]
+
+    # from 512 tokens x heads the Gluon kernels took 0.42-0.78x the Triton kernel's time, graph and eager alike
+    for t in ("graph_us", "eager_us"):
+        r = [ratio(s, t) for s in above]
+        assert 0.41 <= min(r) and round(max(r), 2) == 0.78, t
+    # below it: 0.63-1.02x in graph replay; eager, the Triton kernel won at 14 of the 18 by 5-29 us a call
+    assert [round(f(ratio(s) for s in below), 2) for f in (min, max)] == [0.63, 1.02]
+    extra = [after[s + ("gluon",)]["eager_us"] - after[s + ("triton",)]["eager_us"] for s in below]
+    won = [x for x in extra if x > 0]
+    assert len(won) == 14 and round(min(won)) == 5 and round(max(won)) == 29
+    # the pre-bound launch: Gluon's eager calls at B1-B16 took 64-130 us through Gluon's binder (three outliers
+    # 279-409), 32-36 us where host-bound after; its GPU time the same in both runs (graph replay within 2.5 %)
+    small = [s for s in shapes if s[2] <= 16]
+    pre = sorted(before[s + ("gluon",)]["eager_us"] for s in small)
+    assert round(pre[0]) == 64 and round(pre[-4]) == 129 and pre[-3] > 275
+    post = [after[s + ("gluon",)]["eager_us"] for s in small]
+    assert sum(31.5 < x < 36 for x in post) == 21
+    drift = [after[s + ("gluon",)]["graph_us"] / before[s + ("gluon",)]["graph_us"] for s in shapes
+             if s != ("fp8_ds_mla", 128, 96)]  # the split plan changed there (2 splits -> 1)
+    assert max(abs(x - 1) for x in drift) < 0.025
+    # the dq split plan at B96, 128 heads: 2 splits (the least modelled time) 246.5 us before, 1 split 223.3 after
+    k = ("fp8_ds_mla", 128, 96, "gluon")
+    assert (before[k]["splits"], round(before[k]["graph_us"], 1)) == (2, 246.5)
+    assert (after[k]["splits"], round(after[k]["graph_us"], 1)) == (1, 223.3) == (m.dq_num_splits(96, 2, 2048, 132),
+                                                                                   223.3)
+    # the margin's run: where it changes the plan, the least modelled time's two splits took 4-11 % longer; in one wave it
+    # least modelled time was as fast or faster (0-3 %), so the margin applies to plans of more than one wave only
+    res = load("sweeps/dq_splits_margin_h100_06d1f89.json")
+    assert res["meta"]["commit"][:7] == "06d1f89" and res["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+    us = {(r["B"], r["H"], r["splits"]): r["us"] for r in res["rows"] if "impl" not in r and not r["planned"]}
+    us.update({(r["B"], r["H"], r["splits"]): r["us"] for r in res["rows"] if r.get("planned")})
+    saved = m.DQ_SPLIT_MARGIN
+    try:
+        m.DQ_SPLIT_MARGIN = 0.0
+        least = {(B, H): m.dq_num_splits(B, H // 64, 2048, 132) for B, H, _ in us}
+    finally:
+        m.DQ_SPLIT_MARGIN = saved
+    today = {(B, H): m.dq_num_splits(B, H // 64, 2048, 132) for B, H, _ in us}
+    moved = {bh for bh in today if today[bh] != least[bh]}
+    assert moved == {(80, 128), (96, 128), (150, 64), (180, 64)}
+    gain = [us[bh + (least[bh],)] / us[bh + (today[bh],)] - 1 for bh in moved]
+    assert round(100 * min(gain)) == 4 and round(100 * max(gain)) == 11 and all(today[bh] == 1 for bh in moved)
+    one_wave = {(12, 128): 5, (20, 64): 6, (24, 64): 5}  # where the margin alone would have moved the plan
+    for bh, s in one_wave.items():
+        assert today[bh] == least[bh] == s
+        fewer = us[bh + (s - 1,)] / us[bh + (s,)] - 1
+        assert -0.001 < fewer < 0.035, (bh, fewer)

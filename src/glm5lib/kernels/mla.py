@@ -503,9 +503,10 @@ def config_key(T: int, H: int, kv_format: str, smem: str = "big", n_sms: int = 1
 # the ping-pong kernel 1.9-2.0x the Triton kernel (round 5), on an H100 the dq kernel 2.1-2.4x (round 21). Below that
 # (round 22, an H100, decode at B1-B128, 32 / 64 / 128 heads, both formats, outputs/bench/sweeps/
 # large_small_batch_h100_06d1f89.json): from 512 tokens x heads the Gluon kernels took 0.42-0.78x the Triton kernel's
-# time, in CUDA-graph replay and eager alike; below it, where both are bound by host time (eager 25-35 us a call),
-# the Triton kernel's leaner host path won by 5-15 us a call eager, while in graph replay the Gluon kernels took
-# 0.63-1.02x. One rule for both, so that a captured step computes what the same step does eagerly, bit for bit.
+# time, in CUDA-graph replay and eager alike; below it, where both are bound by host time (eager 25-36 us a call),
+# the Triton kernel's leaner host path won at 14 of the 18 shapes by 5-29 us a call, while in graph replay the Gluon
+# kernels took 0.63-1.02x. One rule for both, so that a captured step computes what the same step does eagerly, bit
+# for bit.
 # Everything the CPU CI runs stays on Triton (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns them off.
 GLUON_LARGE_MIN_HT = 512
 GLUON_LARGE_MODES = {"bf16": "pingpong", "fp8_ds_mla": "dq"}

@@ -1017,8 +1017,8 @@ DQ_MERGE_US = 36.5
 # (257 modelled), while two splits there, three fuller waves, matched it (254 us at B150 64 heads, 254 modelled; H100,
 # sweeps/dq_splits_heldout_h100_c1ec177.json, sweeps/dq_splits_margin_h100_06d1f89.json). So where fewer splits
 # take more than one wave, the plan takes them when their modelled time is within DQ_SPLIT_MARGIN of the least:
-# B80-B96 at 128 heads and B150-B180 at 64 took one split, 5-10 % faster than the two the least modelled time
-# gives; in one wave the least modelled time stands (B12-B24, where the margin would have cost 0-3 %).
+# at B80-B96 at 128 heads and B150-B180 at 64 the two splits of the least modelled time took 4-11 % longer than one;
+# in one wave the least modelled time stands (B12-B24, where the margin would have cost 0-3 %).
 DQ_SPLIT_MARGIN = 0.05
 
 
