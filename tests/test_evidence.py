@@ -1524,8 +1524,8 @@ def test_evidence_round22_large_heads_at_small_batches_h100():
     assert (before[k]["splits"], round(before[k]["graph_us"], 1)) == (2, 246.5)
     assert (after[k]["splits"], round(after[k]["graph_us"], 1)) == (1, 223.3) == (m.dq_num_splits(96, 2, 2048, 132),
                                                                                    223.3)
-    # the margin's run: where it changes the plan, the least modelled time's two splits took 4-11 % longer; in one wave it
-    # least modelled time was as fast or faster (0-3 %), so the margin applies to plans of more than one wave only
+    # the margin's run: where it changes the plan, the least modelled time's two splits took 4-11 % longer than one;
+    # in one wave the least modelled time was as fast or faster (0-3 %): the margin applies to several waves only
     res = load("sweeps/dq_splits_margin_h100_06d1f89.json")
     assert res["meta"]["commit"][:7] == "06d1f89" and res["meta"]["device"] == "NVIDIA H100 80GB HBM3"
     us = {(r["B"], r["H"], r["splits"]): r["us"] for r in res["rows"] if "impl" not in r and not r["planned"]}
