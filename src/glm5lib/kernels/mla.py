@@ -506,8 +506,8 @@ def config_key(T: int, H: int, kv_format: str, smem: str = "big", n_sms: int = 1
 # time, in CUDA-graph replay and eager alike; below it, where both are bound by host time (eager 25-36 us a call),
 # the Triton kernel's leaner host path won at 14 of the 18 shapes by 5-29 us a call, while in graph replay the Gluon
 # kernels took 0.63-1.02x. One rule for both, so that a captured step computes what the same step does eagerly, bit
-# for bit.
-# Everything the CPU CI runs stays on Triton (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns them off.
+# for bit. Everything the CPU CI runs stays on Triton (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns them
+# off.
 GLUON_LARGE_MIN_HT = 512
 GLUON_LARGE_MODES = {"bf16": "pingpong", "fp8_ds_mla": "dq"}
 

@@ -2,8 +2,8 @@
 
 `sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, kv_format=..., mode=...)` -> `(out [T, H, 512], lse [T, H])`,
 the contract of `mla.sparse_mla_launch`; the fp32 twin is `naive.sparse_mla_ref`. `mla.sparse_mla` takes it on sm_90
-for 17-128 heads (`mla.gluon_large_shape`: at least `mla.GLUON_LARGE_MIN_HT` tokens x heads, or any token count under
-CUDA-graph capture): bf16 caches -> "pingpong", fp8_ds_mla -> "dq" (the key-split kernel, "async", before round 21).
+for 17-128 heads and at least `mla.GLUON_LARGE_MIN_HT` tokens x heads (`mla.gluon_large_shape`): bf16 caches ->
+"pingpong", fp8_ds_mla -> "dq" (the key-split kernel, "async", before round 21).
 
 Why. The Triton kernel (`mla._sparse_mla_fwd_kernel`, `BLOCK_H` 64 on 8 warps) computes `S = q k^T` twice: its
 wgmma layout for S is chosen by Triton's heuristic for a dot whose result feeds another dot (flash attention), which
@@ -986,7 +986,7 @@ if HAVE_GLUON:
 
 # The three-warpgroup kernels launch through the pre-bound launcher (`common.Prebound`) with their split plan and
 # constexprs cached per call shape (`_ws_plan`): through Gluon's own binder an eager decode call at B1-B16 took
-# 64-130 us on an H100 (host-bound; the Triton kernel's pre-bound path 25-50), pre-bound mostly 32-35 us
+# 64-130 us on an H100 (host-bound; the Triton kernel's pre-bound path 25-50), pre-bound 32-36 us where host-bound
 # (`sweeps/large_small_batch_h100_024dda2.json`, `..._06d1f89.json`).
 _WS_LAUNCH = {"pingpong": common.Prebound(_sparse_mla_pingpong_kernel),
               "dq": common.Prebound(_sparse_mla_dq_kernel)} if HAVE_GLUON else {}
