@@ -78,8 +78,8 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
     only_h100 = [k for k, s in cov["shipped"].items() if not set(s["covered_by"]) - h100 - {"h200_bench"}]
     assert only_h100 == ["large-gluon/fp8_ds_mla/big", "small-fp8mma/fp8_ds_mla/big"], only_h100
     mh, sh = cov["pieces"]["h100_full_matrix"], cov["pieces"]["h100_sanitizer"]
-    assert mh["commit"] == sh["commit"] == "e6bb2f0" and mh["passed"] == mh["cases"] == 127
-    for old in ("f6a643d", "59e3fa7"):  # rounds 19 and 20's
+    assert mh["commit"] == sh["commit"] == "6f7cc40" and mh["passed"] == mh["cases"] == 127
+    for old in ("f6a643d", "59e3fa7", "e6bb2f0"):  # rounds 19, 20 and 21's
         assert "ERROR SUMMARY: 0 errors" in (BENCH / "sweeps" / f"sanitizer_h100_{old}.log").read_text()
     assert sh["passed"] == sh["cases"] == 28 and sh["sanitizer_errors"] == 0
     for tool, summary in (("memcheck", "ERROR SUMMARY: 0 errors"), ("racecheck", "RACECHECK SUMMARY: 0 hazards"),
@@ -1546,3 +1546,37 @@ def test_evidence_round22_large_heads_at_small_batches_h100():
         assert today[bh] == least[bh] == s
         fewer = us[bh + (s - 1,)] / us[bh + (s,)] - 1
         assert -0.001 < fewer < 0.035, (bh, fewer)
+
+
+def test_evidence_round22_held_out_split_plan_and_the_matrix_h100():
+    """NOTES round 22 (v27d-e): the dq split plan held out at B70 / B140 / B190 after its margin was fitted, and the
+    case matrix and memcheck at 6f7cc40 with the Gluon kernels from 512 tokens x heads."""
+    from glm5lib.kernels import mla_gluon_large as m
+
+    res = load("sweeps/dq_splits_heldout2_h100_6f7cc40.json")
+    assert res["meta"]["commit"][:7] == "6f7cc40" and res["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+    rows = [r for r in res["rows"] if "impl" not in r]
+    shapes = {(r["B"], r["H"]) for r in rows}
+    assert shapes == {(B, H) for B in (70, 140, 190) for H in (64, 128)}
+    moved = []
+    for B, H in shapes:
+        plan = [r for r in rows if (r["B"], r["H"]) == (B, H) and r["planned"]]
+        others = [r for r in rows if (r["B"], r["H"]) == (B, H) and not r["planned"]]
+        assert len(plan) == 1 and plan[0]["splits"] == m.dq_num_splits(B, H // 64, 2048, 132) == 1
+        assert others and all(plan[0]["us"] < r["us"] for r in others), (B, H)  # the fastest tried at all 6
+        costs = m.dq_split_costs(B, H // 64, 2048, 132)
+        if min(costs, key=lambda s: (costs[s][0], s)) != 1:  # the least modelled time alone would take 2 splits
+            moved.append(min(r["us"] for r in others) / plan[0]["us"] - 1)
+    assert len(moved) == 3 and round(100 * min(moved), 1) == 1.4 and round(100 * max(moved), 1) == 11.2
+    fm = {(r["B"], r["H"]): r["us"] for r in res["rows"] if r.get("impl") == "flashmla"}
+    plan = {(r["B"], r["H"]): r["us"] for r in rows if r["planned"]}
+    vs = sorted(fm[s] / plan[s] for s in shapes)
+    assert round(vs[0], 2) == 0.62 and round(vs[-1], 2) == 0.92  # FlashMLA's balanced scheduler at partial waves
+    # the matrix and memcheck of the shipped code with the new dispatch
+    cases = load("sweeps/checks_h100_full_6f7cc40.json")
+    assert len(cases) == 127 and all(r["ok"] for r in cases)
+    gluon = [r["name"] for r in cases if str(r.get("config", "")).startswith("gluon-")]
+    assert len(gluon) == 46 and sum(n.startswith("invalid:T33-") for n in gluon) == 20
+    log = (BENCH / "sweeps" / "sanitizer_h100_6f7cc40.log").read_text()
+    assert "28/28 cases pass on cuda" in log and "ERROR SUMMARY: 0 errors" in log
+    assert log.count("config=gluon-") == 10 and "sanitize:T4-H128-K2048-N3000-fp8_ds_mla-oob" in log

@@ -21,9 +21,11 @@ captured decode; the eager cases the matrix runs take the same builds), when no 
 cubins as the H200's (Triton 3.6 compiles for the architecture, not the card); its wgmma build's memcheck, racecheck
 and synccheck ran on the H200 at 4812c4d (`sweeps/*_wgmma_h200_4812c4d.log`). Round 21's dequantising-producer
 kernel for 17-128 heads over fp8_ds_mla ("gluon-BN64-nbuf2-dq") ran the matrix and compute-sanitizer on an H100 at
-e6bb2f0, which also ran every other shipped sm_90 config again. The pieces read are round 21's, named
-"h100_full_matrix" and "h100_sanitizer"; "h100_bench" is `bench all --quick` on an H100 at 1e053bb (the same kernels;
-its targets are the H100's, not the issue's H200 ones).
+e6bb2f0, which also ran every other shipped sm_90 config again, and so did round 22 at 6f7cc40, after the Gluon
+kernels for 17-128 heads were taken from 512 tokens x heads (46 matrix cases and 10 sanitizer cases on them, the
+invalid-index ones at 33 and 4 tokens among them). The pieces read are round 22's, named "h100_full_matrix" and
+"h100_sanitizer"; "h100_bench" is `bench all --quick` on an H100 at 1e053bb (the same kernels; its targets are the
+H100's, not the issue's H200 ones).
 
 `coverage(root)` reads the files and reports, per piece: cases, passes, and the config names it ran; and per
 shipped config of both classes: which pieces ran that exact config. The notebook prints it instead of prose.
@@ -57,10 +59,10 @@ SANITIZER_R8 = "outputs/bench/sweeps/sanitizer_h200_73d2a37.log"
 R8_COMMIT, R8_FP8MMA_MAX_H = "73d2a37", 8
 RUN_COMMIT = "97dc8b8"  # the case matrix (each case records its config), with the Gluon kernels dispatched
 SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
-FULL_MATRIX_H100 = "outputs/bench/sweeps/checks_h100_full_e6bb2f0.json"
-SANITIZER_H100 = "outputs/bench/sweeps/sanitizer_h100_e6bb2f0.log"
+FULL_MATRIX_H100 = "outputs/bench/sweeps/checks_h100_full_6f7cc40.json"
+SANITIZER_H100 = "outputs/bench/sweeps/sanitizer_h100_6f7cc40.log"
 BENCH_H100 = "outputs/bench/sweeps/bench_h100_1e053bb.json"
-H100_COMMIT = "e6bb2f0"  # the matrix and compute-sanitizer of round 21's shipped configs on an H100 (sm_90)
+H100_COMMIT = "6f7cc40"  # the matrix and compute-sanitizer of round 22's shipped configs on an H100 (sm_90)
 SANITIZER_COMMIT = "97dc8b8"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
