@@ -4,8 +4,8 @@ replay over rotated index sets, as `scripts/gluon_mla_large_device.py`): the dat
 (B128, 1-4 splits, with the producer alone) and, with --batches, other batch sizes to test it on. Needs an sm_90 GPU.
 
 `PYTHONPATH=src python scripts/dq_splits_probe.py OUT.json [--vendor .vendor] [--batches 32,64,256] [--triton]`
-(--triton: the Triton kernel too, `mla.sparse_mla_launch`, which `sparse_mla` takes for eager calls below
-`mla.GLUON_LARGE_MIN_HT` tokens x heads)."""
+(--triton: the Triton kernel too, `mla.sparse_mla_launch`, which `sparse_mla` takes below `mla.GLUON_LARGE_MIN_HT`
+tokens x heads)."""
 
 from __future__ import annotations
 

@@ -1501,9 +1501,9 @@ def test_evidence_round22_large_heads_at_small_batches_h100():
         return after[s + ("gluon",)][t] / after[s + ("triton",)][t]
 
     # from 512 tokens x heads the Gluon kernels took 0.42-0.78x the Triton kernel's time, graph and eager alike
-    for t in ("graph_us", "eager_us"):
+    for t, low in (("graph_us", 0.42), ("eager_us", 0.41)):
         r = [ratio(s, t) for s in above]
-        assert 0.41 <= min(r) and round(max(r), 2) == 0.78, t
+        assert round(min(r), 2) == low and round(max(r), 2) == 0.78, t
     # below it: 0.63-1.02x in graph replay; eager, the Triton kernel won at 14 of the 18 by 5-29 us a call
     assert [round(f(ratio(s) for s in below), 2) for f in (min, max)] == [0.63, 1.02]
     extra = [after[s + ("gluon",)]["eager_us"] - after[s + ("triton",)]["eager_us"] for s in below]

@@ -209,6 +209,32 @@ def test_dq_split_plan_is_the_least_modelled_time_or_fewer_splits_of_several_wav
     assert m.plan_splits(7, 40, 1000, 64, torch.device("cpu"), num_splits=3)[0] == 3  # asked for: kept
 
 
+def test_three_warpgroup_launch_plan_matches_the_kernels():
+    """`_ws_plan` (the cached plan the pre-bound launch takes): the split plan of each mode, the grid, and constexprs
+    that name exactly the kernels' parameters after the 18 positional ones the launcher passes."""
+    import torch
+
+    from glm5lib.kernels import mla_gluon_large as m
+
+    if not m.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    cpu = torch.device("cpu")
+    for mode, kernel in (("dq", m._sparse_mla_dq_kernel), ("pingpong", m._sparse_mla_pingpong_kernel)):
+        for T, H in ((1, 64), (96, 128), (128, 64), (4096, 40)):
+            splits, kps, grid, kw, key = m._ws_plan(T, H, 2048, "cpu", None, None, mode, 64, 0, None)
+            want = m.plan_splits(T, H, 2048, 128 if mode == "pingpong" else 64, cpu, mode=mode)
+            assert (splits, kps) == want and splits * kps >= 2048
+            assert grid == (T * -(-H // 64), 1, splits) and key == tuple(kw.values())
+            assert kw["SPLIT"] == (splits > 1) and kw["num_warps"] == 4
+            names = list(kernel.arg_names)
+            assert names[18:] == [k for k in kw if k != "num_warps"], names
+        regs = (m.DQ_CONSUMER_REGS, m.DQ_PRODUCER_REGS) if mode == "dq" else (m.PP_CONSUMER_REGS, m.PP_PRODUCER_REGS)
+        assert (kw["CONSUMER_REGS"], kw["PRODUCER_REGS"]) == regs
+    kw = m._ws_plan(128, 64, 2048, "cpu", None, 3, "dq", 64, 1, (200, 120))[3]
+    assert (kw["CONSUMER_REGS"], kw["PRODUCER_REGS"], kw["PROBE"], kw["SPLIT"]) == (200, 120, 1, True)
+    assert m._ws_plan(96, 128, 2048, "cpu", None, None, "dq", 64, 0, None)[0] == 1  # the margin's plan
+
+
 def test_dispatch_rule_for_the_large_kernel(monkeypatch):
     import torch
 

@@ -54,7 +54,7 @@ One program owns (token, 64-head block, split). Split-K partials (decode) use `m
 merged by `mla._merge_splits_kernel`; the split count is `mla.pick_num_splits` with one program per SM (shared
 memory: about 221 KB at 64-key tiles), `dq_num_splits` for the dequantising-producer kernel. Gluon does not run in
 Triton's interpreter: the numeric checks are `scripts/gluon_mla_large_device.py` and `checks --profile full` (whose
-large-head cases with >= 128 tokens reach this module on sm_90), on an sm_90 GPU; `tests/test_mla_gluon.py` compiles
+large-head cases with >= 512 tokens x heads reach this module on sm_90), on an sm_90 GPU; `tests/test_mla_gluon.py` compiles
 every config for sm_90.
 """
 
@@ -986,7 +986,7 @@ if HAVE_GLUON:
 
 # The three-warpgroup kernels launch through the pre-bound launcher (`common.Prebound`) with their split plan and
 # constexprs cached per call shape (`_ws_plan`): through Gluon's own binder an eager decode call at B1-B16 took
-# 64-130 us on an H100 (host-bound; the Triton kernel's pre-bound path 25-50), pre-bound 32-36 us where host-bound
+# 64-130 us on an H100 (host-bound; the Triton kernel's pre-bound path 29-91), pre-bound 32-36 us where host-bound
 # (`sweeps/large_small_batch_h100_024dda2.json`, `..._06d1f89.json`).
 _WS_LAUNCH = {"pingpong": common.Prebound(_sparse_mla_pingpong_kernel),
               "dq": common.Prebound(_sparse_mla_dq_kernel)} if HAVE_GLUON else {}
@@ -1061,7 +1061,8 @@ def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
 def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, num_splits: int | None, mode: str,
              block_n: int, probe: int, pp_regs: tuple[int, int] | None) -> tuple[int, int, tuple, dict, tuple]:
     """(splits, keys per split, grid, constexprs and options, their values as a key) of a three-warpgroup kernel's
-    call shape: the host work an eager layer would otherwise repeat on every call."""
+    call shape: the host work an eager layer would otherwise repeat on every call. Cached: code that changes the
+    split model's or the register constants (`DQ_*`, `PP_*`) after a launch calls `_ws_plan.cache_clear()`."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     # the ping-pong kernel takes tiles in pairs: its splits are whole pairs
     splits, keys_per_split = plan_splits(T, H, topk, 2 * block_n if mode == "pingpong" else block_n, dev, num_splits,
