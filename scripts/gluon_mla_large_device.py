@@ -93,8 +93,7 @@ def run_checks(dev, rows, row_threads=()):
                         r.update(compare(o, lse, ro, rlse))
                         vt = compare(o, lse, to.float(), tlse)
                         r.update(rel_vs_triton=vt["rel"], lse_vs_triton=vt["lse_abs"],
-                                 splits=gl_large.plan_splits(T, H, topk, 2 * bn if mode == "pingpong" else bn, dev,
-                                                                    splits, mode)[0])
+                                 splits=gl_large.plan_splits(T, H, topk, bn, dev, splits, mode)[0])
                     except Exception as exc:  # noqa: BLE001
                         r.update(ok=False, error=_err(exc))
                         broken[name] = r["error"].splitlines()[-1][:300]
@@ -189,8 +188,7 @@ def time_decode(H, fmt, broken, have_fm, rows, B=128, ctx=32768, probe=False, ro
         if name not in broken:
             add("gluon-wgmma:" + name.split(":", 1)[1], lambda i, kw=kw: gl_large.sparse_mla_gluon_large(
                 q, flat, i, SM_SCALE, kv_format=fmt, out=out, **kw),
-                {"splits": gl_large.plan_splits(B, H, TOPK, 2 * kw["block_n"] if kw["mode"] == "pingpong"
-                                                 else kw["block_n"], q.device, None, kw["mode"])[0]})
+                {"splits": gl_large.plan_splits(B, H, TOPK, kw["block_n"], q.device, None, kw["mode"])[0]})
     # stage builds (outputs meaningless: timing only) of the default config, and with --row-threads of each mapping
     probes = ([(None, "")] if probe else []) + [(rt, f"-rt{rt}") for rt in row_threads]
     for rt, tag in probes:

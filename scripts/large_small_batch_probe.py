@@ -72,8 +72,7 @@ def main(argv=None) -> int:
                 idx_sets = [bk._rand_indices(B, 32768, bk.TOPK, base) for _ in range(R)]
                 out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
                 ro, _ = naive.sparse_mla_ref_chunked(q, flat, idx_sets[0], bk.SM_SCALE, kv_format=fmt, chunk=16)
-                # the ping-pong kernel takes tiles in pairs, its splits whole pairs (`mla_gluon_large._ws_plan`)
-                splits = gl_large.plan_splits(B, H, bk.TOPK, 128 if mode == "pingpong" else 64, q.device, mode=mode)[0]
+                splits = gl_large.plan_splits(B, H, bk.TOPK, 64, q.device, mode=mode)[0]
                 impls = {
                     "triton": lambda i: mla.sparse_mla_launch(q, flat, i, bk.SM_SCALE, kv_format=fmt, out=out),
                     "gluon": lambda i: gl_large.sparse_mla_gluon_large(q, flat, i, bk.SM_SCALE, kv_format=fmt,

@@ -222,7 +222,7 @@ def test_three_warpgroup_launch_plan_matches_the_kernels():
     for mode, kernel in (("dq", m._sparse_mla_dq_kernel), ("pingpong", m._sparse_mla_pingpong_kernel)):
         for T, H in ((1, 64), (96, 128), (128, 64), (4096, 40)):
             splits, kps, grid, kw, key = m._ws_plan(T, H, 2048, "cpu", None, None, mode, 64, 0, None)
-            want = m.plan_splits(T, H, 2048, 128 if mode == "pingpong" else 64, cpu, mode=mode)
+            want = m.plan_splits(T, H, 2048, 64, cpu, mode=mode)
             assert (splits, kps) == want and splits * kps >= 2048
             assert grid == (T * -(-H // 64), 1, splits) and key == tuple(kw.values())
             assert kw["SPLIT"] == (splits > 1) and kw["num_warps"] == 4

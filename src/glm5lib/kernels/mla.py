@@ -504,11 +504,10 @@ def config_key(T: int, H: int, kv_format: str, smem: str = "big", n_sms: int = 1
 # (round 22, an H100, decode at B1-B128, 32 / 64 / 128 heads, both formats, outputs/bench/sweeps/
 # large_small_batch_h100_06d1f89.json): from 512 tokens x heads the Gluon kernels took 0.41-0.78x the Triton kernel's
 # time, in CUDA-graph replay and eager alike; below it, where both are bound by host time (most eager calls 25-36 us,
-# against 12-35 us of GPU time),
-# the Triton kernel's leaner host path won at 14 of the 18 shapes by 5-29 us a call, while in graph replay the Gluon
-# kernels took 0.63-1.02x. One rule for both, so that a captured step computes what the same step does eagerly, bit
-# for bit. Everything the CPU CI runs stays on Triton (Gluon has no interpreter). GLM5LIB_GLUON_LARGE=0 turns them
-# off.
+# against 12-35 us of GPU time), the Triton kernel's leaner host path won at 14 of the 18 shapes by 5-29 us a call,
+# while in graph replay the Gluon kernels took 0.63-1.02x. One rule for both, so that a captured step computes what
+# the same step does eagerly, bit for bit. Everything the CPU CI runs stays on Triton (Gluon has no interpreter).
+# GLM5LIB_GLUON_LARGE=0 turns them off.
 GLUON_LARGE_MIN_HT = 512
 GLUON_LARGE_MODES = {"bf16": "pingpong", "fp8_ds_mla": "dq"}
 

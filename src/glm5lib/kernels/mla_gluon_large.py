@@ -54,8 +54,8 @@ One program owns (token, 64-head block, split). Split-K partials (decode) use `m
 merged by `mla._merge_splits_kernel`; the split count is `mla.pick_num_splits` with one program per SM (shared
 memory: about 221 KB at 64-key tiles), `dq_num_splits` for the dequantising-producer kernel. Gluon does not run in
 Triton's interpreter: the numeric checks are `scripts/gluon_mla_large_device.py` and `checks --profile full` (whose
-large-head cases with >= 512 tokens x heads reach this module on sm_90), on an sm_90 GPU; `tests/test_mla_gluon.py` compiles
-every config for sm_90.
+large-head cases with >= 512 tokens x heads reach this module on sm_90), on an sm_90 GPU; `tests/test_mla_gluon.py`
+compiles every config for sm_90.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ def smem_bytes_estimate(block_n: int, nbuf: int, kv_format: str = "bf16", mode: 
     """Shared memory of one program: q, the bf16 tile ring, and (fp8, but for "dq", whose producer converts from
     registers) the raw gather ring with its scales."""
     q = BLOCK_H * D_QK * 2
-    if kv_format == "fp8_ds_mla" and mode not in FP8_ONLY:  # one bf16 latent tile, a ring of rope tiles and raw rows + scales
+    # the key-split kernel over fp8 rows: one bf16 latent tile, a ring of rope tiles and raw rows + scales
+    if kv_format == "fp8_ds_mla" and mode not in FP8_ONLY:
         return q + block_n * D_NOPE * 2 + nbuf * block_n * (D_ROPE * 2 + D_NOPE + 16)
     return q + nbuf * block_n * D_QK * 2
 
@@ -1013,7 +1014,7 @@ DQ_TILE_US = 3.5
 DQ_PROGRAM_US = 16.5
 DQ_MERGE_US = 36.5
 # The model charges every wave a whole program's time. Launches of more than one wave run below it: one split at 64
-# heads took 244-246 us for two waves at B150-B200 (257 modelled) and at 128 heads 223-229 us for two at B80-B128
+# heads took 244-246 us for two waves at B150-B200 (257 modelled) and at 128 heads 223-231 us for two at B80-B128
 # (257 modelled), while two splits there, three fuller waves, matched it (254 us at B150 64 heads, 254 modelled; H100,
 # sweeps/dq_splits_heldout_h100_c1ec177.json, sweeps/dq_splits_margin_h100_06d1f89.json). So where fewer splits
 # take more than one wave, the plan takes them when their modelled time is within DQ_SPLIT_MARGIN of the least:
@@ -1048,7 +1049,10 @@ def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
                 num_splits: int | None = None, mode: str = DEFAULT[2]) -> tuple[int, int]:
     """(split count, keys per split): for mode "dq" `dq_num_splits`, else `mla.pick_num_splits` at one program per
-    SM (shared memory); rounded by `mla.split_keys`."""
+    SM (shared memory); rounded by `mla.split_keys`. block_n: the kernel's tile; the ping-pong kernel takes tiles in
+    pairs, so its splits are whole pairs."""
+    if mode == "pingpong":
+        block_n *= 2
     if num_splits is None:
         if mode == "dq":
             num_splits = dq_num_splits(T, -(-H // BLOCK_H), topk, num_sms(device), block_n)
@@ -1064,9 +1068,7 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
     call shape: the host work an eager layer would otherwise repeat on every call. Cached: code that changes the
     split model's or the register constants (`DQ_*`, `PP_*`) after a launch calls `_ws_plan.cache_clear()`."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
-    # the ping-pong kernel takes tiles in pairs: its splits are whole pairs
-    splits, keys_per_split = plan_splits(T, H, topk, 2 * block_n if mode == "pingpong" else block_n, dev, num_splits,
-                                         mode)
+    splits, keys_per_split = plan_splits(T, H, topk, block_n, dev, num_splits, mode)
     cr, pr = pp_regs or ((PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else
                          (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS))
     kw = dict(SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4)
@@ -1080,7 +1082,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. mode: a CONFIGS mode ("pingpong" (bf16) and "dq" (fp8_ds_mla): the three-warpgroup
     kernels, 64-key tiles, two buffers); the default is the key-split kernel ("async"), while `mla.sparse_mla` takes
-    the mode `mla.GLUON_LARGE_MODES` names for the cache's format. probe: a stage-timing build (`PROBE` in the kernels' docstrings). pp_regs:
+    the mode `mla.GLUON_LARGE_MODES` names for the cache's format. probe: a stage-timing build (`PROBE` in the
+    kernels' docstrings). pp_regs:
     (consumer, producer) registers of the three-warpgroup kernels' worker partitions (default `PP_*_REGS`,
     `DQ_*_REGS`).
     row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`; the
