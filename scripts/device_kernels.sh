@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -57,6 +57,9 @@
 #   (`mla_gluon_large.DQ_SPLIT_MARGIN`) changes it, against the neighbouring split counts (dq_splits_margin_h200.json)
 # round22c: the dq split plan held out at B70, B140 and B190 (64 and 128 heads) against the neighbouring split counts
 #   (dq_splits_heldout2_h200.json)
+# round23: compute-sanitizer memcheck on the dq kernel's split and tail plans (scripts/dq_sanitize_case.py), then the
+#   dq kernel's last partial wave at 64 / 128 heads: one launch of the split plan against the tail plan
+#   (`mla_gluon_large.dq_tail_plan`) and FlashMLA, each launch checked (scripts/dq_tail_probe.py; dq_tail_h200.json)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -205,6 +208,10 @@ for r in rows:
           > "$OUT/dq_splits_margin.log" 2>&1; echo "splits rc=$?"; grep -c '"us"' "$OUT/dq_splits_margin.log" ;;
     round22c) timeout 150 python3 scripts/dq_splits_probe.py "$OUT/dq_splits_heldout2_h200.json" --batches 70,140,190 \
           > "$OUT/dq_splits_heldout2.log" 2>&1; echo "splits rc=$?"; grep -c '"us"' "$OUT/dq_splits_heldout2.log" ;;
+    round23) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/dq_sanitize_case.py \
+        > "$OUT/memcheck_dq_tail.log" 2>&1; echo "memcheck-dq rc=$?"; tail -3 "$OUT/memcheck_dq_tail.log"
+        timeout 300 python3 scripts/dq_tail_probe.py "$OUT/dq_tail_h200.json" > "$OUT/dq_tail.log" 2>&1
+        echo "tail probe rc=$?"; tail -2 "$OUT/dq_tail.log" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

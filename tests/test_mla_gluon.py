@@ -235,6 +235,95 @@ def test_three_warpgroup_launch_plan_matches_the_kernels():
     assert m._ws_plan(96, 128, 2048, "cpu", None, None, "dq", 64, 0, None)[0] == 1  # the margin's plan
 
 
+def test_dq_tail_plan_splits_only_the_last_partial_wave():
+    """`dq_tail_plan`: where the split plan runs one split over several waves, the tokens of the whole waves stay at
+    one split and the rest are split to fill the SMs once; whole tokens (both head blocks) on each side."""
+    from glm5lib.kernels import mla
+    from glm5lib.kernels import mla_gluon_large as m
+
+    assert m.dq_tail_plan(140, 1, 2048, 132) == (132, 16)  # 8 programs left over: 16 splits of 128 keys
+    assert m.dq_tail_plan(70, 2, 2048, 132) == (66, 16)
+    assert m.dq_tail_plan(160, 1, 2048, 132) == (132, 4)  # 28 left: 4 splits, 112 programs
+    assert m.dq_tail_plan(96, 2, 2048, 132) == (66, 2)  # 60 left, at most half a wave: 2 splits
+    assert m.dq_tail_plan(300, 1, 2048, 132) == (264, 3)  # two whole waves
+    assert m.dq_tail_plan(128, 2, 2048, 132) is None  # 124 left: more than half a wave
+    assert m.dq_tail_plan(128, 1, 2048, 132) is None  # one wave
+    assert m.dq_tail_plan(264, 1, 2048, 132) is None  # whole waves only
+    assert m.dq_tail_plan(32, 1, 2048, 132) is None  # the split plan splits every token there
+    seen = 0
+    for n_sms in (78, 114, 132, 133):
+        for n_hb in (1, 2):
+            for T in range(1, 700, 3):
+                for topk in (2048, 1000):
+                    cut = m.dq_tail_plan(T, n_hb, topk, n_sms)
+                    units = T * n_hb
+                    if cut is None:
+                        assert (units <= n_sms or m.dq_num_splits(T, n_hb, topk, n_sms) > 1 or units % n_sms == 0
+                                or units % n_sms > m.DQ_TAIL_FILL * n_sms or n_sms // (units % n_sms) < 2
+                                or n_sms % n_hb), (T, n_hb, topk, n_sms)
+                        continue
+                    seen += 1
+                    whole, splits = cut
+                    rest = (T - whole) * n_hb
+                    assert m.dq_num_splits(T, n_hb, topk, n_sms) == 1 and units > n_sms
+                    assert whole * n_hb == units // n_sms * n_sms - (units // n_sms * n_sms) % n_hb
+                    assert 0 < rest <= max(m.DQ_TAIL_FILL * n_sms, n_hb) and 0 < T - whole
+                    assert 2 <= splits <= mla.MAX_SPLITS and rest * splits <= n_sms  # the rest in one wave
+                    assert splits == mla.split_keys(topk, splits, 64)[0]
+    assert seen > 300
+
+
+def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
+    """The launch plumbing of the tail plan, with the kernel launcher and the merge replaced by recorders: the first
+    launch covers the whole waves' tokens at one split, the second the rest of the same tensors (views, so the
+    outputs land in the caller's tensors) at the tail's split count, merged into those rows only. tail=False and an
+    explicit split count launch once over every token."""
+    import torch
+
+    from glm5lib.kernels import mla
+    from glm5lib.kernels import mla_gluon_large as m
+
+    if not m.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    launches, merges = [], []
+
+    class Recorder:
+        def launch(self, grid, args, kw, kw_key, dev_index, spec):
+            launches.append((grid, args, kw))
+
+    monkeypatch.setitem(m._WS_LAUNCH, "dq", Recorder())
+    monkeypatch.setattr(mla, "merge_splits", lambda part, out, lse, splits: merges.append((part, out, lse, splits)))
+    for T, H in ((140, 64), (70, 128), (160, 40)):
+        whole, splits = m.dq_tail_plan(T, -(-H // 64), 2048, 132)
+        q = torch.randn(T, H, 576).to(torch.bfloat16)
+        cache = torch.zeros(1000, 656, dtype=torch.uint8)
+        idx = torch.randint(0, 1000, (T, 2048), dtype=torch.int32)
+        out = torch.empty(T, H, 512, dtype=torch.bfloat16)
+        launches.clear()
+        merges.clear()
+        o, lse = m.sparse_mla_gluon_large(q, cache, idx, 0.1, kv_format="fp8_ds_mla", mode="dq", out=out)
+        assert o is out and lse.shape == (T, H) and len(launches) == 2 and len(merges) == 1
+        (g1, a1, kw1), (g2, a2, kw2) = launches
+        n_hb = -(-H // 64)
+        assert g1 == (whole * n_hb, 1, 1) and not kw1["SPLIT"]
+        assert g2 == ((T - whole) * n_hb, 1, splits) and kw2["SPLIT"]
+        # q, indices, out and lse: the first launch at row 0 of each, the second at row `whole`
+        for k, full in enumerate((q, cache, idx, out, lse)):
+            assert a1[k].data_ptr() == full.data_ptr()
+            off = 0 if k == 1 else whole * full.stride(0) * full.element_size()
+            assert a2[k].data_ptr() == full.data_ptr() + off, k
+        assert a1[0].shape[0] == whole and a2[0].shape[0] == T - whole
+        assert a2[16] == mla.split_keys(2048, splits, 64)[1]  # KEYS_PER_SPLIT
+        part, mo, mlse, ms = merges[0]
+        assert ms == splits and mo.data_ptr() == a2[3].data_ptr() and mlse.data_ptr() == a2[4].data_ptr()
+        assert part.numel() == splits * (T - whole) * H * 513 and part is a2[5]
+        for kw in ({"tail": False}, {"num_splits": 1}):
+            launches.clear()
+            merges.clear()
+            m.sparse_mla_gluon_large(q, cache, idx, 0.1, kv_format="fp8_ds_mla", mode="dq", out=out, **kw)
+            assert [g for g, _, _ in launches] == [(T * n_hb, 1, 1)] and not merges
+
+
 def test_dispatch_rule_for_the_large_kernel(monkeypatch):
     import torch
 

@@ -1046,6 +1046,33 @@ def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -
     return min(near, default=best)
 
 
+# The one-split plan's last wave. Where the tokens x head blocks outnumber the SMs, one split runs in whole waves plus
+# a last one of the rest; a program of that wave takes nearly a whole wave's time however few run beside it (H100,
+# one split: 64 heads 117-130 us in one wave at B70-B128 and 238-246 us in two at B140-B190; 128 heads 223-226 us at
+# B70-B96, whose second waves hold 8-60 programs; sweeps/dq_splits_heldout2_h100_6f7cc40.json,
+# sweeps/dq_splits_margin_h100_06d1f89.json). Splitting every token instead adds waves and the merge (two splits
+# took 1.4-11 % longer there). The tail plan keeps the whole waves at one split and splits only the last wave's tokens,
+# as many ways as fill the SMs once (a second launch and a merge of its tokens' partials), where that wave is at most
+# DQ_TAIL_FILL full. Stream-K's "data-parallel waves plus a split tail", at whole-token granularity so that the
+# kernel is the same: two launches of it on slices of the call's tensors.
+DQ_TAIL_FILL = 0.5
+
+
+def dq_tail_plan(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -> tuple[int, int] | None:
+    """(tokens run at one split, split count of the remaining tokens) for T tokens of n_hb 64-head blocks on n_sms
+    SMs where the split plan (`dq_num_splits`) takes one split over several waves whose last is at most
+    `DQ_TAIL_FILL` full; None otherwise (the plan stands)."""
+    units = T * n_hb
+    if units <= n_sms or dq_num_splits(T, n_hb, topk, n_sms, block_n) != 1:
+        return None
+    whole = units // n_sms * n_sms // n_hb  # tokens in whole waves (a token's head blocks stay together)
+    rest = (T - whole) * n_hb
+    if rest == 0 or rest > DQ_TAIL_FILL * n_sms:
+        return None
+    splits = mla.split_keys(topk, min(mla.MAX_SPLITS, -(-topk // block_n), n_sms // rest), block_n)[0]
+    return (whole, splits) if splits > 1 else None
+
+
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
                 num_splits: int | None = None, mode: str = DEFAULT[2]) -> tuple[int, int]:
     """(split count, keys per split): for mode "dq" `dq_num_splits`, else `mla.pick_num_splits` at one program per
@@ -1075,9 +1102,34 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
     return splits, keys_per_split, (T * -(-H // BLOCK_H), 1, splits), kw, tuple(kw.values())
 
 
+@functools.lru_cache(maxsize=4096)
+def _tail_cut(T: int, H: int, topk: int, dev_type: str, dev_index: int | None) -> tuple[int, int] | None:
+    """`dq_tail_plan` of a call shape, cached (host time of an eager layer)."""
+    dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
+    return dq_tail_plan(T, -(-H // BLOCK_H), topk, num_sms(dev), 64)
+
+
+def _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, num_splits, block_n, probe, regs):
+    """One launch of a three-warpgroup kernel over q's tokens (and the merge of its partials where it splits)."""
+    T, H, _ = q.shape
+    topk = indices.shape[1]
+    dev = q.device
+    splits, keys_per_split, grid, kw, kw_key = _ws_plan(T, H, topk, dev.type, dev.index, num_splits, mode, block_n,
+                                                        probe, regs)
+    part = split_buffer(splits, T, H, lse)
+    ptrs = (q, kv_cache, indices, out, lse, part)
+    ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk,
+            n_rows, keys_per_split)
+    # what Triton specializes on: the dtypes, each pointer's 16-byte alignment, the int values themselves
+    spec = (q.dtype, kv_cache.dtype, out.dtype, tuple(t.data_ptr() % 16 == 0 for t in ptrs), ints)
+    _WS_LAUNCH[mode].launch(grid, (*ptrs, *ints, float(sm_scale) * LOG2E), kw, kw_key, dev.index, spec)
+    if splits > 1:
+        mla.merge_splits(part, out, lse, splits)
+
+
 def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", num_splits=None,
                            block_n=DEFAULT[0], nbuf=DEFAULT[1], mode=DEFAULT[2], probe=0, out=None,
-                           pp_regs=None, row_threads=None):
+                           pp_regs=None, row_threads=None, tail=True):
     """Sparse MLA forward for 17-128 heads on sm_90 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. mode: a CONFIGS mode ("pingpong" (bf16) and "dq" (fp8_ds_mla): the three-warpgroup
@@ -1087,7 +1139,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     (consumer, producer) registers of the three-warpgroup kernels' worker partitions (default `PP_*_REGS`,
     `DQ_*_REGS`).
     row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`; the
-    three-warpgroup kernels take none)."""
+    three-warpgroup kernels take none). tail: mode "dq" without num_splits takes the tail plan (`dq_tail_plan`: the
+    last partial wave's tokens split, in a second launch) where it applies; False: one launch of the split plan."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -1118,17 +1171,17 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     if T == 0:
         return out, lse
     if mode in WS_MODES:
-        splits, keys_per_split, grid, kw, kw_key = _ws_plan(T, H, topk, dev.type, dev.index, num_splits, mode, block_n,
-                                                            probe, tuple(pp_regs) if pp_regs else None)
-        part = split_buffer(splits, T, H, lse)
-        ptrs = (q, kv_cache, indices, out, lse, part)
-        ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk,
-                n_rows, keys_per_split)
-        # what Triton specializes on: the dtypes, each pointer's 16-byte alignment, the int values themselves
-        spec = (q.dtype, kv_cache.dtype, out.dtype, tuple(t.data_ptr() % 16 == 0 for t in ptrs), ints)
-        _WS_LAUNCH[mode].launch(grid, (*ptrs, *ints, float(sm_scale) * LOG2E), kw, kw_key, dev.index, spec)
-        if splits > 1:
-            mla.merge_splits(part, out, lse, splits)
+        regs = tuple(pp_regs) if pp_regs else None
+        cut = _tail_cut(T, H, topk, dev.type, dev.index) if mode == "dq" and num_splits is None and tail else None
+        if cut is None:
+            _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, num_splits, block_n, probe,
+                       regs)
+        else:  # the whole waves at one split, then the rest split (`dq_tail_plan`)
+            whole, splits = cut
+            _launch_ws(mode, q[:whole], kv_cache, indices[:whole], out[:whole], lse[:whole], stride_kv, n_rows,
+                       sm_scale, 1, block_n, probe, regs)
+            _launch_ws(mode, q[whole:], kv_cache, indices[whole:], out[whole:], lse[whole:], stride_kv, n_rows,
+                       sm_scale, splits, block_n, probe, regs)
         return out, lse
     splits, keys_per_split = plan_splits(T, H, topk, block_n, dev, num_splits, mode)
     part = split_buffer(splits, T, H, lse)
@@ -1189,5 +1242,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
-           "plan_splits", "dq_num_splits", "dq_split_costs", "smem_bytes_estimate", "aot_compile", "check_row_threads",
-           "RAW_ROW_THREADS"]
+           "plan_splits", "dq_num_splits", "dq_split_costs", "dq_tail_plan", "DQ_TAIL_FILL", "smem_bytes_estimate",
+           "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]

@@ -1,0 +1,123 @@
+"""The dequantising-producer kernel's (`mla_gluon_large` mode "dq") last partial wave at fp8 decode, 64 and 128 heads,
+top-k 2048, one 32K-row request a token: one launch of the split plan (`dq_num_splits`: one split over several waves
+at these batches) beside the tail plan (`dq_tail_plan`: the whole waves at one split, the last wave's tokens split
+in a second launch and merged) and FlashMLA. The tail plan is taken at every batch where it splits the rest at least
+twice, whatever `DQ_TAIL_FILL` says, so that the data can place that threshold. Each launch is checked against the
+fp32 reference (`naive.sparse_mla_ref_chunked`) before it is timed and again after (the pre-bound launchers'
+output), and so is `sparse_mla_gluon_large`'s own choice. Times: CUDA-graph replay over rotated index sets, and
+eager (calls back to back). Needs an sm_90 GPU.
+
+`PYTHONPATH=src python scripts/dq_tail_probe.py OUT.json [--vendor .vendor] [--batches64 140,150] [--batches128 70,80]`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from glm5lib.bench import kernels as bk
+from glm5lib.kernels import common, mla_gluon_large as gl_large, naive
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from large_small_batch_probe import _ints, eager_us  # noqa: E402
+
+# the rest of the last wave (tokens x head blocks beyond whole waves of 132 SMs) from 1 to 66 at each head count
+BATCHES = {64: [133, 140, 150, 160, 170, 180, 198, 270, 300], 128: [67, 70, 75, 80, 85, 96, 99, 140, 150]}
+
+
+def tail_cut(B: int, H: int, n_sms: int):
+    """`dq_tail_plan` with no fill threshold (the rest split at least twice)."""
+    keep = gl_large.DQ_TAIL_FILL
+    gl_large.DQ_TAIL_FILL = 1.0
+    try:
+        return gl_large.dq_tail_plan(B, -(-H // 64), bk.TOPK, n_sms)
+    finally:
+        gl_large.DQ_TAIL_FILL = keep
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0].startswith("--"):
+        sys.exit("usage: dq_tail_probe.py OUT.json [--vendor DIR] [--batches64 ...] [--batches128 ...]")
+    out_path = argv[0]
+    vendor = argv[argv.index("--vendor") + 1] if "--vendor" in argv else ".vendor"
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        sys.exit("dq_tail_probe: needs an sm_90 GPU (wgmma)")
+    batches = {64: _ints(argv, "--batches64", BATCHES[64]), 128: _ints(argv, "--batches128", BATCHES[128])}
+    n_sms = common.num_sms(torch.device("cuda"))
+    fm_err = bk.load_flashmla(vendor)
+    rows, bad = [], 0
+    for H, B in [(H, B) for H in (64, 128) for B in batches[H]]:
+        n_hb = -(-H // 64)
+        cut = tail_cut(B, H, n_sms)
+        q, cache, base = bk._make_decode(B, H, 32768, bk.TOPK, "fp8_ds_mla")
+        flat = cache.view(-1, cache.shape[-1])
+        R = bk._rotations(bk.sparse_mla_kv_bytes(B, bk.TOPK, "fp8_ds_mla"))
+        idx_sets = [bk._rand_indices(B, 32768, bk.TOPK, base) for _ in range(R)]
+        out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
+        ro, _ = naive.sparse_mla_ref_chunked(q, flat, idx_sets[0], bk.SM_SCALE, kv_format="fp8_ds_mla", chunk=16)
+
+        def call(i, **kw):
+            return gl_large.sparse_mla_gluon_large(q, flat, i, bk.SM_SCALE, kv_format="fp8_ds_mla", out=out,
+                                                   mode="dq", **kw)
+
+        def tail(i, cut=cut):
+            whole, splits = cut
+            gl_large.sparse_mla_gluon_large(q[:whole], flat, i[:whole], bk.SM_SCALE, kv_format="fp8_ds_mla",
+                                            out=out[:whole], mode="dq", num_splits=1)
+            gl_large.sparse_mla_gluon_large(q[whole:], flat, i[whole:], bk.SM_SCALE, kv_format="fp8_ds_mla",
+                                            out=out[whole:], mode="dq", num_splits=splits)
+            return out, None
+
+        impls = {"one_launch": lambda i: call(i, tail=False), "shipped": lambda i: call(i)}
+        if cut is not None:
+            impls["tail"] = tail
+        if fm_err is None:
+            h_pad = 64 if H <= 64 else 128
+            q4 = torch.zeros(B, 1, h_pad, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+            q4[:, 0, :H] = q
+            kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
+            fms = {}
+
+            def flashmla(i, q4=q4, kv4=kv4, fms=fms, H=H):
+                f = fms.setdefault(i.data_ptr(), bk.FlashMLADecode())
+                return f(q4, kv4, i.unsqueeze(1))[0][:, 0, :H], None
+
+            impls["flashmla"] = flashmla
+        for name, fn in impls.items():
+            out.fill_(float("nan"))
+            o = fn(idx_sets[0])[0]
+            rel = float((o.float() - ro).norm() / ro.norm())
+            ok = bool(rel < 1e-2 and not torch.isnan(o).any())
+            r = {"H": H, "B": B, "impl": name, "rel_err": rel, "ok": ok,
+                 "rest": B * n_hb % n_sms, "waves": -(-B * n_hb // n_sms), "cut": list(cut) if cut else None,
+                 "shipped_cut": list(gl_large.dq_tail_plan(B, n_hb, bk.TOPK, n_sms) or ()) or None}
+            if name != "shipped":  # the shipped call is one of the others; checked, not timed
+                for i in idx_sets[1:]:
+                    fn(i)  # FlashMLA's scheduler metadata per index set, outside the capture
+                r["graph_us"] = bk._graph_ms([lambda i=i: fn(i) for i in idx_sets]) * 1e3
+                r["eager_us"] = eager_us(lambda: fn(idx_sets[0]))
+                out.fill_(float("nan"))
+                o = fn(idx_sets[0])[0]  # after the eager loop: the pre-bound launchers' output
+                r["rel_err_again"] = float((o.float() - ro).norm() / ro.norm())
+                r["ok"] = ok and bool(r["rel_err_again"] < 1e-2 and not torch.isnan(o).any())
+            bad += not r["ok"]
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+        del q, cache, idx_sets, out, ro, impls
+        torch.cuda.empty_cache()
+    meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(), "sm_count": n_sms,
+            "flashmla": fm_err or "loaded", "dq_tail_fill": gl_large.DQ_TAIL_FILL}
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    os.replace(tmp, out_path)
+    print(f"{len(rows) - bad}/{len(rows)} launches match the reference")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
