@@ -21,7 +21,7 @@ from gluon_mla_device import compare  # noqa: E402  (the comparison the device s
 
 # (T, H, top-k, invalid, splits): None is the kernel's own plan (`dq_num_splits`: 16 splits at T4 H128); T160 H64 took
 # 2 splits by the plan before round 22's margin (`DQ_SPLIT_MARGIN`), one since, so it asks for 2. T140 H64 and T70
-# H128 on 132 SMs take the tail plan (`dq_tail_plan`: 132 tokens / 66 at one split, the rest in 16 splits; a second
+# H128 on 132 SMs take the tail plan (`tail_plan`: 132 tokens / 66 at one split, the rest in 16 splits; a second
 # launch on slices of the call's tensors)
 CASES = [(160, 64, 2048, "mixed", 2), (4, 128, 2048, "mixed", None), (33, 40, 777, "oob", 3),
          (2, 64, 1000, "allinv", 4), (6, 128, 96, "neg", 2), (140, 64, 2048, "mixed", None),
@@ -39,7 +39,7 @@ def main() -> int:
         q = torch.randn(T, H, naive.D_QK, generator=gen).to(torch.bfloat16).cuda()
         idx = make_indices(T, topk, n_rows, invalid, gen, torch.device("cuda"))
         got = gl_large.plan_splits(T, H, topk, 64, q.device, splits, mode="dq")[0]
-        cut = gl_large.dq_tail_plan(T, -(-H // 64), topk, gl_large.num_sms(q.device)) if splits is None else None
+        cut = gl_large.tail_plan(T, -(-H // 64), topk, gl_large.num_sms(q.device)) if splits is None else None
         o, lse = gl_large.sparse_mla_gluon_large(q, cache, idx, 0.0625, kv_format="fp8_ds_mla", mode="dq",
                                                  num_splits=splits)
         ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, 0.0625, kv_format="fp8_ds_mla", chunk=8)

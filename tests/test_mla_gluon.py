@@ -235,42 +235,47 @@ def test_three_warpgroup_launch_plan_matches_the_kernels():
     assert m._ws_plan(96, 128, 2048, "cpu", None, None, "dq", 64, 0, None)[0] == 1  # the margin's plan
 
 
-def test_dq_tail_plan_splits_only_the_last_partial_wave():
-    """`dq_tail_plan`: where the split plan runs one split over several waves, the tokens of the whole waves stay at
-    one split and the rest are split to fill the SMs once; whole tokens (both head blocks) on each side."""
+def test_tail_plan_splits_only_the_last_partial_wave():
+    """`tail_plan`: where a mode's split plan runs one split over more than one wave, the tokens of the whole waves stay
+    at one split and the rest are split as many ways as fill the SMs once (at least twice); whole tokens (both head
+    blocks) on each side."""
     from glm5lib.kernels import mla
     from glm5lib.kernels import mla_gluon_large as m
 
-    assert m.dq_tail_plan(140, 1, 2048, 132) == (132, 16)  # 8 programs left over: 16 splits of 128 keys
-    assert m.dq_tail_plan(70, 2, 2048, 132) == (66, 16)
-    assert m.dq_tail_plan(160, 1, 2048, 132) == (132, 4)  # 28 left: 4 splits, 112 programs
-    assert m.dq_tail_plan(96, 2, 2048, 132) == (66, 2)  # 60 left, at most half a wave: 2 splits
-    assert m.dq_tail_plan(300, 1, 2048, 132) == (264, 3)  # two whole waves
-    assert m.dq_tail_plan(128, 2, 2048, 132) is None  # 124 left: more than half a wave
-    assert m.dq_tail_plan(128, 1, 2048, 132) is None  # one wave
-    assert m.dq_tail_plan(264, 1, 2048, 132) is None  # whole waves only
-    assert m.dq_tail_plan(32, 1, 2048, 132) is None  # the split plan splits every token there
+    assert m.tail_plan(140, 1, 2048, 132) == (132, 16)  # 8 programs left over: 16 splits of 128 keys
+    assert m.tail_plan(70, 2, 2048, 132) == (66, 16)
+    assert m.tail_plan(160, 1, 2048, 132) == (132, 4)  # 28 left: 4 splits, 112 programs
+    assert m.tail_plan(96, 2, 2048, 132) == (66, 2)  # 60 left: 2 splits
+    assert m.tail_plan(300, 1, 2048, 132) == (264, 3)  # two whole waves
+    assert m.tail_plan(140, 1, 2048, 132, "pingpong") == (132, 16)  # its tiles in pairs: 16 splits of 128 keys
+    assert m.tail_plan(133, 1, 2048, 132, "pingpong") == (132, 16) != m.tail_plan(133, 1, 2048, 132)  # dq: 32
+    assert m.tail_plan(128, 2, 2048, 132) is None  # 124 left: more than half a wave, one split each
+    assert m.tail_plan(128, 1, 2048, 132) is None  # one wave
+    assert m.tail_plan(264, 1, 2048, 132) is None  # whole waves only
+    assert m.tail_plan(32, 1, 2048, 132) is None  # the split plan splits every token there
+    assert m.TAIL_MODES == ("dq",)
     seen = 0
-    for n_sms in (78, 114, 132, 133):
-        for n_hb in (1, 2):
-            for T in range(1, 700, 3):
-                for topk in (2048, 1000):
-                    cut = m.dq_tail_plan(T, n_hb, topk, n_sms)
-                    units = T * n_hb
-                    if cut is None:
-                        assert (units <= n_sms or m.dq_num_splits(T, n_hb, topk, n_sms) > 1 or units % n_sms == 0
-                                or units % n_sms > m.DQ_TAIL_FILL * n_sms or n_sms // (units % n_sms) < 2
-                                or n_sms % n_hb), (T, n_hb, topk, n_sms)
-                        continue
-                    seen += 1
-                    whole, splits = cut
-                    rest = (T - whole) * n_hb
-                    assert m.dq_num_splits(T, n_hb, topk, n_sms) == 1 and units > n_sms
-                    assert whole * n_hb == units // n_sms * n_sms - (units // n_sms * n_sms) % n_hb
-                    assert 0 < rest <= max(m.DQ_TAIL_FILL * n_sms, n_hb) and 0 < T - whole
-                    assert 2 <= splits <= mla.MAX_SPLITS and rest * splits <= n_sms  # the rest in one wave
-                    assert splits == mla.split_keys(topk, splits, 64)[0]
-    assert seen > 300
+    for mode, tile in (("dq", 64), ("pingpong", 128)):
+        for n_sms in (78, 114, 132, 133):
+            for n_hb in (1, 2):
+                for T in range(1, 700, 3):
+                    for topk in (2048, 1000):
+                        cut = m.tail_plan(T, n_hb, topk, n_sms, mode)
+                        units = T * n_hb
+                        one = m.plan_splits_of(T, n_hb, topk, n_sms, mode) == 1
+                        whole = units // n_sms * n_sms // n_hb
+                        rest = (T - whole) * n_hb
+                        if cut is None:
+                            assert units <= n_sms or not one or rest == 0 or 2 * rest > n_sms, (mode, T, n_hb, n_sms)
+                            continue
+                        seen += 1
+                        assert one and units > n_sms and cut[0] == whole and 0 < rest * 2 <= n_sms
+                        splits = cut[1]
+                        assert 2 <= splits <= mla.MAX_SPLITS and rest * splits <= n_sms  # the rest in one wave
+                        assert splits == mla.split_keys(topk, splits, tile)[0]
+                        if rest * (splits + 1) <= n_sms:  # as many as fit: only the tile count stops more
+                            assert mla.split_keys(topk, splits + 1, tile)[0] == splits, (mode, T, n_hb, n_sms)
+    assert seen > 600
 
 
 def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
@@ -294,7 +299,7 @@ def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
     monkeypatch.setitem(m._WS_LAUNCH, "dq", Recorder())
     monkeypatch.setattr(mla, "merge_splits", lambda part, out, lse, splits: merges.append((part, out, lse, splits)))
     for T, H in ((140, 64), (70, 128), (160, 40)):
-        whole, splits = m.dq_tail_plan(T, -(-H // 64), 2048, 132)
+        whole, splits = m.tail_plan(T, -(-H // 64), 2048, 132)
         q = torch.randn(T, H, 576).to(torch.bfloat16)
         cache = torch.zeros(1000, 656, dtype=torch.uint8)
         idx = torch.randint(0, 1000, (T, 2048), dtype=torch.int32)
@@ -322,6 +327,13 @@ def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
             merges.clear()
             m.sparse_mla_gluon_large(q, cache, idx, 0.1, kv_format="fp8_ds_mla", mode="dq", out=out, **kw)
             assert [g for g, _, _ in launches] == [(T * n_hb, 1, 1)] and not merges
+    # the ping-pong kernel's calls keep one launch (not in TAIL_MODES)
+    monkeypatch.setitem(m._WS_LAUNCH, "pingpong", Recorder())
+    launches.clear()
+    q = torch.randn(140, 64, 576).to(torch.bfloat16)
+    m.sparse_mla_gluon_large(q, torch.zeros(1000, 576, dtype=torch.bfloat16), torch.zeros(140, 2048, dtype=torch.int32),
+                             0.1, kv_format="bf16", mode="pingpong")
+    assert [g for g, _, _ in launches] == [(140, 1, 1)] and m.tail_plan(140, 1, 2048, 132, "pingpong") == (132, 16)
 
 
 def test_dispatch_rule_for_the_large_kernel(monkeypatch):

@@ -1047,30 +1047,41 @@ def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -
 
 
 # The one-split plan's last wave. Where the tokens x head blocks outnumber the SMs, one split runs in whole waves plus
-# a last one of the rest; a program of that wave takes nearly a whole wave's time however few run beside it (H100,
-# one split: 64 heads 117-130 us in one wave at B70-B128 and 238-246 us in two at B140-B190; 128 heads 223-226 us at
-# B70-B96, whose second waves hold 8-60 programs; sweeps/dq_splits_heldout2_h100_6f7cc40.json,
-# sweeps/dq_splits_margin_h100_06d1f89.json). Splitting every token instead adds waves and the merge (two splits
-# took 1.4-11 % longer there). The tail plan keeps the whole waves at one split and splits only the last wave's tokens,
-# as many ways as fill the SMs once (a second launch and a merge of its tokens' partials), where that wave is at most
-# DQ_TAIL_FILL full. Stream-K's "data-parallel waves plus a split tail", at whole-token granularity so that the
-# kernel is the same: two launches of it on slices of the call's tensors.
-DQ_TAIL_FILL = 0.5
+# a last one of the rest, and a program of that wave takes nearly a whole wave's time however few run beside it (dq,
+# H100, one split: 64 heads 117-130 us in one wave at B70-B128 and 235-246 us in two at B133-B198; 128 heads 221-226
+# us at B67-B99, whose second waves hold 2-66 programs). Splitting every token instead adds waves and the merge (two
+# splits took 1.4-11 % longer). The tail plan (`tail_plan`) keeps the whole waves at one split and splits only the
+# rest's tokens, as many ways as fill the SMs once, in a second launch of the same kernel on slices of the call's
+# tensors, whose partials are merged: Stream-K's data-parallel waves and a split tail, at whole tokens so that the
+# kernel is unchanged. dq, H100, where the rest could be split at least twice (1-66 programs of 132): 0.60-0.89x ->
+# 0.85-1.04x FlashMLA's time, every shape faster (outputs/bench/sweeps/dq_tail_h100_18bdc50.json, NOTES.md round 23).
+# TAIL_MODES: the kernels whose calls take it.
+TAIL_MODES = ("dq",)
 
 
-def dq_tail_plan(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -> tuple[int, int] | None:
+def tail_plan(T: int, n_hb: int, topk: int, n_sms: int, mode: str = "dq", block_n: int = 64) -> tuple[int, int] | None:
     """(tokens run at one split, split count of the remaining tokens) for T tokens of n_hb 64-head blocks on n_sms
-    SMs where the split plan (`dq_num_splits`) takes one split over several waves whose last is at most
-    `DQ_TAIL_FILL` full; None otherwise (the plan stands)."""
+    SMs, where mode's split plan takes one split over more than one wave and the last wave's programs can be split at
+    least twice and still run in one wave; None otherwise (the split plan stands). The tokens of the whole waves keep
+    both head blocks together, so with an odd SM count the first launch falls one program short of whole waves."""
     units = T * n_hb
-    if units <= n_sms or dq_num_splits(T, n_hb, topk, n_sms, block_n) != 1:
+    if units <= n_sms or plan_splits_of(T, n_hb, topk, n_sms, mode, block_n) != 1:
         return None
-    whole = units // n_sms * n_sms // n_hb  # tokens in whole waves (a token's head blocks stay together)
+    whole = units // n_sms * n_sms // n_hb
     rest = (T - whole) * n_hb
-    if rest == 0 or rest > DQ_TAIL_FILL * n_sms:
+    if rest == 0:
         return None
-    splits = mla.split_keys(topk, min(mla.MAX_SPLITS, -(-topk // block_n), n_sms // rest), block_n)[0]
+    tile = 2 * block_n if mode == "pingpong" else block_n
+    splits = mla.split_keys(topk, min(mla.MAX_SPLITS, -(-topk // tile), n_sms // rest), tile)[0]
     return (whole, splits) if splits > 1 else None
+
+
+def plan_splits_of(T: int, n_hb: int, topk: int, n_sms: int, mode: str, block_n: int = 64) -> int:
+    """The split count `plan_splits` takes for mode by itself (before `split_keys` rounds it)."""
+    if mode == "dq":
+        return dq_num_splits(T, n_hb, topk, n_sms, block_n)
+    tile = 2 * block_n if mode == "pingpong" else block_n
+    return mla.pick_num_splits(T, n_hb, topk, tile, n_sms, waves=1)
 
 
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
@@ -1078,14 +1089,9 @@ def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
     """(split count, keys per split): for mode "dq" `dq_num_splits`, else `mla.pick_num_splits` at one program per
     SM (shared memory); rounded by `mla.split_keys`. block_n: the kernel's tile; the ping-pong kernel takes tiles in
     pairs, so its splits are whole pairs."""
-    if mode == "pingpong":
-        block_n *= 2
     if num_splits is None:
-        if mode == "dq":
-            num_splits = dq_num_splits(T, -(-H // BLOCK_H), topk, num_sms(device), block_n)
-        else:
-            num_splits = mla.pick_num_splits(T, -(-H // BLOCK_H), topk, block_n, num_sms(device), waves=1)
-    return mla.split_keys(topk, num_splits, block_n)
+        num_splits = plan_splits_of(T, -(-H // BLOCK_H), topk, num_sms(device), mode, block_n)
+    return mla.split_keys(topk, num_splits, 2 * block_n if mode == "pingpong" else block_n)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1103,10 +1109,10 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
 
 
 @functools.lru_cache(maxsize=4096)
-def _tail_cut(T: int, H: int, topk: int, dev_type: str, dev_index: int | None) -> tuple[int, int] | None:
-    """`dq_tail_plan` of a call shape, cached (host time of an eager layer)."""
+def _tail_cut(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, mode: str) -> tuple[int, int] | None:
+    """`tail_plan` of a call shape, cached (host time of an eager layer)."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
-    return dq_tail_plan(T, -(-H // BLOCK_H), topk, num_sms(dev), 64)
+    return tail_plan(T, -(-H // BLOCK_H), topk, num_sms(dev), mode, 64)
 
 
 def _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, num_splits, block_n, probe, regs):
@@ -1139,8 +1145,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     (consumer, producer) registers of the three-warpgroup kernels' worker partitions (default `PP_*_REGS`,
     `DQ_*_REGS`).
     row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`; the
-    three-warpgroup kernels take none). tail: mode "dq" without num_splits takes the tail plan (`dq_tail_plan`: the
-    last partial wave's tokens split, in a second launch) where it applies; False: one launch of the split plan."""
+    three-warpgroup kernels take none). tail: a mode of `TAIL_MODES` without num_splits takes the tail plan (`tail_plan`:
+    the last partial wave's tokens split, in a second launch) where it applies; False: one launch of the split plan."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -1172,11 +1178,12 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         return out, lse
     if mode in WS_MODES:
         regs = tuple(pp_regs) if pp_regs else None
-        cut = _tail_cut(T, H, topk, dev.type, dev.index) if mode == "dq" and num_splits is None and tail else None
+        cut = (_tail_cut(T, H, topk, dev.type, dev.index, mode) if mode in TAIL_MODES and num_splits is None and tail
+               else None)
         if cut is None:
             _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, num_splits, block_n, probe,
                        regs)
-        else:  # the whole waves at one split, then the rest split (`dq_tail_plan`)
+        else:  # the whole waves at one split, then the rest split (`tail_plan`)
             whole, splits = cut
             _launch_ws(mode, q[:whole], kv_cache, indices[:whole], out[:whole], lse[:whole], stride_kv, n_rows,
                        sm_scale, 1, block_n, probe, regs)
@@ -1242,5 +1249,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
-           "plan_splits", "dq_num_splits", "dq_split_costs", "dq_tail_plan", "DQ_TAIL_FILL", "smem_bytes_estimate",
+           "plan_splits", "dq_num_splits", "dq_split_costs", "tail_plan", "TAIL_MODES", "smem_bytes_estimate",
            "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]

@@ -1,13 +1,15 @@
-"""The dequantising-producer kernel's (`mla_gluon_large` mode "dq") last partial wave at fp8 decode, 64 and 128 heads,
-top-k 2048, one 32K-row request a token: one launch of the split plan (`dq_num_splits`: one split over several waves
-at these batches) beside the tail plan (`dq_tail_plan`: the whole waves at one split, the last wave's tokens split
-in a second launch and merged) and FlashMLA. The tail plan is taken at every batch where it splits the rest at least
-twice, whatever `DQ_TAIL_FILL` says, so that the data can place that threshold. Each launch is checked against the
-fp32 reference (`naive.sparse_mla_ref_chunked`) before it is timed and again after (the pre-bound launchers'
-output), and so is `sparse_mla_gluon_large`'s own choice. Times: CUDA-graph replay over rotated index sets, and
-eager (calls back to back). Needs an sm_90 GPU.
+"""The three-warpgroup kernels' last partial wave at decode, 64 and 128 heads, top-k 2048, one 32K-row request a token:
+one launch of the split plan (one split over several waves at these batches) beside the tail plan
+(`mla_gluon_large.tail_plan`: the whole waves at one split, the last wave's tokens split in a second launch and
+merged), for the dequantising-producer kernel (mode "dq", fp8_ds_mla rows, beside FlashMLA) and the ping-pong kernel
+(mode "pingpong", bf16 rows). The tail plan is timed wherever it applies, whether or not the mode's calls take it
+(`TAIL_MODES`). Each launch is checked against the fp32 reference (`naive.sparse_mla_ref_chunked`) before it is
+timed and again after (the pre-bound launchers' output), and so is `sparse_mla_gluon_large`'s own choice. Times:
+CUDA-graph replay over rotated index sets, and eager (calls back to back). Needs an sm_90 GPU. (Round 23's first run,
+`sweeps/dq_tail_h100_18bdc50.json`, was this script's fp8 half under the name `dq_tail_probe.py`.)
 
-`PYTHONPATH=src python scripts/dq_tail_probe.py OUT.json [--vendor .vendor] [--batches64 140,150] [--batches128 70,80]`
+`PYTHONPATH=src python scripts/tail_probe.py OUT.json [--vendor .vendor] [--formats fp8_ds_mla,bf16]
+[--batches64 140,150] [--batches128 70,80]`
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import torch
 
 from glm5lib.bench import kernels as bk
-from glm5lib.kernels import common, mla_gluon_large as gl_large, naive
+from glm5lib.kernels import common, mla, mla_gluon_large as gl_large, naive
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from large_small_batch_probe import _ints, eager_us  # noqa: E402
@@ -28,54 +30,47 @@ from large_small_batch_probe import _ints, eager_us  # noqa: E402
 BATCHES = {64: [133, 140, 150, 160, 170, 180, 198, 270, 300], 128: [67, 70, 75, 80, 85, 96, 99, 140, 150]}
 
 
-def tail_cut(B: int, H: int, n_sms: int):
-    """`dq_tail_plan` with no fill threshold (the rest split at least twice)."""
-    keep = gl_large.DQ_TAIL_FILL
-    gl_large.DQ_TAIL_FILL = 1.0
-    try:
-        return gl_large.dq_tail_plan(B, -(-H // 64), bk.TOPK, n_sms)
-    finally:
-        gl_large.DQ_TAIL_FILL = keep
-
-
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("--"):
-        sys.exit("usage: dq_tail_probe.py OUT.json [--vendor DIR] [--batches64 ...] [--batches128 ...]")
+        sys.exit("usage: tail_probe.py OUT.json [--vendor DIR] [--formats ...] [--batches64 ...] [--batches128 ...]")
     out_path = argv[0]
     vendor = argv[argv.index("--vendor") + 1] if "--vendor" in argv else ".vendor"
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
-        sys.exit("dq_tail_probe: needs an sm_90 GPU (wgmma)")
+        sys.exit("tail_probe: needs an sm_90 GPU (wgmma)")
     batches = {64: _ints(argv, "--batches64", BATCHES[64]), 128: _ints(argv, "--batches128", BATCHES[128])}
+    formats = argv[argv.index("--formats") + 1].split(",") if "--formats" in argv else ["fp8_ds_mla", "bf16"]
+    if any(f not in mla.GLUON_LARGE_MODES for f in formats):
+        sys.exit(f"tail_probe: --formats must name {sorted(mla.GLUON_LARGE_MODES)}, got {formats}")
     n_sms = common.num_sms(torch.device("cuda"))
     fm_err = bk.load_flashmla(vendor)
     rows, bad = [], 0
-    for H, B in [(H, B) for H in (64, 128) for B in batches[H]]:
+    for fmt, H, B in [(f, H, B) for f in formats for H in (64, 128) for B in batches[H]]:
+        mode = mla.GLUON_LARGE_MODES[fmt]
         n_hb = -(-H // 64)
-        cut = tail_cut(B, H, n_sms)
-        q, cache, base = bk._make_decode(B, H, 32768, bk.TOPK, "fp8_ds_mla")
+        cut = gl_large.tail_plan(B, n_hb, bk.TOPK, n_sms, mode)
+        q, cache, base = bk._make_decode(B, H, 32768, bk.TOPK, fmt)
         flat = cache.view(-1, cache.shape[-1])
-        R = bk._rotations(bk.sparse_mla_kv_bytes(B, bk.TOPK, "fp8_ds_mla"))
+        R = bk._rotations(bk.sparse_mla_kv_bytes(B, bk.TOPK, fmt))
         idx_sets = [bk._rand_indices(B, 32768, bk.TOPK, base) for _ in range(R)]
         out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
-        ro, _ = naive.sparse_mla_ref_chunked(q, flat, idx_sets[0], bk.SM_SCALE, kv_format="fp8_ds_mla", chunk=16)
+        ro, _ = naive.sparse_mla_ref_chunked(q, flat, idx_sets[0], bk.SM_SCALE, kv_format=fmt, chunk=16)
 
         def call(i, **kw):
-            return gl_large.sparse_mla_gluon_large(q, flat, i, bk.SM_SCALE, kv_format="fp8_ds_mla", out=out,
-                                                   mode="dq", **kw)
+            return gl_large.sparse_mla_gluon_large(q, flat, i, bk.SM_SCALE, kv_format=fmt, out=out, mode=mode, **kw)
 
         def tail(i, cut=cut):
             whole, splits = cut
-            gl_large.sparse_mla_gluon_large(q[:whole], flat, i[:whole], bk.SM_SCALE, kv_format="fp8_ds_mla",
-                                            out=out[:whole], mode="dq", num_splits=1)
-            gl_large.sparse_mla_gluon_large(q[whole:], flat, i[whole:], bk.SM_SCALE, kv_format="fp8_ds_mla",
-                                            out=out[whole:], mode="dq", num_splits=splits)
+            gl_large.sparse_mla_gluon_large(q[:whole], flat, i[:whole], bk.SM_SCALE, kv_format=fmt,
+                                            out=out[:whole], mode=mode, num_splits=1)
+            gl_large.sparse_mla_gluon_large(q[whole:], flat, i[whole:], bk.SM_SCALE, kv_format=fmt,
+                                            out=out[whole:], mode=mode, num_splits=splits)
             return out, None
 
         impls = {"one_launch": lambda i: call(i, tail=False), "shipped": lambda i: call(i)}
         if cut is not None:
             impls["tail"] = tail
-        if fm_err is None:
+        if fm_err is None and fmt == "fp8_ds_mla":
             h_pad = 64 if H <= 64 else 128
             q4 = torch.zeros(B, 1, h_pad, naive.D_QK, device="cuda", dtype=torch.bfloat16)
             q4[:, 0, :H] = q
@@ -92,9 +87,9 @@ def main(argv=None) -> int:
             o = fn(idx_sets[0])[0]
             rel = float((o.float() - ro).norm() / ro.norm())
             ok = bool(rel < 1e-2 and not torch.isnan(o).any())
-            r = {"H": H, "B": B, "impl": name, "rel_err": rel, "ok": ok,
+            r = {"format": fmt, "H": H, "B": B, "impl": name, "rel_err": rel, "ok": ok,
                  "rest": B * n_hb % n_sms, "waves": -(-B * n_hb // n_sms), "cut": list(cut) if cut else None,
-                 "shipped_cut": list(gl_large.dq_tail_plan(B, n_hb, bk.TOPK, n_sms) or ()) or None}
+                 "shipped": "tail" if cut and mode in gl_large.TAIL_MODES else "one_launch"}
             if name != "shipped":  # the shipped call is one of the others; checked, not timed
                 for i in idx_sets[1:]:
                     fn(i)  # FlashMLA's scheduler metadata per index set, outside the capture
@@ -110,7 +105,7 @@ def main(argv=None) -> int:
         del q, cache, idx_sets, out, ro, impls
         torch.cuda.empty_cache()
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(), "sm_count": n_sms,
-            "flashmla": fm_err or "loaded", "dq_tail_fill": gl_large.DQ_TAIL_FILL}
+            "flashmla": fm_err or "loaded", "tail_modes": list(gl_large.TAIL_MODES)}
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
