@@ -284,13 +284,13 @@ record("scale_topk_us", sc)
 record("scale_ctx_us", cx)
 
 # %% [markdown]
-# The same targets recomputed from the latest `bench all --quick` run, on an H100 (round 21: no H200 could be had, so
+# The same targets recomputed from the latest `bench all --quick` run, on an H100 (round 23: no H200 could be had, so
 # its ratios are the H100's against its own copy rate and FlashMLA, not the issue's). It has round 21's kernel for
 # 64-128 heads over the fp8 cache (`mla_gluon_large` mode "dq", FlashMLA's sm_90 fp8 decode plan), which the H200
 # run above predates.
 
 # %%
-H100_RUN = "bench_h100_1e053bb.json"  # a committed run under sweeps/
+H100_RUN = "bench_h100_18bdc50.json"  # a committed run under sweeps/
 h100_res = json.loads((bench_dir() / "sweeps" / H100_RUN).read_text())
 h100_targets = kbench.evaluate_targets(h100_res)
 print(f"{H100_RUN}: {h100_res['meta']['gpu']}, commit {h100_res['meta']['commit'][:7]}")
