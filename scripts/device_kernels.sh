@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -61,7 +61,8 @@
 #   dq kernel's last partial wave at 64 / 128 heads: one launch of the split plan against the tail plan
 #   (`mla_gluon_large.tail_plan`) and FlashMLA, each launch checked (scripts/tail_probe.py; dq_tail_h200.json)
 # round23b: the same for the ping-pong kernel (bf16 rows; pp_tail_h200.json), then the case matrix with the tail plan
-#   taken by the ping-pong kernel's calls too (`TAIL_MODES`; checks_full_pptail.json)
+#   taken by the ping-pong kernel's calls too (at 87ef2d1, `TAIL_MODES`, since `TAIL_MIN_SPLITS`; checks_full_pptail.json)
+# round23c: compute-sanitizer memcheck on both kernels' tail plans and the dq split plans (scripts/dq_sanitize_case.py)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -217,10 +218,12 @@ for r in rows:
     round23b) timeout 300 python3 scripts/tail_probe.py "$OUT/pp_tail_h200.json" --formats bf16 > "$OUT/pp_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/pp_tail.log"
         timeout 200 python3 -c "import sys; from glm5lib.kernels import checks, mla_gluon_large as m
-m.TAIL_MODES = ('dq', 'pingpong')
+m.TAIL_MIN_SPLITS = {'dq': 2, 'pingpong': 2}
 sys.exit(checks.main(['--profile', 'full', '--json', '$OUT/checks_full_pptail.json']))" \
           > "$OUT/checks_full_pptail.log" 2>&1; echo "checks (ping-pong tail) rc=$?"
         tail -1 "$OUT/checks_full_pptail.log" ;;
+    round23c) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/dq_sanitize_case.py \
+        > "$OUT/memcheck_tail.log" 2>&1; echo "memcheck-tail rc=$?"; tail -3 "$OUT/memcheck_tail.log" ;;
     compile) timeout 150 python3 -m glm5lib.kernels.compile_report --arch 90 --json "$OUT/compile_sm90_triton36.json" > /dev/null 2>&1; echo "compile rc=$?" ;;
   esac
 done

@@ -1,7 +1,9 @@
-"""Launches of the dequantising-producer kernel (`mla_gluon_large` mode "dq") for `compute-sanitizer` (sm_90 GPU):
-split plans (the split partials and their merge), invalid indices (-1, out of range, a token with none valid), top-k
-lists that end inside a tile, a split left with no valid key, and 40 heads (a partly masked head block). Each launch is
-compared with `naive.sparse_mla_ref_chunked` (the case matrix's bf16 tolerances), so a wrong result fails here too.
+"""Launches of the three-warpgroup kernels for `compute-sanitizer` (sm_90 GPU). The dequantising-producer kernel
+(`mla_gluon_large` mode "dq"): split plans (the split partials and their merge), invalid indices (-1, out of range, a
+token with none valid), top-k lists that end inside a tile, a split left with no valid key, 40 heads (a partly masked
+head block), and its tail plan (`tail_plan`: a second launch on slices of the call's tensors). The ping-pong kernel
+(mode "pingpong", bf16 rows): its tail plan. Each launch is compared with `naive.sparse_mla_ref_chunked` (the case
+matrix's bf16 tolerances), so a wrong result fails here too.
 
 `PYTHONPATH=src compute-sanitizer --tool memcheck python scripts/dq_sanitize_case.py`
 """
@@ -13,7 +15,7 @@ import sys
 
 import torch
 
-from glm5lib.kernels import mla_gluon_large as gl_large, naive
+from glm5lib.kernels import mla, mla_gluon_large as gl_large, naive
 from glm5lib.kernels.checks import make_indices
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +28,8 @@ from gluon_mla_device import compare  # noqa: E402  (the comparison the device s
 CASES = [(160, 64, 2048, "mixed", 2), (4, 128, 2048, "mixed", None), (33, 40, 777, "oob", 3),
          (2, 64, 1000, "allinv", 4), (6, 128, 96, "neg", 2), (140, 64, 2048, "mixed", None),
          (70, 128, 1000, "oob", None)]
+# the ping-pong kernel (bf16 rows) on its tail plan: 132 tokens + 16 splits, 66 + 8 (`TAIL_MIN_SPLITS`)
+PP_CASES = [(140, 64, 2048, "mixed", None), (70, 128, 1000, "oob", None)]
 
 
 def main() -> int:
@@ -33,22 +37,24 @@ def main() -> int:
         sys.exit("dq_sanitize_case: needs an sm_90 GPU (wgmma)")
     gen = torch.Generator().manual_seed(3)
     n_rows = 3000
-    cache = naive.quantize_fp8_ds_mla(torch.randn(n_rows, naive.D_QK, generator=gen)).cuda()
+    rows = torch.randn(n_rows, naive.D_QK, generator=gen)
+    caches = {"fp8_ds_mla": naive.quantize_fp8_ds_mla(rows).cuda(), "bf16": rows.to(torch.bfloat16).cuda()}
+    cases = [("fp8_ds_mla", *c) for c in CASES] + [("bf16", *c) for c in PP_CASES]
     bad = 0
-    for T, H, topk, invalid, splits in CASES:
+    for fmt, T, H, topk, invalid, splits in cases:
+        mode, cache = mla.GLUON_LARGE_MODES[fmt], caches[fmt]
         q = torch.randn(T, H, naive.D_QK, generator=gen).to(torch.bfloat16).cuda()
         idx = make_indices(T, topk, n_rows, invalid, gen, torch.device("cuda"))
-        got = gl_large.plan_splits(T, H, topk, 64, q.device, splits, mode="dq")[0]
-        cut = gl_large.tail_plan(T, -(-H // 64), topk, gl_large.num_sms(q.device)) if splits is None else None
-        o, lse = gl_large.sparse_mla_gluon_large(q, cache, idx, 0.0625, kv_format="fp8_ds_mla", mode="dq",
-                                                 num_splits=splits)
-        ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, 0.0625, kv_format="fp8_ds_mla", chunk=8)
+        got = gl_large.plan_splits(T, H, topk, 64, q.device, splits, mode=mode)[0]
+        cut = gl_large._tail_cut(T, H, topk, "cuda", q.device.index, mode) if splits is None else None
+        o, lse = gl_large.sparse_mla_gluon_large(q, cache, idx, 0.0625, kv_format=fmt, mode=mode, num_splits=splits)
+        ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, 0.0625, kv_format=fmt, chunk=8)
         r = compare(o, lse, ro, rlse)
         bad += not r["ok"]
         plan = f"tail {cut[0]} tokens + {cut[1]} splits" if cut else f"splits {got}"
-        print(f"dq T{T} H{H} K{topk} {invalid} {plan}: {'ok' if r['ok'] else 'FAILED'} rel {r['rel']:.2e}",
+        print(f"{mode} T{T} H{H} K{topk} {invalid} {plan}: {'ok' if r['ok'] else 'FAILED'} rel {r['rel']:.2e}",
               flush=True)
-    print(f"{len(CASES) - bad}/{len(CASES)} dq launches match the reference")
+    print(f"{len(cases) - bad}/{len(cases)} launches match the reference")
     return 1 if bad else 0
 
 

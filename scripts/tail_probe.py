@@ -3,7 +3,7 @@ one launch of the split plan (one split over several waves at these batches) bes
 (`mla_gluon_large.tail_plan`: the whole waves at one split, the last wave's tokens split in a second launch and
 merged), for the dequantising-producer kernel (mode "dq", fp8_ds_mla rows, beside FlashMLA) and the ping-pong kernel
 (mode "pingpong", bf16 rows). The tail plan is timed wherever it applies, whether or not the mode's calls take it
-(`TAIL_MODES`). Each launch is checked against the fp32 reference (`naive.sparse_mla_ref_chunked`) before it is
+(`TAIL_MIN_SPLITS`). Each launch is checked against the fp32 reference (`naive.sparse_mla_ref_chunked`) before it is
 timed and again after (the pre-bound launchers' output), and so is `sparse_mla_gluon_large`'s own choice. Times:
 CUDA-graph replay over rotated index sets, and eager (calls back to back). Needs an sm_90 GPU. (Round 23's first run,
 `sweeps/dq_tail_h100_18bdc50.json`, was this script's fp8 half under the name `dq_tail_probe.py`.)
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
             ok = bool(rel < 1e-2 and not torch.isnan(o).any())
             r = {"format": fmt, "H": H, "B": B, "impl": name, "rel_err": rel, "ok": ok,
                  "rest": B * n_hb % n_sms, "waves": -(-B * n_hb // n_sms), "cut": list(cut) if cut else None,
-                 "shipped": "tail" if cut and mode in gl_large.TAIL_MODES else "one_launch"}
+                 "shipped": "tail" if cut and cut[1] >= gl_large.TAIL_MIN_SPLITS.get(mode, 99) else "one_launch"}
             if name != "shipped":  # the shipped call is one of the others; checked, not timed
                 for i in idx_sets[1:]:
                     fn(i)  # FlashMLA's scheduler metadata per index set, outside the capture
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
         del q, cache, idx_sets, out, ro, impls
         torch.cuda.empty_cache()
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(), "sm_count": n_sms,
-            "flashmla": fm_err or "loaded", "tail_modes": list(gl_large.TAIL_MODES)}
+            "flashmla": fm_err or "loaded", "tail_min_splits": gl_large.TAIL_MIN_SPLITS}
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

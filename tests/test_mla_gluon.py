@@ -253,7 +253,7 @@ def test_tail_plan_splits_only_the_last_partial_wave():
     assert m.tail_plan(128, 1, 2048, 132) is None  # one wave
     assert m.tail_plan(264, 1, 2048, 132) is None  # whole waves only
     assert m.tail_plan(32, 1, 2048, 132) is None  # the split plan splits every token there
-    assert m.TAIL_MODES == ("dq",)
+    assert m.TAIL_MIN_SPLITS == {"dq": 2, "pingpong": 3}
     seen = 0
     for mode, tile in (("dq", 64), ("pingpong", 128)):
         for n_sms in (78, 114, 132, 133):
@@ -327,13 +327,16 @@ def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
             merges.clear()
             m.sparse_mla_gluon_large(q, cache, idx, 0.1, kv_format="fp8_ds_mla", mode="dq", out=out, **kw)
             assert [g for g, _, _ in launches] == [(T * n_hb, 1, 1)] and not merges
-    # the ping-pong kernel's calls keep one launch (not in TAIL_MODES)
+    # the ping-pong kernel's calls take the tail plan from 3 splits of the rest (`TAIL_MIN_SPLITS`)
     monkeypatch.setitem(m._WS_LAUNCH, "pingpong", Recorder())
-    launches.clear()
-    q = torch.randn(140, 64, 576).to(torch.bfloat16)
-    m.sparse_mla_gluon_large(q, torch.zeros(1000, 576, dtype=torch.bfloat16), torch.zeros(140, 2048, dtype=torch.int32),
-                             0.1, kv_format="bf16", mode="pingpong")
-    assert [g for g, _, _ in launches] == [(140, 1, 1)] and m.tail_plan(140, 1, 2048, 132, "pingpong") == (132, 16)
+    for T, want in ((140, [(132, 1, 1), (8, 1, 16)]), (180, [(180, 1, 1)])):
+        assert m.tail_plan(T, 1, 2048, 132, "pingpong") == ((132, 16) if T == 140 else (132, 2))
+        launches.clear()
+        merges.clear()
+        q = torch.randn(T, 64, 576).to(torch.bfloat16)
+        m.sparse_mla_gluon_large(q, torch.zeros(1000, 576, dtype=torch.bfloat16),
+                                 torch.zeros(T, 2048, dtype=torch.int32), 0.1, kv_format="bf16", mode="pingpong")
+        assert [g for g, _, _ in launches] == want and len(merges) == (T == 140)
 
 
 def test_dispatch_rule_for_the_large_kernel(monkeypatch):

@@ -1053,10 +1053,12 @@ def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -
 # splits took 1.4-11 % longer). The tail plan (`tail_plan`) keeps the whole waves at one split and splits only the
 # rest's tokens, as many ways as fill the SMs once, in a second launch of the same kernel on slices of the call's
 # tensors, whose partials are merged: Stream-K's data-parallel waves and a split tail, at whole tokens so that the
-# kernel is unchanged. dq, H100, where the rest could be split at least twice (1-66 programs of 132): 0.60-0.89x ->
-# 0.85-1.04x FlashMLA's time, every shape faster (outputs/bench/sweeps/dq_tail_h100_18bdc50.json, NOTES.md round 23).
-# TAIL_MODES: the kernels whose calls take it.
-TAIL_MODES = ("dq",)
+# kernel is unchanged. H100, one launch against the tail plan, 1-66 programs past whole waves of 132 (NOTES.md round
+# 23): dq (outputs/bench/sweeps/dq_tail_h100_18bdc50.json) 0.63-0.92x the time at all 18 shapes, 0.60-0.89x ->
+# 0.85-1.04x FlashMLA's; ping-pong (sweeps/pp_tail_h100_87ef2d1.json) 0.70-0.98x at the 14 shapes with 3 splits or
+# more, and with 2 (the rest 45-66 programs) 0.95-1.04x, slower at 64 heads B198 (a bf16 program is shorter, so the
+# merge weighs more). TAIL_MIN_SPLITS: the kernels whose calls take the tail plan, from how many splits of the rest.
+TAIL_MIN_SPLITS = {"dq": 2, "pingpong": 3}
 
 
 def tail_plan(T: int, n_hb: int, topk: int, n_sms: int, mode: str = "dq", block_n: int = 64) -> tuple[int, int] | None:
@@ -1110,9 +1112,11 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
 
 @functools.lru_cache(maxsize=4096)
 def _tail_cut(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, mode: str) -> tuple[int, int] | None:
-    """`tail_plan` of a call shape, cached (host time of an eager layer)."""
+    """`tail_plan` of a call shape where mode's calls take it (`TAIL_MIN_SPLITS`), cached (host time of an eager
+    layer); else None."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
-    return tail_plan(T, -(-H // BLOCK_H), topk, num_sms(dev), mode, 64)
+    cut = tail_plan(T, -(-H // BLOCK_H), topk, num_sms(dev), mode, 64)
+    return cut if cut and mode in TAIL_MIN_SPLITS and cut[1] >= TAIL_MIN_SPLITS[mode] else None
 
 
 def _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, num_splits, block_n, probe, regs):
@@ -1145,8 +1149,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     (consumer, producer) registers of the three-warpgroup kernels' worker partitions (default `PP_*_REGS`,
     `DQ_*_REGS`).
     row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`; the
-    three-warpgroup kernels take none). tail: a mode of `TAIL_MODES` without num_splits takes the tail plan (`tail_plan`:
-    the last partial wave's tokens split, in a second launch) where it applies; False: one launch of the split plan."""
+    three-warpgroup kernels take none). tail: without num_splits, the tail plan (`tail_plan`: the last partial wave's tokens
+    split, in a second launch) where it applies and `TAIL_MIN_SPLITS` takes it; False: one launch of the split plan."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -1178,8 +1182,7 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         return out, lse
     if mode in WS_MODES:
         regs = tuple(pp_regs) if pp_regs else None
-        cut = (_tail_cut(T, H, topk, dev.type, dev.index, mode) if mode in TAIL_MODES and num_splits is None and tail
-               else None)
+        cut = _tail_cut(T, H, topk, dev.type, dev.index, mode) if num_splits is None and tail else None
         if cut is None:
             _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, num_splits, block_n, probe,
                        regs)
@@ -1249,5 +1252,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
-           "plan_splits", "dq_num_splits", "dq_split_costs", "tail_plan", "TAIL_MODES", "smem_bytes_estimate",
+           "plan_splits", "dq_num_splits", "dq_split_costs", "tail_plan", "TAIL_MIN_SPLITS", "smem_bytes_estimate",
            "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
