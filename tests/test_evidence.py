@@ -1622,3 +1622,71 @@ def test_evidence_round22_held_out_split_plan_and_the_matrix_h100():
     log = (BENCH / "sweeps" / "sanitizer_h100_6f7cc40.log").read_text()
     assert "28/28 cases pass on cuda" in log and "ERROR SUMMARY: 0 errors" in log
     assert log.count("config=gluon-") == 10 and "sanitize:T4-H128-K2048-N3000-fp8_ds_mla-oob" in log
+
+
+def _tail_runs(name: str, commit: str, fmt: str) -> tuple[dict, list]:
+    res = load(f"sweeps/{name}")
+    assert res["meta"]["commit"][:7] == commit and res["meta"]["device"] == "NVIDIA H100 80GB HBM3"
+    assert res["meta"]["sm_count"] == 132 and all(r["ok"] for r in res["rows"])
+    by = {(r["H"], r["B"], r["impl"]): r for r in res["rows"]}
+    shapes = sorted({(r["H"], r["B"]) for r in res["rows"]})
+    assert all(r.get("format", fmt) == fmt for r in res["rows"]) and len(shapes) == 18
+    return by, shapes
+
+
+def test_evidence_round23_tail_plan_h100():
+    """NOTES round 23 (v28a-b), docs/kernels.md v28: one launch of the split plan against the tail plan at 64 and 128
+    heads, dq (fp8 rows, FlashMLA beside it) and ping-pong (bf16 rows); the threshold `TAIL_MIN_SPLITS` as the runs
+    place it, and the numbers the prose quotes."""
+    from glm5lib.kernels import mla_gluon_large as m
+
+    dq, shapes = _tail_runs("dq_tail_h100_18bdc50.json", "18bdc50", "fp8_ds_mla")
+    pp, pp_shapes = _tail_runs("pp_tail_h100_87ef2d1.json", "87ef2d1", "bf16")
+    assert shapes == pp_shapes
+    gain, fm_one, fm_tail, pp_gain = [], [], [], {}
+    for H, B in shapes:
+        one, tail, fm = dq[H, B, "one_launch"], dq[H, B, "tail"], dq[H, B, "flashmla"]
+        assert tuple(tail["cut"]) == m.tail_plan(B, H // 64, 2048, 132) and one["rest"] == B * H // 64 % 132
+        assert 1 <= one["rest"] <= 66 and one["waves"] >= 2 and m.dq_num_splits(B, H // 64, 2048, 132) == 1
+        gain.append(tail["graph_us"] / one["graph_us"])
+        fm_one.append(fm["graph_us"] / one["graph_us"])
+        fm_tail.append(fm["graph_us"] / tail["graph_us"])
+        p_one, p_tail = pp[H, B, "one_launch"], pp[H, B, "tail"]
+        assert tuple(p_tail["cut"]) == m.tail_plan(B, H // 64, 2048, 132, "pingpong")
+        pp_gain[H, B] = (p_tail["cut"][1], p_tail["graph_us"] / p_one["graph_us"])
+    assert max(gain) < 1 and (round(min(gain), 2), round(max(gain), 2)) == (0.63, 0.92)
+    assert (round(min(fm_one), 2), round(max(fm_one), 2), round(min(fm_tail), 2), round(max(fm_tail), 2)) == (
+        0.60, 0.89, 0.85, 1.04)
+    quoted = {(128, 70): (221.2, 149.2), (64, 140): (238.7, 162.3), (64, 198): (245.7, 225.0)}
+    for (H, B), pair in quoted.items():
+        assert (round(dq[H, B, "one_launch"]["graph_us"], 1), round(dq[H, B, "tail"]["graph_us"], 1)) == pair
+    # the ping-pong kernel: faster from 3 splits of the rest everywhere, not with 2: the threshold its calls take
+    three = [g for s, g in pp_gain.values() if s >= m.TAIL_MIN_SPLITS["pingpong"]]
+    two = [g for s, g in pp_gain.values() if s < m.TAIL_MIN_SPLITS["pingpong"]]
+    assert m.TAIL_MIN_SPLITS == {"dq": 2, "pingpong": 3} and len(three) == 14 and len(two) == 4
+    assert max(three) < 1 and (round(min(three), 2), round(max(three), 2)) == (0.70, 0.98)
+    assert max(two) > 1 and (round(min(two), 2), round(max(two), 2)) == (0.95, 1.04)
+    assert pp_gain[64, 198][1] > 1 and all(s == 2 for s, _ in (pp_gain[64, 198], pp_gain[128, 96]))
+    assert (round(pp[128, 67, "one_launch"]["graph_us"], 1), round(pp[128, 67, "tail"]["graph_us"], 1)) == (
+        158.8, 110.6)
+    # correctness: memcheck of the dq tail cases, the matrix with both kernels on the tail plan, the harness
+    log = (BENCH / "sweeps" / "memcheck_dq_tail_h100_18bdc50.log").read_text()
+    assert "7/7 dq launches match the reference" in log and "ERROR SUMMARY: 0 errors" in log
+    assert "T140 H64 K2048 mixed tail 132 tokens + 16 splits: ok" in log
+    assert "T70 H128 K1000 oob tail 66 tokens + 16 splits: ok" in log
+    for name in ("checks_h100_full_pptail_87ef2d1.json", "checks_h100_full_18bdc50.json"):
+        cases = load(f"sweeps/{name}")
+        assert len(cases) == 127 and all(r["ok"] for r in cases)
+        t160 = {r["name"]: r["config"] for r in cases if r["name"].startswith("invalid:T160-")}
+        assert len(t160) == 6 and {c for c in t160.values()} == {"gluon-BN64-nbuf2-pingpong", "gluon-BN64-nbuf2-dq"}
+    assert [m.tail_plan(160, -(-H // 64), 2048, 132) for H in (40, 64, 128)] == [(132, 4), (132, 4), (132, 2)]
+    graphs = load("sweeps/vllm_graphs_h100_18bdc50.json")
+    s = graphs["summary"]
+    assert graphs["commit"][:7] == "18bdc50" and s["graph_cases"] == s["graph_cases_ok"] == 24
+    assert s["replay_equals_eager"] and round(s["graph_over_kernel_max"], 2) == 1.08
+    bench = load("sweeps/bench_h100_18bdc50.json")
+    targets = bench["targets"]
+    assert bench["meta"]["commit"][:7] == "18bdc50" and sum(t["met"] for t in targets) == 10 and len(targets) == 22
+    assert sum(bool(t.get("bounded")) and not t["met"] for t in targets) == 6
+    h8 = [t for t in targets if t["target"].startswith("prefill fp8_ds_mla H8")][0]
+    assert round(h8["value"], 2) == 1.55 and not h8["met"]
