@@ -73,6 +73,7 @@ def main(argv=None) -> int:
                 out = torch.empty(B, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
                 ro, _ = naive.sparse_mla_ref_chunked(q, flat, idx_sets[0], bk.SM_SCALE, kv_format=fmt, chunk=16)
                 splits = gl_large.plan_splits(B, H, bk.TOPK, 64, q.device, mode=mode)[0]
+                tail = gl_large._tail_cut(B, H, bk.TOPK, "cuda", q.device.index, mode)  # None: one launch
                 impls = {
                     "triton": lambda i: mla.sparse_mla_launch(q, flat, i, bk.SM_SCALE, kv_format=fmt, out=out),
                     "gluon": lambda i: gl_large.sparse_mla_gluon_large(q, flat, i, bk.SM_SCALE, kv_format=fmt,
@@ -109,7 +110,8 @@ def main(argv=None) -> int:
                     bad += not ok_again
                     r = {"format": fmt, "H": H, "B": B, "impl": name, "graph_us": graph, "eager_us": eager,
                          "rel_err": rel, "ok": ok and ok_again, "rel_err_again": rel_again,
-                         "splits": splits if name == "gluon" else None}
+                         "splits": splits if name == "gluon" else None,
+                         "tail": list(tail) if tail and name == "gluon" else None}
                     rows.append(r)
                     print(json.dumps(r), flush=True)
                 del q, cache, idx_sets, out, ro, impls

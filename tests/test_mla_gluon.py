@@ -253,6 +253,7 @@ def test_tail_plan_splits_only_the_last_partial_wave():
     assert m.tail_plan(128, 1, 2048, 132) is None  # one wave
     assert m.tail_plan(264, 1, 2048, 132) is None  # whole waves only
     assert m.tail_plan(32, 1, 2048, 132) is None  # the split plan splits every token there
+    assert m.tail_plan(140, 1, 0, 132) is None  # an empty top-k list: nothing to split
     assert m.TAIL_MIN_SPLITS == {"dq": 2, "pingpong": 3}
     seen = 0
     for mode, tile in (("dq", 64), ("pingpong", 128)):
@@ -322,6 +323,20 @@ def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
         part, mo, mlse, ms = merges[0]
         assert ms == splits and mo.data_ptr() == a2[3].data_ptr() and mlse.data_ptr() == a2[4].data_ptr()
         assert part.numel() == splits * (T - whole) * H * 513 and part is a2[5]
+        # a change to the threshold reaches calls after `clear_plans` (the tail plan is cached per call shape)
+        saved = dict(m.TAIL_MIN_SPLITS)
+        try:
+            m.TAIL_MIN_SPLITS["dq"] = 99
+            launches.clear()
+            m.sparse_mla_gluon_large(q, cache, idx, 0.1, kv_format="fp8_ds_mla", mode="dq", out=out)
+            assert len(launches) == 2  # cached
+            m.clear_plans()
+            launches.clear()
+            m.sparse_mla_gluon_large(q, cache, idx, 0.1, kv_format="fp8_ds_mla", mode="dq", out=out)
+            assert len(launches) == 1
+        finally:
+            m.TAIL_MIN_SPLITS.update(saved)
+            m.clear_plans()
         for kw in ({"tail": False}, {"num_splits": 1}):
             launches.clear()
             merges.clear()

@@ -1048,16 +1048,18 @@ def dq_num_splits(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64) -
 
 # The one-split plan's last wave. Where the tokens x head blocks outnumber the SMs, one split runs in whole waves plus
 # a last one of the rest, and a program of that wave takes nearly a whole wave's time however few run beside it (dq,
-# H100, one split: 64 heads 117-130 us in one wave at B70-B128 and 235-246 us in two at B133-B198; 128 heads 221-226
-# us at B67-B99, whose second waves hold 2-66 programs). Splitting every token instead adds waves and the merge (two
-# splits took 1.4-11 % longer). The tail plan (`tail_plan`) keeps the whole waves at one split and splits only the
-# rest's tokens, as many ways as fill the SMs once, in a second launch of the same kernel on slices of the call's
-# tensors, whose partials are merged: Stream-K's data-parallel waves and a split tail, at whole tokens so that the
-# kernel is unchanged. H100, one launch against the tail plan, 1-66 programs past whole waves of 132 (NOTES.md round
-# 23): dq (outputs/bench/sweeps/dq_tail_h100_18bdc50.json) 0.63-0.92x the time at all 18 shapes, 0.60-0.89x ->
-# 0.85-1.04x FlashMLA's; ping-pong (sweeps/pp_tail_h100_87ef2d1.json) 0.70-0.98x at the 14 shapes with 3 splits or
-# more, and with 2 (the rest 45-66 programs) 0.95-1.04x, slower at 64 heads B198 (a bf16 program is shorter, so the
-# merge weighs more). TAIL_MIN_SPLITS: the kernels whose calls take the tail plan, from how many splits of the rest.
+# H100, one split: 64 heads 117-130 us in one wave at B70-B128 (outputs/bench/sweeps/dq_splits_heldout2_h100_6f7cc40
+# .json, dq_splits_margin_h100_06d1f89.json) and 235-246 us in two at B133-B198; 128 heads 221-226 us at B67-B99,
+# whose second waves hold 2-66 programs (sweeps/dq_tail_h100_18bdc50.json)). Splitting every token instead adds
+# waves and the merge (two splits took 1.4-11 % longer in round 22's runs). The tail plan (`tail_plan`) keeps the
+# whole waves at one split and splits only the rest's tokens, as many ways as fill the SMs once, in a second launch
+# of the same kernel on slices of the call's tensors, whose partials are merged: Stream-K's data-parallel waves and
+# a split tail, at whole tokens so that the kernel is unchanged. H100, one launch against the tail plan, 1-66
+# programs past whole waves of 132 (NOTES.md round 23): dq (sweeps/dq_tail_h100_18bdc50.json) 0.63-0.92x the time at
+# all 18 shapes, 0.60-0.89x -> 0.85-1.04x FlashMLA's; ping-pong (sweeps/pp_tail_h100_87ef2d1.json) 0.70-0.98x at
+# the 14 shapes with 3 splits or more, and with 2 (the rest 45-66 programs) 0.95-1.04x, slower at 64 heads B198 (a
+# bf16 program is shorter, so the merge weighs more). TAIL_MIN_SPLITS: the kernels whose calls take the tail plan,
+# from how many splits of the rest.
 TAIL_MIN_SPLITS = {"dq": 2, "pingpong": 3}
 
 
@@ -1067,7 +1069,7 @@ def tail_plan(T: int, n_hb: int, topk: int, n_sms: int, mode: str = "dq", block_
     least twice and still run in one wave; None otherwise (the split plan stands). The tokens of the whole waves keep
     both head blocks together, so with an odd SM count the first launch falls one program short of whole waves."""
     units = T * n_hb
-    if units <= n_sms or plan_splits_of(T, n_hb, topk, n_sms, mode, block_n) != 1:
+    if topk <= 0 or units <= n_sms or plan_splits_of(T, n_hb, topk, n_sms, mode, block_n) != 1:
         return None
     whole = units // n_sms * n_sms // n_hb
     rest = (T - whole) * n_hb
@@ -1079,7 +1081,7 @@ def tail_plan(T: int, n_hb: int, topk: int, n_sms: int, mode: str = "dq", block_
 
 
 def plan_splits_of(T: int, n_hb: int, topk: int, n_sms: int, mode: str, block_n: int = 64) -> int:
-    """The split count `plan_splits` takes for mode by itself (before `split_keys` rounds it)."""
+    """The split count `plan_splits` takes for mode without num_splits (before `split_keys` rounds it)."""
     if mode == "dq":
         return dq_num_splits(T, n_hb, topk, n_sms, block_n)
     tile = 2 * block_n if mode == "pingpong" else block_n
@@ -1101,7 +1103,8 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
              block_n: int, probe: int, pp_regs: tuple[int, int] | None) -> tuple[int, int, tuple, dict, tuple]:
     """(splits, keys per split, grid, constexprs and options, their values as a key) of a three-warpgroup kernel's
     call shape: the host work an eager layer would otherwise repeat on every call. Cached: code that changes the
-    split model's or the register constants (`DQ_*`, `PP_*`) after a launch calls `_ws_plan.cache_clear()`."""
+    split model's, the tail plan's or the register constants (`DQ_*`, `TAIL_MIN_SPLITS`, `PP_*`) after a launch
+    calls `clear_plans()`."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     splits, keys_per_split = plan_splits(T, H, topk, block_n, dev, num_splits, mode)
     cr, pr = pp_regs or ((PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else
@@ -1110,10 +1113,16 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
     return splits, keys_per_split, (T * -(-H // BLOCK_H), 1, splits), kw, tuple(kw.values())
 
 
+def clear_plans() -> None:
+    """Forget the cached launch plans (`_ws_plan`, `_tail_cut`): after changing `DQ_*`, `TAIL_MIN_SPLITS` or `PP_*`."""
+    _ws_plan.cache_clear()
+    _tail_cut.cache_clear()
+
+
 @functools.lru_cache(maxsize=4096)
 def _tail_cut(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, mode: str) -> tuple[int, int] | None:
     """`tail_plan` of a call shape where mode's calls take it (`TAIL_MIN_SPLITS`), cached (host time of an eager
-    layer); else None."""
+    layer; `clear_plans` forgets it); else None."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     cut = tail_plan(T, -(-H // BLOCK_H), topk, num_sms(dev), mode, 64)
     return cut if cut and mode in TAIL_MIN_SPLITS and cut[1] >= TAIL_MIN_SPLITS[mode] else None
@@ -1149,8 +1158,9 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     (consumer, producer) registers of the three-warpgroup kernels' worker partitions (default `PP_*_REGS`,
     `DQ_*_REGS`).
     row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`; the
-    three-warpgroup kernels take none). tail: without num_splits, the tail plan (`tail_plan`: the last partial wave's tokens
-    split, in a second launch) where it applies and `TAIL_MIN_SPLITS` takes it; False: one launch of the split plan."""
+    three-warpgroup kernels take none). tail: without num_splits, the tail plan (`tail_plan`: the last partial
+    wave's tokens split, in a second launch) where it applies and `TAIL_MIN_SPLITS` takes it; False: one launch of
+    the split plan."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -1252,5 +1262,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
-           "plan_splits", "dq_num_splits", "dq_split_costs", "tail_plan", "TAIL_MIN_SPLITS", "smem_bytes_estimate",
-           "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
+           "plan_splits", "dq_num_splits", "dq_split_costs", "tail_plan", "TAIL_MIN_SPLITS", "clear_plans",
+           "smem_bytes_estimate", "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
