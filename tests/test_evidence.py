@@ -78,7 +78,7 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
     only_h100 = [k for k, s in cov["shipped"].items() if not set(s["covered_by"]) - h100 - {"h200_bench"}]
     assert only_h100 == ["large-gluon/fp8_ds_mla/big", "small-fp8mma/fp8_ds_mla/big"], only_h100
     mh, sh = cov["pieces"]["h100_full_matrix"], cov["pieces"]["h100_sanitizer"]
-    assert mh["commit"] == sh["commit"] == "18bdc50" and mh["passed"] == mh["cases"] == 127
+    assert (mh["commit"], sh["commit"]) == ("c4512b1", "18bdc50") and mh["passed"] == mh["cases"] == 127
     for old in ("f6a643d", "59e3fa7", "e6bb2f0", "6f7cc40"):  # rounds 19, 20, 21 and 22's
         assert "ERROR SUMMARY: 0 errors" in (BENCH / "sweeps" / f"sanitizer_h100_{old}.log").read_text()
     assert sh["passed"] == sh["cases"] == 28 and sh["sanitizer_errors"] == 0
@@ -1674,7 +1674,15 @@ def test_evidence_round23_tail_plan_h100():
     assert "7/7 dq launches match the reference" in log and "ERROR SUMMARY: 0 errors" in log
     assert "T140 H64 K2048 mixed tail 132 tokens + 16 splits: ok" in log
     assert "T70 H128 K1000 oob tail 66 tokens + 16 splits: ok" in log
-    for name in ("checks_h100_full_pptail_87ef2d1.json", "checks_h100_full_18bdc50.json"):
+    log = (BENCH / "sweeps" / "memcheck_tail_h100_c4512b1.log").read_text()  # both kernels' tail plans, shipped
+    assert "9/9 launches match the reference" in log and "ERROR SUMMARY: 0 errors" in log
+    for kernel, cut in (("dq", "T140 H64 K2048 mixed tail 132 tokens + 16 splits"),
+                        ("dq", "T70 H128 K1000 oob tail 66 tokens + 16 splits"),
+                        ("pingpong", "T140 H64 K2048 mixed tail 132 tokens + 16 splits"),
+                        ("pingpong", "T70 H128 K1000 oob tail 66 tokens + 8 splits")):
+        assert f"{kernel} {cut}: ok" in log, (kernel, cut)
+    for name in ("checks_h100_full_pptail_87ef2d1.json", "checks_h100_full_18bdc50.json",
+                 "checks_h100_full_c4512b1.json"):
         cases = load(f"sweeps/{name}")
         assert len(cases) == 127 and all(r["ok"] for r in cases)
         t160 = {r["name"]: r["config"] for r in cases if r["name"].startswith("invalid:T160-")}

@@ -23,10 +23,12 @@ and synccheck ran on the H200 at 4812c4d (`sweeps/*_wgmma_h200_4812c4d.log`). Ro
 kernel for 17-128 heads over fp8_ds_mla ("gluon-BN64-nbuf2-dq") ran the matrix and compute-sanitizer on an H100 at
 e6bb2f0, which also ran every other shipped sm_90 config again, and so did round 22 at 6f7cc40, after the Gluon
 kernels for 17-128 heads were taken from 512 tokens x heads (46 matrix cases and 10 sanitizer cases on them, the
-invalid-index ones at 33 and 4 tokens among them), and round 23 at 18bdc50, with the dequantising-producer kernel's
-tail plan (`mla_gluon_large.tail_plan`; the matrix's 160-token fp8 cases at 40, 64 and 128 heads take it). The
-pieces read are round 23's, named "h100_full_matrix" and "h100_sanitizer"; "h100_bench" is `bench all --quick` on
-an H100 at 18bdc50 (the same kernels; its targets are the H100's, not the issue's H200 ones).
+invalid-index ones at 33 and 4 tokens among them), and round 23, with the tail plan (`mla_gluon_large.tail_plan`):
+the matrix at c4512b1 (its 160-token cases at 40 and 64 heads take it in both kernels, at 128 heads in the dq kernel)
+and memcheck at 18bdc50 (no memcheck case reaches the tail plan; `sweeps/memcheck_tail_h100_c4512b1.log` is both
+kernels' tail plans under memcheck). Those are the pieces read, named "h100_full_matrix" and "h100_sanitizer";
+"h100_bench" is `bench all --quick` on an H100 at 18bdc50 (the same kernels; its targets are the H100's, not the
+issue's H200 ones).
 
 `coverage(root)` reads the files and reports, per piece: cases, passes, and the config names it ran; and per
 shipped config of both classes: which pieces ran that exact config. The notebook prints it instead of prose.
@@ -60,10 +62,11 @@ SANITIZER_R8 = "outputs/bench/sweeps/sanitizer_h200_73d2a37.log"
 R8_COMMIT, R8_FP8MMA_MAX_H = "73d2a37", 8
 RUN_COMMIT = "97dc8b8"  # the case matrix (each case records its config), with the Gluon kernels dispatched
 SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
-FULL_MATRIX_H100 = "outputs/bench/sweeps/checks_h100_full_18bdc50.json"
+FULL_MATRIX_H100 = "outputs/bench/sweeps/checks_h100_full_c4512b1.json"
 SANITIZER_H100 = "outputs/bench/sweeps/sanitizer_h100_18bdc50.log"
 BENCH_H100 = "outputs/bench/sweeps/bench_h100_18bdc50.json"
-H100_COMMIT = "18bdc50"  # the matrix and compute-sanitizer of round 23's shipped configs on an H100 (sm_90)
+H100_COMMIT = "c4512b1"  # the matrix of round 23's shipped configs and plans on an H100 (sm_90)
+H100_SANITIZER_COMMIT = "18bdc50"  # its compute-sanitizer memcheck (the same configs)
 SANITIZER_COMMIT = "97dc8b8"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
@@ -200,7 +203,7 @@ def coverage(root: str | Path | None = None) -> dict:
                "h200_full_matrix_r8": (FULL_MATRIX_R8, lambda p: _matrix(p, SMEM, R8_COMMIT, R8_FP8MMA_MAX_H)),
                "h200_sanitizer_r8": (SANITIZER_R8, lambda p: _sanitizer(p, SMEM, R8_COMMIT, R8_FP8MMA_MAX_H)),
                "h100_full_matrix": (FULL_MATRIX_H100, lambda p: _matrix(p, SMEM, H100_COMMIT)),
-               "h100_sanitizer": (SANITIZER_H100, lambda p: _sanitizer(p, SMEM, H100_COMMIT)),
+               "h100_sanitizer": (SANITIZER_H100, lambda p: _sanitizer(p, SMEM, H100_SANITIZER_COMMIT)),
                "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench),
                "h100_bench": (BENCH_H100, _bench),
                "h200_vllm_harness": (HARNESS, _harness)}
