@@ -36,6 +36,33 @@ def eager_us(fn, calls: int = EAGER_CALLS) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
+def flashmla_padded(q, cache, H: int):
+    """FlashMLA's sparse fp8 decode for q `[B, H, 576]` over an fp8_ds_mla cache, q padded to the 64 / 128 heads it
+    takes: a call of an index set -> (out `[B, H, 512]`, None), its scheduler metadata kept per index set."""
+    h_pad = 64 if H <= 64 else 128
+    q4 = torch.zeros(q.shape[0], 1, h_pad, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+    q4[:, 0, :H] = q
+    kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
+    fms = {}
+
+    def flashmla(i):
+        f = fms.setdefault(i.data_ptr(), bk.FlashMLADecode())
+        o4, _ = f(q4, kv4, i.unsqueeze(1))
+        return o4[:, 0, :H], None
+
+    return flashmla
+
+
+def write_rows(out_path: str, meta: dict, rows: list, bad: int) -> int:
+    """The run's JSON (written whole, then renamed into place), a one-line summary; the exit status."""
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    os.replace(tmp, out_path)
+    print(f"{len(rows) - bad}/{len(rows)} launches match the reference")
+    return 1 if bad else 0
+
+
 def _ints(argv, flag, default):
     if flag not in argv:
         return default
@@ -80,18 +107,7 @@ def main(argv=None) -> int:
                                                                        out=out, mode=mode),
                 }
                 if fmt == "fp8_ds_mla" and fm_err is None:
-                    h_pad = 64 if H <= 64 else 128
-                    q4 = torch.zeros(B, 1, h_pad, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-                    q4[:, 0, :H] = q
-                    kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
-                    fms = {}
-
-                    def flashmla(i, q4=q4, kv4=kv4, fms=fms, H=H):
-                        f = fms.setdefault(i.data_ptr(), bk.FlashMLADecode())
-                        o4, _ = f(q4, kv4, i.unsqueeze(1))
-                        return o4[:, 0, :H], None
-
-                    impls["flashmla"] = flashmla
+                    impls["flashmla"] = flashmla_padded(q, cache, H)
                 for name, fn in impls.items():
                     out.fill_(float("nan"))
                     o = fn(idx_sets[0])[0]
@@ -119,12 +135,7 @@ def main(argv=None) -> int:
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
             "flashmla": fm_err or "loaded", "eager_calls": EAGER_CALLS, "gluon_large_min_ht": mla.GLUON_LARGE_MIN_HT}
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    os.replace(tmp, out_path)
-    print(f"{len(rows) - bad}/{len(rows)} launches match the reference")
-    return 1 if bad else 0
+    return write_rows(out_path, meta, rows, bad)
 
 
 if __name__ == "__main__":

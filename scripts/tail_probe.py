@@ -25,7 +25,7 @@ from glm5lib.bench import kernels as bk
 from glm5lib.kernels import common, mla, mla_gluon_large as gl_large, naive
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from large_small_batch_probe import _ints, eager_us  # noqa: E402
+from large_small_batch_probe import _ints, eager_us, flashmla_padded, write_rows  # noqa: E402
 
 # the rest of the last wave (tokens x head blocks beyond whole waves of 132 SMs) from 1 to 66 at each head count
 BATCHES = {64: [133, 140, 150, 160, 170, 180, 198, 270, 300], 128: [67, 70, 75, 80, 85, 96, 99, 140, 150]}
@@ -72,17 +72,8 @@ def main(argv=None) -> int:
         if cut is not None:
             impls["tail"] = tail
         if fm_err is None and fmt == "fp8_ds_mla":
-            h_pad = 64 if H <= 64 else 128
-            q4 = torch.zeros(B, 1, h_pad, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-            q4[:, 0, :H] = q
-            kv4 = cache.view(torch.float8_e4m3fn).unsqueeze(2)
-            fms = {}
+            impls["flashmla"] = flashmla_padded(q, cache, H)
 
-            def flashmla(i, q4=q4, kv4=kv4, fms=fms, H=H):
-                f = fms.setdefault(i.data_ptr(), bk.FlashMLADecode())
-                return f(q4, kv4, i.unsqueeze(1))[0][:, 0, :H], None
-
-            impls["flashmla"] = flashmla
         def check(o, lse):
             """Relative error of the output against fp32, and whether it (and lse, where the call returns one: the
             Gluon calls, natural log like the reference's) is close."""
@@ -113,12 +104,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(), "sm_count": n_sms,
             "flashmla": fm_err or "loaded", "tail_min_splits": gl_large.TAIL_MIN_SPLITS}
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    os.replace(tmp, out_path)
-    print(f"{len(rows) - bad}/{len(rows)} launches match the reference")
-    return 1 if bad else 0
+    return write_rows(out_path, meta, rows, bad)
 
 
 if __name__ == "__main__":
