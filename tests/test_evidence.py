@@ -1698,3 +1698,22 @@ def test_evidence_round23_tail_plan_h100():
     assert sum(bool(t.get("bounded")) and not t["met"] for t in targets) == 6
     h8 = [t for t in targets if t["target"].startswith("prefill fp8_ds_mla H8")][0]
     assert round(h8["value"], 2) == 1.55 and not h8["met"]
+    fm8 = [r["us"] for r in bench["rows"]
+           if r["kind"] == "prefill" and r["H"] == 8 and r["impl"] == "flashmla(h_pad=64)"]
+    assert sorted(round(u) for u in fm8) == [2035, 2090]  # FlashMLA's padded bf16 prefill, twice in one run
+    eager_b1 = s["sparse_mla_over_flashmla_eager_b1"].values()
+    assert (round(min(eager_b1), 2), round(max(eager_b1), 2)) == (0.83, 0.98)
+    # the ranges the code comment and docs/kernels.md quote: one launch, two waves, and the shapes' GPU times
+    one64 = [dq[64, B, "one_launch"]["graph_us"] for B in (133, 140, 150, 160, 170, 180, 198)]
+    one128 = [dq[128, B, "one_launch"]["graph_us"] for B in (67, 70, 75, 80, 85, 96, 99)]
+    assert (round(min(one64)), round(max(one64)), round(min(one128)), round(max(one128))) == (235, 246, 221, 226)
+    times = [r["graph_us"] for res in (dq, pp) for r in res.values() if "graph_us" in r and r["impl"] != "flashmla"]
+    assert (round(min(times)), round(max(times))) == (111, 363)
+    # the probe's host-bound eager rows (ping-pong tail plan, two public calls composed)
+    assert [round(pp[128, B, "tail"]["eager_us"]) for B in (67, 75)] == [160, 535]
+    assert [round(pp[128, B, "tail"]["graph_us"]) for B in (67, 75)] == [111, 128]
+    round22 = {(r["B"], r["H"]): r["us"]
+               for f in ("dq_splits_margin_h100_06d1f89.json", "dq_splits_heldout2_h100_6f7cc40.json")
+               for r in load(f"sweeps/{f}")["rows"] if r.get("planned") and r["H"] == 64}
+    two_waves = [round22[B, 64] for B in (140, 150, 180, 190)]
+    assert (round(min(two_waves)), round(max(two_waves))) == (239, 245)  # docs v28: one split, two waves, 64 heads

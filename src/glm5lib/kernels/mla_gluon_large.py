@@ -1075,27 +1075,31 @@ def tail_plan(T: int, n_hb: int, topk: int, n_sms: int, mode: str = "dq", block_
     rest = (T - whole) * n_hb
     if rest == 0:
         return None
-    tile = 2 * block_n if mode == "pingpong" else block_n
+    tile = split_tile(mode, block_n)
     splits = mla.split_keys(topk, min(mla.MAX_SPLITS, -(-topk // tile), n_sms // rest), tile)[0]
     return (whole, splits) if splits > 1 else None
+
+
+def split_tile(mode: str, block_n: int) -> int:
+    """The keys a split is a whole number of: the kernel's tile, or a pair of them for the ping-pong kernel (its
+    two consumers take alternate tiles)."""
+    return 2 * block_n if mode == "pingpong" else block_n
 
 
 def plan_splits_of(T: int, n_hb: int, topk: int, n_sms: int, mode: str, block_n: int = 64) -> int:
     """The split count `plan_splits` takes for mode without num_splits (before `split_keys` rounds it)."""
     if mode == "dq":
         return dq_num_splits(T, n_hb, topk, n_sms, block_n)
-    tile = 2 * block_n if mode == "pingpong" else block_n
-    return mla.pick_num_splits(T, n_hb, topk, tile, n_sms, waves=1)
+    return mla.pick_num_splits(T, n_hb, topk, split_tile(mode, block_n), n_sms, waves=1)
 
 
 def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
                 num_splits: int | None = None, mode: str = DEFAULT[2]) -> tuple[int, int]:
     """(split count, keys per split): for mode "dq" `dq_num_splits`, else `mla.pick_num_splits` at one program per
-    SM (shared memory); rounded by `mla.split_keys`. block_n: the kernel's tile; the ping-pong kernel takes tiles in
-    pairs, so its splits are whole pairs."""
+    SM (shared memory); rounded by `mla.split_keys` to whole `split_tile`s. block_n: the kernel's tile."""
     if num_splits is None:
         num_splits = plan_splits_of(T, -(-H // BLOCK_H), topk, num_sms(device), mode, block_n)
-    return mla.split_keys(topk, num_splits, 2 * block_n if mode == "pingpong" else block_n)
+    return mla.split_keys(topk, num_splits, split_tile(mode, block_n))
 
 
 @functools.lru_cache(maxsize=4096)
