@@ -31,6 +31,41 @@ from large_small_batch_probe import _ints, eager_us, flashmla_padded, write_rows
 BATCHES = {64: [133, 140, 150, 160, 170, 180, 198, 270, 300], 128: [67, 70, 75, 80, 85, 96, 99, 140, 150]}
 
 
+def check_and_time(impls: dict, idx_sets: list, out, ro, rlse, base: dict, rows: list) -> int:
+    """Each call of `impls` (name -> call of an index set returning (out, lse or None), writing into `out`) checked
+    against the fp32 reference (ro, rlse) on the first index set, then timed (CUDA-graph replay over every set, and
+    eager) and checked again (the pre-bound launchers' output), except "shipped" (one of the others by the rule:
+    checked, not timed). Appends a row each (base + impl, rel_err, ok, times) to rows, prints it; returns the
+    failures."""
+
+    def check(o, lse):
+        """Relative error of the output against fp32, and whether it (and lse, where the call returns one: the
+        Gluon calls, natural log like the reference's) is close."""
+        rel = float((o.float() - ro).norm() / ro.norm())
+        ok = rel < 1e-2 and not torch.isnan(o).any()
+        if lse is not None:
+            ok = ok and torch.allclose(lse.float(), rlse.float(), rtol=1e-3, atol=1e-3)
+        return rel, bool(ok)
+
+    bad = 0
+    for name, fn in impls.items():
+        out.fill_(float("nan"))
+        rel, ok = check(*fn(idx_sets[0]))
+        r = {**base, "impl": name, "rel_err": rel, "ok": ok}
+        if name != "shipped":
+            for i in idx_sets[1:]:
+                fn(i)  # FlashMLA's scheduler metadata per index set, outside the capture
+            r["graph_us"] = bk._graph_ms([lambda i=i: fn(i) for i in idx_sets]) * 1e3
+            r["eager_us"] = eager_us(lambda: fn(idx_sets[0]))
+            out.fill_(float("nan"))
+            r["rel_err_again"], ok_again = check(*fn(idx_sets[0]))
+            r["ok"] = ok and ok_again
+        bad += not r["ok"]
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    return bad
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("--"):
@@ -74,32 +109,10 @@ def main(argv=None) -> int:
         if fm_err is None and fmt == "fp8_ds_mla":
             impls["flashmla"] = flashmla_padded(q, cache, H)
 
-        def check(o, lse):
-            """Relative error of the output against fp32, and whether it (and lse, where the call returns one: the
-            Gluon calls, natural log like the reference's) is close."""
-            rel = float((o.float() - ro).norm() / ro.norm())
-            ok = rel < 1e-2 and not torch.isnan(o).any()
-            if lse is not None:
-                ok = ok and torch.allclose(lse.float(), rlse.float(), rtol=1e-3, atol=1e-3)
-            return rel, bool(ok)
-
-        for name, fn in impls.items():
-            out.fill_(float("nan"))
-            rel, ok = check(*fn(idx_sets[0]))
-            r = {"format": fmt, "H": H, "B": B, "impl": name, "rel_err": rel, "ok": ok,
-                 "rest": B * n_hb % n_sms, "waves": -(-B * n_hb // n_sms), "cut": list(cut) if cut else None,
-                 "shipped": "tail" if cut and cut[1] >= gl_large.TAIL_MIN_SPLITS.get(mode, 99) else "one_launch"}
-            if name != "shipped":  # the shipped call is one of the others; checked, not timed
-                for i in idx_sets[1:]:
-                    fn(i)  # FlashMLA's scheduler metadata per index set, outside the capture
-                r["graph_us"] = bk._graph_ms([lambda i=i: fn(i) for i in idx_sets]) * 1e3
-                r["eager_us"] = eager_us(lambda: fn(idx_sets[0]))
-                out.fill_(float("nan"))
-                r["rel_err_again"], ok_again = check(*fn(idx_sets[0]))  # after the eager loop: the pre-bound launches
-                r["ok"] = ok and ok_again
-            bad += not r["ok"]
-            rows.append(r)
-            print(json.dumps(r), flush=True)
+        base = {"format": fmt, "H": H, "B": B, "rest": B * n_hb % n_sms, "waves": -(-B * n_hb // n_sms),
+                "cut": list(cut) if cut else None,
+                "shipped": "tail" if cut and cut[1] >= gl_large.TAIL_MIN_SPLITS.get(mode, 99) else "one_launch"}
+        bad += check_and_time(impls, idx_sets, out, ro, rlse, base, rows)
         del q, cache, idx_sets, out, ro, impls
         torch.cuda.empty_cache()
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(), "sm_count": n_sms,

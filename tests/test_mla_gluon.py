@@ -82,6 +82,8 @@ for fmt in ("bf16", "fp8_ds_mla"):
             except Exception as exc:
                 r = {"config": m.config_name(cfg), "kv_format": fmt, "split": split, "error": str(exc)[-400:]}
             print(json.dumps(r), flush=True)
+r = m.compile_stats("fp8_ds_mla", (64, 2, "dq"), True, bal=True)  # the balanced schedule's build
+print(json.dumps(r), flush=True)
 """
 
 
@@ -93,7 +95,8 @@ def large_stats():
 def test_large_kernel_compiles_for_sm90_within_shared_memory_and_spills_only_where_allowed(large_stats):
     from glm5lib.kernels import mla_gluon_large as m
 
-    assert len(large_stats) == 2 * (len(m.configs_for("bf16")) + len(m.configs_for("fp8_ds_mla")))
+    assert len(large_stats) == 2 * (len(m.configs_for("bf16")) + len(m.configs_for("fp8_ds_mla"))) + 1
+    assert large_stats[-1]["config"].endswith("dq-bal")
     bad = [f"{r['kv_format']} {r['config']}: {r['error']}" for r in large_stats if "error" in r]
     assert not bad, "; ".join(bad)
     for r in large_stats:
@@ -103,7 +106,7 @@ def test_large_kernel_compiles_for_sm90_within_shared_memory_and_spills_only_whe
         # the three-warpgroup kernels' partitions run under setmaxnreg (PP_*_REGS, DQ_*_REGS): a few words spill there
         # (the ping-pong kernel: 8 bytes a thread in Triton 3.6's sm_90 build that the H200 ran, 48-64 in Triton
         # 3.9's; the dequantising-producer kernel: 24 bytes in 3.6's, its warpgroup 0, 72-80 in 3.9's); nothing else
-        bound = 64 if r["config"].endswith("pingpong") else 96 if r["config"].endswith("dq") else 0
+        bound = 64 if r["config"].endswith("pingpong") else 96 if "dq" in r["config"] else 0
         assert r["stack"] <= bound, f"{name}: register spill"
         # the estimate counts every buffer the kernel allocates; the compiler adds scratch for the cross-warpgroup
         # reductions and P's layout conversion
@@ -211,7 +214,8 @@ def test_dq_split_plan_is_the_least_modelled_time_or_fewer_splits_of_several_wav
 
 def test_three_warpgroup_launch_plan_matches_the_kernels():
     """`_ws_plan` (the cached plan the pre-bound launch takes): the split plan of each mode, the grid, and constexprs
-    that name exactly the kernels' parameters after the 18 positional ones the launcher passes."""
+    that name exactly the kernels' parameters after the positional ones the launcher passes (18; 19 for the dq
+    kernel, its N_TOK), the balanced schedule's too."""
     import torch
 
     from glm5lib.kernels import mla_gluon_large as m
@@ -227,12 +231,16 @@ def test_three_warpgroup_launch_plan_matches_the_kernels():
             assert grid == (T * -(-H // 64), 1, splits) and key == tuple(kw.values())
             assert kw["SPLIT"] == (splits > 1) and kw["num_warps"] == 4
             names = list(kernel.arg_names)
-            assert names[18:] == [k for k in kw if k != "num_warps"], names
+            n_pos = 19 if mode == "dq" else 18
+            assert names[n_pos:] == [k for k in kw if k != "num_warps"], names
         regs = (m.DQ_CONSUMER_REGS, m.DQ_PRODUCER_REGS) if mode == "dq" else (m.PP_CONSUMER_REGS, m.PP_PRODUCER_REGS)
         assert (kw["CONSUMER_REGS"], kw["PRODUCER_REGS"]) == regs
     kw = m._ws_plan(128, 64, 2048, "cpu", None, 3, "dq", 64, 1, (200, 120))[3]
     assert (kw["CONSUMER_REGS"], kw["PRODUCER_REGS"], kw["PROBE"], kw["SPLIT"]) == (200, 120, 1, True)
     assert m._ws_plan(96, 128, 2048, "cpu", None, None, "dq", 64, 0, None)[0] == 1  # the margin's plan
+    splits, kps, grid, kw, key = m._ws_plan(34, 128, 2048, "cpu", None, None, "dq", 64, 0, None, 66)
+    assert (splits, grid) == (2, (132, 1, 1)) and kw["BAL"] and kw["SPLIT"] and key == tuple(kw.values())
+    assert list(m._sparse_mla_dq_kernel.arg_names)[19:] == [k for k in kw if k != "num_warps"]
 
 
 def test_tail_plan_splits_only_the_last_partial_wave():
@@ -352,6 +360,144 @@ def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
         m.sparse_mla_gluon_large(q, torch.zeros(1000, 576, dtype=torch.bfloat16),
                                  torch.zeros(T, 2048, dtype=torch.int32), 0.1, kv_format="bf16", mode="pingpong")
         assert [g for g, _, _ in launches] == want and len(merges) == (T == 140)
+
+
+def test_balanced_schedule_cuts_every_list_once_into_at_most_two_pieces_a_program():
+    """`run_pieces` (the kernel's schedule) against `run_span` and the slot rule `_merge_runs_kernel` uses: every
+    tile of every token is run exactly once, in order; below one wave (T < P) a program holds at most two pieces, the
+    second one starting a token; the programs holding a token's tiles are exactly run_span's, and a piece is in
+    partial slot 1 exactly where its program starts inside the token before."""
+    from glm5lib.kernels import mla_gluon_large as m
+
+    for T, nt, P in ((70, 32, 132), (5, 32, 132), (33, 32, 66), (131, 32, 132), (7, 2, 9), (9, 3, 10), (40, 4, 41)):
+        n = T * nt
+        pieces = m.run_pieces(T, nt, P)
+        seen = [(t, k) for prog in pieces for t, a, b in prog for k in range(a, b)]
+        assert seen == [(t, k) for t in range(T) for k in range(nt)], (T, nt, P)
+        holders = {t: [] for t in range(T)}
+        for p, prog in enumerate(pieces):
+            assert 1 <= len(prog) <= 2 and all(a < b for _, a, b in prog)
+            if len(prog) == 2:
+                assert prog[1][0] == prog[0][0] + 1 and prog[1][1] == 0 and prog[0][2] == nt
+            for j, (t, a, b) in enumerate(prog):
+                holders[t].append(p)
+                assert j == int(p * n // P < t * nt)  # the merge's slot rule
+        for t in range(T):
+            first, last = m.run_span(t, nt, n, P)
+            assert holders[t] == list(range(first, last + 1)), (T, nt, P, t)
+        assert m.run_span_max(T, nt, P) == max(len(h) for h in holders.values())
+
+
+def test_balanced_plan_rule():
+    """Where the balanced schedule can run (flat rows of whole tiles, fewer tokens than programs a head block, no
+    fewer tiles than programs) and where the rule takes it (modelled faster than the split plan: the poorly filled
+    waves, e.g. 64 heads at B70, one split on 70 of 132 SMs), not where the split plan fills the SMs (B32: 4 x 32)."""
+    from glm5lib.kernels import mla_gluon_large as m
+
+    assert m.balanced_plan(70, 1, 2048, 132) == 132
+    assert m.balanced_plan(34, 2, 2048, 132) == 66
+    assert m.balanced_plan(32, 1, 2048, 132) is None and m.balanced_plan(32, 1, 2048, 132, force=True) == 132
+    for T, n_hb, topk, flat in ((132, 1, 2048, True), (66, 2, 2048, True), (70, 1, 2000, True),
+                                (70, 1, 2048, False), (3, 1, 128, True)):
+        assert m.balanced_plan(T, n_hb, topk, 132, flat=flat, force=True) is None, (T, n_hb, topk, flat)
+    assert m.balanced_plan(m.BAL_MIN_T - 1, 1, 2048, 132) is None
+    for T in range(m.BAL_MIN_T, 132):  # taken exactly where modelled faster than the split plan
+        costs = m.dq_split_costs(T, 1, 2048, 132)
+        plan = costs[m.dq_num_splits(T, 1, 2048, 132)][0]
+        bal = -(-T * 32 // 132) * m.DQ_TILE_US + m.DQ_PROGRAM_US + m.DQ_MERGE_US + m.BAL_MODEL_US
+        assert (m.balanced_plan(T, 1, 2048, 132) == 132) == (bal < plan), T
+
+
+@pytest.mark.parametrize("T,H,topk,P", [(7, 64, 128, 9), (5, 80, 192, 7), (12, 40, 256, 13)])
+def test_merge_runs_rebuilds_attention_from_the_balanced_pieces(T, H, topk, P):
+    """The balanced schedule end to end but for the Gluon kernel: each program's pieces computed by the fp32
+    reference over their keys alone and written where the kernel writes them (normalised output and log2 lse in row
+    (piece, p) of a 2 x P buffer, `_store_half`), then `merge_runs` (Triton's interpreter) against the reference over
+    each token's whole list; one token has no valid key (zeros, lse -inf) and one only in part of its pieces."""
+    import torch
+
+    from glm5lib.kernels import mla_gluon_large as m
+    from glm5lib.kernels import naive
+
+    torch.manual_seed(0)
+    nt = topk // 64
+    q = torch.randn(T, H, 576).to(torch.bfloat16)
+    kv = torch.randn(300, 576).to(torch.bfloat16)
+    idx = torch.randint(0, 300, (T, topk), dtype=torch.int32)
+    idx[1] = -1
+    idx[2, : topk // 2] = 400  # past the cache: masked
+    ref_o, ref_lse = naive.sparse_mla_ref(q, kv, idx, 0.0625)
+    part = torch.full((2 * P * H * 513,), float("nan"))
+    outs = part[: 2 * P * H * 512].view(2, P, H, 512)
+    lses = part[2 * P * H * 512:].view(2, P, H)
+    for p, prog in enumerate(m.run_pieces(T, nt, P)):
+        for j, (t, a, b) in enumerate(prog):
+            sub = torch.full_like(idx[t: t + 1], -1)
+            sub[:, a * 64: b * 64] = idx[t: t + 1, a * 64: b * 64]
+            o, lse = naive.sparse_mla_ref(q[t: t + 1], kv, sub, 0.0625)
+            outs[j, p] = o[0]
+            lses[j, p] = lse[0] / torch.log(torch.tensor(2.0))
+    out = torch.full((T, H, 512), float("nan")).to(torch.bfloat16)
+    lse = torch.full((T, H), float("nan"))
+    m.merge_runs(part, out, lse, nt, P)
+    torch.testing.assert_close(out.float(), ref_o, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+    assert (out[1] == 0).all() and torch.isinf(lse[1]).all()
+
+
+def test_balanced_schedule_launch_plumbing(monkeypatch):
+    """With the kernel launcher and the merge replaced by recorders: a call the rule takes (64 heads, B70) is one
+    launch of P = 132 programs with BAL, N_TOK = T and a 2 x P partial buffer, merged by `merge_runs`; sched="plan",
+    index rows that are not back to back, and shapes of a wave or more keep the split and tail plans; a forced
+    balanced schedule where it cannot run is a one-line error."""
+    import torch
+
+    from glm5lib.kernels import mla_gluon_large as m
+
+    if not m.HAVE_GLUON:
+        pytest.skip("this Triton has no Gluon")
+    launches, merges = [], []
+
+    class Recorder:
+        def launch(self, grid, args, kw, kw_key, dev_index, spec):
+            launches.append((grid, args, kw))
+
+    monkeypatch.setitem(m._WS_LAUNCH, "dq", Recorder())
+    monkeypatch.setattr(m, "merge_runs", lambda part, out, lse, nt, P: merges.append((part, out, lse, nt, P)))
+    cache = torch.zeros(1000, 656, dtype=torch.uint8)
+
+    def call(T, H, idx=None, **kw):
+        launches.clear()
+        merges.clear()
+        q = torch.randn(T, H, 576).to(torch.bfloat16)
+        idx = torch.randint(0, 1000, (T, 2048), dtype=torch.int32) if idx is None else idx
+        return m.sparse_mla_gluon_large(q, cache, idx, 0.1, kv_format="fp8_ds_mla", mode="dq", **kw)
+
+    o, lse = call(70, 64)
+    assert len(launches) == 1 and len(merges) == 1
+    grid, args, kw = launches[0]
+    assert grid == (132, 1, 1) and kw["BAL"] and kw["SPLIT"] and args[17] == 70 and args[16] == 0
+    part, mo, mlse, nt, P = merges[0]
+    assert part is args[5] and part.numel() == 2 * 132 * 64 * 513 and (nt, P) == (32, 132)
+    assert mo is o and mlse is lse
+    o, lse = call(34, 128)
+    assert launches[0][0] == (132, 1, 1) and merges[0][4] == 66
+    call(70, 64, sched="plan")
+    assert [g for g, _, _ in launches] == [(70, 1, 1)] and not merges and not launches[0][2].get("BAL")
+    assert launches[0][1][17] == 0  # N_TOK: not read without BAL, so no new specialization per batch size
+    wide = torch.randint(0, 1000, (70, 4096), dtype=torch.int32)[:, :2048]  # rows not back to back
+    call(70, 64, idx=wide)
+    assert [g for g, _, _ in launches] == [(70, 1, 1)] and not merges
+    call(32, 64)
+    assert [g for g, _, _ in launches] == [(32, 1, 4)] and not merges  # the split plan fills the SMs
+    call(32, 64, sched="balanced")
+    assert launches[0][0] == (132, 1, 1) and merges
+    for T, H, kw, msg in ((140, 64, {"sched": "balanced"}, "balanced schedule needs"),
+                          (70, 64, {"sched": "balanced", "idx": wide}, "back to back"),
+                          (70, 64, {"sched": "balanced", "num_splits": 2}, "sched must be"),
+                          (70, 64, {"sched": "fast"}, "sched must be")):
+        with pytest.raises(ValueError, match=msg):
+            call(T, H, **kw)
 
 
 def test_dispatch_rule_for_the_large_kernel(monkeypatch):

@@ -68,10 +68,11 @@ from glm5lib.kernels import common  # noqa: F401  (before triton: the interprete
 from glm5lib.kernels import mla
 from glm5lib.kernels.common import num_sms
 from glm5lib.kernels.compile_report import SMEM_LIMIT
-from glm5lib.kernels.mla import LOG2E
+from glm5lib.kernels.mla import LOG2E, _part_rows
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE
 
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from glm5lib.kernels.mla_gluon import HAVE_GLUON, prepare_call, split_buffer  # noqa: E402
 
@@ -632,14 +633,15 @@ if HAVE_GLUON:
         mbarrier.arrive(bar_l.index(W))
         mbarrier.wait(bar_l.index(1 - W), 0)
         l_all = l_i + sl_other.load(ROW_S)
-        _store_half(O, LSE, PART, t, n_t, sp, H, stride_ot, stride_oh, stride_lt, gl.convert_layout(m_run, ROW_O),
+        _store_half(O, LSE, PART, t, n_t, sp, gl.num_programs(2), H, stride_ot, stride_oh, stride_lt,
+                    gl.convert_layout(m_run, ROW_O),
                     gl.convert_layout(l_all, ROW_O), acc_a, acc_b, hb * BH, W, SPLIT, ROW_O, COL_O)
 
     @gluon.jit
-    def _store_half(O, LSE, PART, t, n_t, sp, H, stride_ot, stride_oh, stride_lt, m_i, l_i, acc_a, acc_b, h0,
+    def _store_half(O, LSE, PART, t, n_t, sp, n_sp, H, stride_ot, stride_oh, stride_lt, m_i, l_i, acc_a, acc_b, h0,
                     W: gl.constexpr, SPLIT: gl.constexpr, ROW: gl.constexpr, COL: gl.constexpr):
         """`mla_gluon._store_outputs` for one warpgroup's half of the columns (256 W + [0, 256)); WG0 writes the
-        lse. Split program id: axis 2."""
+        lse. SPLIT: into partial row (sp, t) of an `n_sp` x `n_t` split buffer (`mla._part_rows`), else token t's."""
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         BH: gl.constexpr = 64
@@ -658,7 +660,6 @@ if HAVE_GLUON:
             if W == 0:
                 gl.store(LSE + t * stride_lt + offs_h, lse2 * 0.6931471805599453, mask=h_mask)
         else:
-            n_sp = gl.num_programs(2)
             rows = (sp * n_t + t).to(gl.int64) * H + offs_h  # mla._part_rows
             o_part = PART + rows[:, None] * DN + offs_c[None, :]
             gl.store(o_part, acc_a * il, mask=h_mask[:, None])
@@ -848,45 +849,25 @@ if HAVE_GLUON:
                 n_c = _tile_idx(idx_row, k_start + (i + 2) * BLOCK_N + HN, k_end, HN, IW)
 
     @gluon.jit
-    def _dq_consumer(W: gl.constexpr, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS,
-                     qk_scale, idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free,
-                     bar_p, bar_l, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
-        """Warpgroup W of the dequantising-producer kernel. W 0 (the default partition) computes each tile's whole S
-        (no row statistics cross warpgroups), its softmax, and P V on value chunks 0-1 with P from registers; it
-        writes P (bf16) into the tile's rope part (read by S already) and the accumulator's rescale factor into
-        `sc[b]`, then arrives `bar_p[b]`. W 1 waits `bar_p[b]`, rescales its accumulator and computes P V on chunks
-        2-3 with P from shared memory. Each arrives `free[b]` once its wgmma have read the buffer. At the end W 0
-        hands its row max and sum to W 1 through `sml` (`bar_l`). PROBE 1: the producer alone (buffers handed back
-        unread)."""
-        BH: gl.constexpr = 64
+    def _dq_tiles(W: gl.constexpr, i0, i1, m_run, l_i, acc_a, acc_b, N_ROWS, qk_scale, idx_row, k_start, k_end, qa,
+                  qr, k0, k1, k2, k3, kr, sc, ready, free, bar_p, BLOCK_N: gl.constexpr):
+        """Tiles i0 .. i1 - 1 of the program's list (tile i in buffer i % 2) for warpgroup W of the
+        dequantising-producer kernel (`_dq_consumer`); returns the running max, sum and accumulator halves."""
         CH: gl.constexpr = 128
         S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, BLOCK_N, 16])
         O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH, 16])
         PA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-        ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
         COL_S: gl.constexpr = gl.SliceLayout(0, S_L)
         ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
-        COL_O: gl.constexpr = gl.SliceLayout(0, O_L)
         if W == 0:  # this warpgroup's value columns
             va = k0
             vb = k1
         else:
             va = k2
             vb = k3
-        m_run = gl.full([BH], float("-inf"), gl.float32, ROW_S)
-        l_i = gl.full([BH], 0.0, gl.float32, ROW_S)
-        acc_a = gl.full([BH, CH], 0.0, gl.float32, O_L)
-        acc_b = gl.full([BH, CH], 0.0, gl.float32, O_L)
-        zero_s = gl.full([BH, BLOCK_N], 0.0, gl.float32, S_L)
-        n_main = n_tiles
-        if PROBE == 1:  # the producer alone: each buffer handed back unread
-            for i in range(n_tiles):
-                mbarrier.wait(ready.index(i & 1), (i >> 1) & 1)
-                _barrier()
-                mbarrier.arrive(free.index(i & 1))
-            n_main = 0
-        for i in range(n_main):
+        zero_s = gl.full([64, BLOCK_N], 0.0, gl.float32, S_L)
+        for i in range(i0, i1):
             # the buffer index at run time: with a constant one the compiler hoists every wgmma's shared-memory
             # descriptor out of the loop, and they spill (as in `_pp_consumer`)
             b = _opaque_zero(i) + (i & 1)
@@ -918,68 +899,156 @@ if HAVE_GLUON:
                 acc_a, acc_b = warpgroup_mma_wait(0, deps=[acc_a, acc_b])
             _barrier()
             mbarrier.arrive(free.index(b))
-        # the final row max and sum, warpgroup 0's, to warpgroup 1
+        return m_run, l_i, acc_a, acc_b
+
+    @gluon.jit
+    def _dq_finish(W: gl.constexpr, piece: gl.constexpr, m_run, l_i, acc_a, acc_b, O, LSE, PART, st, n_st, sp, n_sp,
+                   H, stride_ot, stride_oh, stride_lt, hb, sml, bar_l, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr):
+        """The end of a piece of work (a token's list, or its part in the program): warpgroup 0 hands its row max
+        and sum to warpgroup 1 (`sml` slots 2 piece and 2 piece + 1, `bar_l[piece]`); each stores its half of the
+        columns (`_store_half`: token st, or partial row (sp, st) of an n_sp x n_st buffer)."""
+        CH: gl.constexpr = 128
+        O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH, 16])
+        ROW_O: gl.constexpr = gl.SliceLayout(1, O_L)
+        COL_O: gl.constexpr = gl.SliceLayout(0, O_L)
         if W == 0:
-            sml.index(0).store(m_run)
-            sml.index(1).store(l_i)
+            sml.index(2 * piece).store(m_run)
+            sml.index(2 * piece + 1).store(l_i)
             _barrier()
-            mbarrier.arrive(bar_l)
+            mbarrier.arrive(bar_l.index(piece))
             m_o = gl.convert_layout(m_run, ROW_O)
             l_o = gl.convert_layout(l_i, ROW_O)
         else:
-            mbarrier.wait(bar_l, 0)
-            m_o = sml.index(0).load(ROW_O)
-            l_o = sml.index(1).load(ROW_O)
-        _store_half(O, LSE, PART, t, n_t, sp, H, stride_ot, stride_oh, stride_lt, m_o, l_o, acc_a, acc_b, hb * BH, W,
-                    SPLIT, ROW_O, COL_O)
+            mbarrier.wait(bar_l.index(piece), 0)
+            m_o = sml.index(2 * piece).load(ROW_O)
+            l_o = sml.index(2 * piece + 1).load(ROW_O)
+        _store_half(O, LSE, PART, st, n_st, sp, n_sp, H, stride_ot, stride_oh, stride_lt, m_o, l_o, acc_a, acc_b,
+                    hb * 64, W, SPLIT, ROW_O, COL_O)
+
+    @gluon.jit
+    def _dq_consumer(W: gl.constexpr, Q, O, LSE, PART, t, st, n_st, hb, sp, n_sp, H, stride_qt, stride_qh, stride_ot,
+                     stride_oh, stride_lt, N_ROWS, qk_scale, idx_row, k_start, k_end, n_tiles, i_cut, qa, qr, k0, k1,
+                     k2, k3, kr, sc, sml, ready, free, bar_p, bar_l, SPLIT: gl.constexpr, BAL: gl.constexpr,
+                     BLOCK_N: gl.constexpr, PROBE: gl.constexpr):
+        """Warpgroup W of the dequantising-producer kernel. W 0 (the default partition) computes each tile's whole S
+        (no row statistics cross warpgroups), its softmax, and P V on value chunks 0-1 with P from registers; it
+        writes P (bf16) into the tile's rope part (read by S already) and the accumulator's rescale factor into
+        `sc[b]`, then arrives `bar_p[b]`. W 1 waits `bar_p[b]`, rescales its accumulator and computes P V on chunks
+        2-3 with P from shared memory. Each arrives `free[b]` once its wgmma have read the buffer. At the end W 0
+        hands its row max and sum to W 1 through `sml` (`bar_l`). BAL (the balanced schedule, `balanced_plan`): the
+        program's tiles 0 .. i_cut - 1 are token t's, stored as partial row (0, st); any from i_cut on are token
+        t + 1's, whose q W 0 stages in place of t's once its last S is done, stored as row (1, st). PROBE 1: the
+        producer alone (buffers handed back unread)."""
+        BH: gl.constexpr = 64
+        CH: gl.constexpr = 128
+        S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH, 16])
+        ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+        m_run = gl.full([BH], float("-inf"), gl.float32, ROW_S)
+        l_i = gl.full([BH], 0.0, gl.float32, ROW_S)
+        acc_a = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        acc_b = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        n_main = i_cut
+        if PROBE == 1:  # the producer alone: each buffer handed back unread
+            for i in range(n_tiles):
+                mbarrier.wait(ready.index(i & 1), (i >> 1) & 1)
+                _barrier()
+                mbarrier.arrive(free.index(i & 1))
+            n_main = 0
+        m_run, l_i, acc_a, acc_b = _dq_tiles(W, 0, n_main, m_run, l_i, acc_a, acc_b, N_ROWS, qk_scale, idx_row,
+                                             k_start, k_end, qa, qr, k0, k1, k2, k3, kr, sc, ready, free, bar_p,
+                                             BLOCK_N)
+        _dq_finish(W, 0, m_run, l_i, acc_a, acc_b, O, LSE, PART, st, n_st, sp, n_sp, H, stride_ot, stride_oh,
+                   stride_lt, hb, sml, bar_l, SPLIT, BLOCK_N)
+        if BAL:
+            if i_cut < n_tiles:  # the next token's first tiles
+                if W == 0:
+                    _stage_q(Q, t + 1, hb, H, stride_qt, stride_qh, qa, qr)
+                    _barrier()
+                m_run = gl.full([BH], float("-inf"), gl.float32, ROW_S)
+                l_i = gl.full([BH], 0.0, gl.float32, ROW_S)
+                acc_a = gl.full([BH, CH], 0.0, gl.float32, O_L)
+                acc_b = gl.full([BH, CH], 0.0, gl.float32, O_L)
+                m_run, l_i, acc_a, acc_b = _dq_tiles(W, i_cut, n_tiles, m_run, l_i, acc_a, acc_b, N_ROWS, qk_scale,
+                                                     idx_row, k_start, k_end, qa, qr, k0, k1, k2, k3, kr, sc, ready,
+                                                     free, bar_p, BLOCK_N)
+                _dq_finish(W, 1, m_run, l_i, acc_a, acc_b, O, LSE, PART, st, n_st, 1, n_sp, H, stride_ot, stride_oh,
+                           stride_lt, hb, sml, bar_l, SPLIT, BLOCK_N)
 
     @gluon.jit
     def _sparse_mla_dq_kernel(
         Q, KV, IDX, O, LSE, PART,
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
-        H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
+        H, TOPK, N_ROWS, KEYS_PER_SPLIT, N_TOK, qk_scale,
         SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        PROBE: gl.constexpr = 0,
+        PROBE: gl.constexpr = 0, BAL: gl.constexpr = False,
     ):
         """fp8_ds_mla caches: one program = (token t, 64-head block hb, split sp), grid axis 0 = t * head blocks + hb,
         axis 2 = sp; 3 warpgroups (`_dq_consumer` 0 and 1, `_dq_producer`), two bf16 tile buffers (tile i in i % 2).
         Barriers per buffer: `ready` (producer -> consumers), `free` (both consumers -> producer), `p` (warpgroup 0's
-        P and rescale factor -> warpgroup 1); `l` (the final row statistics). PROBE (stage timing; outputs
-        meaningless): 1 the producer alone, 2 the consumers alone."""
+        P and rescale factor -> warpgroup 1); `l` (the final row statistics, one per piece). BAL (the balanced
+        schedule, `balanced_plan`): axis 0 = program p * head blocks + hb, P programs a head block; the N_TOK tokens'
+        index rows are one flat list of N_TOK * TOPK / BLOCK_N tiles (row stride TOPK, a whole number of tiles), and
+        program p runs tiles [p n / P, (p + 1) n / P): the end of one token's list and the start of the next's at
+        most (P > N_TOK), each piece's partial into row (piece, p) of a 2 x P split buffer (`merge_runs`). The
+        producer runs the flat list as one; the consumers store at the token boundary and stage the next q. PROBE
+        (stage timing; outputs meaningless; not with BAL): 1 the producer alone, 2 the consumers alone."""
         BH: gl.constexpr = 64
         n_hb = gl.cdiv(H, BH)
-        t = gl.program_id(0) // n_hb
         hb = gl.program_id(0) % n_hb
-        n_t = gl.num_programs(0) // n_hb
-        sp = gl.program_id(2)
         k0, k1, k2, k3, kr, qa, qr = _alloc_tiles(BLOCK_N)
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])  # of each slot
         sc = gl.allocate_shared_memory(gl.float32, [2, BH], FLAT1)  # per buffer: the rescale factor of its tile
-        sml = gl.allocate_shared_memory(gl.float32, [2, BH], FLAT1)  # the final row max and sum
+        sml = gl.allocate_shared_memory(gl.float32, [4, BH], FLAT1)  # per piece: the final row max and sum
         ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         bar_p = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        bar_l = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        bar_l = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(2):
             mbarrier.init(ready.index(j), count=1)
             mbarrier.init(free.index(j), count=2)
             mbarrier.init(bar_p.index(j), count=1)
-        mbarrier.init(bar_l, count=1)
+            mbarrier.init(bar_l.index(j), count=1)
 
+        if BAL:
+            p = gl.program_id(0) // n_hb
+            n_p = gl.num_programs(0) // n_hb
+            nt = TOPK // BLOCK_N  # tiles a token
+            n = N_TOK * nt
+            g0 = p * n // n_p
+            g1 = (p + 1) * n // n_p
+            t = g0 // nt
+            k_start = g0 * BLOCK_N  # in the flat list
+            k_end = g1 * BLOCK_N
+            n_tiles = g1 - g0
+            i_cut = gl.minimum(n_tiles, (t + 1) * nt - g0)
+            idx_row = IDX
+            st = p
+            n_st = n_p
+            sp = 0
+            n_sp = 2
+        else:
+            t = gl.program_id(0) // n_hb
+            n_t = gl.num_programs(0) // n_hb
+            sp = gl.program_id(2)
+            k_start = sp * KEYS_PER_SPLIT
+            k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+            n_tiles = gl.cdiv(k_end - k_start, BLOCK_N)
+            i_cut = n_tiles
+            idx_row = IDX + t.to(gl.int64) * stride_it
+            st = t
+            n_st = n_t
+            n_sp = gl.num_programs(2)
         _stage_q(Q, t, hb, H, stride_qt, stride_qh, qa, qr)  # by the default partition's warps
         _barrier()  # barriers initialised and q staged before any partition runs
-
-        k_start = sp * KEYS_PER_SPLIT
-        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
-        n_tiles = gl.cdiv(k_end - k_start, BLOCK_N)
-        idx_row = IDX + t.to(gl.int64) * stride_it
         gl.warp_specialize([
-            (_dq_consumer, (0, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale,
-                            idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free, bar_p,
-                            bar_l, SPLIT, BLOCK_N, PROBE)),
-            (_dq_consumer, (1, O, LSE, PART, t, n_t, hb, sp, H, stride_ot, stride_oh, stride_lt, N_ROWS, qk_scale,
-                            idx_row, k_start, k_end, n_tiles, qa, qr, k0, k1, k2, k3, kr, sc, sml, ready, free, bar_p,
-                            bar_l, SPLIT, BLOCK_N, PROBE)),
+            (_dq_consumer, (0, Q, O, LSE, PART, t, st, n_st, hb, sp, n_sp, H, stride_qt, stride_qh, stride_ot,
+                            stride_oh, stride_lt, N_ROWS, qk_scale, idx_row, k_start, k_end, n_tiles, i_cut, qa, qr,
+                            k0, k1, k2, k3, kr, sc, sml, ready, free, bar_p, bar_l, SPLIT, BAL, BLOCK_N, PROBE)),
+            (_dq_consumer, (1, Q, O, LSE, PART, t, st, n_st, hb, sp, n_sp, H, stride_qt, stride_qh, stride_ot,
+                            stride_oh, stride_lt, N_ROWS, qk_scale, idx_row, k_start, k_end, n_tiles, i_cut, qa, qr,
+                            k0, k1, k2, k3, kr, sc, sml, ready, free, bar_p, bar_l, SPLIT, BAL, BLOCK_N, PROBE)),
             (_dq_producer, (KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, k0, k1, k2, k3, kr, ready, free,
                             BLOCK_N, PROBE)),
         ], [4, 4], [CONSUMER_REGS, PRODUCER_REGS])
@@ -1086,6 +1155,119 @@ def split_tile(mode: str, block_n: int) -> int:
     return 2 * block_n if mode == "pingpong" else block_n
 
 
+# The balanced schedule (dq kernel; FlashMLA's scheduler). Below one wave (tokens x head blocks fewer than the SMs)
+# the split plan gives each program a token's list or an equal split of it, so programs x split stay a whole number
+# per token and the SMs fill only as far as T * n_hb * splits falls into a wave: 64 heads at B70 ran 70 programs on
+# 132 SMs (117 us against FlashMLA's 96; two splits, 140 programs in two waves, 151 us). The balanced schedule cuts the
+# tokens' concatenated lists instead: P = n_sms // n_hb programs a head block, program p the tiles [p n / P,
+# (p + 1) n / P) of the n = T * topk / 64 (`run_pieces`), so each program runs the end of one token's list and the
+# start of the next's at most (T < P), and every token's pieces are merged from a 2 x P partial buffer
+# (`merge_runs`). BAL_MODEL_US: the schedule's own cost over the split model's (`dq_split_costs`) for the same tiles:
+# the second q staged, the second store, every token through the merge; BAL_MIN_T: fewer tokens than that take the
+# split plan (their programs hold a few tiles and their split plans fill the SMs: `balanced_plan`).
+BAL_MODEL_US = 0.0
+BAL_MIN_T = 5
+
+
+def balanced_plan(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64, flat: bool = True,
+                  force: bool = False) -> int | None:
+    """Programs a head block of the balanced schedule for T tokens of n_hb 64-head blocks on n_sms SMs, or None: it
+    needs the index rows as one flat list of whole tiles (flat: row stride = top-k, top-k a multiple of block_n),
+    fewer tokens than programs a head block (at most two pieces a program) and at least as many tiles as programs;
+    without force it is taken where its modelled time (`dq_split_costs`' tile and program costs on the balanced tile
+    count, the merge, `BAL_MODEL_US`) is below the split plan's, from `BAL_MIN_T` tokens."""
+    P = n_sms // n_hb
+    if not flat or topk <= 0 or topk % block_n or not 1 <= T < P or T * (topk // block_n) < P:
+        return None
+    if force:
+        return P
+    if T < BAL_MIN_T:
+        return None
+    costs = dq_split_costs(T, n_hb, topk, n_sms, block_n)
+    plan = costs[mla.split_keys(topk, dq_num_splits(T, n_hb, topk, n_sms, block_n), block_n)[0]][0]
+    tiles = -(-(T * (topk // block_n)) // P)
+    bal = tiles * DQ_TILE_US + DQ_PROGRAM_US + DQ_MERGE_US + BAL_MODEL_US
+    return P if bal < plan else None
+
+
+def run_pieces(T: int, nt: int, P: int) -> list[list[tuple[int, int, int]]]:
+    """The balanced schedule in Python, as the kernel computes it: per program p (of P, a head block) its pieces
+    (token, first tile, end tile) of the n = T * nt tiles [p n / P, (p + 1) n / P) (token-major, nt tiles a token);
+    piece j of program p goes to partial row (j, p)."""
+    n = T * nt
+    out = []
+    for p in range(P):
+        g, g1 = p * n // P, (p + 1) * n // P
+        pieces = []
+        while g < g1:
+            t = g // nt
+            e = min(g1, (t + 1) * nt)
+            pieces.append((t, g - t * nt, e - t * nt))
+            g = e
+        out.append(pieces)
+    return out
+
+
+def run_span(t: int, nt: int, n: int, P: int) -> tuple[int, int]:
+    """(first, last) program whose tiles hold token t's (the merge's formula: first = the last program starting at
+    or before the token's first tile, last = the last starting before its end)."""
+    return -(-((t * nt + 1) * P) // n) - 1, -(-((t + 1) * nt * P) // n) - 1
+
+
+@functools.lru_cache(maxsize=1024)
+def run_span_max(T: int, nt: int, P: int) -> int:
+    """The most programs one token's tiles are spread over (the merge's tile along them)."""
+    return max(b - a + 1 for a, b in (run_span(t, nt, T * nt, P) for t in range(T)))
+
+
+@triton.jit
+def _merge_runs_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NT, N, P,
+                       D_NOPE: tl.constexpr, SP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The balanced schedule's merge (`run_pieces`): token t's pieces sit in programs a..b (`run_span`), each in
+    partial row (0, p) where the program starts inside the token and (1, p) where it starts in the token before, of a
+    2 x P split buffer (`mla._part_rows`); merged as `mla._merge_splits_kernel` merges a token's splits, all of them
+    loaded at once. Plain Triton (it runs in the interpreter)."""
+    t = tl.program_id(0)
+    hb = tl.program_id(1)
+    db = tl.program_id(2)
+    a = ((t * NT + 1) * P + N - 1) // N - 1
+    b = ((t + 1) * NT * P + N - 1) // N - 1
+    p = a + tl.arange(0, SP)
+    slot = ((p * N) // P < t * NT).to(tl.int32)  # the program starts in the token before: its second piece
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
+    h_mask = offs_h < H
+    sh_mask = (p <= b)[:, None] & h_mask[None, :]
+    rows = _part_rows(slot[:, None], p[:, None], P, H, offs_h[None, :])  # [SP, BLOCK_H]
+    ls = tl.load(PART + 2 * P.to(tl.int64) * H * D_NOPE + rows, mask=sh_mask, other=float("-inf"))
+    m = tl.max(ls, 0)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(ls - m_use[None, :])  # 0 for pieces without a valid key
+    l = tl.sum(w, 0)
+    o = tl.load(PART + rows[:, :, None] * D_NOPE + offs_d[None, None, :], mask=sh_mask[:, :, None], other=0.0)
+    acc = tl.sum(o * w[:, :, None], 0)
+    has_key = l > 0
+    inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l, 1.0), 0.0)
+    tl.store(O + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
+             (acc * inv_l[:, None]).to(O.dtype.element_ty), mask=h_mask[:, None])
+    if db == 0:
+        lse = tl.where(has_key, (m_use + tl.log2(tl.where(has_key, l, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(LSE + t * stride_lt + offs_h, lse, mask=h_mask)
+
+
+_MERGE_RUNS = common.Prebound(_merge_runs_kernel)
+
+
+def merge_runs(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, nt: int, P: int) -> None:
+    """Merge every token's pieces of the balanced schedule (`_merge_runs_kernel`) into out `[T, H, 512]` and lse
+    `[T, H]`; part: `split_buffer(2, P, H, ...)` as the kernel wrote it, nt tiles a token, P programs a head block."""
+    T, H, _ = out.shape
+    sp, bh, bd = mla.merge_tile(run_span_max(T, nt, P), H)
+    _MERGE_RUNS.launch((T, -(-H // bh), D_NOPE // bd), (part, out, lse, out.stride(0), out.stride(1), lse.stride(0),
+                                                        H, nt, T * nt, P),
+                       dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4))
+
+
 def plan_splits_of(T: int, n_hb: int, topk: int, n_sms: int, mode: str, block_n: int = 64) -> int:
     """The split count `plan_splits` takes for mode without num_splits (before `split_keys` rounds it)."""
     if mode == "dq":
@@ -1104,23 +1286,39 @@ def plan_splits(T: int, H: int, topk: int, block_n: int, device: torch.device,
 
 @functools.lru_cache(maxsize=4096)
 def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, num_splits: int | None, mode: str,
-             block_n: int, probe: int, pp_regs: tuple[int, int] | None) -> tuple[int, int, tuple, dict, tuple]:
+             block_n: int, probe: int, pp_regs: tuple[int, int] | None,
+             bal: int = 0) -> tuple[int, int, tuple, dict, tuple]:
     """(splits, keys per split, grid, constexprs and options, their values as a key) of a three-warpgroup kernel's
-    call shape: the host work an eager layer would otherwise repeat on every call. Cached: code that changes the
-    split model's, the tail plan's or the register constants (`DQ_*`, `TAIL_MIN_SPLITS`, `PP_*`) after a launch
-    calls `clear_plans()`."""
+    call shape: the host work an eager layer would otherwise repeat on every call; bal: the balanced schedule's
+    programs a head block (dq only; splits is then 2, the partial rows a program). Cached: code that changes the
+    split model's, the tail plan's, the balanced schedule's or the register constants (`DQ_*`, `TAIL_MIN_SPLITS`,
+    `BAL_*`, `PP_*`) after a launch calls `clear_plans()`."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
-    splits, keys_per_split = plan_splits(T, H, topk, block_n, dev, num_splits, mode)
     cr, pr = pp_regs or ((PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else
                          (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS))
-    kw = dict(SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe, num_warps=4)
-    return splits, keys_per_split, (T * -(-H // BLOCK_H), 1, splits), kw, tuple(kw.values())
+    n_hb = -(-H // BLOCK_H)
+    if bal:
+        kw = dict(SPLIT=True, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=0, BAL=True, num_warps=4)
+        return 2, 0, (bal * n_hb, 1, 1), kw, tuple(kw.values())
+    splits, keys_per_split = plan_splits(T, H, topk, block_n, dev, num_splits, mode)
+    kw = dict(SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe,
+              **({"BAL": False} if mode == "dq" else {}), num_warps=4)
+    return splits, keys_per_split, (T * n_hb, 1, splits), kw, tuple(kw.values())
 
 
 def clear_plans() -> None:
-    """Forget the cached launch plans (`_ws_plan`, `_tail_cut`): after changing `DQ_*`, `TAIL_MIN_SPLITS` or `PP_*`."""
+    """Forget the cached launch plans (`_ws_plan`, `_tail_cut`, `_bal_cut`): after changing `DQ_*`,
+    `TAIL_MIN_SPLITS`, `BAL_*` or `PP_*`."""
     _ws_plan.cache_clear()
     _tail_cut.cache_clear()
+    _bal_cut.cache_clear()
+
+
+@functools.lru_cache(maxsize=4096)
+def _bal_cut(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, flat: bool, force: bool) -> int | None:
+    """`balanced_plan` of a dq call shape, cached (host time of an eager layer; `clear_plans` forgets it)."""
+    dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
+    return balanced_plan(T, -(-H // BLOCK_H), topk, num_sms(dev), 64, flat, force)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1132,27 +1330,31 @@ def _tail_cut(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, m
     return cut if cut and mode in TAIL_MIN_SPLITS and cut[1] >= TAIL_MIN_SPLITS[mode] else None
 
 
-def _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, num_splits, block_n, probe, regs):
-    """One launch of a three-warpgroup kernel over q's tokens (and the merge of its partials where it splits)."""
+def _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, num_splits, block_n, probe, regs,
+               bal=0):
+    """One launch of a three-warpgroup kernel over q's tokens (and the merge of its partials where it splits); bal:
+    the balanced schedule over that many programs a head block (dq; `balanced_plan`)."""
     T, H, _ = q.shape
     topk = indices.shape[1]
     dev = q.device
     splits, keys_per_split, grid, kw, kw_key = _ws_plan(T, H, topk, dev.type, dev.index, num_splits, mode, block_n,
-                                                        probe, regs)
-    part = split_buffer(splits, T, H, lse)
+                                                        probe, regs, bal)
+    part = split_buffer(splits, bal or T, H, lse)
     ptrs = (q, kv_cache, indices, out, lse, part)
     ints = (q.stride(0), q.stride(1), stride_kv, indices.stride(0), out.stride(0), out.stride(1), H, H, topk,
-            n_rows, keys_per_split)
+            n_rows, keys_per_split) + (((T if bal else 0),) if mode == "dq" else ())  # N_TOK: read under BAL only
     # what Triton specializes on: the dtypes, each pointer's 16-byte alignment, the int values themselves
     spec = (q.dtype, kv_cache.dtype, out.dtype, tuple(t.data_ptr() % 16 == 0 for t in ptrs), ints)
     _WS_LAUNCH[mode].launch(grid, (*ptrs, *ints, float(sm_scale) * LOG2E), kw, kw_key, dev.index, spec)
-    if splits > 1:
+    if bal:
+        merge_runs(part, out, lse, topk // block_n, bal)
+    elif splits > 1:
         mla.merge_splits(part, out, lse, splits)
 
 
 def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", num_splits=None,
                            block_n=DEFAULT[0], nbuf=DEFAULT[1], mode=DEFAULT[2], probe=0, out=None,
-                           pp_regs=None, row_threads=None, tail=True):
+                           pp_regs=None, row_threads=None, tail=True, sched=None):
     """Sparse MLA forward for 17-128 heads on sm_90 (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. mode: a CONFIGS mode ("pingpong" (bf16) and "dq" (fp8_ds_mla): the three-warpgroup
@@ -1164,7 +1366,9 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     row_threads: threads a raw fp8 row is copied by in the key-split kernel (default `RAW_ROW_THREADS`; the
     three-warpgroup kernels take none). tail: without num_splits, the tail plan (`tail_plan`: the last partial
     wave's tokens split, in a second launch) where it applies and `TAIL_MIN_SPLITS` takes it; False: one launch of
-    the split plan."""
+    the split plan. sched (mode "dq", without num_splits): None the rule (`balanced_plan`: the balanced schedule
+    below one wave where it is modelled faster, else the split and tail plans), "balanced" that schedule wherever it
+    can run (an error elsewhere), "plan" never."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -1184,6 +1388,10 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
                          f"nbuf={nbuf} probe={probe}")
     if mode not in WS_MODES and probe not in (range(7) if kv_format == "fp8_ds_mla" else (0, 1, 2)):
         raise ValueError(f"probe must be 0-6 (fp8_ds_mla) or 0-2 (bf16) for the key-split kernel, got {probe}")
+    if sched not in (None, "plan", "balanced") or (sched == "balanced" and (mode != "dq" or num_splits is not None
+                                                                              or probe)):
+        raise ValueError(f"sched must be None, 'plan' or 'balanced' (mode 'dq', no num_splits, no probe), got "
+                         f"{sched!r} with mode={mode!r} num_splits={num_splits} probe={probe}")
     if mode not in WS_MODES:  # the key-split kernel's raw gather; the three-warpgroup kernels have their own mappings
         row_threads = check_row_threads(row_threads, block_n)
     elif row_threads is not None:
@@ -1196,8 +1404,19 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
         return out, lse
     if mode in WS_MODES:
         regs = tuple(pp_regs) if pp_regs else None
-        cut = _tail_cut(T, H, topk, dev.type, dev.index, mode) if num_splits is None and tail else None
-        if cut is None:
+        bal = None
+        if mode == "dq" and num_splits is None and not probe and sched != "plan":
+            flat = indices.stride(0) == topk and T * topk < 2**31
+            bal = _bal_cut(T, H, topk, dev.type, dev.index, flat, sched == "balanced")
+            if bal is None and sched == "balanced":
+                raise ValueError(f"the balanced schedule needs fewer tokens than {num_sms(dev) // -(-H // BLOCK_H)} "
+                                 f"(programs a head block), at least as many 64-key tiles, and index rows back to "
+                                 f"back of a whole number of tiles; got T={T} H={H} top-k={topk} row stride "
+                                 f"{indices.stride(0)}")
+        cut = _tail_cut(T, H, topk, dev.type, dev.index, mode) if num_splits is None and tail and not bal else None
+        if bal:
+            _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, None, block_n, 0, regs, bal)
+        elif cut is None:
             _launch_ws(mode, q, kv_cache, indices, out, lse, stride_kv, n_rows, sm_scale, num_splits, block_n, probe,
                        regs)
         else:  # the whole waves at one split, then the rest split (`tail_plan`)
@@ -1221,19 +1440,25 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
 
 
 def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1], kv_format: str = "bf16",
-                split: bool = False, mode: str = DEFAULT[2], probe: int = 0, row_threads: int | None = None):
-    """Compile a config for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`)."""
+                split: bool = False, mode: str = DEFAULT[2], probe: int = 0, row_threads: int | None = None,
+                bal: bool = False):
+    """Compile a config for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); bal: the dq
+    kernel's balanced-schedule build (`balanced_plan`; split partials)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     if (mode, kv_format) not in {(c[2], f) for f in ("bf16", "fp8_ds_mla") for c in configs_for(f)}:
         raise ValueError(f"mode {mode!r} does not take {kv_format} caches (configs_for)")
     fp8 = kv_format == "fp8_ds_mla"
+    if bal and mode != "dq":
+        raise ValueError(f"bal: the dq kernel's build only, got mode {mode!r}")
     if mode in WS_MODES:
         fn = _sparse_mla_pingpong_kernel if mode == "pingpong" else _sparse_mla_dq_kernel
         regs = (PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS)
-        consts = {"SPLIT": split, "BLOCK_N": block_n, "CONSUMER_REGS": regs[0], "PRODUCER_REGS": regs[1],
+        consts = {"SPLIT": split or bal, "BLOCK_N": block_n, "CONSUMER_REGS": regs[0], "PRODUCER_REGS": regs[1],
                   "PROBE": probe}
+        if mode == "dq":
+            consts["BAL"] = bal
         nw = 4
     else:
         fn = _sparse_mla_wgmma_kernel
@@ -1252,12 +1477,13 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
                           options={"num_warps": nw})
 
 
-def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 90) -> dict:
+def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 90, bal: bool = False) -> dict:
     """`aot_compile` plus what the cubin says (shared memory; registers, stack and local memory per thread)."""
     from glm5lib.kernels.mla_gluon import cubin_usage
 
-    k = aot_compile(arch, cfg[0], cfg[1], kv_format, split, cfg[2])
-    row = {"config": config_name(cfg), "kv_format": kv_format, "split": split, "arch": arch,
+    k = aot_compile(arch, cfg[0], cfg[1], kv_format, split, cfg[2], bal=bal)
+    row = {"config": config_name(cfg) + ("-bal" if bal else ""), "kv_format": kv_format, "split": split or bal,
+           "arch": arch,
            "shared": int(k.metadata.shared), "limit": SMEM_LIMIT[arch],
            "estimate": smem_bytes_estimate(cfg[0], cfg[1], kv_format, cfg[2])}
     row["fits"] = row["shared"] <= row["limit"]
@@ -1267,4 +1493,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
            "plan_splits", "dq_num_splits", "dq_split_costs", "tail_plan", "TAIL_MIN_SPLITS", "clear_plans",
+           "balanced_plan", "run_pieces", "run_span", "merge_runs", "BAL_MODEL_US", "BAL_MIN_T",
            "smem_bytes_estimate", "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
