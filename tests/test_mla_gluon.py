@@ -400,8 +400,8 @@ def test_balanced_plan_rule():
     for T, n_hb, topk, flat in ((132, 1, 2048, True), (66, 2, 2048, True), (70, 1, 2000, True),
                                 (70, 1, 2048, False), (3, 1, 128, True)):
         assert m.balanced_plan(T, n_hb, topk, 132, flat=flat, force=True) is None, (T, n_hb, topk, flat)
-    assert m.balanced_plan(m.BAL_MIN_T - 1, 1, 2048, 132) is None
-    for T in range(m.BAL_MIN_T, 132):  # taken exactly where modelled faster than the split plan
+    assert m.balanced_plan(4, 1, 2048, 132, force=True) is None  # 128 tiles: fewer than programs
+    for T in range(5, 132):  # taken exactly where modelled faster than the split plan
         costs = m.dq_split_costs(T, 1, 2048, 132)
         plan = costs[m.dq_num_splits(T, 1, 2048, 132)][0]
         bal = -(-T * 32 // 132) * m.DQ_TILE_US + m.DQ_PROGRAM_US + m.DQ_MERGE_US + m.BAL_MODEL_US

@@ -52,7 +52,10 @@ from the kernel. Three kernels:
 
 One program owns (token, 64-head block, split). Split-K partials (decode) use `mla._part_rows`'s layout and are
 merged by `mla._merge_splits_kernel`; the split count is `mla.pick_num_splits` with one program per SM (shared
-memory: about 221 KB at 64-key tiles), `dq_num_splits` for the dequantising-producer kernel. Gluon does not run in
+memory: about 221 KB at 64-key tiles), `dq_num_splits` for the dequantising-producer kernel. Below one wave the
+dequantising-producer kernel may instead take the balanced schedule (`balanced_plan`): one program an SM, each a run
+of equal length of the tokens' concatenated lists (the end of one token's and the start of the next's), its pieces'
+partials merged by `_merge_runs_kernel`; past whole waves, the tail plan (`tail_plan`). Gluon does not run in
 Triton's interpreter: the numeric checks are `scripts/gluon_mla_large_device.py` and `checks --profile full` (whose
 large-head cases with >= 512 tokens x heads reach this module on sm_90), on an sm_90 GPU; `tests/test_mla_gluon.py`
 compiles every config for sm_90.
@@ -1163,10 +1166,8 @@ def split_tile(mode: str, block_n: int) -> int:
 # (p + 1) n / P) of the n = T * topk / 64 (`run_pieces`), so each program runs the end of one token's list and the
 # start of the next's at most (T < P), and every token's pieces are merged from a 2 x P partial buffer
 # (`merge_runs`). BAL_MODEL_US: the schedule's own cost over the split model's (`dq_split_costs`) for the same tiles:
-# the second q staged, the second store, every token through the merge; BAL_MIN_T: fewer tokens than that take the
-# split plan (their programs hold a few tiles and their split plans fill the SMs: `balanced_plan`).
+# the second q staged, the second store, every token through the merge.
 BAL_MODEL_US = 0.0
-BAL_MIN_T = 5
 
 
 def balanced_plan(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64, flat: bool = True,
@@ -1175,14 +1176,12 @@ def balanced_plan(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64, f
     needs the index rows as one flat list of whole tiles (flat: row stride = top-k, top-k a multiple of block_n),
     fewer tokens than programs a head block (at most two pieces a program) and at least as many tiles as programs;
     without force it is taken where its modelled time (`dq_split_costs`' tile and program costs on the balanced tile
-    count, the merge, `BAL_MODEL_US`) is below the split plan's, from `BAL_MIN_T` tokens."""
+    count, the merge, `BAL_MODEL_US`) is below the split plan's."""
     P = n_sms // n_hb
     if not flat or topk <= 0 or topk % block_n or not 1 <= T < P or T * (topk // block_n) < P:
         return None
     if force:
         return P
-    if T < BAL_MIN_T:
-        return None
     costs = dq_split_costs(T, n_hb, topk, n_sms, block_n)
     plan = costs[mla.split_keys(topk, dq_num_splits(T, n_hb, topk, n_sms, block_n), block_n)[0]][0]
     tiles = -(-(T * (topk // block_n)) // P)
@@ -1493,5 +1492,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
            "plan_splits", "dq_num_splits", "dq_split_costs", "tail_plan", "TAIL_MIN_SPLITS", "clear_plans",
-           "balanced_plan", "run_pieces", "run_span", "merge_runs", "BAL_MODEL_US", "BAL_MIN_T",
+           "balanced_plan", "run_pieces", "run_span", "merge_runs", "BAL_MODEL_US",
            "smem_bytes_estimate", "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
