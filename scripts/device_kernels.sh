@@ -63,9 +63,10 @@
 # round23b: the same for the ping-pong kernel (bf16 rows; pp_tail_h200.json), then the case matrix with the tail plan
 #   taken by the ping-pong kernel's calls too (at 87ef2d1, `TAIL_MODES`, since `TAIL_MIN_SPLITS`; checks_full_pptail.json)
 # round23c: compute-sanitizer memcheck on both kernels' tail plans and the dq split plans (scripts/dq_sanitize_case.py)
-# round24: compute-sanitizer memcheck on the dq kernel's plans and its balanced schedule (scripts/dq_sanitize_case.py),
-#   racecheck and synccheck on the balanced schedule's cases (--bal), then the dq kernel below one wave at 64 / 128
-#   heads: its split plan against the balanced schedule (`balanced_plan`) and FlashMLA (scripts/balanced_probe.py)
+# round24: the dq kernel below one wave at 64 / 128 heads: its split plan against the balanced schedule
+#   (`balanced_plan`) and FlashMLA (scripts/balanced_probe.py; dq_bal_h200.json), then compute-sanitizer memcheck on
+#   the dq kernel's plans and its balanced schedule (scripts/dq_sanitize_case.py), racecheck and synccheck on the
+#   balanced schedule's small cases (--bal)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -218,13 +219,13 @@ for r in rows:
         > "$OUT/memcheck_dq_tail.log" 2>&1; echo "memcheck-dq rc=$?"; tail -3 "$OUT/memcheck_dq_tail.log"
         timeout 300 python3 scripts/tail_probe.py "$OUT/dq_tail_h200.json" --formats fp8_ds_mla > "$OUT/dq_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/dq_tail.log" ;;
-    round24) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/dq_sanitize_case.py \
+    round24) timeout 280 python3 scripts/balanced_probe.py "$OUT/dq_bal_h200.json" > "$OUT/dq_bal.log" 2>&1
+        echo "balanced probe rc=$?"; tail -2 "$OUT/dq_bal.log"
+        timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/dq_sanitize_case.py \
         > "$OUT/memcheck_dq_bal.log" 2>&1; echo "memcheck-dq rc=$?"; tail -3 "$OUT/memcheck_dq_bal.log"
         for tool in racecheck synccheck; do
-          timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/dq_sanitize_case.py --bal \
-            > "$OUT/${tool}_dq_bal.log" 2>&1; echo "$tool rc=$?"; tail -3 "$OUT/${tool}_dq_bal.log"; done
-        timeout 300 python3 scripts/balanced_probe.py "$OUT/dq_bal_h200.json" > "$OUT/dq_bal.log" 2>&1
-        echo "balanced probe rc=$?"; tail -2 "$OUT/dq_bal.log" ;;
+          timeout 80 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/dq_sanitize_case.py --bal \
+            > "$OUT/${tool}_dq_bal.log" 2>&1; echo "$tool rc=$?"; tail -3 "$OUT/${tool}_dq_bal.log"; done ;;
     round23b) timeout 300 python3 scripts/tail_probe.py "$OUT/pp_tail_h200.json" --formats bf16 > "$OUT/pp_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/pp_tail.log"
         timeout 200 python3 -c "import sys; from glm5lib.kernels import checks, mla_gluon_large as m
