@@ -219,12 +219,12 @@ for r in rows:
         > "$OUT/memcheck_dq_tail.log" 2>&1; echo "memcheck-dq rc=$?"; tail -3 "$OUT/memcheck_dq_tail.log"
         timeout 300 python3 scripts/tail_probe.py "$OUT/dq_tail_h200.json" --formats fp8_ds_mla > "$OUT/dq_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/dq_tail.log" ;;
-    round24) timeout 280 python3 scripts/balanced_probe.py "$OUT/dq_bal_h200.json" > "$OUT/dq_bal.log" 2>&1
+    round24) timeout 250 python3 scripts/balanced_probe.py "$OUT/dq_bal_h200.json" > "$OUT/dq_bal.log" 2>&1
         echo "balanced probe rc=$?"; tail -2 "$OUT/dq_bal.log"
-        timeout 120 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/dq_sanitize_case.py \
+        timeout 110 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/dq_sanitize_case.py \
         > "$OUT/memcheck_dq_bal.log" 2>&1; echo "memcheck-dq rc=$?"; tail -3 "$OUT/memcheck_dq_bal.log"
         for tool in racecheck synccheck; do
-          timeout 80 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/dq_sanitize_case.py --bal \
+          timeout 70 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/dq_sanitize_case.py --bal \
             > "$OUT/${tool}_dq_bal.log" 2>&1; echo "$tool rc=$?"; tail -3 "$OUT/${tool}_dq_bal.log"; done ;;
     round23b) timeout 300 python3 scripts/tail_probe.py "$OUT/pp_tail_h200.json" --formats bf16 > "$OUT/pp_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/pp_tail.log"
