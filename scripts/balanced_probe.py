@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         del q, cache, idx_sets, out, ro, impls
         torch.cuda.empty_cache()
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(), "sm_count": n_sms,
-            "flashmla": fm_err or "loaded", "bal_model_us": gl_large.BAL_MODEL_US}
+            "flashmla": fm_err or "loaded", "bal_max_fill": gl_large.BAL_MAX_FILL}
     return write_rows(out_path, meta, rows, bad)
 
 

@@ -390,8 +390,9 @@ def test_balanced_schedule_cuts_every_list_once_into_at_most_two_pieces_a_progra
 
 def test_balanced_plan_rule():
     """Where the balanced schedule can run (flat rows of whole tiles, fewer tokens than programs a head block, no
-    fewer tiles than programs) and where the rule takes it (modelled faster than the split plan: the poorly filled
-    waves, e.g. 64 heads at B70, one split on 70 of 132 SMs), not where the split plan fills the SMs (B32: 4 x 32)."""
+    fewer tiles than programs) and where the rule takes it: one split on at most `BAL_MAX_FILL` of the SMs (64 heads
+    B67-B72 and 128 heads B34-B36 on 132 SMs), not where the split plan fills more (B32: 4 splits of 32 tokens; B76:
+    one split on 58 % of the SMs, where the probe ran it level)."""
     from glm5lib.kernels import mla_gluon_large as m
 
     assert m.balanced_plan(70, 1, 2048, 132) == 132
@@ -401,11 +402,10 @@ def test_balanced_plan_rule():
                                 (70, 1, 2048, False), (3, 1, 128, True)):
         assert m.balanced_plan(T, n_hb, topk, 132, flat=flat, force=True) is None, (T, n_hb, topk, flat)
     assert m.balanced_plan(4, 1, 2048, 132, force=True) is None  # 128 tiles: fewer than programs
-    for T in range(5, 132):  # taken exactly where modelled faster than the split plan
-        costs = m.dq_split_costs(T, 1, 2048, 132)
-        plan = costs[m.dq_num_splits(T, 1, 2048, 132)][0]
-        bal = -(-T * 32 // 132) * m.DQ_TILE_US + m.DQ_PROGRAM_US + m.DQ_MERGE_US + m.BAL_MODEL_US
-        assert (m.balanced_plan(T, 1, 2048, 132) == 132) == (bal < plan), T
+    for n_hb, want in ((1, range(67, 73)), (2, range(34, 37))):
+        taken = [T for T in range(1, 132 // n_hb) if m.balanced_plan(T, n_hb, 2048, 132)]
+        assert taken == list(want), (n_hb, taken)
+    assert m.balanced_plan(140, 1, 2048, 264) == 264  # another SM count: the same share of its SMs
 
 
 @pytest.mark.parametrize("T,H,topk,P", [(7, 64, 128, 9), (5, 80, 192, 7), (12, 40, 256, 13)])

@@ -200,8 +200,8 @@ def mla_cases(profile: str) -> list[MLACase]:
         for inv, H in (("mixed", 64), ("oob", 128), ("mixed", 40)):
             cases.append(MLACase(T=160, H=H, topk=2048, n_kv=4096, kv_format=fmt, invalid=inv, group="invalid"))
         # below one wave: the dq kernel's balanced schedule on sm_90 (`mla_gluon_large.balanced_plan`: 64 heads at 70
-        # tokens, 128 at 40, where the split plan leaves about half the SMs idle); bf16 rows: the ping-pong kernel
-        for inv, T, H in (("mixed", 70, 64), ("oob", 40, 128)):
+        # tokens, 128 at 35, where the split plan leaves about half the SMs idle); bf16 rows: the ping-pong kernel
+        for inv, T, H in (("mixed", 70, 64), ("oob", 35, 128)):
             cases.append(MLACase(T=T, H=H, topk=2048, n_kv=4096, kv_format=fmt, invalid=inv, group="invalid"))
         cases.append(MLACase(T=16, H=16, topk=2048, n_kv=20000, kv_format=fmt, invalid="mixed", paged=64, group="paged"))
         # enough tokens for the fp8-cache kernel on sm_90 (mla.FP8MMA_MIN_T): paged, and an odd head count and top-k

@@ -1159,15 +1159,19 @@ def split_tile(mode: str, block_n: int) -> int:
 
 
 # The balanced schedule (dq kernel; FlashMLA's scheduler). Below one wave (tokens x head blocks fewer than the SMs)
-# the split plan gives each program a token's list or an equal split of it, so programs x split stay a whole number
-# per token and the SMs fill only as far as T * n_hb * splits falls into a wave: 64 heads at B70 ran 70 programs on
-# 132 SMs (117 us against FlashMLA's 96; two splits, 140 programs in two waves, 151 us). The balanced schedule cuts the
+# the split plan gives each program a token's list or an equal split of it, so the SMs fill only as far as
+# T * n_hb * splits falls into a wave: 64 heads at B68 ran 68 programs on 132 SMs. The balanced schedule cuts the
 # tokens' concatenated lists instead: P = n_sms // n_hb programs a head block, program p the tiles [p n / P,
 # (p + 1) n / P) of the n = T * topk / 64 (`run_pieces`), so each program runs the end of one token's list and the
 # start of the next's at most (T < P), and every token's pieces are merged from a 2 x P partial buffer
-# (`merge_runs`). BAL_MODEL_US: the schedule's own cost over the split model's (`dq_split_costs`) for the same tiles:
-# the second q staged, the second store, every token through the merge.
-BAL_MODEL_US = 0.0
+# (`merge_runs`). Its fixed cost is a split plan's and more: every token's fp32 partials (128 KB a piece at 64 heads)
+# written and merged in a second launch, and a second q staged and stored mid-program, about 45-50 us over one split
+# of the same tiles (H100, 64 heads B128: 178.7 against 129.6 us). So it pays only where one split leaves about half
+# the SMs idle: H100 (outputs/bench/sweeps/dq_bal_h100_f0ad6ed.json, 23 batches at 64 / 128 heads) 0.94x the split
+# plan's time at 64 heads B68 and 0.88x at 128 heads B34 (fill 0.52), 1.00x / 0.99x at B76 / B40 (0.58 / 0.61), and
+# 1.01-1.38x wherever the split plan fills 0.73 of the SMs or more. BAL_MAX_FILL: the rule takes it where the split
+# plan runs one split on at most that share of the SMs (64 heads B67-B72, 128 heads B34-B36 on 132 SMs).
+BAL_MAX_FILL = 0.55
 
 
 def balanced_plan(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64, flat: bool = True,
@@ -1175,18 +1179,15 @@ def balanced_plan(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64, f
     """Programs a head block of the balanced schedule for T tokens of n_hb 64-head blocks on n_sms SMs, or None: it
     needs the index rows as one flat list of whole tiles (flat: row stride = top-k, top-k a multiple of block_n),
     fewer tokens than programs a head block (at most two pieces a program) and at least as many tiles as programs;
-    without force it is taken where its modelled time (`dq_split_costs`' tile and program costs on the balanced tile
-    count, the merge, `BAL_MODEL_US`) is below the split plan's."""
+    without force it is taken where the split plan (`dq_num_splits`) runs one split on at most `BAL_MAX_FILL` of the
+    SMs."""
     P = n_sms // n_hb
     if not flat or topk <= 0 or topk % block_n or not 1 <= T < P or T * (topk // block_n) < P:
         return None
     if force:
         return P
-    costs = dq_split_costs(T, n_hb, topk, n_sms, block_n)
-    plan = costs[mla.split_keys(topk, dq_num_splits(T, n_hb, topk, n_sms, block_n), block_n)[0]][0]
-    tiles = -(-(T * (topk // block_n)) // P)
-    bal = tiles * DQ_TILE_US + DQ_PROGRAM_US + DQ_MERGE_US + BAL_MODEL_US
-    return P if bal < plan else None
+    one = dq_num_splits(T, n_hb, topk, n_sms, block_n) == 1
+    return P if one and T * n_hb <= BAL_MAX_FILL * n_sms else None
 
 
 def run_pieces(T: int, nt: int, P: int) -> list[list[tuple[int, int, int]]]:
@@ -1291,7 +1292,7 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
     call shape: the host work an eager layer would otherwise repeat on every call; bal: the balanced schedule's
     programs a head block (dq only; splits is then 2, the partial rows a program). Cached: code that changes the
     split model's, the tail plan's, the balanced schedule's or the register constants (`DQ_*`, `TAIL_MIN_SPLITS`,
-    `BAL_*`, `PP_*`) after a launch calls `clear_plans()`."""
+    `BAL_MAX_FILL`, `PP_*`) after a launch calls `clear_plans()`."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     cr, pr = pp_regs or ((PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else
                          (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS))
@@ -1307,7 +1308,7 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
 
 def clear_plans() -> None:
     """Forget the cached launch plans (`_ws_plan`, `_tail_cut`, `_bal_cut`): after changing `DQ_*`,
-    `TAIL_MIN_SPLITS`, `BAL_*` or `PP_*`."""
+    `TAIL_MIN_SPLITS`, `BAL_MAX_FILL` or `PP_*`."""
     _ws_plan.cache_clear()
     _tail_cut.cache_clear()
     _bal_cut.cache_clear()
@@ -1366,7 +1367,7 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     three-warpgroup kernels take none). tail: without num_splits, the tail plan (`tail_plan`: the last partial
     wave's tokens split, in a second launch) where it applies and `TAIL_MIN_SPLITS` takes it; False: one launch of
     the split plan. sched (mode "dq", without num_splits): None the rule (`balanced_plan`: the balanced schedule
-    below one wave where it is modelled faster, else the split and tail plans), "balanced" that schedule wherever it
+    where one split would leave about half the SMs idle, else the split and tail plans), "balanced" that schedule wherever it
     can run (an error elsewhere), "plan" never."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
@@ -1492,5 +1493,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
            "plan_splits", "dq_num_splits", "dq_split_costs", "tail_plan", "TAIL_MIN_SPLITS", "clear_plans",
-           "balanced_plan", "run_pieces", "run_span", "merge_runs", "BAL_MODEL_US",
+           "balanced_plan", "run_pieces", "run_span", "merge_runs", "BAL_MAX_FILL",
            "smem_bytes_estimate", "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
