@@ -1165,12 +1165,12 @@ def split_tile(mode: str, block_n: int) -> int:
 # (p + 1) n / P) of the n = T * topk / 64 (`run_pieces`), so each program runs the end of one token's list and the
 # start of the next's at most (T < P), and every token's pieces are merged from a 2 x P partial buffer
 # (`merge_runs`). Its fixed cost is a split plan's and more: every token's fp32 partials (128 KB a piece at 64 heads)
-# written and merged in a second launch, and a second q staged and stored mid-program, about 45-50 us over one split
-# of the same tiles (H100, 64 heads B128: 178.7 against 129.6 us). So it pays only where one split leaves about half
-# the SMs idle: H100 (outputs/bench/sweeps/dq_bal_h100_f0ad6ed.json, 23 batches at 64 / 128 heads) 0.94x the split
-# plan's time at 64 heads B68 and 0.88x at 128 heads B34 (fill 0.52), 1.00x / 0.99x at B76 / B40 (0.58 / 0.61), and
-# 1.01-1.38x wherever the split plan fills 0.73 of the SMs or more. BAL_MAX_FILL: the rule takes it where the split
-# plan runs one split on at most that share of the SMs (64 heads B67-B72, 128 heads B34-B36 on 132 SMs).
+# written and merged in a second launch, and a second q staged and stored mid-program: 49 us over one split of the
+# same 32 tiles a program (H100, 64 heads B128: 178.7 against 129.6 us). So it pays only where one split leaves about
+# half the SMs idle: H100 (outputs/bench/sweeps/dq_bal_h100_f0ad6ed.json, 23 batches at 64 / 128 heads) 0.94x the
+# split plan's time at 64 heads B68 and 0.88x at 128 heads B34 (one split, 52 % of the SMs), 0.97-1.00x at 64 heads
+# B48 / B76 and 128 heads B24 / B40 (58-73 %), 1.01-1.38x at the other 17. BAL_MAX_FILL: the rule takes it where
+# the split plan runs one split on at most that share of the SMs (64 heads B67-B72, 128 heads B34-B36 on 132 SMs).
 BAL_MAX_FILL = 0.55
 
 
@@ -1367,8 +1367,8 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
     three-warpgroup kernels take none). tail: without num_splits, the tail plan (`tail_plan`: the last partial
     wave's tokens split, in a second launch) where it applies and `TAIL_MIN_SPLITS` takes it; False: one launch of
     the split plan. sched (mode "dq", without num_splits): None the rule (`balanced_plan`: the balanced schedule
-    where one split would leave about half the SMs idle, else the split and tail plans), "balanced" that schedule wherever it
-    can run (an error elsewhere), "plan" never."""
+    where one split would leave about half the SMs idle, else the split and tail plans), "balanced" that schedule
+    wherever it can run (an error elsewhere), "plan" never."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
