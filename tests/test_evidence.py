@@ -78,8 +78,8 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
     only_h100 = [k for k, s in cov["shipped"].items() if not set(s["covered_by"]) - h100 - {"h200_bench"}]
     assert only_h100 == ["large-gluon/fp8_ds_mla/big", "small-fp8mma/fp8_ds_mla/big"], only_h100
     mh, sh = cov["pieces"]["h100_full_matrix"], cov["pieces"]["h100_sanitizer"]
-    assert (mh["commit"], sh["commit"]) == ("c4512b1", "18bdc50") and mh["passed"] == mh["cases"] == 127
-    for old in ("f6a643d", "59e3fa7", "e6bb2f0", "6f7cc40"):  # rounds 19, 20, 21 and 22's
+    assert (mh["commit"], sh["commit"]) == ("a815ef4", "a815ef4") and mh["passed"] == mh["cases"] == 131
+    for old in ("f6a643d", "59e3fa7", "e6bb2f0", "6f7cc40", "18bdc50"):  # rounds 19-23's
         assert "ERROR SUMMARY: 0 errors" in (BENCH / "sweeps" / f"sanitizer_h100_{old}.log").read_text()
     assert sh["passed"] == sh["cases"] == 28 and sh["sanitizer_errors"] == 0
     for tool, summary in (("memcheck", "ERROR SUMMARY: 0 errors"), ("racecheck", "RACECHECK SUMMARY: 0 hazards"),
@@ -1778,3 +1778,27 @@ def test_evidence_round24_balanced_schedule_h100():
     # the same three sites a case as round 21's racecheck of the dq kernel (sc, sml, the warp-specialize captures)
     old = (BENCH / "sweeps" / "racecheck_dq_h100_e6bb2f0.log").read_text()
     assert "RACECHECK SUMMARY: 5 hazards displayed" in old
+    # held out at a815ef4: the batches the rule takes ran faster, those it leaves level or slower but one
+    held = _bal_runs("dq_bal_heldout_h100_a815ef4.json", "a815ef4")
+    assert len(held) == 32
+    got = {}
+    for H, B in sorted({(H, B) for H, B, _ in held}):
+        plan, bal = held[H, B, "plan"], held[H, B, "balanced"]
+        taken = m.balanced_plan(B, H // 64, 2048, 132) is not None
+        assert plan["shipped"] == ("balanced" if taken else "plan")
+        got[H, B] = (taken, round(bal["graph_us"] / plan["graph_us"], 2))
+    assert got == {(64, 67): (True, 0.96), (64, 70): (True, 0.97), (64, 72): (True, 0.97), (64, 74): (False, 1.0),
+                   (64, 80): (False, 1.04), (128, 35): (True, 0.92), (128, 36): (True, 0.93), (128, 38): (False, 0.96)}
+    assert [round(held[64, 70, k]["graph_us"], 1) for k in ("plan", "balanced")] == [116.8, 112.8]
+    assert [round(held[128, 35, k]["graph_us"], 1) for k in ("plan", "balanced")] == [111.3, 102.2]
+    extra = [r["eager_us"] - r["graph_us"] for run in (runs, held) for (_, _, impl), r in run.items()
+             if impl == "balanced"]
+    assert len(extra) == 31 and (round(min(extra), 1), round(max(extra), 1)) == (0.4, 4.2)
+    # the matrix and memcheck with the shipped rule (the balanced cases among them)
+    cases = load("sweeps/checks_h100_full_a815ef4.json")
+    assert len(cases) == 131 and all(r["ok"] for r in cases)
+    below = {r["name"]: r["config"] for r in cases if r["name"].split("-")[0] in ("invalid:T70", "invalid:T35")}
+    assert len(below) == 4 and sorted(below.values()) == ["gluon-BN64-nbuf2-dq"] * 2 + ["gluon-BN64-nbuf2-pingpong"] * 2
+    assert m.balanced_plan(70, 1, 2048, 132) == 132 and m.balanced_plan(35, 2, 2048, 132) == 66
+    log = (BENCH / "sweeps" / "sanitizer_h100_a815ef4.log").read_text()
+    assert "28/28 cases pass on cuda" in log and "ERROR SUMMARY: 0 errors" in log

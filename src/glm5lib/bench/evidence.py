@@ -26,7 +26,10 @@ kernels for 17-128 heads were taken from 512 tokens x heads (46 matrix cases and
 invalid-index ones at 33 and 4 tokens among them), and round 23, with the tail plan (`mla_gluon_large.tail_plan`):
 the matrix at c4512b1 (its 160-token cases at 40 and 64 heads take it in both kernels, at 128 heads in the dq kernel)
 and memcheck at 18bdc50 (no memcheck case reaches the tail plan; `sweeps/memcheck_tail_h100_c4512b1.log` is both
-kernels' tail plans under memcheck). Those are the pieces read, named "h100_full_matrix" and "h100_sanitizer";
+kernels' tail plans under memcheck), and round 24, with the dq kernel's balanced schedule below one wave
+(`mla_gluon_large.balanced_plan`; the dq kernel restructured around it): the matrix and memcheck at a815ef4 (its
+70-token 64-head and 35-token 128-head fp8 cases take the schedule; `sweeps/memcheck_dq_bal_h100_f0ad6ed.log` is
+every dq plan under memcheck). Those are the pieces read, named "h100_full_matrix" and "h100_sanitizer";
 "h100_bench" is `bench all --quick` on an H100 at 18bdc50 (the same kernels; its targets are the H100's, not the
 issue's H200 ones).
 
@@ -62,11 +65,11 @@ SANITIZER_R8 = "outputs/bench/sweeps/sanitizer_h200_73d2a37.log"
 R8_COMMIT, R8_FP8MMA_MAX_H = "73d2a37", 8
 RUN_COMMIT = "97dc8b8"  # the case matrix (each case records its config), with the Gluon kernels dispatched
 SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
-FULL_MATRIX_H100 = "outputs/bench/sweeps/checks_h100_full_c4512b1.json"
-SANITIZER_H100 = "outputs/bench/sweeps/sanitizer_h100_18bdc50.log"
+FULL_MATRIX_H100 = "outputs/bench/sweeps/checks_h100_full_a815ef4.json"
+SANITIZER_H100 = "outputs/bench/sweeps/sanitizer_h100_a815ef4.log"
 BENCH_H100 = "outputs/bench/sweeps/bench_h100_18bdc50.json"
-H100_COMMIT = "c4512b1"  # the matrix of round 23's shipped configs and plans on an H100 (sm_90)
-H100_SANITIZER_COMMIT = "18bdc50"  # its compute-sanitizer memcheck (the same configs)
+H100_COMMIT = "a815ef4"  # the matrix of round 24's shipped configs and plans on an H100 (sm_90)
+H100_SANITIZER_COMMIT = "a815ef4"  # its compute-sanitizer memcheck (the same configs)
 SANITIZER_COMMIT = "97dc8b8"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
