@@ -287,6 +287,16 @@ def test_tail_plan_splits_only_the_last_partial_wave():
     assert seen > 600
 
 
+class _Recorder:
+    """A stand-in for a pre-bound launcher (`common.Prebound.launch`): records (grid, args, kw) into `launches`."""
+
+    def __init__(self, launches: list):
+        self.launches = launches
+
+    def launch(self, grid, args, kw, kw_key, dev_index, spec):
+        self.launches.append((grid, args, kw))
+
+
 def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
     """The launch plumbing of the tail plan, with the kernel launcher and the merge replaced by recorders: the first
     launch covers the whole waves' tokens at one split, the second the rest of the same tensors (views, so the
@@ -300,12 +310,7 @@ def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
     if not m.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     launches, merges = [], []
-
-    class Recorder:
-        def launch(self, grid, args, kw, kw_key, dev_index, spec):
-            launches.append((grid, args, kw))
-
-    monkeypatch.setitem(m._WS_LAUNCH, "dq", Recorder())
+    monkeypatch.setitem(m._WS_LAUNCH, "dq", _Recorder(launches))
     monkeypatch.setattr(mla, "merge_splits", lambda part, out, lse, splits: merges.append((part, out, lse, splits)))
     for T, H in ((140, 64), (70, 128), (160, 40)):
         whole, splits = m.tail_plan(T, -(-H // 64), 2048, 132)
@@ -351,7 +356,7 @@ def test_tail_plan_launches_whole_waves_then_the_split_rest(monkeypatch):
             m.sparse_mla_gluon_large(q, cache, idx, 0.1, kv_format="fp8_ds_mla", mode="dq", out=out, **kw)
             assert [g for g, _, _ in launches] == [(T * n_hb, 1, 1)] and not merges
     # the ping-pong kernel's calls take the tail plan from 3 splits of the rest (`TAIL_MIN_SPLITS`)
-    monkeypatch.setitem(m._WS_LAUNCH, "pingpong", Recorder())
+    monkeypatch.setitem(m._WS_LAUNCH, "pingpong", _Recorder(launches))
     for T, want in ((140, [(132, 1, 1), (8, 1, 16)]), (180, [(180, 1, 1)])):
         assert m.tail_plan(T, 1, 2048, 132, "pingpong") == ((132, 16) if T == 140 else (132, 2))
         launches.clear()
@@ -457,12 +462,7 @@ def test_balanced_schedule_launch_plumbing(monkeypatch):
     if not m.HAVE_GLUON:
         pytest.skip("this Triton has no Gluon")
     launches, merges = [], []
-
-    class Recorder:
-        def launch(self, grid, args, kw, kw_key, dev_index, spec):
-            launches.append((grid, args, kw))
-
-    monkeypatch.setitem(m._WS_LAUNCH, "dq", Recorder())
+    monkeypatch.setitem(m._WS_LAUNCH, "dq", _Recorder(launches))
     monkeypatch.setattr(m, "merge_runs", lambda part, out, lse, nt, P: merges.append((part, out, lse, nt, P)))
     cache = torch.zeros(1000, 656, dtype=torch.uint8)
 

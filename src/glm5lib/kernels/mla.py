@@ -416,7 +416,17 @@ def _merge_splits_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NUM_S
     h_mask = offs_h < H
     sh_mask = (offs_s < NUM_SPLITS)[:, None] & h_mask[None, :]
     rows = _part_rows(offs_s[:, None], t, n_t, H, offs_h[None, :])  # [SP, BLOCK_H]
-    ls = tl.load(PART + NUM_SPLITS.to(tl.int64) * n_t * H * D_NOPE + rows, mask=sh_mask, other=float("-inf"))
+    _merge_rows(PART, PART + NUM_SPLITS.to(tl.int64) * n_t * H * D_NOPE, rows, sh_mask, O, LSE, t, offs_h, h_mask,
+                offs_d, db, stride_ot, stride_oh, stride_lt, D_NOPE)
+
+
+@triton.jit
+def _merge_rows(PART, PART_LSE, rows, sh_mask, O, LSE, t, offs_h, h_mask, offs_d, db, stride_ot, stride_oh, stride_lt,
+                D_NOPE: tl.constexpr):
+    """Token t's merge from the partial rows `rows` [SP, BLOCK_H] (masked by sh_mask): normalised outputs at
+    PART + row * D_NOPE, log2 lse at PART_LSE + row; writes out's BLOCK_D columns offs_d and, from the first column
+    block (db 0), the natural-log lse. Shared by the split merge and the balanced schedule's (`mla_gluon_large`)."""
+    ls = tl.load(PART_LSE + rows, mask=sh_mask, other=float("-inf"))
     m = tl.max(ls, 0)  # [BLOCK_H]
     m_use = tl.where(m == float("-inf"), 0.0, m)
     w = tl.exp2(ls - m_use[None, :])  # [SP, BLOCK_H]; 0 for splits without keys

@@ -71,7 +71,7 @@ from glm5lib.kernels import common  # noqa: F401  (before triton: the interprete
 from glm5lib.kernels import mla
 from glm5lib.kernels.common import num_sms
 from glm5lib.kernels.compile_report import SMEM_LIMIT
-from glm5lib.kernels.mla import LOG2E, _part_rows
+from glm5lib.kernels.mla import LOG2E, _merge_rows, _part_rows
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE
 
 import triton  # noqa: E402
@@ -1225,8 +1225,8 @@ def _merge_runs_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NT, N, 
                        D_NOPE: tl.constexpr, SP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
     """The balanced schedule's merge (`run_pieces`): token t's pieces sit in programs a..b (`run_span`), each in
     partial row (0, p) where the program starts inside the token and (1, p) where it starts in the token before, of a
-    2 x P split buffer (`mla._part_rows`); merged as `mla._merge_splits_kernel` merges a token's splits, all of them
-    loaded at once. Plain Triton (it runs in the interpreter)."""
+    2 x P split buffer (`mla._part_rows`); merged as `mla._merge_splits_kernel` merges a token's splits
+    (`mla._merge_rows`), all of them loaded at once. Plain Triton (it runs in the interpreter)."""
     t = tl.program_id(0)
     hb = tl.program_id(1)
     db = tl.program_id(2)
@@ -1239,20 +1239,8 @@ def _merge_runs_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NT, N, 
     h_mask = offs_h < H
     sh_mask = (p <= b)[:, None] & h_mask[None, :]
     rows = _part_rows(slot[:, None], p[:, None], P, H, offs_h[None, :])  # [SP, BLOCK_H]
-    ls = tl.load(PART + 2 * P.to(tl.int64) * H * D_NOPE + rows, mask=sh_mask, other=float("-inf"))
-    m = tl.max(ls, 0)
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(ls - m_use[None, :])  # 0 for pieces without a valid key
-    l = tl.sum(w, 0)
-    o = tl.load(PART + rows[:, :, None] * D_NOPE + offs_d[None, None, :], mask=sh_mask[:, :, None], other=0.0)
-    acc = tl.sum(o * w[:, :, None], 0)
-    has_key = l > 0
-    inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l, 1.0), 0.0)
-    tl.store(O + t.to(tl.int64) * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
-             (acc * inv_l[:, None]).to(O.dtype.element_ty), mask=h_mask[:, None])
-    if db == 0:
-        lse = tl.where(has_key, (m_use + tl.log2(tl.where(has_key, l, 1.0))) * 0.6931471805599453, float("-inf"))
-        tl.store(LSE + t * stride_lt + offs_h, lse, mask=h_mask)
+    _merge_rows(PART, PART + 2 * P.to(tl.int64) * H * D_NOPE, rows, sh_mask, O, LSE, t, offs_h, h_mask, offs_d, db,
+                stride_ot, stride_oh, stride_lt, D_NOPE)
 
 
 _MERGE_RUNS = common.Prebound(_merge_runs_kernel)
