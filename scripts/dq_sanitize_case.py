@@ -32,7 +32,7 @@ CASES = [(160, 64, 2048, "mixed", 2), (4, 128, 2048, "mixed", None), (33, 40, 77
 # the ping-pong kernel (bf16 rows) on its tail plan: 132 tokens + 16 splits, 66 + 8 (`TAIL_MIN_SPLITS`)
 PP_CASES = [(140, 64, 2048, "mixed", None), (70, 128, 1000, "oob", None)]
 # the dq kernel's balanced schedule (`balanced_plan`, forced: sched "balanced"): 132 / 66 programs a head block, a
-# program's two pieces (q staged again mid-program), the merge over 2-3 programs a token; 40 heads (masked rows)
+# program's two pieces (q staged again mid-program), the merge over 2-27 programs a token; 40 heads (masked rows)
 BAL_CASES = [(70, 64, 2048, "mixed", "balanced"), (34, 128, 2048, "oob", "balanced"),
              (6, 40, 2048, "allinv", "balanced"), (5, 64, 2048, "neg", "balanced")]
 

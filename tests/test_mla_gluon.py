@@ -411,6 +411,11 @@ def test_balanced_plan_rule():
         taken = [T for T in range(1, 132 // n_hb) if m.balanced_plan(T, n_hb, 2048, 132)]
         assert taken == list(want), (n_hb, taken)
     assert m.balanced_plan(140, 1, 2048, 264) == 264  # another SM count: the same share of its SMs
+    # shorter top-k lists (not measured) keep the split plan; forced, the schedule still runs
+    assert m.BAL_MIN_TOPK == 2048 and m.balanced_plan(70, 1, 1024, 132) is None
+    assert m.balanced_plan(70, 1, 1024, 132, force=True) == 132
+    # a token over more programs than the merge's tile takes (T2 x top-k 8192: 66 programs a token) cannot run
+    assert m.run_span_max(2, 128, 132) > 32 and m.balanced_plan(2, 1, 8192, 132, force=True) is None
 
 
 @pytest.mark.parametrize("T,H,topk,P", [(7, 64, 128, 9), (5, 80, 192, 7), (12, 40, 256, 13)])
@@ -492,6 +497,17 @@ def test_balanced_schedule_launch_plumbing(monkeypatch):
     assert [g for g, _, _ in launches] == [(32, 1, 4)] and not merges  # the split plan fills the SMs
     call(32, 64, sched="balanced")
     assert launches[0][0] == (132, 1, 1) and merges
+    # a change to the rule reaches calls after `clear_plans` (the rule is cached per call shape)
+    try:
+        m.BAL_MAX_FILL = 0.0
+        call(70, 64)
+        assert launches[0][0] == (132, 1, 1)  # cached
+        m.clear_plans()
+        call(70, 64)
+        assert launches[0][0] == (70, 1, 1) and not merges
+    finally:
+        m.BAL_MAX_FILL = 0.55
+        m.clear_plans()
     for T, H, kw, msg in ((140, 64, {"sched": "balanced"}, "balanced schedule needs"),
                           (70, 64, {"sched": "balanced", "idx": wide}, "back to back"),
                           (70, 64, {"sched": "balanced", "num_splits": 2}, "sched must be"),

@@ -905,8 +905,20 @@ if HAVE_GLUON:
         return m_run, l_i, acc_a, acc_b
 
     @gluon.jit
+    def _dq_state(BLOCK_N: gl.constexpr):
+        """A piece's fresh running max, sum and accumulator halves ([64] x 2, [64, 128] x 2) in the dq consumers'
+        layouts."""
+        CH: gl.constexpr = 128
+        S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, BLOCK_N, 16])
+        O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH, 16])
+        ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
+        return (gl.full([64], float("-inf"), gl.float32, ROW_S), gl.full([64], 0.0, gl.float32, ROW_S),
+                gl.full([64, CH], 0.0, gl.float32, O_L), gl.full([64, CH], 0.0, gl.float32, O_L))
+
+    @gluon.jit
     def _dq_finish(W: gl.constexpr, piece: gl.constexpr, m_run, l_i, acc_a, acc_b, O, LSE, PART, st, n_st, sp, n_sp,
-                   H, stride_ot, stride_oh, stride_lt, hb, sml, bar_l, SPLIT: gl.constexpr, BLOCK_N: gl.constexpr):
+                   H, stride_ot, stride_oh, stride_lt, hb, sml, bar_l, SPLIT: gl.constexpr):
         """The end of a piece of work (a token's list, or its part in the program): warpgroup 0 hands its row max
         and sum to warpgroup 1 (`sml` slots 2 piece and 2 piece + 1, `bar_l[piece]`); each stores its half of the
         columns (`_store_half`: token st, or partial row (sp, st) of an n_sp x n_st buffer)."""
@@ -942,16 +954,7 @@ if HAVE_GLUON:
         program's tiles 0 .. i_cut - 1 are token t's, stored as partial row (0, st); any from i_cut on are token
         t + 1's, whose q W 0 stages in place of t's once its last S is done, stored as row (1, st). PROBE 1: the
         producer alone (buffers handed back unread)."""
-        BH: gl.constexpr = 64
-        CH: gl.constexpr = 128
-        S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                      instr_shape=[16, BLOCK_N, 16])
-        O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, CH, 16])
-        ROW_S: gl.constexpr = gl.SliceLayout(1, S_L)
-        m_run = gl.full([BH], float("-inf"), gl.float32, ROW_S)
-        l_i = gl.full([BH], 0.0, gl.float32, ROW_S)
-        acc_a = gl.full([BH, CH], 0.0, gl.float32, O_L)
-        acc_b = gl.full([BH, CH], 0.0, gl.float32, O_L)
+        m_run, l_i, acc_a, acc_b = _dq_state(BLOCK_N)
         n_main = i_cut
         if PROBE == 1:  # the producer alone: each buffer handed back unread
             for i in range(n_tiles):
@@ -963,21 +966,18 @@ if HAVE_GLUON:
                                              k_start, k_end, qa, qr, k0, k1, k2, k3, kr, sc, ready, free, bar_p,
                                              BLOCK_N)
         _dq_finish(W, 0, m_run, l_i, acc_a, acc_b, O, LSE, PART, st, n_st, sp, n_sp, H, stride_ot, stride_oh,
-                   stride_lt, hb, sml, bar_l, SPLIT, BLOCK_N)
+                   stride_lt, hb, sml, bar_l, SPLIT)
         if BAL:
             if i_cut < n_tiles:  # the next token's first tiles
                 if W == 0:
-                    _stage_q(Q, t + 1, hb, H, stride_qt, stride_qh, qa, qr)
+                    _stage_q(Q, t + 1, hb, H, stride_qt, stride_qh, qa, qr)  # its last wgmma on q were waited for
                     _barrier()
-                m_run = gl.full([BH], float("-inf"), gl.float32, ROW_S)
-                l_i = gl.full([BH], 0.0, gl.float32, ROW_S)
-                acc_a = gl.full([BH, CH], 0.0, gl.float32, O_L)
-                acc_b = gl.full([BH, CH], 0.0, gl.float32, O_L)
+                m_run, l_i, acc_a, acc_b = _dq_state(BLOCK_N)
                 m_run, l_i, acc_a, acc_b = _dq_tiles(W, i_cut, n_tiles, m_run, l_i, acc_a, acc_b, N_ROWS, qk_scale,
                                                      idx_row, k_start, k_end, qa, qr, k0, k1, k2, k3, kr, sc, ready,
                                                      free, bar_p, BLOCK_N)
                 _dq_finish(W, 1, m_run, l_i, acc_a, acc_b, O, LSE, PART, st, n_st, 1, n_sp, H, stride_ot, stride_oh,
-                           stride_lt, hb, sml, bar_l, SPLIT, BLOCK_N)
+                           stride_lt, hb, sml, bar_l, SPLIT)
 
     @gluon.jit
     def _sparse_mla_dq_kernel(
@@ -1003,15 +1003,17 @@ if HAVE_GLUON:
         k0, k1, k2, k3, kr, qa, qr = _alloc_tiles(BLOCK_N)
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])  # of each slot
         sc = gl.allocate_shared_memory(gl.float32, [2, BH], FLAT1)  # per buffer: the rescale factor of its tile
-        sml = gl.allocate_shared_memory(gl.float32, [4, BH], FLAT1)  # per piece: the final row max and sum
+        PIECES: gl.constexpr = 2 if BAL else 1  # pieces of work a program ends (each hands its row statistics over)
+        sml = gl.allocate_shared_memory(gl.float32, [2 * PIECES, BH], FLAT1)  # per piece: the final row max and sum
         ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         bar_p = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        bar_l = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        bar_l = gl.allocate_shared_memory(gl.int64, [PIECES, 1], mbarrier.MBarrierLayout())
         for j in gl.static_range(2):
             mbarrier.init(ready.index(j), count=1)
             mbarrier.init(free.index(j), count=2)
             mbarrier.init(bar_p.index(j), count=1)
+        for j in gl.static_range(PIECES):
             mbarrier.init(bar_l.index(j), count=1)
 
         if BAL:
@@ -1170,24 +1172,31 @@ def split_tile(mode: str, block_n: int) -> int:
 # half the SMs idle: H100 (outputs/bench/sweeps/dq_bal_h100_f0ad6ed.json, 23 batches at 64 / 128 heads) 0.94x the
 # split plan's time at 64 heads B68 and 0.88x at 128 heads B34 (one split, 52 % of the SMs), 0.97-1.00x at 64 heads
 # B48 / B76 and 128 heads B24 / B40 (58-73 %), 1.01-1.38x at the other 17. BAL_MAX_FILL: the rule takes it where
-# the split plan runs one split on at most that share of the SMs (64 heads B67-B72, 128 heads B34-B36 on 132 SMs).
+# the split plan runs one split on at most that share of the SMs (64 heads B67-B72, 128 heads B34-B36 on 132 SMs),
+# at top-k lists of BAL_MIN_TOPK keys or more (the runs' 2048, GLM-5's: with shorter lists a program's tiles shrink
+# and the fixed cost weighs more; not measured).
 BAL_MAX_FILL = 0.55
+BAL_MIN_TOPK = 2048
 
 
 def balanced_plan(T: int, n_hb: int, topk: int, n_sms: int, block_n: int = 64, flat: bool = True,
                   force: bool = False) -> int | None:
     """Programs a head block of the balanced schedule for T tokens of n_hb 64-head blocks on n_sms SMs, or None: it
     needs the index rows as one flat list of whole tiles (flat: row stride = top-k, top-k a multiple of block_n),
-    fewer tokens than programs a head block (at most two pieces a program) and at least as many tiles as programs;
-    without force it is taken where the split plan (`dq_num_splits`) runs one split on at most `BAL_MAX_FILL` of the
-    SMs."""
+    fewer tokens than programs a head block (at most two pieces a program), at least as many tiles as programs, a
+    token over at most `mla.MAX_SPLITS` programs (the merge's tile) and P x tiles within int32 (the kernel's run
+    bounds); without force it is taken where the split plan (`dq_num_splits`) runs one split on at most
+    `BAL_MAX_FILL` of the SMs, at top-k lists of at least `BAL_MIN_TOPK`."""
     P = n_sms // n_hb
-    if not flat or topk <= 0 or topk % block_n or not 1 <= T < P or T * (topk // block_n) < P:
+    if not flat or topk <= 0 or topk % block_n or not 1 <= T < P:
+        return None
+    nt = topk // block_n
+    if T * nt < P or P * T * nt >= 2**31 or run_span_max(T, nt, P) > mla.MAX_SPLITS:
         return None
     if force:
         return P
     one = dq_num_splits(T, n_hb, topk, n_sms, block_n) == 1
-    return P if one and T * n_hb <= BAL_MAX_FILL * n_sms else None
+    return P if one and topk >= BAL_MIN_TOPK and T * n_hb <= BAL_MAX_FILL * n_sms else None
 
 
 def run_pieces(T: int, nt: int, P: int) -> list[list[tuple[int, int, int]]]:
@@ -1280,7 +1289,7 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
     call shape: the host work an eager layer would otherwise repeat on every call; bal: the balanced schedule's
     programs a head block (dq only; splits is then 2, the partial rows a program). Cached: code that changes the
     split model's, the tail plan's, the balanced schedule's or the register constants (`DQ_*`, `TAIL_MIN_SPLITS`,
-    `BAL_MAX_FILL`, `PP_*`) after a launch calls `clear_plans()`."""
+    `BAL_*`, `PP_*`) after a launch calls `clear_plans()`."""
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     cr, pr = pp_regs or ((PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else
                          (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS))
@@ -1296,7 +1305,7 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
 
 def clear_plans() -> None:
     """Forget the cached launch plans (`_ws_plan`, `_tail_cut`, `_bal_cut`): after changing `DQ_*`,
-    `TAIL_MIN_SPLITS`, `BAL_MAX_FILL` or `PP_*`."""
+    `TAIL_MIN_SPLITS`, `BAL_*` or `PP_*`."""
     _ws_plan.cache_clear()
     _tail_cut.cache_clear()
     _bal_cut.cache_clear()
@@ -1398,8 +1407,9 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
             bal = _bal_cut(T, H, topk, dev.type, dev.index, flat, sched == "balanced")
             if bal is None and sched == "balanced":
                 raise ValueError(f"the balanced schedule needs fewer tokens than {num_sms(dev) // -(-H // BLOCK_H)} "
-                                 f"(programs a head block), at least as many 64-key tiles, and index rows back to "
-                                 f"back of a whole number of tiles; got T={T} H={H} top-k={topk} row stride "
+                                 f"(programs a head block), at least as many 64-key tiles, a token over at most "
+                                 f"{mla.MAX_SPLITS} programs, programs x tiles < 2^31, and index rows back to back "
+                                 f"of a whole number of tiles; got T={T} H={H} top-k={topk} row stride "
                                  f"{indices.stride(0)}")
         cut = _tail_cut(T, H, topk, dev.type, dev.index, mode) if num_splits is None and tail and not bal else None
         if bal:
@@ -1438,8 +1448,8 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
     if (mode, kv_format) not in {(c[2], f) for f in ("bf16", "fp8_ds_mla") for c in configs_for(f)}:
         raise ValueError(f"mode {mode!r} does not take {kv_format} caches (configs_for)")
     fp8 = kv_format == "fp8_ds_mla"
-    if bal and mode != "dq":
-        raise ValueError(f"bal: the dq kernel's build only, got mode {mode!r}")
+    if bal and (mode != "dq" or probe):
+        raise ValueError(f"bal: the dq kernel's build without a probe only, got mode {mode!r} probe {probe}")
     if mode in WS_MODES:
         fn = _sparse_mla_pingpong_kernel if mode == "pingpong" else _sparse_mla_dq_kernel
         regs = (PP_CONSUMER_REGS, PP_PRODUCER_REGS) if mode == "pingpong" else (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS)
@@ -1481,5 +1491,5 @@ def compile_stats(kv_format: str, cfg=DEFAULT, split: bool = False, arch: int = 
 
 __all__ = ["sparse_mla_gluon_large", "compile_stats", "CONFIGS", "DEFAULT", "config_name", "configs_for",
            "plan_splits", "dq_num_splits", "dq_split_costs", "tail_plan", "TAIL_MIN_SPLITS", "clear_plans",
-           "balanced_plan", "run_pieces", "run_span", "merge_runs", "BAL_MAX_FILL",
+           "balanced_plan", "run_pieces", "run_span", "run_span_max", "merge_runs", "BAL_MAX_FILL", "BAL_MIN_TOPK",
            "smem_bytes_estimate", "aot_compile", "check_row_threads", "RAW_ROW_THREADS"]
