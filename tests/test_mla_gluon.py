@@ -414,6 +414,11 @@ def test_balanced_plan_rule():
     # shorter top-k lists (not measured) keep the split plan; forced, the schedule still runs
     assert m.BAL_MIN_TOPK == 2048 and m.balanced_plan(70, 1, 1024, 132) is None
     assert m.balanced_plan(70, 1, 1024, 132, force=True) == 132
+    try:  # NOTES round 24: without BAL_MIN_TOPK the fill rule alone would take B17-B72 at top-k 512 (unmeasured)
+        m.BAL_MIN_TOPK = 0
+        assert [T for T in range(1, 132) if m.balanced_plan(T, 1, 512, 132)] == list(range(17, 73))
+    finally:
+        m.BAL_MIN_TOPK = 2048
     # a token over more programs than the merge's tile takes (T2 x top-k 8192: 66 programs a token) cannot run
     assert m.run_span_max(2, 128, 132) > 32 and m.balanced_plan(2, 1, 8192, 132, force=True) is None
 
