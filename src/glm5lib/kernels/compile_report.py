@@ -248,13 +248,14 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
             consts = {"KV_FP8": fp8, "FP8_HW": fp8_hw, "SPLIT": split, "BLOCK_H": cfg.block_h,
                       "BLOCK_N": cfg.block_n, "D_NOPE": D_NOPE, "D_ROPE": D_ROPE, "PREFETCH": cfg.prefetch,
                       "ALIGNED": fp8, "NOPE_F16": fp8 and cfg.nope_f16,
-                      "DEQUANT": fp8 and cfg.dequant, "IDX_AHEAD": cfg.idx_ahead}
+                      "DEQUANT": fp8 and cfg.dequant, "IDX_AHEAD": cfg.idx_ahead,
+                      "PDL": split and arch >= 90}  # as launched (`common.pdl`)
             specs.append(KernelSpec(f"sparse_mla[{cname}:{cfg.name}:{'split' if split else 'direct'}]",
                                     fn, _sig(fn, types, consts), consts, cfg.num_warps, cfg.num_stages, div))
     fn = _merge_splits_kernel
     for n_splits, H in ((2, 128), (32, 8), (32, 16), (4, 64)):
         sp, bh, bd = merge_tile(n_splits, H)
-        consts = {"D_NOPE": D_NOPE, "SP": sp, "BLOCK_H": bh, "BLOCK_D": bd}
+        consts = {"D_NOPE": D_NOPE, "SP": sp, "BLOCK_H": bh, "BLOCK_D": bd, "PDL": arch >= 90}
         specs.append(KernelSpec(f"merge_splits[SP{sp}-H{bh}-D{bd}]", fn,
                                 _sig(fn, {"PART": "*fp32", "O": "*bf16", "LSE": "*fp32"}, consts), consts, 4, 3,
                                 ("PART", "O", "LSE", "stride_ot", "stride_oh")))

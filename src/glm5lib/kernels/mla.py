@@ -283,13 +283,16 @@ def _sparse_mla_fwd_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     D_NOPE: tl.constexpr, D_ROPE: tl.constexpr,
     PREFETCH: tl.constexpr = False, ALIGNED: tl.constexpr = False, NOPE_F16: tl.constexpr = False,
-    DEQUANT: tl.constexpr = False, IDX_AHEAD: tl.constexpr = False,
+    DEQUANT: tl.constexpr = False, IDX_AHEAD: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """One program: token t, head block hb, split sp of the top-k list (see the module docstring).
 
     SPLIT: the program writes its normalised fp32 partial and its log2 lse to PART (layout in `_part_rows`);
-    `_merge_splits_kernel` combines them. Otherwise it writes O and LSE directly.
+    `_merge_splits_kernel` combines them. Otherwise it writes O and LSE directly. PDL (split launches on sm_90+):
+    let the merge launch once every program has started (`common.pdl`).
     """
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     CH: tl.constexpr = 128
     t = tl.program_id(0)
     hb = tl.program_id(1)
@@ -400,12 +403,16 @@ def _part_rows(s, t, n_t, H, offs_h):
 
 @triton.jit
 def _merge_splits_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NUM_SPLITS,
-                         D_NOPE: tl.constexpr, SP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                         D_NOPE: tl.constexpr, SP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """out = sum_s 2^(lse_s - lse) o_s, lse = log2 sum_s 2^lse_s (partials hold normalised o_s).
 
     One program owns (token, head block, BLOCK_D columns) and loads every split at once ([SP, BLOCK_H, BLOCK_D]),
-    so the split loads are all in flight together instead of one dependent round trip per split.
+    so the split loads are all in flight together instead of one dependent round trip per split. PDL: launched as a
+    programmatic dependent of the kernel that wrote the partials, so it waits for that kernel first (`common.pdl`).
     """
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)
     hb = tl.program_id(1)
     db = tl.program_id(2)
@@ -449,7 +456,8 @@ def merge_splits(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, split
     T, H, _ = out.shape
     sp, bh, bd = merge_tile(splits, H)
     _MERGE.launch((T, -(-H // bh), D_NOPE // bd), (part, out, lse, out.stride(0), out.stride(1), H, H, splits),
-                  dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4))
+                  dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4,
+                       **common.pdl_kw(common.pdl(out.device))))
 
 
 MAX_SPLITS = 32  # keeps the merge's [splits, heads, columns] tile small; >= 64 keys per split at top-k 2048
@@ -477,6 +485,19 @@ def force_smem_class(value: str | None) -> None:
     FORCE_SMEM_CLASS = value
     _plan.cache_clear()
     _launch_plan.cache_clear()
+
+
+def set_pdl(on: bool) -> None:
+    """Launch split merges as programmatic dependents (`common.pdl`) from now on, or not (what GLM5LIB_PDL=0 sets at
+    import); the cached launch plans of every sparse-MLA kernel are dropped (benchmarks compare both in one process)."""
+    import sys
+
+    common.PDL = bool(on)
+    _launch_plan.cache_clear()
+    for name in ("glm5lib.kernels.mla_gluon_fp8mma", "glm5lib.kernels.mla_gluon_large"):
+        mod = sys.modules.get(name)
+        if mod is not None:
+            mod.clear_plans()
 
 
 def smem_class(device: torch.device) -> str:
@@ -761,13 +782,14 @@ def _launch_plan(T: int, H: int, topk: int, kv_format: str, dev_type: str, dev_i
     cfg, num_splits, keys_per_split = _plan(T, H, topk, kv_format, dev_type, dev_index, cfg, num_splits)
     dev = torch.device(dev_type, dev_index) if dev_index is not None else torch.device(dev_type)
     fp8 = kv_format == "fp8_ds_mla"
+    pdl = num_splits > 1 and common.pdl(dev)  # the merge launched as the kernel's programmatic dependent
     kw = dict(KV_FP8=fp8, FP8_HW=fp8_hw(dev), SPLIT=num_splits > 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
               D_NOPE=D_NOPE, D_ROPE=D_ROPE, PREFETCH=cfg.prefetch, ALIGNED=fp8 and aligned,
               NOPE_F16=fp8 and cfg.nope_f16 and not exact_fp32,  # fp32 q: the interpreter's exact path
-              DEQUANT=fp8 and cfg.dequant, IDX_AHEAD=cfg.idx_ahead,
+              DEQUANT=fp8 and cfg.dequant, IDX_AHEAD=cfg.idx_ahead, PDL=pdl,
               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     sp, bh, bd = merge_tile(num_splits, H)
-    merge_kw = dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4)
+    merge_kw = dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4, **common.pdl_kw(pdl))
     del fp8_software  # part of the cache key only: fp8_hw reads it
     return _Launch(cfg, (T, -(-H // cfg.block_h), num_splits), keys_per_split, kw, tuple(kw.values()),
                    (T, -(-H // bh), D_NOPE // bd), merge_kw, tuple(merge_kw.values()))
@@ -896,4 +918,4 @@ __all__ = ["sparse_mla", "sparse_mla_launch", "CONFIGS", "MLAConfig", "pick_conf
            "dispatched", "gluon_large_shape", "gluon_large_route", "gluon_large_ready", "gluon_large_enabled",
            "gluon_large_name", "GLUON_LARGE_MIN_HT", "fp8mma_route", "fp8mma_shape", "fp8mma_mode", "fp8mma_name",
            "FP8MMA_MIN_T", "FP8MMA_MIN_T_GRAPH", "capturing",
-           "config_num_splits", "sparse_mla_flops", "sparse_mla_kv_bytes"]
+           "config_num_splits", "sparse_mla_flops", "sparse_mla_kv_bytes", "set_pdl"]

@@ -1044,7 +1044,7 @@ if HAVE_GLUON:
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
-        WM: gl.constexpr = 2, WIDEN: gl.constexpr = 0, WG: gl.constexpr = 0,
+        WM: gl.constexpr = 2, WIDEN: gl.constexpr = 0, WG: gl.constexpr = 0, PDL: gl.constexpr = False,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
@@ -1054,7 +1054,11 @@ if HAVE_GLUON:
         at a program boundary, as a partial into PART (`_merge_pieces_kernel`'s layout). WM (`Config.key_warps`):
         warps along the keys and value rows, 2 (G head groups of 8 heads side by side, 2 G warps) or 4 (all 8 G heads
         in one group of 4 warps, 64-key tiles, fp16 products: each K and V byte widened by one warp only). WIDEN:
-        `WIDENS` (latent chunks widened by integer instructions; their accumulators' 2^-8 undone by `_out_scale`)."""
+        `WIDENS` (latent chunks widened by integer instructions; their accumulators' 2^-8 undone by `_out_scale`).
+        PDL (launches whose partials are merged, on sm_90+): let the merge launch once every program has started
+        (`common.pdl`)."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
         DR: gl.constexpr = 64
@@ -1389,13 +1393,16 @@ _FP8MMA = Prebound(_sparse_mla_fp8mma_kernel) if HAVE_GLUON else None
 
 @triton.jit
 def _merge_pieces_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, N_TOK, NT, N_PROG, HP: tl.constexpr,
-                         BLOCK_D: tl.constexpr):
+                         BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
     """The balanced schedule's cut tokens (`SCHEDS`): boundary b (between programs b and b + 1) cuts token
     ((b + 1) n / P) // NT unless that run end is a token's end (n = N_TOK * NT tiles, P = N_PROG programs); its two
     pieces' partials (fp32, normalised, with their log2 lse) sit in a two-split buffer over P rows, `mla._part_rows`'s
     layout and `split_buffer`'s allocation (slot 0 the head, slot 1 the tail, row b), and merge into out and lse as
     `mla._merge_splits_kernel` merges splits; apart from it because the row it writes is the cut token, not its own
-    program id, and most boundaries write nothing. Plain Triton (it runs in the interpreter)."""
+    program id, and most boundaries write nothing. Plain Triton (it runs in the interpreter). PDL: launched as the
+    kernel's programmatic dependent, so it waits for the kernel first (`common.pdl`)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     db = tl.program_id(1)
     g1 = (b + 1) * (N_TOK.to(tl.int64) * NT) // N_PROG
@@ -1438,7 +1445,8 @@ def merge_pieces(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, tiles
         return
     _MERGE_PIECES.launch((programs - 1, D_NOPE // MERGE_BLOCK_D),
                          (part, out, lse, out.stride(0), out.stride(1), lse.stride(0), H, T, tiles, programs),
-                         dict(HP=max(2, 1 << (H - 1).bit_length()), BLOCK_D=MERGE_BLOCK_D, num_warps=4))
+                         dict(HP=max(2, 1 << (H - 1).bit_length()), BLOCK_D=MERGE_BLOCK_D, num_warps=4,
+                              **common.pdl_kw(common.pdl(out.device))))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1468,8 +1476,14 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
               TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
               PAD=0, BALANCED=flat, WM=wm, WIDEN=widen, WG=wgmma_of(wgmma, wm, G, _arch(dev)),
+              PDL=(splits > 1 or flat) and common.pdl(dev),  # a merge follows: `merge_pieces` / `mla.merge_splits`
               num_warps=num_warps_of(G, wm), **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
+
+
+def clear_plans() -> None:
+    """Forget the cached launch plans (`mla.set_pdl`)."""
+    _launch_plan.cache_clear()
 
 
 def _arch(dev: torch.device) -> int:
@@ -1635,12 +1649,13 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
                 p_terms: int = DEFAULT.p_terms, split: bool = True, debug: int = 0, maxnreg: int = DEFAULT.maxnreg,
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
                 pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched,
-                key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen, wgmma: int = DEFAULT.wgmma):
+                key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen, wgmma: int = DEFAULT.wgmma,
+                pdl: bool | None = None):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch
     with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`; widen: `WIDENS`;
-    wgmma: `WGMMAS`."""
+    wgmma: `WGMMAS`; pdl: the PDL constexpr (None: as launched, on for a build whose partials are merged on sm_90+)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1662,6 +1677,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
               "COMPUTE_ALONE": compute_alone, "PAD": pad,
               "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone, "WM": wm,
               "WIDEN": widen, "WG": wgmma_of(wgmma, wm, G, arch)}
+    consts["PDL"] = bool((split or consts["BALANCED"]) and arch >= 90) if pdl is None else pdl
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}

@@ -716,7 +716,7 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, qk_scale,
         SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        PROBE: gl.constexpr = 0,
+        PROBE: gl.constexpr = 0, PDL: gl.constexpr = False,
     ):
         """bf16 caches: one program = (token t, 64-head block hb, split sp), grid axis 0 = t * head blocks + hb (a
         token's head blocks side by side), axis 2 = sp; 3 warpgroups: the default partition and a
@@ -726,6 +726,8 @@ if HAVE_GLUON:
         `free` (its readers are done); `a` / `b` (the per-pair handshake in
         `_pp_consumer`), `l[w]` (the final row sums). PROBE (stage timing; outputs meaningless): 1 the producer alone
         (the consumers hand buffers back unread), 2 the consumers alone (the producer gathers nothing)."""
+        if PDL:  # a split launch: its merge may launch once every program has started (`common.pdl`)
+            tl.extra.cuda.gdc_launch_dependents()
         BH: gl.constexpr = 64
         # axis 0 runs over (token, head block), head blocks fastest: a token's head blocks run side by side
         n_hb = gl.cdiv(H, BH)
@@ -985,7 +987,7 @@ if HAVE_GLUON:
         stride_qt, stride_qh, stride_kv, stride_it, stride_ot, stride_oh, stride_lt,
         H, TOPK, N_ROWS, KEYS_PER_SPLIT, N_TOK, qk_scale,
         SPLIT: gl.constexpr, BLOCK_N: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-        PROBE: gl.constexpr = 0, BAL: gl.constexpr = False,
+        PROBE: gl.constexpr = 0, BAL: gl.constexpr = False, PDL: gl.constexpr = False,
     ):
         """fp8_ds_mla caches: one program = (token t, 64-head block hb, split sp), grid axis 0 = t * head blocks + hb,
         axis 2 = sp; 3 warpgroups (`_dq_consumer` 0 and 1, `_dq_producer`), two bf16 tile buffers (tile i in i % 2).
@@ -997,6 +999,8 @@ if HAVE_GLUON:
         most (P > N_TOK), each piece's partial into row (piece, p) of a 2 x P split buffer (`merge_runs`). The
         producer runs the flat list as one; the consumers store at the token boundary and stage the next q. PROBE
         (stage timing; outputs meaningless; not with BAL): 1 the producer alone, 2 the consumers alone."""
+        if PDL:  # a split launch: its merge may launch once every program has started (`common.pdl`)
+            tl.extra.cuda.gdc_launch_dependents()
         BH: gl.constexpr = 64
         n_hb = gl.cdiv(H, BH)
         hb = gl.program_id(0) % n_hb
@@ -1231,11 +1235,15 @@ def run_span_max(T: int, nt: int, P: int) -> int:
 
 @triton.jit
 def _merge_runs_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, NT, N, P,
-                       D_NOPE: tl.constexpr, SP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                       D_NOPE: tl.constexpr, SP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                       PDL: tl.constexpr = False):
     """The balanced schedule's merge (`run_pieces`): token t's pieces sit in programs a..b (`run_span`), each in
     partial row (0, p) where the program starts inside the token and (1, p) where it starts in the token before, of a
     2 x P split buffer (`mla._part_rows`); merged as `mla._merge_splits_kernel` merges a token's splits
-    (`mla._merge_rows`), all of them loaded at once. Plain Triton (it runs in the interpreter)."""
+    (`mla._merge_rows`), all of them loaded at once. Plain Triton (it runs in the interpreter). PDL: launched as the
+    kernel's programmatic dependent, so it waits for the kernel first (`common.pdl`)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0)
     hb = tl.program_id(1)
     db = tl.program_id(2)
@@ -1262,7 +1270,8 @@ def merge_runs(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, nt: int
     sp, bh, bd = mla.merge_tile(run_span_max(T, nt, P), H)
     _MERGE_RUNS.launch((T, -(-H // bh), D_NOPE // bd), (part, out, lse, out.stride(0), out.stride(1), lse.stride(0),
                                                         H, nt, T * nt, P),
-                       dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4))
+                       dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4,
+                            **common.pdl_kw(common.pdl(out.device))))
 
 
 def plan_splits_of(T: int, n_hb: int, topk: int, n_sms: int, mode: str, block_n: int = 64) -> int:
@@ -1295,11 +1304,12 @@ def _ws_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None, nu
                          (DQ_CONSUMER_REGS, DQ_PRODUCER_REGS))
     n_hb = -(-H // BLOCK_H)
     if bal:
-        kw = dict(SPLIT=True, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=0, BAL=True, num_warps=4)
+        kw = dict(SPLIT=True, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=0, BAL=True,
+                  PDL=common.pdl(dev), num_warps=4)
         return 2, 0, (bal * n_hb, 1, 1), kw, tuple(kw.values())
     splits, keys_per_split = plan_splits(T, H, topk, block_n, dev, num_splits, mode)
     kw = dict(SPLIT=splits > 1, BLOCK_N=block_n, CONSUMER_REGS=cr, PRODUCER_REGS=pr, PROBE=probe,
-              **({"BAL": False} if mode == "dq" else {}), num_warps=4)
+              **({"BAL": False} if mode == "dq" else {}), PDL=splits > 1 and common.pdl(dev), num_warps=4)
     return splits, keys_per_split, (T * n_hb, 1, splits), kw, tuple(kw.values())
 
 
@@ -1439,9 +1449,10 @@ def sparse_mla_gluon_large(q, kv_cache, indices, sm_scale, *, kv_format="bf16", 
 
 def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1], kv_format: str = "bf16",
                 split: bool = False, mode: str = DEFAULT[2], probe: int = 0, row_threads: int | None = None,
-                bal: bool = False):
+                bal: bool = False, pdl: bool | None = None):
     """Compile a config for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); bal: the dq
-    kernel's balanced-schedule build (`balanced_plan`; split partials)."""
+    kernel's balanced-schedule build (`balanced_plan`; split partials); pdl: the three-warpgroup kernels' PDL
+    constexpr (None: as launched, on for a build whose partials are merged on sm_90+)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1457,6 +1468,7 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
                   "PROBE": probe}
         if mode == "dq":
             consts["BAL"] = bal
+        consts["PDL"] = bool((split or bal) and arch >= 90) if pdl is None else pdl
         nw = 4
     else:
         fn = _sparse_mla_wgmma_kernel

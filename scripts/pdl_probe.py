@@ -1,0 +1,142 @@
+"""Split launches with and without programmatic dependent launch (`common.pdl`): every sparse-MLA path whose
+partials are merged by a second launch, timed through `mla.sparse_mla` (the dispatcher, as vLLM calls it) with the
+merge launched plainly and as the kernel's programmatic dependent, in one process, in the order off, on, on, off
+(so that a drift over the run weighs on both alike). One request a token (32K rows each, top-k 2048) for decode;
+one 32K-row sequence for the 8-head prefill. Each launch's output and lse are checked against the fp32 reference
+(`naive.sparse_mla_ref_chunked`) before timing and again after, and the two settings' outputs must be bit-equal
+(the merge reads the same partials either way; only its launch moves). Shapes without a merge (64 heads B128: one
+split) are the control: their ratio is the run's noise. FlashMLA (padded to 64 / 128 heads) is timed beside the
+fp8_ds_mla decode rows where it loads. Times: CUDA-graph replay over rotated index sets, and eager. Needs sm_90+.
+
+`PYTHONPATH=src python scripts/pdl_probe.py OUT.json [--vendor .vendor] [--quick]`
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from glm5lib.bench import kernels as bk
+from glm5lib.kernels import common, mla, naive
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from large_small_batch_probe import eager_us, flashmla_padded, write_rows  # noqa: E402
+
+# (format, heads, tokens, decode): the Triton split kernel (bf16 at 8 heads), the fp8-cache kernel's splits
+# (fp8 at 8-16 heads) and its balanced prefill (600 tokens: cut tokens, `merge_pieces`), the dq kernel's split
+# plan, balanced schedule (64 heads B68, 128 heads B34: `merge_runs`) and tail plan (128 heads B70), the ping-pong
+# kernel's split plan (bf16 at 64 heads), and the control without a merge (fp8 64 heads B128)
+CASES = [("bf16", 8, 1, True), ("bf16", 8, 8, True), ("bf16", 8, 32, True), ("bf16", 8, 128, True),
+         ("fp8_ds_mla", 8, 1, True), ("fp8_ds_mla", 8, 8, True), ("fp8_ds_mla", 8, 32, True),
+         ("fp8_ds_mla", 8, 128, True), ("fp8_ds_mla", 16, 32, True), ("fp8_ds_mla", 16, 128, True),
+         ("fp8_ds_mla", 8, 600, False),
+         ("fp8_ds_mla", 64, 8, True), ("fp8_ds_mla", 64, 32, True), ("fp8_ds_mla", 64, 68, True),
+         ("fp8_ds_mla", 128, 16, True), ("fp8_ds_mla", 128, 34, True), ("fp8_ds_mla", 128, 70, True),
+         ("bf16", 64, 8, True), ("bf16", 64, 32, True),
+         ("fp8_ds_mla", 64, 128, True)]
+QUICK = [c for c in CASES if c[2] in (1, 32, 34, 68, 128) and c[1] in (8, 64, 128)]
+ORDER = (False, True, True, False)
+
+
+def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list, int]:
+    if decode:
+        q, cache, base = bk._make_decode(T, H, 32768, bk.TOPK, fmt)
+        R = bk._rotations(bk.sparse_mla_kv_bytes(T, bk.TOPK, fmt))
+        idx_sets = [bk._rand_indices(T, 32768, bk.TOPK, base) for _ in range(R)]
+    else:  # prefill: T tokens over one 32K-row sequence
+        q, cache, _ = bk._make_decode(1, H, 32768, bk.TOPK, fmt)
+        q = torch.randn(T, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+        idx_sets = [bk._rand_indices(T, 32768, bk.TOPK) for _ in range(2)]
+    flat = cache.view(-1, cache.shape[-1])
+    out = torch.empty(T, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
+    ro, rlse = naive.sparse_mla_ref_chunked(q, flat, idx_sets[0], bk.SM_SCALE, kv_format=fmt, chunk=16)
+    key, cfg = mla.dispatched(T, H, fmt, q.device, graph=decode)
+    base = {"format": fmt, "H": H, "T": T, "decode": decode, "route": "/".join(key), "config": cfg}
+
+    def call(i):
+        return mla.sparse_mla(q, flat, i, bk.SM_SCALE, kv_format=fmt, out=out, decode=decode)
+
+    def check():
+        out.fill_(float("nan"))
+        o, lse = call(idx_sets[0])
+        rel = float((o.float() - ro).norm() / ro.norm())
+        ok = rel < 1e-2 and not torch.isnan(o).any() and torch.allclose(lse.float(), rlse, rtol=1e-3, atol=1e-3)
+        return rel, bool(ok), o.clone(), lse.clone()
+
+    rows, bad, first = [], 0, {}
+    for k, on in enumerate(ORDER):
+        mla.set_pdl(on)
+        rel, ok, o, lse = check()
+        r = {**base, "impl": "pdl" if on else "plain", "pass": k, "pdl_active": common.pdl(q.device) and on,
+             "rel_err": rel}
+        for i in idx_sets[1:]:
+            call(i)
+        r["graph_us"] = bk._graph_ms([lambda i=i: call(i) for i in idx_sets]) * 1e3
+        r["eager_us"] = eager_us(lambda: call(idx_sets[0]))
+        rel2, ok2, o2, lse2 = check()
+        r["rel_err_again"] = rel2
+        prev = first.setdefault(on, (o, lse))
+        other = first.get(not on)
+        r["bit_equal"] = bool(torch.equal(o2, prev[0]) and torch.equal(lse2, prev[1]) and
+                              (other is None or (torch.equal(o2, other[0]) and torch.equal(lse2, other[1]))))
+        r["ok"] = ok and ok2 and r["bit_equal"]
+        bad += not r["ok"]
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    mla.set_pdl(True)
+    if flash and decode and fmt == "fp8_ds_mla":
+        fm = flashmla_padded(q, cache, H)
+        for i in idx_sets:
+            fm(i)  # scheduler metadata per index set, outside the capture
+        r = {**base, "impl": "flashmla", "graph_us": bk._graph_ms([lambda i=i: fm(i) for i in idx_sets]) * 1e3,
+             "ok": True}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    return rows, bad
+
+
+def summary(rows: list) -> list:
+    """Per case: mean graph / eager time of each setting and their ratio (pdl / plain)."""
+    out = []
+    for case in dict.fromkeys((r["format"], r["H"], r["T"]) for r in rows):
+        rs = [r for r in rows if (r["format"], r["H"], r["T"]) == case and r["impl"] in ("plain", "pdl")]
+        s = {"format": case[0], "H": case[1], "T": case[2], "route": rs[0]["route"]}
+        for unit in ("graph_us", "eager_us"):
+            m = {impl: sum(r[unit] for r in rs if r["impl"] == impl) / 2 for impl in ("plain", "pdl")}
+            s[unit] = m
+            s[unit.replace("_us", "_ratio")] = m["pdl"] / m["plain"]
+        fm = [r["graph_us"] for r in rows if (r["format"], r["H"], r["T"]) == case and r["impl"] == "flashmla"]
+        if fm:
+            s["flashmla_graph_us"] = fm[0]
+        out.append(s)
+        print(f"{case[0]:>10} H{case[1]:<3} T{case[2]:<4} {s['route']:<32} graph {s['graph_us']['plain']:8.1f} -> "
+              f"{s['graph_us']['pdl']:8.1f} us ({s['graph_ratio']:.3f}x)  eager {s['eager_ratio']:.3f}x"
+              + (f"  flashmla {fm[0]:.1f}" if fm else ""), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0].startswith("--"):
+        sys.exit("usage: pdl_probe.py OUT.json [--vendor DIR] [--quick]")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        sys.exit("pdl_probe: needs an sm_90+ GPU (programmatic dependent launch)")
+    vendor = argv[argv.index("--vendor") + 1] if "--vendor" in argv else ".vendor"
+    fm_err = bk.load_flashmla(vendor)
+    rows, bad = [], 0
+    for fmt, H, T, decode in (QUICK if "--quick" in argv else CASES):
+        r, b = run_case(fmt, H, T, decode, fm_err is None)
+        rows += r
+        bad += b
+        torch.cuda.empty_cache()
+    meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
+            "sm_count": common.num_sms(torch.device("cuda")), "flashmla": fm_err or "loaded",
+            "order": ["pdl" if o else "plain" for o in ORDER], "summary": summary(rows)}
+    return write_rows(argv[0], meta, rows, bad)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
