@@ -8,6 +8,11 @@ one 32K-row sequence for the 8-head prefill. Each launch's output and lse are ch
 split) are the control: their ratio is the run's noise. FlashMLA (padded to 64 / 128 heads) is timed beside the
 fp8_ds_mla decode rows where it loads. Times: CUDA-graph replay over rotated index sets, and eager. Needs sm_90+.
 
+First, the mechanism itself, eager and captured in a CUDA graph: a kernel that triggers and then spins 20 us on every
+SM, followed by one that stamps the global timer on entry, waits (`gdc_wait`) and stamps again. With the option the
+second kernel's programs must enter before the first ends (the launch moved: "engaged") and leave the wait only after
+it ends (the wait holds: "wait_ok"); without it, enter after.
+
 `PYTHONPATH=src python scripts/pdl_probe.py OUT.json [--vendor .vendor] [--quick]`
 """
 
@@ -21,6 +26,9 @@ import torch
 
 from glm5lib.bench import kernels as bk
 from glm5lib.kernels import common, mla, naive
+
+import triton  # noqa: E402  (after glm5lib.kernels: the interpreter switch)
+import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from large_small_batch_probe import eager_us, flashmla_padded, write_rows  # noqa: E402
@@ -39,6 +47,65 @@ CASES = [("bf16", 8, 1, True), ("bf16", 8, 8, True), ("bf16", 8, 32, True), ("bf
          ("fp8_ds_mla", 64, 128, True)]
 QUICK = [c for c in CASES if c[2] in (1, 32, 34, 68, 128) and c[1] in (8, 64, 128)]
 ORDER = (False, True, True, False)
+
+
+@triton.jit
+def _now(x):
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [x], dtype=tl.int64, is_pure=False,
+                                     pack=1)
+
+
+@triton.jit
+def _spin_kernel(STAMP, NS, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    p = tl.program_id(0)
+    t0 = _now(p)
+    t = t0
+    while t - t0 < NS:
+        t = _now(p)
+    tl.store(STAMP + p, t)
+
+
+@triton.jit
+def _stamp_kernel(STAMP, PDL: tl.constexpr):
+    p = tl.program_id(0)
+    tl.store(STAMP + 2 * p, _now(p))
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    tl.store(STAMP + 2 * p + 1, _now(p))
+
+
+def mechanism(graph: bool) -> list:
+    """The spin / stamp pair with and without the option (see the module docstring): one row each."""
+    n = common.num_sms(torch.device("cuda"))
+    rows = []
+    for on in (False, True):
+        spin = torch.zeros(n, dtype=torch.int64, device="cuda")
+        stamp = torch.zeros(2 * n, dtype=torch.int64, device="cuda")
+
+        def pair():
+            _spin_kernel[(n,)](spin, 20_000, PDL=on)
+            _stamp_kernel[(n,)](stamp, **common.pdl_kw(on))
+
+        pair()  # compiled outside the capture
+        torch.cuda.synchronize()
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                pair()
+            g.replay()
+        else:
+            pair()
+        torch.cuda.synchronize()
+        end = int(spin.max())
+        entry, left = int(stamp[0::2].min()), int(stamp[1::2].min())
+        r = {"kind": "mechanism", "graph": graph, "pdl": on, "entry_before_end_us": (end - entry) / 1e3,
+             "engaged": entry < end, "wait_ok": left >= end}
+        r["ok"] = r["wait_ok"] and (r["engaged"] if on else not r["engaged"])
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    return rows
 
 
 def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list, int]:
@@ -67,6 +134,7 @@ def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list,
         return rel, bool(ok), o.clone(), lse.clone()
 
     rows, bad, first = [], 0, {}
+    initial = common.PDL
     for k, on in enumerate(ORDER):
         mla.set_pdl(on)
         rel, ok, o, lse = check()
@@ -86,7 +154,7 @@ def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list,
         bad += not r["ok"]
         rows.append(r)
         print(json.dumps(r), flush=True)
-    mla.set_pdl(True)
+    mla.set_pdl(initial)
     if flash and decode and fmt == "fp8_ds_mla":
         fm = flashmla_padded(q, cache, H)
         for i in idx_sets:
@@ -101,6 +169,7 @@ def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list,
 def summary(rows: list) -> list:
     """Per case: mean graph / eager time of each setting and their ratio (pdl / plain)."""
     out = []
+    rows = [r for r in rows if r.get("kind") != "mechanism"]
     for case in dict.fromkeys((r["format"], r["H"], r["T"]) for r in rows):
         rs = [r for r in rows if (r["format"], r["H"], r["T"]) == case and r["impl"] in ("plain", "pdl")]
         s = {"format": case[0], "H": case[1], "T": case[2], "route": rs[0]["route"]}
@@ -126,7 +195,8 @@ def main(argv=None) -> int:
         sys.exit("pdl_probe: needs an sm_90+ GPU (programmatic dependent launch)")
     vendor = argv[argv.index("--vendor") + 1] if "--vendor" in argv else ".vendor"
     fm_err = bk.load_flashmla(vendor)
-    rows, bad = [], 0
+    rows = mechanism(False) + mechanism(True)
+    bad = sum(not r["ok"] for r in rows)
     for fmt, H, T, decode in (QUICK if "--quick" in argv else CASES):
         r, b = run_case(fmt, H, T, decode, fm_err is None)
         rows += r

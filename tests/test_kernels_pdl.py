@@ -53,6 +53,7 @@ def pdl_on(monkeypatch):
     from glm5lib.kernels import mla_gluon_fp8mma as fm, mla_gluon_large as gl_large
 
     monkeypatch.setattr(common, "pdl", lambda device: True)
+    monkeypatch.setattr(common, "_MERGE_PDL_KW", {})
     for clear in (mla._launch_plan.cache_clear, fm.clear_plans, gl_large.clear_plans):
         clear()
     yield
@@ -115,6 +116,7 @@ def test_merges_launch_with_their_wait(monkeypatch, on):
     from glm5lib.kernels import mla_gluon_fp8mma as fm, mla_gluon_large as gl_large
 
     monkeypatch.setattr(common, "pdl", lambda device: on)
+    monkeypatch.setattr(common, "_MERGE_PDL_KW", {})
     log = []
     for mod, name in ((mla, "_MERGE"), (fm, "_MERGE_PIECES"), (gl_large, "_MERGE_RUNS")):
         monkeypatch.setattr(mod, name, _Recorder(log))
@@ -134,9 +136,15 @@ def test_set_pdl_drops_cached_plans(monkeypatch):
     from glm5lib.kernels import mla_gluon_fp8mma as fm, mla_gluon_large as gl_large
 
     monkeypatch.setattr(common, "PDL", common.PDL)  # restored after the test
+    monkeypatch.setattr(common, "_MERGE_PDL_KW", {("cuda", 0): {"PDL": True, "launch_pdl": True}})
     mla._launch_plan(4, 8, 2048, "bf16", "cpu", None, None, None, True, False, False)
     gl_large._ws_plan(8, 64, 2048, "cpu", None, None, "dq", 64, 0, None)
+    d = fm.DEFAULT
+    fm._launch_plan(32, 8, 2048, "cpu", None, d.nbuf, d.q_terms, d.p_terms, d.maxnreg, d.block_n, d.row_threads,
+                    d.refill, d.sched, None)
+    assert min(f.cache_info().currsize for f in (mla._launch_plan, gl_large._ws_plan, fm._launch_plan)) > 0
     mla.set_pdl(False)
+    assert common._MERGE_PDL_KW == {}
     assert common.PDL is False
     assert mla._launch_plan.cache_info().currsize == 0 and gl_large._ws_plan.cache_info().currsize == 0
     assert fm._launch_plan.cache_info().currsize == 0
@@ -161,6 +169,24 @@ for arch in (80, 89, 90, 120):
         ptx = compile_spec(specs[name], arch).asm["ptx"]
         print(json.dumps({"arch": arch, "name": name.split("[")[0] + (":split" if name == split else ""),
                           "trigger": "griddepcontrol.launch_dependents" in ptx, "wait": "griddepcontrol.wait" in ptx}))
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from glm5lib.kernels.compile_report import _sig
+from glm5lib.kernels import mla
+merges = (("merge_splits", mla._merge_splits_kernel, {"D_NOPE": 512, "SP": 4, "BLOCK_H": 16, "BLOCK_D": 64}),
+          ("merge_pieces", fm._merge_pieces_kernel, {"HP": 8, "BLOCK_D": 128}),
+          ("merge_runs", gl_large._merge_runs_kernel, {"D_NOPE": 512, "SP": 4, "BLOCK_H": 16, "BLOCK_D": 64}))
+for name, fn, consts in merges:
+    for on in (False, True):
+        c = dict(consts, PDL=on)
+        sig = _sig(fn, {"PART": "*fp32", "O": "*bf16", "LSE": "*fp32"}, c)
+        k = triton.compile(ASTSource(fn, sig, constexprs={(fn.arg_names.index(a),): v for a, v in c.items()}),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        lines = [l.strip() for l in k.asm["ptx"].splitlines()]
+        first = lambda pat: next((i for i, l in enumerate(lines) if pat in l), 10**9)
+        print(json.dumps({"arch": 90, "name": f"{name}:{on}", "wait": first("griddepcontrol.wait"),
+                          "load": first("ld.global"), "store": first("st.global")}))
 for name, k in (("dq:split", gl_large.aot_compile(90, kv_format="fp8_ds_mla", mode="dq", split=True)),
                 ("dq:bal", gl_large.aot_compile(90, kv_format="fp8_ds_mla", mode="dq", bal=True)),
                 ("dq:direct", gl_large.aot_compile(90, kv_format="fp8_ds_mla", mode="dq")),
@@ -169,7 +195,7 @@ for name, k in (("dq:split", gl_large.aot_compile(90, kv_format="fp8_ds_mla", mo
     print(json.dumps({"arch": 90, "name": name, "trigger": "griddepcontrol.launch_dependents" in ptx,
                       "wait": "griddepcontrol.wait" in ptx}))
 """)
-    got = {(r["arch"], r["name"]): (r["trigger"], r["wait"]) for r in rows}
+    got = {(r["arch"], r["name"]): (r["trigger"], r["wait"]) for r in rows if "trigger" in r}
     for arch in (80, 89, 90, 120):
         on = arch >= 90
         assert got[(arch, "sparse_mla:split")] == (on, False), arch
@@ -178,3 +204,9 @@ for name, k in (("dq:split", gl_large.aot_compile(90, kv_format="fp8_ds_mla", mo
     assert got[(90, "dq:split")] == (True, False) and got[(90, "dq:bal")] == (True, False)
     assert got[(90, "dq:direct")] == (False, False)
     assert got[(90, "fp8mma:split")] == (True, False)
+    # each merge with the constexpr on waits before its first load and store; with it off it has no wait
+    for name in ("merge_splits", "merge_pieces", "merge_runs"):
+        on = next(r for r in rows if r["name"] == f"{name}:True")
+        off = next(r for r in rows if r["name"] == f"{name}:False")
+        assert on["wait"] < on["load"] < 10**9 and on["wait"] < on["store"] < 10**9, name
+        assert off["wait"] == 10**9 and off["load"] < 10**9, name

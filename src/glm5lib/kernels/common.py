@@ -117,36 +117,40 @@ PREBOUND = _prebound_default(os.environ.get("GLM5LIB_TRITON_PREBOUND"), triton._
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # decided before Triton was imported (above)
 
 
-
 # ---- programmatic dependent launch --------------------------------------------------------------------------------
 #
 # A split launch is two kernels: the attention kernel writes fp32 partials, a merge kernel combines them. Launched
 # plainly, the merge starts only once the kernel has finished and the launch has gone through the front end (a few
 # us at small batches, where the whole step takes 10-40 us). With programmatic dependent launch (sm_90 and newer;
 # CUDA's `cudaLaunchAttributeProgrammaticStreamSerialization`, Triton's `launch_pdl` option) the merge's programs are
-# placed on the SMs while the kernel's last programs still run: every kernel program executes
-# `griddepcontrol.launch_dependents` first (`gdc_launch_dependents`), so the merge may launch once the kernel's last
-# wave is resident, and every merge program executes `griddepcontrol.wait` (`gdc_wait`) before its first load, which
-# returns only when the kernel has completed and its writes are visible. So the merge reads what it read before;
-# only its launch moves earlier. FlashMLA launches its split-KV combine the same way. The wait is tied to the launch
-# option in one constexpr (`pdl_kw`): a merge launched with the option always waits. The instructions need sm_90
-# (ptxas refuses them for sm_80 / sm_89), so the flag is off there, in the interpreter and with GLM5LIB_PDL=0.
-PDL = os.environ.get("GLM5LIB_PDL", "1") != "0"  # read once; `mla.set_pdl` flips it and drops the cached plans
+# placed on the SMs while the kernel's last programs still run: each program of the dispatched kernels (the Triton
+# kernel, the fp8-cache kernel, the ping-pong and dq kernels) executes `griddepcontrol.launch_dependents` first
+# (`gdc_launch_dependents`), so the merge may launch once the kernel's last wave is resident, and every merge program
+# executes `griddepcontrol.wait` (`gdc_wait`) before anything else, which returns only when the kernel has completed
+# and its writes are visible. So the merge reads what it read before; only its launch moves earlier. (A kernel without
+# the trigger, e.g. the key-split wgmma kernel, lets its merge launch at its end, as a plain launch would.) FlashMLA
+# launches its split-KV combine the same way. The merges take their launch keywords from `pdl_kw` / `merge_pdl_kw`,
+# which set the wait and the launch option together. The instructions need sm_90 (ptxas refuses them for sm_80 /
+# sm_89), so the switch is off there, in the interpreter, with a Triton that lacks either half, and with
+# GLM5LIB_PDL=0 (or off / false).
+PDL = os.environ.get("GLM5LIB_PDL", "1").lower() not in ("0", "off", "false")  # `mla.set_pdl` flips it later
 
 
 @functools.lru_cache(maxsize=None)
 def _triton_has_pdl() -> bool:
+    """Whether this Triton has both halves: the launcher's `launch_pdl` option and the `gdc_*` instructions."""
     try:
         from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:  # a Triton without the NVIDIA backend
+        from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait  # noqa: F401
+    except ImportError:  # a Triton without the NVIDIA backend or the instructions
         return False
     return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 
 
 def pdl(device: torch.device) -> bool:
-    """Whether split launches on `device` overlap their merge's launch with the kernel's tail (see above): on
-    (`PDL`), a CUDA device of compute capability 9.0 or newer, compiled (not interpreted), and a Triton whose
-    launcher takes `launch_pdl`."""
+    """Whether split launches on `device` launch their merge as the kernel's programmatic dependent (see above): on
+    (`PDL`), a CUDA device of compute capability 9.0 or newer, compiled (not interpreted), and a Triton with both
+    halves."""
     return (PDL and device.type == "cuda" and not INTERPRETED and capability(device) >= (9, 0)
             and _triton_has_pdl())
 
@@ -155,6 +159,19 @@ def pdl_kw(on: bool) -> dict:
     """The launch keywords of a merge kernel that takes the `PDL` constexpr: the constexpr (its `gdc_wait`) and
     Triton's `launch_pdl` option together, so that one is never set without the other."""
     return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
+
+
+_MERGE_PDL_KW: dict = {}
+
+
+def merge_pdl_kw(device: torch.device) -> dict:
+    """`pdl_kw(pdl(device))`, kept per device (an eager layer's merge launch asks on every call); `mla.set_pdl`
+    forgets them."""
+    key = (device.type, device.index)
+    kw = _MERGE_PDL_KW.get(key)
+    if kw is None:
+        kw = _MERGE_PDL_KW[key] = pdl_kw(pdl(device))
+    return kw
 
 
 def _spec_of(a):

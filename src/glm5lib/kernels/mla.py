@@ -457,7 +457,7 @@ def merge_splits(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, split
     sp, bh, bd = merge_tile(splits, H)
     _MERGE.launch((T, -(-H // bh), D_NOPE // bd), (part, out, lse, out.stride(0), out.stride(1), H, H, splits),
                   dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4,
-                       **common.pdl_kw(common.pdl(out.device))))
+                       **common.merge_pdl_kw(out.device)))
 
 
 MAX_SPLITS = 32  # keeps the merge's [splits, heads, columns] tile small; >= 64 keys per split at top-k 2048
@@ -493,6 +493,7 @@ def set_pdl(on: bool) -> None:
     import sys
 
     common.PDL = bool(on)
+    common._MERGE_PDL_KW.clear()
     _launch_plan.cache_clear()
     for name in ("glm5lib.kernels.mla_gluon_fp8mma", "glm5lib.kernels.mla_gluon_large"):
         mod = sys.modules.get(name)

@@ -1287,10 +1287,13 @@ if HAVE_GLUON:
 if HAVE_GLUON:
     @gluon.jit
     def _gathers_alone_kernel(KV, IDX, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPLIT, NW: gl.constexpr,
-                              NBUF: gl.constexpr, BN: gl.constexpr, TPR: gl.constexpr, PAD: gl.constexpr):
+                              NBUF: gl.constexpr, BN: gl.constexpr, TPR: gl.constexpr, PAD: gl.constexpr,
+                              PDL: gl.constexpr = False):
         """A measurement (`ablate_launch`): the kernel's gathers with nothing computed, on its grid, ring and
         `_ring_step` schedule, its NW warps' share of each row; PAD int32 words of shared memory (0: none, else a
-        power of two) hold the programs per SM at the whole kernel's."""
+        power of two) hold the programs per SM at the whole kernel's; PDL as the kernel's (its merge follows)."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
         CH: gl.constexpr = 128
         LW: gl.constexpr = _gather_layouts(NW, TPR)[0]
         LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
@@ -1446,7 +1449,7 @@ def merge_pieces(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, tiles
     _MERGE_PIECES.launch((programs - 1, D_NOPE // MERGE_BLOCK_D),
                          (part, out, lse, out.stride(0), out.stride(1), lse.stride(0), H, T, tiles, programs),
                          dict(HP=max(2, 1 << (H - 1).bit_length()), BLOCK_D=MERGE_BLOCK_D, num_warps=4,
-                              **common.pdl_kw(common.pdl(out.device))))
+                              **common.merge_pdl_kw(out.device)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1639,7 +1642,7 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
         pad = pad_words(ring, per_sm, smem)
         _gathers_alone_kernel[(T, splits)](kv_cache, indices, stride_kv, indices.stride(0), topk, n_rows,
                                            keys_per_split, NW=kw["num_warps"], NBUF=nbuf, BN=bn, TPR=kw["TPR"],
-                                           PAD=pad, num_warps=kw["num_warps"])
+                                           PAD=pad, PDL=kw["PDL"], num_warps=kw["num_warps"])
     if splits > 1:
         mla.merge_splits(part_buf, out, lse, splits)
     return out, lse
@@ -1711,7 +1714,7 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
     fn = _gathers_alone_kernel
     nw = num_warps_of(G, wm)
     consts = {"NW": nw, "NBUF": nbuf, "BN": bn, "TPR": c.row_threads,
-              "PAD": pad_words(nbuf * bn * (D_NOPE + 2 * D_ROPE + 16), per_sm)}
+              "PAD": pad_words(nbuf * bn * (D_NOPE + 2 * D_ROPE + 16), per_sm), "PDL": split and arch >= 90}
     sig = {a: ("constexpr" if a in consts else {"KV": "*u8", "IDX": "*i32"}.get(a, "i32")) for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("KV", "IDX", "stride_kv", "stride_it")}
     return triton.compile(GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs),

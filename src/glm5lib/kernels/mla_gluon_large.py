@@ -1271,7 +1271,7 @@ def merge_runs(part: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, nt: int
     _MERGE_RUNS.launch((T, -(-H // bh), D_NOPE // bd), (part, out, lse, out.stride(0), out.stride(1), lse.stride(0),
                                                         H, nt, T * nt, P),
                        dict(D_NOPE=D_NOPE, SP=sp, BLOCK_H=bh, BLOCK_D=bd, num_warps=4,
-                            **common.pdl_kw(common.pdl(out.device))))
+                            **common.merge_pdl_kw(out.device)))
 
 
 def plan_splits_of(T: int, n_hb: int, topk: int, n_sms: int, mode: str, block_n: int = 64) -> int:
