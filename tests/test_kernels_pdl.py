@@ -14,6 +14,7 @@ from glm5lib.kernels import common, mla
 def compiled(monkeypatch):
     """As on a GPU: not interpreted, capability by device index (0: an H200, 1: an L40S, 2: an RTX PRO 6000)."""
     monkeypatch.setattr(common, "INTERPRETED", False)
+    monkeypatch.setattr(common, "PDL", True)
     caps = {0: (9, 0), 1: (8, 9), 2: (12, 0), 3: (8, 0)}
     monkeypatch.setattr(common, "capability", lambda device: caps[device.index])
     monkeypatch.setattr(common, "_triton_has_pdl", lambda: True)
@@ -36,6 +37,14 @@ def test_pdl_off_by_flag_interpreter_cpu_or_old_triton(compiled, monkeypatch):
     monkeypatch.setattr(common, "_triton_has_pdl", lambda: True)
     monkeypatch.setattr(common, "INTERPRETED", True)
     assert not common.pdl(h200)
+
+
+@pytest.mark.parametrize("env,want", [(None, False), ("0", False), ("off", False), ("1", True), ("on", True),
+                                      ("TRUE", True), ("yes-please", False)])
+def test_pdl_is_opt_in(env, want):
+    """Off unless GLM5LIB_PDL asks for it (the H100 run of round 25: at most 1.1 us to gain a merge launch, and the
+    fp8-cache kernel slower with it)."""
+    assert common._pdl_default(env) is want
 
 
 def test_this_triton_takes_the_option():

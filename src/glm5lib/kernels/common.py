@@ -131,9 +131,16 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # decided before Triton
 # the trigger, e.g. the key-split wgmma kernel, lets its merge launch at its end, as a plain launch would.) FlashMLA
 # launches its split-KV combine the same way. The merges take their launch keywords from `pdl_kw` / `merge_pdl_kw`,
 # which set the wait and the launch option together. The instructions need sm_90 (ptxas refuses them for sm_80 /
-# sm_89), so the switch is off there, in the interpreter, with a Triton that lacks either half, and with
-# GLM5LIB_PDL=0 (or off / false).
-PDL = os.environ.get("GLM5LIB_PDL", "1").lower() not in ("0", "off", "false")  # `mla.set_pdl` flips it later
+# sm_89), so it never applies there, in the interpreter, or with a Triton that lacks either half.
+# Off by default: measured on an H100 (NOTES.md round 25, `scripts/pdl_probe.py`, CUDA-graph replay), a plain merge
+# launch starts 1.1 us after the kernel ends, so that is all PDL can save, and it saved 0.2-0.6 us at most shapes
+# (bf16 8 heads B1 10.6 -> 10.0 us) while the fp8-cache kernel ran 5-29 % slower with its merge launched early
+# (8 heads B8 16.6 -> 21.5 us, B32 35.7 -> 43.4 us). GLM5LIB_PDL=1 (or on / true) turns it on.
+def _pdl_default(env: str | None) -> bool:
+    return (env or "0").lower() in ("1", "on", "true")
+
+
+PDL = _pdl_default(os.environ.get("GLM5LIB_PDL"))  # `mla.set_pdl` flips it later
 
 
 @functools.lru_cache(maxsize=None)
