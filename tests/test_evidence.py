@@ -1802,3 +1802,36 @@ def test_evidence_round24_balanced_schedule_h100():
     assert m.balanced_plan(70, 1, 2048, 132) == 132 and m.balanced_plan(35, 2, 2048, 132) == 66
     log = (BENCH / "sweeps" / "sanitizer_h100_a815ef4.log").read_text()
     assert "28/28 cases pass on cuda" in log and "ERROR SUMMARY: 0 errors" in log
+
+
+def test_evidence_round25_pdl_h100():
+    """NOTES round 25 (`device_kernels.sh round25 checks sanitize bench-targets` at 68aed99, H100, PDL then on by
+    default): the mechanism engaged in graph replay and its wait held; a plain merge launch started 1.1 us after the
+    kernel ended; every kernel row bit-equal between the settings and matching fp32; the timings the prose quotes; the
+    one failed row is the eager mechanism check (the host submitted the second launch after the first had ended, which
+    the probe now records instead of requiring); the matrix and memcheck with PDL on."""
+    d = load("sweeps/pdl_h100_68aed99.json")
+    assert d["meta"]["commit"].startswith("68aed99") and "H100" in d["meta"]["device"]
+    mech = {(r["graph"], r["pdl"]): r for r in d["rows"] if r.get("kind") == "mechanism"}
+    assert all(r["wait_ok"] for r in mech.values())
+    assert mech[True, True]["engaged"] and round(mech[True, True]["entry_before_end_us"], 1) == 19.6
+    assert not mech[True, False]["engaged"] and round(mech[True, False]["entry_before_end_us"], 2) == -1.12
+    assert not mech[False, True]["engaged"]
+    kernel_rows = [r for r in d["rows"] if r.get("impl") in ("plain", "pdl")]
+    assert len(kernel_rows) == 80 and all(r["ok"] and r["bit_equal"] for r in kernel_rows)
+    assert [r for r in d["rows"] if not r.get("ok")] == [mech[False, True]]
+    ratio = {(s["format"], s["H"], s["T"]): s["graph_ratio"] for s in d["meta"]["summary"]}
+    us = {(s["format"], s["H"], s["T"]): s["graph_us"] for s in d["meta"]["summary"]}
+    assert [round(us["fp8_ds_mla", 8, T][k], 1) for T in (8, 32) for k in ("plain", "pdl")] == [16.6, 21.5, 35.7, 43.4]
+    assert [round(us["bf16", 8, 1][k], 1) for k in ("plain", "pdl")] == [10.6, 10.0]
+    fp8mma = [ratio[k] for k in ratio if k[0] == "fp8_ds_mla" and k[1] in (8, 16) and k[2] in (8, 32, 128)]
+    assert len(fp8mma) == 5 and (round(min(fp8mma), 2), round(max(fp8mma), 2)) == (1.05, 1.29)
+    large = [r for k, r in ratio.items() if k[1] >= 64]
+    assert len(large) == 9 and (round(min(large), 3), round(max(large), 3)) == (0.984, 1.001)
+    cases = load("sweeps/checks_h100_full_68aed99.json")
+    assert len(cases) == 131 and all(r["ok"] for r in cases)
+    log = (BENCH / "sweeps" / "sanitizer_h100_68aed99.log").read_text()
+    assert "28/28 cases pass on cuda" in log and "ERROR SUMMARY: 0 errors" in log
+    bench = load("sweeps/bench_h100_68aed99.json")
+    met = {t["target"]: t["met"] for t in bench["targets"]}
+    assert bench["meta"]["commit"].startswith("68aed99") and sum(met.values()) == 10 and len(met) == 22
