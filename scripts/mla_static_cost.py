@@ -42,7 +42,7 @@ def compile_cfg(cfg: mla.MLAConfig, fmt: str, arch: int, split: bool = True):
     consts = {"KV_FP8": fp8, "FP8_HW": arch >= 89, "SPLIT": split, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n,
               "D_NOPE": D_NOPE, "D_ROPE": D_ROPE, "PREFETCH": cfg.prefetch, "ALIGNED": fp8,
               "NOPE_F16": fp8 and cfg.nope_f16, "DEQUANT": fp8 and cfg.dequant, "IDX_AHEAD": cfg.idx_ahead,
-              "PDL": split and arch >= 90}  # as launched (`common.pdl`)
+              "PDL": mla.common.PDL and split and arch >= 90}  # as launched (`common.pdl`)
     consts.update({k: v for k, v in EXTRA.items() if k in fn.arg_names})
     c = {(fn.arg_names.index(k),): v for k, v in consts.items()}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in DIV}

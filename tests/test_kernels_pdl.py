@@ -167,7 +167,8 @@ def test_builds_carry_the_instructions_only_from_sm90():
     without splits; the sm_90 Gluon builds as launched (`aot_compile`'s default): the trigger in the split and
     balanced builds of the dq and fp8-cache kernels, not in the dq build without splits."""
     rows = compile_rows("""
-import json
+import json, os
+os.environ["GLM5LIB_PDL"] = "1"  # the opt-in builds (the default launches, and so compiles, without PDL)
 from glm5lib.kernels.compile_report import compile_spec, shipped_kernels
 from glm5lib.kernels import mla_gluon_fp8mma as fm, mla_gluon_large as gl_large
 for arch in (80, 89, 90, 120):

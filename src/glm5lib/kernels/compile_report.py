@@ -228,6 +228,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     import torch
 
     from glm5lib.kernels.indexer import INDEXER_CONFIGS, _indexer_ragged_kernel
+    from glm5lib.kernels import common
     from glm5lib.kernels.mla import CONFIGS, _merge_splits_kernel, _sparse_mla_fwd_kernel, merge_tile
     from glm5lib.kernels.naive import D_NOPE, D_ROPE, INDEXER_DIM, INDEXER_FP8_ROW_BYTES
 
@@ -249,13 +250,13 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                       "BLOCK_N": cfg.block_n, "D_NOPE": D_NOPE, "D_ROPE": D_ROPE, "PREFETCH": cfg.prefetch,
                       "ALIGNED": fp8, "NOPE_F16": fp8 and cfg.nope_f16,
                       "DEQUANT": fp8 and cfg.dequant, "IDX_AHEAD": cfg.idx_ahead,
-                      "PDL": split and arch >= 90}  # as launched (`common.pdl`)
+                      "PDL": common.PDL and split and arch >= 90}  # as launched (`common.pdl`)
             specs.append(KernelSpec(f"sparse_mla[{cname}:{cfg.name}:{'split' if split else 'direct'}]",
                                     fn, _sig(fn, types, consts), consts, cfg.num_warps, cfg.num_stages, div))
     fn = _merge_splits_kernel
     for n_splits, H in ((2, 128), (32, 8), (32, 16), (4, 64)):
         sp, bh, bd = merge_tile(n_splits, H)
-        consts = {"D_NOPE": D_NOPE, "SP": sp, "BLOCK_H": bh, "BLOCK_D": bd, "PDL": arch >= 90}
+        consts = {"D_NOPE": D_NOPE, "SP": sp, "BLOCK_H": bh, "BLOCK_D": bd, "PDL": common.PDL and arch >= 90}
         specs.append(KernelSpec(f"merge_splits[SP{sp}-H{bh}-D{bd}]", fn,
                                 _sig(fn, {"PART": "*fp32", "O": "*bf16", "LSE": "*fp32"}, consts), consts, 4, 3,
                                 ("PART", "O", "LSE", "stride_ot", "stride_oh")))

@@ -1658,7 +1658,8 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch
     with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`; widen: `WIDENS`;
-    wgmma: `WGMMAS`; pdl: the PDL constexpr (None: as launched, on for a build whose partials are merged on sm_90+)."""
+    wgmma: `WGMMAS`; pdl: the PDL constexpr (None: as launched, on for a build whose partials are merged on sm_90+
+    while `common.PDL` is: GLM5LIB_PDL=1)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1680,7 +1681,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
               "COMPUTE_ALONE": compute_alone, "PAD": pad,
               "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone, "WM": wm,
               "WIDEN": widen, "WG": wgmma_of(wgmma, wm, G, arch)}
-    consts["PDL"] = bool((split or consts["BALANCED"]) and arch >= 90) if pdl is None else pdl
+    consts["PDL"] = bool(common.PDL and (split or consts["BALANCED"]) and arch >= 90) if pdl is None else pdl
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1714,7 +1715,8 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
     fn = _gathers_alone_kernel
     nw = num_warps_of(G, wm)
     consts = {"NW": nw, "NBUF": nbuf, "BN": bn, "TPR": c.row_threads,
-              "PAD": pad_words(nbuf * bn * (D_NOPE + 2 * D_ROPE + 16), per_sm), "PDL": split and arch >= 90}
+              "PAD": pad_words(nbuf * bn * (D_NOPE + 2 * D_ROPE + 16), per_sm),
+              "PDL": common.PDL and split and arch >= 90}
     sig = {a: ("constexpr" if a in consts else {"KV": "*u8", "IDX": "*i32"}.get(a, "i32")) for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("KV", "IDX", "stride_kv", "stride_it")}
     return triton.compile(GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs),

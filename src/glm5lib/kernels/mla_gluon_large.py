@@ -1452,7 +1452,7 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
                 bal: bool = False, pdl: bool | None = None):
     """Compile a config for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); bal: the dq
     kernel's balanced-schedule build (`balanced_plan`; split partials); pdl: the three-warpgroup kernels' PDL
-    constexpr (None: as launched, on for a build whose partials are merged on sm_90+)."""
+    constexpr (None: as launched, on for a build whose partials are merged on sm_90+ while `common.PDL` is)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1468,7 +1468,7 @@ def aot_compile(arch: int = 90, block_n: int = DEFAULT[0], nbuf: int = DEFAULT[1
                   "PROBE": probe}
         if mode == "dq":
             consts["BAL"] = bal
-        consts["PDL"] = bool((split or bal) and arch >= 90) if pdl is None else pdl
+        consts["PDL"] = bool(common.PDL and (split or bal) and arch >= 90) if pdl is None else pdl
         nw = 4
     else:
         fn = _sparse_mla_wgmma_kernel
