@@ -1824,6 +1824,14 @@ def test_evidence_round25_pdl_h100():
     us = {(s["format"], s["H"], s["T"]): s["graph_us"] for s in d["meta"]["summary"]}
     assert [round(us["fp8_ds_mla", 8, T][k], 1) for T in (8, 32) for k in ("plain", "pdl")] == [16.6, 21.5, 35.7, 43.4]
     assert [round(us["bf16", 8, 1][k], 1) for k in ("plain", "pdl")] == [10.6, 10.0]
+    assert [round(us["fp8_ds_mla", 8, 1][k], 1) for k in ("plain", "pdl")] == [11.3, 10.5]
+    assert [round(ratio[k], 3) for k in (("bf16", 8, 32), ("bf16", 8, 128), ("fp8_ds_mla", 8, 128),
+                                         ("fp8_ds_mla", 16, 32), ("fp8_ds_mla", 16, 128), ("fp8_ds_mla", 8, 600),
+                                         ("fp8_ds_mla", 64, 128))] == [1.008, 1.016, 1.055, 1.048, 1.063, 1.006, 0.999]
+    assert round(mech[False, True]["entry_before_end_us"], 1) == -12.3  # eager: submitted after the first ended
+    # below one wave at 64-128 heads (docs/kernels.md Next steps 2): at most 0.5 us saved
+    below = [us[k]["plain"] - us[k]["pdl"] for k in us if k[1] >= 64 and k[2] * -(-k[1] // 64) < 128]  # no control
+    assert len(below) == 7 and round(max(below), 1) == 0.5
     fp8mma = [ratio[k] for k in ratio if k[0] == "fp8_ds_mla" and k[1] in (8, 16) and k[2] in (8, 32, 128)]
     assert len(fp8mma) == 5 and (round(min(fp8mma), 2), round(max(fp8mma), 2)) == (1.05, 1.29)
     large = [r for k, r in ratio.items() if k[1] >= 64]

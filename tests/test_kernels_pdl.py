@@ -204,6 +204,18 @@ for name, k in (("dq:split", gl_large.aot_compile(90, kv_format="fp8_ds_mla", mo
     ptx = k.asm["ptx"]
     print(json.dumps({"arch": 90, "name": name, "trigger": "griddepcontrol.launch_dependents" in ptx,
                       "wait": "griddepcontrol.wait" in ptx}))
+from glm5lib.kernels import common
+common.PDL = False  # the default: the builds as launched carry neither instruction
+specs = {s.name: s for s in shipped_kernels(90)}
+split = next(n for n in specs if n.startswith("sparse_mla[small-bf16") and n.endswith(":split]"))
+merge = next(n for n in specs if n.startswith("merge_splits["))
+for name, k in (("off:sparse_mla:split", compile_spec(specs[split], 90)),
+                ("off:merge_splits", compile_spec(specs[merge], 90)),
+                ("off:dq:split", gl_large.aot_compile(90, kv_format="fp8_ds_mla", mode="dq", split=True)),
+                ("off:fp8mma:split", fm.aot_compile(90, split=True))):
+    ptx = k.asm["ptx"]
+    print(json.dumps({"arch": 90, "name": name, "trigger": "griddepcontrol.launch_dependents" in ptx,
+                      "wait": "griddepcontrol.wait" in ptx}))
 """)
     got = {(r["arch"], r["name"]): (r["trigger"], r["wait"]) for r in rows if "trigger" in r}
     for arch in (80, 89, 90, 120):
@@ -214,6 +226,8 @@ for name, k in (("dq:split", gl_large.aot_compile(90, kv_format="fp8_ds_mla", mo
     assert got[(90, "dq:split")] == (True, False) and got[(90, "dq:bal")] == (True, False)
     assert got[(90, "dq:direct")] == (False, False)
     assert got[(90, "fp8mma:split")] == (True, False)
+    for name in ("off:sparse_mla:split", "off:merge_splits", "off:dq:split", "off:fp8mma:split"):
+        assert got[(90, name)] == (False, False), name
     # each merge with the constexpr on waits before its first load and store; with it off it has no wait
     for name in ("merge_splits", "merge_pieces", "merge_runs"):
         on = next(r for r in rows if r["name"] == f"{name}:True")

@@ -133,9 +133,9 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # decided before Triton
 # which set the wait and the launch option together. The instructions need sm_90 (ptxas refuses them for sm_80 /
 # sm_89), so it never applies there, in the interpreter, or with a Triton that lacks either half.
 # Off by default: measured on an H100 (NOTES.md round 25, `scripts/pdl_probe.py`, CUDA-graph replay), a plain merge
-# launch starts 1.1 us after the kernel ends, so that is all PDL can save, and it saved 0.2-0.6 us at most shapes
-# (bf16 8 heads B1 10.6 -> 10.0 us) while the fp8-cache kernel ran 5-29 % slower with its merge launched early
-# (8 heads B8 16.6 -> 21.5 us, B32 35.7 -> 43.4 us). GLM5LIB_PDL=1 (or on / true) turns it on.
+# launch starts 1.1 us after the kernel ends, so that is all PDL can save: bf16 8 heads B1 10.6 -> 10.0 us, 64-128
+# heads 0.98-1.00x, while the fp8-cache kernel ran 5-29 % slower with its merge launched early (8 heads B8
+# 16.6 -> 21.5 us, B32 35.7 -> 43.4 us). GLM5LIB_PDL=1 (or on / true) turns it on.
 def _pdl_default(env: str | None) -> bool:
     return (env or "0").lower() in ("1", "on", "true")
 

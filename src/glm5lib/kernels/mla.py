@@ -488,8 +488,9 @@ def force_smem_class(value: str | None) -> None:
 
 
 def set_pdl(on: bool) -> None:
-    """Launch split merges as programmatic dependents (`common.pdl`) from now on, or not (what GLM5LIB_PDL=0 sets at
-    import); the cached launch plans of every sparse-MLA kernel are dropped (benchmarks compare both in one process)."""
+    """Launch split merges as programmatic dependents (`common.pdl`) from now on, or not (the default; GLM5LIB_PDL=1
+    sets it on at import); the cached launch plans of every sparse-MLA kernel are dropped (the probe compares both in
+    one process)."""
     import sys
 
     common.PDL = bool(on)

@@ -76,7 +76,7 @@ from glm5lib.kernels import common  # noqa: F401  (before triton: the interprete
 from glm5lib.kernels import mla
 from glm5lib.kernels.common import Prebound, capability, num_sms
 from glm5lib.kernels.compile_report import SMEM_LIMIT
-from glm5lib.kernels.mla import LOG2E, _part_rows
+from glm5lib.kernels.mla import LOG2E, _merge_rows, _part_rows
 from glm5lib.kernels.naive import D_NOPE, D_QK, D_ROPE
 
 import triton  # noqa: E402
@@ -1401,9 +1401,9 @@ def _merge_pieces_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, N_TOK
     ((b + 1) n / P) // NT unless that run end is a token's end (n = N_TOK * NT tiles, P = N_PROG programs); its two
     pieces' partials (fp32, normalised, with their log2 lse) sit in a two-split buffer over P rows, `mla._part_rows`'s
     layout and `split_buffer`'s allocation (slot 0 the head, slot 1 the tail, row b), and merge into out and lse as
-    `mla._merge_splits_kernel` merges splits; apart from it because the row it writes is the cut token, not its own
-    program id, and most boundaries write nothing. Plain Triton (it runs in the interpreter). PDL: launched as the
-    kernel's programmatic dependent, so it waits for the kernel first (`common.pdl`)."""
+    `mla._merge_splits_kernel` merges splits (`mla._merge_rows`); apart from it because the row it writes is the cut
+    token, not its own program id, and most boundaries write nothing. Plain Triton (it runs in the interpreter).
+    PDL: launched as the kernel's programmatic dependent, so it waits for the kernel first (`common.pdl`)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
@@ -1414,26 +1414,9 @@ def _merge_pieces_kernel(PART, O, LSE, stride_ot, stride_oh, stride_lt, H, N_TOK
         offs_h = tl.arange(0, HP)
         offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
         hm = offs_h < H
-        r0 = _part_rows(0, b, N_PROG, H, offs_h)
-        r1 = _part_rows(1, b, N_PROG, H, offs_h)
-        lse_base = PART + 2 * N_PROG.to(tl.int64) * H * 512
-        l0 = tl.load(lse_base + r0, mask=hm, other=float("-inf"))
-        l1 = tl.load(lse_base + r1, mask=hm, other=float("-inf"))
-        m = tl.maximum(l0, l1)
-        m_use = tl.where(m == float("-inf"), 0.0, m)
-        w0 = tl.exp2(l0 - m_use)  # 0 for a piece without a valid key
-        w1 = tl.exp2(l1 - m_use)
-        l = w0 + w1
-        o0 = tl.load(PART + r0[:, None] * 512 + offs_d[None, :], mask=hm[:, None], other=0.0)
-        o1 = tl.load(PART + r1[:, None] * 512 + offs_d[None, :], mask=hm[:, None], other=0.0)
-        has_key = l > 0
-        inv_l = tl.where(has_key, 1.0 / tl.where(has_key, l, 1.0), 0.0)
-        o = (o0 * w0[:, None] + o1 * w1[:, None]) * inv_l[:, None]
-        tl.store(O + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(O.dtype.element_ty),
-                 mask=hm[:, None])
-        if db == 0:
-            lse = tl.where(has_key, (m_use + tl.log2(tl.where(has_key, l, 1.0))) * 0.6931471805599453, float("-inf"))
-            tl.store(LSE + t * stride_lt + offs_h, lse, mask=hm)
+        rows = _part_rows(tl.arange(0, 2)[:, None], b, N_PROG, H, offs_h[None, :])  # [2, HP]: head, tail piece
+        _merge_rows(PART, PART + 2 * N_PROG.to(tl.int64) * H * 512, rows, tl.broadcast_to(hm[None, :], (2, HP)), O,
+                    LSE, t, offs_h, hm, offs_d, db, stride_ot, stride_oh, stride_lt, 512)
 
 
 _MERGE_PIECES = Prebound(_merge_pieces_kernel)
