@@ -2,8 +2,7 @@
 
 The H200 files were produced at different commits: the v5 decode verification at febd9ab; the matrix and compute-
 sanitizer with the sm_89/sm_120 ("small" shared-memory class) configs forced on the H200 at 4bea5da; the full case
-matrix, compute-sanitizer and the benchmark at 33e8f55, with the Gluon kernels for 17-128 heads and the fp8-cache
-kernel's fp16-product build for 1-16 heads dispatched on sm_90 (the benchmark records its commit in the JSON); the
+matrix, compute-sanitizer and the benchmark at 6eaff6f (below; the benchmark records its commit in the JSON); the
 vLLM call-path harness at 836d561 (the Triton kernel; the run with the fp8-cache kernel at 33e8f55 is
 `sweeps/vllm_harness_h200_33e8f55.json`). The configs of a commit are its `CONFIGS` (`git show REV:src/glm5lib/kernels/mla.py`); a case's config
 follows from its shape by `config_key` on the H200 (132 SMs) in the class the run used ("big" unless forced), or is
@@ -15,23 +14,14 @@ Files written since the case matrix records each case's config (`checks` adds `c
 `CONFIGS` ("recorded": False) and such a piece does not count as having run a shipped config: a config changed
 after the run would otherwise be credited with it.
 
-The fp8-cache kernel's config shipped in round 19 (its wgmma rule for the 16-head prefill) went through the full case
-matrix and compute-sanitizer on an H100, at f6a643d and again in round 20 at 59e3fa7 (its key-warps rule for the
-captured decode; the eager cases the matrix runs take the same builds), when no H200 could be had: the same sm_90
-cubins as the H200's (Triton 3.6 compiles for the architecture, not the card); its wgmma build's memcheck, racecheck
-and synccheck ran on the H200 at 4812c4d (`sweeps/*_wgmma_h200_4812c4d.log`). Round 21's dequantising-producer
-kernel for 17-128 heads over fp8_ds_mla ("gluon-BN64-nbuf2-dq") ran the matrix and compute-sanitizer on an H100 at
-e6bb2f0, which also ran every other shipped sm_90 config again, and so did round 22 at 6f7cc40, after the Gluon
-kernels for 17-128 heads were taken from 512 tokens x heads (46 matrix cases and 10 sanitizer cases on them, the
-invalid-index ones at 33 and 4 tokens among them), and round 23, with the tail plan (`mla_gluon_large.tail_plan`):
-the matrix at c4512b1 (its 160-token cases at 40 and 64 heads take it in both kernels, at 128 heads in the dq kernel)
-and memcheck at 18bdc50 (no memcheck case reaches the tail plan; `sweeps/memcheck_tail_h100_c4512b1.log` is both
-kernels' tail plans under memcheck), and round 24, with the dq kernel's balanced schedule below one wave
-(`mla_gluon_large.balanced_plan`; the dq kernel restructured around it): the matrix and memcheck at a815ef4 (its
-70-token 64-head and 35-token 128-head fp8 cases take the schedule; `sweeps/memcheck_dq_bal_h100_f0ad6ed.log` is
-every dq plan under memcheck). Those are the pieces read, named "h100_full_matrix" and "h100_sanitizer";
-"h100_bench" is `bench all --quick` on an H100 at 18bdc50 (the same kernels; its targets are the H100's, not the
-issue's H200 ones).
+The full case matrix, compute-sanitizer and the benchmark ran again on the H200 at 6eaff6f (round 26), with every
+sm_90 config and plan shipped now: the Gluon kernels for 17-128 heads (the dequantising-producer kernel over
+fp8_ds_mla, "gluon-BN64-nbuf2-dq", with its tail plan and balanced schedule; the ping-pong kernel over bf16 rows) and
+the fp8-cache kernel for 1-16 heads with its key-warps and wgmma rules. Rounds 19-25 had no H200 and ran the same
+pieces on an H100 (the same sm_90 cubins: Triton 3.6 compiles for the architecture, not the card); the last of them,
+round 24's matrix and memcheck at a815ef4, are kept as "h100_full_matrix" and "h100_sanitizer", and "h100_bench" is
+`bench all --quick` on an H100 at 18bdc50 (its targets are the H100's, not the issue's H200 ones). The earlier H200
+runs are under `outputs/bench/sweeps/` with their commit in the name (97dc8b8: round 17's).
 
 `coverage(root)` reads the files and reports, per piece: cases, passes, and the config names it ran; and per
 shipped config of both classes: which pieces ran that exact config. The notebook prints it instead of prose.
@@ -63,14 +53,14 @@ HARNESS = "outputs/bench/vllm_harness_h200.json"
 FULL_MATRIX_R8 = "outputs/bench/sweeps/checks_h200_full_73d2a37.json"
 SANITIZER_R8 = "outputs/bench/sweeps/sanitizer_h200_73d2a37.log"
 R8_COMMIT, R8_FP8MMA_MAX_H = "73d2a37", 8
-RUN_COMMIT = "97dc8b8"  # the case matrix (each case records its config), with the Gluon kernels dispatched
+RUN_COMMIT = "6eaff6f"  # the case matrix (each case records its config), with the Gluon kernels dispatched
 SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
 FULL_MATRIX_H100 = "outputs/bench/sweeps/checks_h100_full_a815ef4.json"
 SANITIZER_H100 = "outputs/bench/sweeps/sanitizer_h100_a815ef4.log"
 BENCH_H100 = "outputs/bench/sweeps/bench_h100_18bdc50.json"
 H100_COMMIT = "a815ef4"  # the matrix of round 24's shipped configs and plans on an H100 (sm_90)
 H100_SANITIZER_COMMIT = "a815ef4"  # its compute-sanitizer memcheck (the same configs)
-SANITIZER_COMMIT = "97dc8b8"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
+SANITIZER_COMMIT = "6eaff6f"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
 HARNESS_COMMIT = "836d561"  # the harness (files written since record their own)
 
 _CASE = re.compile(r"^(?P<group>[\w-]+):T(?P<T>\d+)-H(?P<H>\d+)-K\d+-N\d+-(?P<fmt>bf16|fp8_ds_mla)-")
