@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -71,6 +71,8 @@
 # round25: every split path through `mla.sparse_mla` with its merge launched plainly and as the kernel's programmatic
 #   dependent (`common.pdl`), off / on / on / off in one process, each launch checked, the settings bit-equal
 #   (scripts/pdl_probe.py; pdl_h200.json)
+# round26: the same probe on the fp8-cache kernel's split and balanced launches, with its programs also triggering
+#   after their tile loop (`mla_gluon_fp8mma.PDL_TRIGGER` 2; pdl_late_h200.json)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -234,6 +236,8 @@ for r in rows:
           --batches128 35,36,38 > "$OUT/dq_bal_heldout.log" 2>&1; echo "balanced probe rc=$?"; tail -1 "$OUT/dq_bal_heldout.log" ;;
     round25) timeout 300 python3 scripts/pdl_probe.py "$OUT/pdl_h200.json" > "$OUT/pdl.log" 2>&1
         echo "pdl probe rc=$?"; grep -v '^{' "$OUT/pdl.log" | tail -24 ;;
+    round26) timeout 240 python3 scripts/pdl_probe.py "$OUT/pdl_late_h200.json" --fp8mma > "$OUT/pdl_late.log" 2>&1
+        echo "pdl probe rc=$?"; grep -v '^{' "$OUT/pdl_late.log" | tail -14 ;;
     round23b) timeout 300 python3 scripts/tail_probe.py "$OUT/pp_tail_h200.json" --formats bf16 > "$OUT/pp_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/pp_tail.log"
         timeout 200 python3 -c "import sys; from glm5lib.kernels import checks, mla_gluon_large as m

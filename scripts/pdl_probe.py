@@ -15,7 +15,10 @@ enter before it ends (the launch moved: "engaged"; eagerly the host may submit t
 first has ended, so there it is recorded, not required); without the option they enter after it ends. The plain
 graph's entry gap is the most PDL can save a merge launch.
 
-`PYTHONPATH=src python scripts/pdl_probe.py OUT.json [--vendor .vendor] [--quick]`
+The fp8-cache kernel's launches also run with its programs triggering after their tile loop ("pdl-late",
+`mla_gluon_fp8mma.PDL_TRIGGER` 2), in the order plain, pdl, pdl-late, pdl-late, pdl, plain.
+
+`PYTHONPATH=src python scripts/pdl_probe.py OUT.json [--vendor .vendor] [--quick | --fp8mma]`
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 
 from glm5lib.bench import kernels as bk
 from glm5lib.kernels import common, mla, naive
+from glm5lib.kernels import mla_gluon_fp8mma as fm
 
 import triton  # noqa: E402  (after glm5lib.kernels: the interpreter switch)
 import triton.language as tl  # noqa: E402
@@ -48,7 +52,21 @@ CASES = [("bf16", 8, 1, True), ("bf16", 8, 8, True), ("bf16", 8, 32, True), ("bf
          ("bf16", 64, 8, True), ("bf16", 64, 32, True),
          ("fp8_ds_mla", 64, 128, True)]
 QUICK = [c for c in CASES if c[2] in (1, 32, 34, 68, 128) and c[1] in (8, 64, 128)]
-ORDER = (False, True, True, False)
+# --fp8mma: the fp8-cache kernel's split and balanced launches (where the trigger's place is asked), the Triton
+# kernel's bf16 B1 (round 25's largest gain) and the control without a merge
+FP8MMA = [c for c in CASES if c[0] == "fp8_ds_mla" and c[1] <= 16 and c[2] > 1] + [CASES[0], CASES[-1]]
+ORDER = ("plain", "pdl", "pdl", "plain")
+# the fp8-cache kernel's launches also with its programs triggering after their tile loop (`PDL_TRIGGER` 2)
+ORDER_FP8MMA = ("plain", "pdl", "pdl-late", "pdl-late", "pdl", "plain")
+SETTINGS = ("plain", "pdl", "pdl-late")
+
+
+def apply(setting: str) -> None:
+    """PDL off ("plain"), on with the kernels' programs triggering first ("pdl"), or on with the fp8-cache kernel's
+    triggering after their tile loop ("pdl-late"; `mla_gluon_fp8mma.PDL_TRIGGER`)."""
+    fm.PDL_TRIGGER = 2 if setting == "pdl-late" else 1
+    fm.clear_plans()
+    mla.set_pdl(setting != "plain")
 
 
 @triton.jit
@@ -136,11 +154,11 @@ def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list,
         return rel, bool(ok), o.clone(), lse.clone()
 
     rows, bad, first = [], 0, {}
-    initial = common.PDL
-    for k, on in enumerate(ORDER):
-        mla.set_pdl(on)
+    initial, trigger = common.PDL, fm.PDL_TRIGGER
+    for k, setting in enumerate(ORDER_FP8MMA if cfg.startswith("fp8mma") else ORDER):
+        apply(setting)
         rel, ok, o, lse = check()
-        r = {**base, "impl": "pdl" if on else "plain", "pass": k, "pdl_active": common.pdl(q.device) and on,
+        r = {**base, "impl": setting, "pass": k, "pdl_active": common.pdl(q.device) and setting != "plain",
              "rel_err": rel}
         for i in idx_sets[1:]:
             call(i)
@@ -148,15 +166,17 @@ def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list,
         r["eager_us"] = eager_us(lambda: call(idx_sets[0]))
         rel2, ok2, o2, lse2 = check()
         r["rel_err_again"] = rel2
-        prev = first.setdefault(on, (o, lse))
-        other = first.get(not on)
+        prev = first.setdefault(setting, (o, lse))
+        others = [v for s_, v in first.items() if s_ != setting]
         r["bit_equal"] = bool(torch.equal(o2, prev[0]) and torch.equal(lse2, prev[1]) and
-                              (other is None or (torch.equal(o2, other[0]) and torch.equal(lse2, other[1]))))
+                              all(torch.equal(o2, v[0]) and torch.equal(lse2, v[1]) for v in others))
         r["ok"] = ok and ok2 and r["bit_equal"]
         bad += not r["ok"]
         rows.append(r)
         print(json.dumps(r), flush=True)
     mla.set_pdl(initial)
+    fm.PDL_TRIGGER = trigger
+    fm.clear_plans()
     if flash and decode and fmt == "fp8_ds_mla":
         fm = flashmla_padded(q, cache, H)
         for i in idx_sets:
@@ -169,44 +189,49 @@ def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list,
 
 
 def summary(rows: list) -> list:
-    """Per case: mean graph / eager time of each setting and their ratio (pdl / plain)."""
+    """Per case: mean graph / eager time of each setting and their ratios to plain (pdl / plain, pdl-late / plain)."""
     out = []
     rows = [r for r in rows if r.get("kind") != "mechanism"]
     for case in dict.fromkeys((r["format"], r["H"], r["T"]) for r in rows):
-        rs = [r for r in rows if (r["format"], r["H"], r["T"]) == case and r["impl"] in ("plain", "pdl")]
+        rs = [r for r in rows if (r["format"], r["H"], r["T"]) == case and r["impl"] in SETTINGS]
         s = {"format": case[0], "H": case[1], "T": case[2], "route": rs[0]["route"]}
+        present = [x for x in SETTINGS if any(r["impl"] == x for r in rs)]
         for unit in ("graph_us", "eager_us"):
-            m = {impl: sum(r[unit] for r in rs if r["impl"] == impl) / 2 for impl in ("plain", "pdl")}
+            m = {x: sum(r[unit] for r in rs if r["impl"] == x) / sum(r["impl"] == x for r in rs) for x in present}
             s[unit] = m
             s[unit.replace("_us", "_ratio")] = m["pdl"] / m["plain"]
-        fm = [r["graph_us"] for r in rows if (r["format"], r["H"], r["T"]) == case and r["impl"] == "flashmla"]
-        if fm:
-            s["flashmla_graph_us"] = fm[0]
+            if "pdl-late" in m:
+                s[unit.replace("_us", "_ratio_late")] = m["pdl-late"] / m["plain"]
+        fm_us = [r["graph_us"] for r in rows if (r["format"], r["H"], r["T"]) == case and r["impl"] == "flashmla"]
+        if fm_us:
+            s["flashmla_graph_us"] = fm_us[0]
         out.append(s)
+        late = (f" late {s['graph_us']['pdl-late']:8.1f} ({s['graph_ratio_late']:.3f}x)"
+                if "graph_ratio_late" in s else "")
         print(f"{case[0]:>10} H{case[1]:<3} T{case[2]:<4} {s['route']:<32} graph {s['graph_us']['plain']:8.1f} -> "
-              f"{s['graph_us']['pdl']:8.1f} us ({s['graph_ratio']:.3f}x)  eager {s['eager_ratio']:.3f}x"
-              + (f"  flashmla {fm[0]:.1f}" if fm else ""), flush=True)
+              f"{s['graph_us']['pdl']:8.1f} us ({s['graph_ratio']:.3f}x){late}  eager {s['eager_ratio']:.3f}x"
+              + (f"  flashmla {fm_us[0]:.1f}" if fm_us else ""), flush=True)
     return out
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0].startswith("--"):
-        sys.exit("usage: pdl_probe.py OUT.json [--vendor DIR] [--quick]")
+        sys.exit("usage: pdl_probe.py OUT.json [--vendor DIR] [--quick | --fp8mma]")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
         sys.exit("pdl_probe: needs an sm_90+ GPU (programmatic dependent launch)")
     vendor = argv[argv.index("--vendor") + 1] if "--vendor" in argv else ".vendor"
     fm_err = bk.load_flashmla(vendor)
     rows = mechanism(False) + mechanism(True)
     bad = sum(not r["ok"] for r in rows)
-    for fmt, H, T, decode in (QUICK if "--quick" in argv else CASES):
+    for fmt, H, T, decode in (QUICK if "--quick" in argv else FP8MMA if "--fp8mma" in argv else CASES):
         r, b = run_case(fmt, H, T, decode, fm_err is None)
         rows += r
         bad += b
         torch.cuda.empty_cache()
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "sm_count": common.num_sms(torch.device("cuda")), "flashmla": fm_err or "loaded",
-            "order": ["pdl" if o else "plain" for o in ORDER], "summary": summary(rows)}
+            "order": list(ORDER), "order_fp8mma": list(ORDER_FP8MMA), "summary": summary(rows)}
     return write_rows(argv[0], meta, rows, bad)
 
 

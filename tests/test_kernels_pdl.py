@@ -234,3 +234,41 @@ for name, k in (("off:sparse_mla:split", compile_spec(specs[split], 90)),
         off = next(r for r in rows if r["name"] == f"{name}:False")
         assert on["wait"] < on["load"] < 10**9 and on["wait"] < on["store"] < 10**9, name
         assert off["wait"] == 10**9 and off["load"] < 10**9, name
+
+
+def test_fp8mma_trigger_place_follows_pdl_trigger(pdl_on, monkeypatch):
+    """`mla_gluon_fp8mma.PDL_TRIGGER` sets the constexpr of every launch whose merge follows (1: first thing, 2:
+    after the tile loop), and none where no merge follows."""
+    from glm5lib.kernels import mla_gluon_fp8mma as fm
+
+    d = fm.DEFAULT
+    args = (2048, "cpu", None, d.nbuf, d.q_terms, d.p_terms, d.maxnreg, d.block_n, d.row_threads, d.refill, d.sched)
+    assert fm.PDL_TRIGGER in fm.PDL_TRIGGERS
+    for where in fm.PDL_TRIGGERS:
+        monkeypatch.setattr(fm, "PDL_TRIGGER", where)
+        fm.clear_plans()
+        assert fm._launch_plan(32, 8, *args, None)[3]["PDL"] == where  # split decode
+        assert fm._launch_plan(600, 8, *args, None, 2048)[3]["PDL"] == where  # balanced prefill (cut tokens)
+        assert fm._launch_plan(32, 8, *args, 1)[3]["PDL"] == 0  # no merge
+    fm.clear_plans()
+
+
+def test_fp8mma_late_trigger_sits_after_the_products():
+    """The sm_90 PTX of the fp8-cache kernel's split and balanced builds: PDL 1 triggers before the first product,
+    PDL 2 after the last one (so its programs trigger once their tile loop is done), 0 not at all."""
+    rows = compile_rows("""
+import json
+from glm5lib.kernels import mla_gluon_fp8mma as fm
+for pdl in (0, 1, 2):
+    for name, kw in (("split", dict(split=True)), ("balanced", dict(split=False, sched=1))):
+        lines = [l.strip() for l in fm.aot_compile(90, pdl=pdl, **kw).asm["ptx"].splitlines()]
+        trig = [i for i, l in enumerate(lines) if "griddepcontrol.launch_dependents" in l]
+        mma = [i for i, l in enumerate(lines) if l.startswith("mma.sync")]
+        print(json.dumps({"pdl": pdl, "name": name, "trig": trig, "first_mma": mma[0], "last_mma": mma[-1]}))
+""")
+    got = {(r["pdl"], r["name"]): r for r in rows if "trig" in r}
+    assert len(got) == 6
+    for name in ("split", "balanced"):
+        assert got[(0, name)]["trig"] == []
+        assert len(got[(1, name)]["trig"]) == 1 and got[(1, name)]["trig"][0] < got[(1, name)]["first_mma"]
+        assert len(got[(2, name)]["trig"]) == 1 and got[(2, name)]["trig"][0] > got[(2, name)]["last_mma"]

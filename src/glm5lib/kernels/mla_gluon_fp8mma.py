@@ -132,6 +132,13 @@ REFILLS = (0, 1, 2)
 # (`sweeps/fp8mma_waves_h200_5b6d93c.json`, one run): 600 tokens 266 -> 213 us, 3696 (7 whole waves) 1131 -> 1143 (its
 # per-token q loads, resets and stores inside each run, and the merge launch), 4096 1268 -> 1269
 SCHEDS = (0, 1)
+# where the programs of a launch whose merge follows trigger it under PDL (`common.pdl`, off by default): 1 as the
+# first thing they do, 2 after their tile loop (before the epilogue's stores; the merge still waits for the whole
+# kernel, `gdc_wait`, so only when its programs may be placed moves). H100, round 25 (trigger first): the kernel
+# 1.05-1.29x slower at every split shape with PDL, as no other kernel was (`sweeps/pdl_h100_68aed99.json`); 2 asks
+# whether that was the merge's programs, placed early, waiting beside the kernel's own
+PDL_TRIGGERS = (1, 2)
+PDL_TRIGGER = 1
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
 # heads the two groups sit side by side (4 warps), each widening every K and V byte of the tile for its own 8 heads.
 # 4: all 8 G heads in one group of four warps over 64-key tiles (each warp one m16 tile of S for 16 keys and every
@@ -1044,7 +1051,7 @@ if HAVE_GLUON:
         SPLIT: gl.constexpr, G: gl.constexpr, NBUF: gl.constexpr, Q_TERMS: gl.constexpr, P_TERMS: gl.constexpr,
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
-        WM: gl.constexpr = 2, WIDEN: gl.constexpr = 0, WG: gl.constexpr = 0, PDL: gl.constexpr = False,
+        WM: gl.constexpr = 2, WIDEN: gl.constexpr = 0, WG: gl.constexpr = 0, PDL: gl.constexpr = 0,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
@@ -1055,9 +1062,9 @@ if HAVE_GLUON:
         warps along the keys and value rows, 2 (G head groups of 8 heads side by side, 2 G warps) or 4 (all 8 G heads
         in one group of 4 warps, 64-key tiles, fp16 products: each K and V byte widened by one warp only). WIDEN:
         `WIDENS` (latent chunks widened by integer instructions; their accumulators' 2^-8 undone by `_out_scale`).
-        PDL (launches whose partials are merged, on sm_90+): let the merge launch once every program has started
-        (`common.pdl`)."""
-        if PDL:
+        PDL (launches whose partials are merged, on sm_90+; `common.pdl`): let the merge launch once every program
+        has triggered, first thing (1) or after its tile loop (2; `PDL_TRIGGER`); 0 (or False): no trigger."""
+        if PDL == 1:
             tl.extra.cuda.gdc_launch_dependents()
         CH: gl.constexpr = 128
         DN: gl.constexpr = 512
@@ -1245,6 +1252,8 @@ if HAVE_GLUON:
                     _store_mma(p_h, acc2 * _out_scale(inv_l, 2, WIDEN)[None, :], 2, H, WM)
                     _store_mma(p_h, acc3 * _out_scale(inv_l, 3, WIDEN)[None, :], 3, H, WM)
                     gl.store(PART + 2 * n_prog.to(gl.int64) * H * DN + rows, lse2, mask=offs_h < H)
+            if PDL == 2:
+                tl.extra.cuda.gdc_launch_dependents()
             cp.wait_group(0)
             return
         inv_sigma = _load_q(Q, t, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG, WG)
@@ -1261,6 +1270,8 @@ if HAVE_GLUON:
             sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
             t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
             DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg)
+        if PDL == 2:
+            tl.extra.cuda.gdc_launch_dependents()
         cp.wait_group(0)
         l_i = gl.sum(l_acc, axis=0)
         has_key = l_i > 0
@@ -1462,7 +1473,8 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     kw = dict(SPLIT=splits > 1, G=G, NBUF=nbuf, Q_TERMS=q_terms, P_TERMS=p_terms, BN=bn,
               TPR=row_threads, REFILL=refill, DBG=None, DEBUG=0, COMPUTE_ALONE=False,
               PAD=0, BALANCED=flat, WM=wm, WIDEN=widen, WG=wgmma_of(wgmma, wm, G, _arch(dev)),
-              PDL=(splits > 1 or flat) and common.pdl(dev),  # a merge follows: `merge_pieces` / `mla.merge_splits`
+              # a merge follows (`merge_pieces` / `mla.merge_splits`): where the programs trigger it
+              PDL=PDL_TRIGGER if (splits > 1 or flat) and common.pdl(dev) else 0,
               num_warps=num_warps_of(G, wm), **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
@@ -1636,13 +1648,13 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
                 pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched,
                 key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen, wgmma: int = DEFAULT.wgmma,
-                pdl: bool | None = None):
+                pdl: int | None = None):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch
     with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`; widen: `WIDENS`;
-    wgmma: `WGMMAS`; pdl: the PDL constexpr (None: as launched, on for a build whose partials are merged on sm_90+
-    while `common.PDL` is: GLM5LIB_PDL=1)."""
+    wgmma: `WGMMAS`; pdl: the PDL constexpr (0, or where the trigger sits: `PDL_TRIGGERS`; None: as launched,
+    `PDL_TRIGGER` for a build whose partials are merged on sm_90+ while `common.PDL` is: GLM5LIB_PDL=1)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1664,7 +1676,8 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
               "COMPUTE_ALONE": compute_alone, "PAD": pad,
               "BALANCED": balanced_mode(sched, mode, 2 if split else 1, 1, 0) and not compute_alone, "WM": wm,
               "WIDEN": widen, "WG": wgmma_of(wgmma, wm, G, arch)}
-    consts["PDL"] = bool(common.PDL and (split or consts["BALANCED"]) and arch >= 90) if pdl is None else pdl
+    consts["PDL"] = (PDL_TRIGGER if common.PDL and (split or consts["BALANCED"]) and arch >= 90 else 0) \
+        if pdl is None else pdl
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1699,7 +1712,7 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
     nw = num_warps_of(G, wm)
     consts = {"NW": nw, "NBUF": nbuf, "BN": bn, "TPR": c.row_threads,
               "PAD": pad_words(nbuf * bn * (D_NOPE + 2 * D_ROPE + 16), per_sm),
-              "PDL": common.PDL and split and arch >= 90}
+              "PDL": PDL_TRIGGER if common.PDL and split and arch >= 90 else 0}
     sig = {a: ("constexpr" if a in consts else {"KV": "*u8", "IDX": "*i32"}.get(a, "i32")) for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("KV", "IDX", "stride_kv", "stride_it")}
     return triton.compile(GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs),
