@@ -1502,7 +1502,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
                       p_terms=DEFAULT.p_terms, maxnreg=DEFAULT.maxnreg, block_n=DEFAULT.block_n,
                       row_threads=DEFAULT.row_threads, refill=DEFAULT.refill, sched=DEFAULT.sched,
                       key_warps=DEFAULT.key_warps, widen=DEFAULT.widen, wgmma=DEFAULT.wgmma, out=None, debug=None,
-                      programs=None, decode=False):
+                      programs=None, decode=False, per_sm=None):
     """Sparse MLA forward over an fp8_ds_mla cache for 1-16 heads (module docstring); returns `(out, lse)` as
     `mla.sparse_mla_launch` does: out `[T, H, 512]` in q's dtype, lse `[T, H]` fp32 natural log, zeros / -inf for a
     token without a valid key. q_terms / p_terms: e4m3 terms of q and of P (2 or 3), or 1 and 1 for the fp16-product
@@ -1513,7 +1513,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
     gives these for a `Config`. programs (a measurement knob): the balanced schedule's program count instead of the
     slots (T: one token a program). decode: each token gathers its own request's rows (a decode step: `mla.sparse_mla`
     passes its caller's word, or whether the call is being captured into a CUDA graph), which the key-warps rule
-    reads (`plan_key_warps`)."""
+    reads (`plan_key_warps`). per_sm (a measurement knob): hold the kernel to that many programs an SM by a
+    shared-memory pad (`pad_words`; e.g. the 99 KB class's count on an sm_90 GPU, with `mla.force_smem_class`)."""
     if not HAVE_GLUON:
         raise RuntimeError("this Triton has no Gluon (triton.experimental.gluon)")
     T, H, d = q.shape
@@ -1565,6 +1566,10 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         # what Triton specializes on: the dtypes, each pointer's 16-byte alignment, the int values themselves
         # (the token count only as Triton specializes it, so that a new T does not miss the launcher's cache)
         spec = (q.dtype, out.dtype, tuple(t.data_ptr() % 16 == 0 for t in ptrs), ints[:-1], T == 1, T % 16 == 0)
+        if per_sm is not None:
+            est = smem_bytes_estimate(kw["G"], nbuf, q_terms, kw["BN"], kw["WM"])
+            kw = dict(kw, PAD=pad_words(est, per_sm, "big" if 90 <= _arch(dev) < 120 else "small"))  # this GPU's own
+            kw_key = tuple(kw.values())
         _FP8MMA.launch(grid, args, kw, kw_key, dev.index, spec)
     if flat:
         merge_pieces(part, out, lse, -(-topk // kw["BN"]), grid[0])
