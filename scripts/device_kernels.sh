@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
-# usage: scripts/device_kernels.sh [checks] [checks-small] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
+# usage: scripts/device_kernels.sh [checks] [checks-small] [checks-small-fp8mma] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
 #   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
@@ -14,6 +14,8 @@
 # racecheck: compute-sanitizer racecheck and synccheck on the sanitize cases that reach the Gluon kernels on sm_90
 #   (the T130 ones); racecheck-fp8mma: the same on two cases of the fp8-cache kernel (8 heads; 12 heads, paged)
 # checks-small / sanitize-small: the case matrix / compute-sanitizer with the sm_89/sm_120 (99 KB) configs forced
+# checks-small-fp8mma: the case matrix and memcheck with the sm_89/sm_120 class forced and GLM5LIB_FP8MMA=1 (the
+#   fp8-cache kernel's 99 KB build, `CONFIG_BY_CLASS["small"]`, for 1-16 heads over fp8_ds_mla)
 # sanitize-indexer: compute-sanitizer memcheck on every paged-indexer q form (scripts/indexer_sanitize_case.py)
 # prefill-fp8-sweep: fp8_ds_mla prefill at 8/16 heads, shipped config vs bench.kernels.SWEEP_PREFILL_FP8_SMALL
 # bounds: the small-head decode kernel taken apart (gather / gather+convert / kernel), glm5lib.bench.bounds
@@ -108,6 +110,12 @@ for step in "$@"; do
                  tail -3 "$OUT/${tool}_fp8mma.log"; done ;;
     sanitize-indexer) timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/indexer_sanitize_case.py > "$OUT/sanitizer_indexer_h200.log" 2>&1
             echo "sanitizer-indexer rc=$?"; tail -2 "$OUT/sanitizer_indexer_h200.log" ;;
+    checks-small-fp8mma) GLM5LIB_FP8MMA=1 timeout 200 python3 -m glm5lib.kernels.checks --profile full --smem-class small \
+              --json "$OUT/checks_full_small_fp8mma.json" > "$OUT/checks_full_small_fp8mma.log" 2>&1
+            echo "checks-small-fp8mma rc=$?"; grep -v " ok " "$OUT/checks_full_small_fp8mma.log" | tail -8
+            GLM5LIB_FP8MMA=1 timeout 200 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks \
+              --sanitize --smem-class small > "$OUT/sanitizer_small_fp8mma.log" 2>&1
+            echo "sanitizer-small-fp8mma rc=$?"; tail -4 "$OUT/sanitizer_small_fp8mma.log" ;;
     sanitize-small) timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -m glm5lib.kernels.checks --sanitize --smem-class small > "$OUT/sanitizer_small.log" 2>&1
             echo "sanitizer-small rc=$?"; tail -4 "$OUT/sanitizer_small.log" ;;
     harness) timeout 300 python3 -m glm5lib.serving.harness --json "$OUT/vllm_harness_h200.json" > "$OUT/vllm_harness_h200.log" 2>&1
