@@ -225,7 +225,7 @@ CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), Config(0, 1, 1, 0, 0, 8, 2, 
 # forced only): the e4m3 build with one slot (31 KB, 3 programs per SM) and 8 threads a row. Two q terms hold a bf16 q
 # exactly (8 significant bits = two 4-bit e4m3 terms) except for elements whose scaled value is below 2^-2 (about
 # 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
-CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), "small": Config(1, 2, 2, 0, BLOCK_N, 8)}
+CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), "small": Config(1, 1, 1, 0, BLOCK_N, 8)}
 DEFAULT = CONFIG_BY_CLASS["big"]
 
 
