@@ -3,12 +3,12 @@ an sm_90 GPU under that class's budget, side by side in one process:
 
 - "triton-small": what `mla.sparse_mla` runs there today, the Triton kernel's 99 KB-class config (`CONFIGS[(...,
   "small")]`, the benchmark's `smem-small` rows);
-- "fp8mma-e4m3": the fp8-cache kernel's 99 KB-class build (`mla_gluon_fp8mma.CONFIG_BY_CLASS["small"]`, e4m3
-  products, native on sm_89 / sm_120; on sm_90 ptxas widens both operands to fp16, so its time here is not its time
-  there), which `GLM5LIB_FP8MMA=1` takes there;
+- "fp8mma-e4m3": the fp8-cache kernel's 99 KB-class build with e4m3 products (native on sm_89 / sm_120; on sm_90
+  ptxas widens both operands to fp16, so its time here is not its time there), what `GLM5LIB_FP8MMA=1` took there
+  until round 26 (this probe's run, `sweeps/small_class_h100_ed3743c.json`, is why it no longer does);
 - "fp8mma-f16": the same build with fp16 products (each cached byte widened once, exactly, and products in fp16 with
   fp32 accumulation: the numerics sm_90 runs, independent of the GPU's e4m3 tensor cores), 31 KB of shared memory as
-  the e4m3 build;
+  the e4m3 build: `mla_gluon_fp8mma.CONFIG_BY_CLASS["small"]` since round 26;
 - "fp8mma-f16-rules": the sm_90 build's rules (one slot per head group, `tile_keys`, the early refill, the balanced
   schedule, `plan_key_warps`) without wgmma (sm_90 only), planned for the 99 KB class, at 8 heads (at 9-16 its four
   key warps' two slots take 104 KB, over the class);
@@ -38,9 +38,9 @@ from large_small_batch_probe import flashmla_padded, write_rows  # noqa: E402
 
 CASES = [("decode", 8, 32), ("decode", 8, 128), ("decode", 16, 32), ("decode", 16, 128),
          ("prefill", 8, 4096), ("prefill", 16, 4096)]
-SMALL = fm.CONFIG_BY_CLASS["small"]
+SMALL = fm.CONFIG_BY_CLASS["small"]._replace(q_terms=2, p_terms=2)  # the class's build until round 26
 SMEM_SMALL = 99 * 1024  # opt-in shared memory a block on sm_89 / sm_120
-BUILDS = {"fp8mma-e4m3": SMALL, "fp8mma-f16": SMALL._replace(q_terms=1, p_terms=1),
+BUILDS = {"fp8mma-e4m3": SMALL, "fp8mma-f16": fm.CONFIG_BY_CLASS["small"],
           "fp8mma-f16-rules": fm.CONFIG_BY_CLASS["big"]._replace(wgmma=0)}
 
 

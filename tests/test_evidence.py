@@ -66,12 +66,21 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
 
     cov = evidence.coverage()
     # both shared-memory classes, the Gluon kernels sm_90 takes for 17-128 heads and its fp8-cache kernel for 1-16
-    assert len(cov["shipped"]) == len(evidence.CONFIGS) + 3 == len(evidence.shipped_configs())
+    # (and its 99 KB build, taken on sm_89 / sm_120 with GLM5LIB_FP8MMA=1)
+    assert len(cov["shipped"]) == len(evidence.CONFIGS) + 4 == len(evidence.shipped_configs())
     h100 = {"h100_full_matrix", "h100_sanitizer", "h100_bench"}
+    small8 = {"h100_full_matrix_smem_small_fp8mma", "h100_sanitizer_smem_small_fp8mma"}
     for key, s in cov["shipped"].items():
         ran = set(s["covered_by"])
-        assert ran & {"h200_full_matrix", "h200_full_matrix_smem_small", "h200_full_matrix_r8", "h100_full_matrix"}, key
-        assert ran & {"h200_sanitizer", "h200_sanitizer_smem_small", "h200_sanitizer_r8", "h100_sanitizer"}, key
+        assert ran & {"h200_full_matrix", "h200_full_matrix_smem_small", "h200_full_matrix_r8", "h100_full_matrix",
+                      "h100_full_matrix_smem_small_fp8mma"}, key
+        assert ran & {"h200_sanitizer", "h200_sanitizer_smem_small", "h200_sanitizer_r8", "h100_sanitizer",
+                      "h100_sanitizer_smem_small_fp8mma"}, key
+    # the fp8-cache kernel's 99 KB build (round 26) ran the matrix and memcheck on an H100 only, under that class
+    assert cov["shipped"]["small-fp8mma/fp8_ds_mla/small"] == {"config": "fp8mma-nbuf1-f16-t8",
+                                                               "covered_by": sorted(small8)}
+    m8s, s8s = cov["pieces"]["h100_full_matrix_smem_small_fp8mma"], cov["pieces"]["h100_sanitizer_smem_small_fp8mma"]
+    assert m8s["passed"] == m8s["cases"] == 131 and s8s["passed"] == s8s["cases"] == 28 and s8s["sanitizer_errors"] == 0
     # every sm_90 config shipped now ran the matrix and memcheck on the H200 at 6eaff6f (round 26), among them the two
     # that rounds 19-25 ran on an H100 only (no H200 could be had): the fp8-cache kernel's (key-warps and wgmma rules)
     # and the dequantising-producer kernel for 17-128 heads over fp8_ds_mla
@@ -80,8 +89,8 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
     assert m2["passed"] == m2["cases"] == 131 and s2["passed"] == s2["cases"] == 28 and s2["sanitizer_errors"] == 0
     for key in ("large-gluon/fp8_ds_mla/big", "large-gluon/bf16/big", "small-fp8mma/fp8_ds_mla/big"):
         assert {"h200_full_matrix", "h200_sanitizer"} <= set(cov["shipped"][key]["covered_by"]), key
-    only_h100 = [k for k, s in cov["shipped"].items() if not set(s["covered_by"]) - h100 - {"h200_bench"}]
-    assert only_h100 == [], only_h100
+    only_h100 = [k for k, s in cov["shipped"].items() if not set(s["covered_by"]) - h100 - small8 - {"h200_bench"}]
+    assert only_h100 == ["small-fp8mma/fp8_ds_mla/small"], only_h100
     mh, sh = cov["pieces"]["h100_full_matrix"], cov["pieces"]["h100_sanitizer"]
     assert (mh["commit"], sh["commit"]) == ("a815ef4", "a815ef4") and mh["passed"] == mh["cases"] == 131
     for old in ("f6a643d", "59e3fa7", "e6bb2f0", "6f7cc40", "18bdc50", "68aed99"):  # rounds 19-25's
@@ -876,7 +885,8 @@ def test_evidence_fp8mma_ablation_h200():
     assert e4m3[1]["whole_us"] < 0.85 * e4m3[0]["whole_us"]  # the 99 KB class's build gains too
     # both classes ship the 8-thread build (sm_90's refilled early at one split since round 15)
     assert fm.config_name(fm.CONFIG_BY_CLASS["big"]._replace(refill=0, sched=0, key_warps=2, wgmma=0)) == new
-    assert fm.config_name(fm.CONFIG_BY_CLASS["small"]) == "fp8mma-nbuf1-q2-p2-t8"
+    # (the 99 KB class took this e4m3 build until round 26, and its fp16-product twin since: both 8 threads a row)
+    assert fm.config_name(fm.CONFIG_BY_CLASS["small"]) == "fp8mma-nbuf1-f16-t8"
     # round 13's benchmark ran the 8-thread build, faster than round 12's run of the 2-thread one
     now, before = load("sweeps/bench_h200_e59e9d5.json"), load("sweeps/bench_h200_6068e9e.json")
     assert now["meta"]["commit"] == "e59e9d5" and before["meta"]["commit"] == "6068e9e"
@@ -1903,3 +1913,40 @@ def test_evidence_round26_h200_run_and_its_h100_twin():
     assert not t[idx]["met"] and t1[idx]["met"]
     old = load("sweeps/bench_h200_97dc8b8.json")
     assert sum(x["met"] for x in old["targets"]) == 7 and sum(x["met"] for x in h200["targets"]) == 9
+
+
+def test_evidence_round26_late_trigger_and_the_99kb_build_h100():
+    """NOTES round 26 / `mla_gluon_fp8mma`'s comments: the fp8-cache kernel's merge triggered after its tile loop
+    (`PDL_TRIGGER` 2) and its 99 KB-class build with fp16 products, each number as quoted."""
+    from glm5lib.kernels import mla_gluon_fp8mma as fm
+
+    late = load("sweeps/pdl_late_h100_c066fea.json")
+    assert late["meta"]["device"] == "NVIDIA H100 80GB HBM3" and late["meta"]["commit"].startswith("c066fea")
+    runs = [r for r in late["rows"] if r.get("impl") in ("plain", "pdl", "pdl-late")]
+    assert len(late["rows"]) == 54 and all(r["ok"] for r in late["rows"])
+    assert all(r["bit_equal"] and r["rel_err"] < 1e-2 for r in runs)
+    assert {r["impl"] for r in runs if r["config"].startswith("fp8mma")} == {"plain", "pdl", "pdl-late"}
+    s = {(x["H"], x["T"]): x for x in late["meta"]["summary"] if x["format"] == "fp8_ds_mla" and x["H"] <= 16}
+    quoted = {(8, 8): (16.5, 21.3, 16.8), (8, 32): (34.8, 42.5, 34.2), (8, 128): (88.6, 93.8, 87.6),
+              (16, 32): (36.2, 38.1, 36.6), (16, 128): (102.6, 108.8, 102.4), (8, 600): (227.6, 226.5, 226.0)}
+    for k, want in quoted.items():
+        assert tuple(round(s[k]["graph_us"][x], 1) for x in ("plain", "pdl", "pdl-late")) == want, k
+        assert 0.98 <= s[k]["graph_ratio_late"] <= 1.02, k  # "level with the plain launch (0.98-1.02x)"
+    assert fm.PDL_TRIGGER == 2 and fm.PDL_TRIGGERS == (1, 2)
+
+    small = load("sweeps/small_class_h100_ed3743c.json")
+    assert small["meta"]["device"] == "NVIDIA H100 80GB HBM3" and small["meta"]["commit"].startswith("ed3743c")
+    assert len(small["rows"]) == 46 and all(r["ok"] for r in small["rows"])
+    assert small["meta"]["builds"]["fp8mma-f16"] == fm.config_name(fm.CONFIG_BY_CLASS["small"]) == "fp8mma-nbuf1-f16-t8"
+    us = {(r["kind"], r["H"], r["T"], r["impl"]): r["us"] for r in small["rows"] if "us" in r}
+    dec = [(H, T) for H in (8, 16) for T in (32, 128)]
+    f16, e4m3, triton = "fp8mma-f16-held", "fp8mma-e4m3-held", "triton-small"
+    to_triton = [round(us["decode", H, T, f16] / us["decode", H, T, triton], 2) for H, T in dec]
+    assert (min(to_triton), max(to_triton)) == (0.53, 0.79)  # "0.53-0.79x the decode time"
+    assert [round(us["prefill", H, 4096, f16] / us["prefill", H, 4096, triton], 2) for H in (8, 16)] == [0.37, 0.61]
+    to_e4m3 = [us[k[:3] + (f16,)] / us[k[:3] + (e4m3,)] for k in us if k[3] == e4m3]
+    assert len(to_e4m3) == 6 and (round(min(to_e4m3), 2), round(max(to_e4m3), 2)) == (0.71, 0.88)
+    assert (round(us["decode", 8, 128, f16], 1), round(us["decode", 8, 128, triton], 1)) == (93.7, 176.4)
+    # every build timed held to the class's programs an SM fits its 99 KB (over-class plans are not timed)
+    held = [r for r in small["rows"] if r["impl"].endswith("-held")]
+    assert held and all(r["smem_estimate"] <= 99 * 1024 and not r.get("over_class") for r in held)

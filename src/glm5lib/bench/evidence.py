@@ -57,6 +57,11 @@ RUN_COMMIT = "6eaff6f"  # the case matrix (each case records its config), with t
 SMALL_COMMIT = "4bea5da"  # the matrix and compute-sanitizer with the sm_89/sm_120 configs forced
 FULL_MATRIX_H100 = "outputs/bench/sweeps/checks_h100_full_a815ef4.json"
 SANITIZER_H100 = "outputs/bench/sweeps/sanitizer_h100_a815ef4.log"
+# the matrix and memcheck with the 99 KB class forced and GLM5LIB_FP8MMA=1: the fp8-cache kernel's 99 KB build (round
+# 26's fp16-product one), on an H100 (sm_90: the class's plans, this GPU's occupancy)
+FULL_MATRIX_SMALL_FP8MMA = "outputs/bench/sweeps/checks_h100_full_small_fp8mma_89cb5a4.json"
+SANITIZER_SMALL_FP8MMA = "outputs/bench/sweeps/sanitizer_h100_small_fp8mma_89cb5a4.log"
+SMALL_FP8MMA_COMMIT = "89cb5a4"
 BENCH_H100 = "outputs/bench/sweeps/bench_h100_18bdc50.json"
 H100_COMMIT = "a815ef4"  # the matrix of round 24's shipped configs and plans on an H100 (sm_90)
 H100_SANITIZER_COMMIT = "a815ef4"  # its compute-sanitizer memcheck (the same configs)
@@ -86,11 +91,13 @@ def _shape_key(T: int, H: int, fmt: str, smem: str = SMEM, fp8mma_max_h: int | N
 
 
 def shipped_configs() -> dict[str, str]:
-    """{key: config name} of everything `sparse_mla` dispatches to on the H200 and on sm_89 / sm_120."""
+    """{key: config name} of everything `sparse_mla` dispatches to on the H200 and on sm_89 / sm_120 (there the
+    fp8-cache kernel's 99 KB build with GLM5LIB_FP8MMA=1)."""
     out = {"/".join(k): cfg.name for k, cfg in CONFIGS.items()}
     for fmt in ("bf16", "fp8_ds_mla"):
         out[f"large-gluon/{fmt}/{SMEM}"] = gluon_large_name(fmt)
-    out[f"small-fp8mma/fp8_ds_mla/{SMEM}"] = fp8mma_name(FP8MMA_CONFIGS[SMEM])
+    for smem in (SMEM, "small"):
+        out[f"small-fp8mma/fp8_ds_mla/{smem}"] = fp8mma_name(FP8MMA_CONFIGS[smem])
     return out
 
 
@@ -196,6 +203,10 @@ def coverage(root: str | Path | None = None) -> dict:
                "h200_full_matrix_r8": (FULL_MATRIX_R8, lambda p: _matrix(p, SMEM, R8_COMMIT, R8_FP8MMA_MAX_H)),
                "h200_sanitizer_r8": (SANITIZER_R8, lambda p: _sanitizer(p, SMEM, R8_COMMIT, R8_FP8MMA_MAX_H)),
                "h100_full_matrix": (FULL_MATRIX_H100, lambda p: _matrix(p, SMEM, H100_COMMIT)),
+               "h100_full_matrix_smem_small_fp8mma": (FULL_MATRIX_SMALL_FP8MMA,
+                                                      lambda p: _matrix(p, "small", SMALL_FP8MMA_COMMIT)),
+               "h100_sanitizer_smem_small_fp8mma": (SANITIZER_SMALL_FP8MMA,
+                                                    lambda p: _sanitizer(p, "small", SMALL_FP8MMA_COMMIT)),
                "h100_sanitizer": (SANITIZER_H100, lambda p: _sanitizer(p, SMEM, H100_SANITIZER_COMMIT)),
                "h200_decode_verify_v5": (VERIFY_V5, _verify), "h200_bench": (BENCH, _bench),
                "h100_bench": (BENCH_H100, _bench),

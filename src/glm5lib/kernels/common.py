@@ -124,8 +124,9 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # decided before Triton
 # us at small batches, where the whole step takes 10-40 us). With programmatic dependent launch (sm_90 and newer;
 # CUDA's `cudaLaunchAttributeProgrammaticStreamSerialization`, Triton's `launch_pdl` option) the merge's programs are
 # placed on the SMs while the kernel's last programs still run: each program of the dispatched kernels (the Triton
-# kernel, the fp8-cache kernel, the ping-pong and dq kernels) executes `griddepcontrol.launch_dependents` first
-# (`gdc_launch_dependents`), so the merge may launch once the kernel's last wave is resident, and every merge program
+# kernel, the ping-pong and dq kernels) executes `griddepcontrol.launch_dependents` first (`gdc_launch_dependents`;
+# the fp8-cache kernel's after its tile loop, `mla_gluon_fp8mma.PDL_TRIGGER`), so the merge may launch once the
+# kernel's last wave is resident (has triggered), and every merge program
 # executes `griddepcontrol.wait` (`gdc_wait`) before anything else, which returns only when the kernel has completed
 # and its writes are visible. So the merge reads what it read before; only its launch moves earlier. (A kernel without
 # the trigger, e.g. the key-split wgmma kernel, lets its merge launch at its end, as a plain launch would.) FlashMLA
@@ -134,8 +135,9 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # decided before Triton
 # sm_89), so it never applies there, in the interpreter, or with a Triton that lacks either half.
 # Off by default: measured on an H100 (NOTES.md round 25, `scripts/pdl_probe.py`, CUDA-graph replay), a plain merge
 # launch starts 1.1 us after the kernel ends, so that is all PDL can save: bf16 8 heads B1 10.6 -> 10.0 us, 64-128
-# heads 0.98-1.00x, while the fp8-cache kernel ran 5-29 % slower with its merge launched early (8 heads B8
-# 16.6 -> 21.5 us, B32 35.7 -> 43.4 us). GLM5LIB_PDL=1 (or on / true) turns it on.
+# heads 0.98-1.00x, while the fp8-cache kernel ran 5-29 % slower with its programs triggering first (8 heads B8
+# 16.6 -> 21.5 us, B32 35.7 -> 43.4 us); triggering after its tile loop, 0.98-1.02x (round 26, `PDL_TRIGGER`'s
+# comment). GLM5LIB_PDL=1 (or on / true) turns it on.
 def _pdl_default(env: str | None) -> bool:
     return (env or "0").lower() in ("1", "on", "true")
 

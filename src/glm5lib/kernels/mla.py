@@ -606,9 +606,10 @@ def gluon_large_route(T: int, H: int, kv_format: str, device: torch.device, q_dt
 # outputs/bench/fp8mma_h200.json: 0.73x / 0.64x the Triton kernel's decode time at B32 / B128 and 0.48x at prefill
 # at 8 heads, 0.70-0.77x at 16). Fewer tokens stay on Triton: at B1 / B4 the kernel's GPU time is the Triton
 # kernel's (1.02x / 0.98x in graph replay; 0.83x at B16) while an eager call costs 38 us of host time against 28-31
-# (`sweeps/fp8mma_small_batch_h200_33e8f55.json`); so does every CPU run (no interpreter). sm_89 / sm_120 run the
-# e4m3 products natively, where sm_90 converts both operands of each (its SASS), but were not measured:
-# GLM5LIB_FP8MMA=1 takes the kernel there too (its one-slot e4m3 build for the 99 KB class), 0 turns it off.
+# (`sweeps/fp8mma_small_batch_h200_33e8f55.json`); so does every CPU run (no interpreter). No sm_89 / sm_120 GPU has
+# run the kernel: GLM5LIB_FP8MMA=1 takes it there too (its one-slot fp16-product build for the 99 KB class, measured
+# under that class on an H100 at 0.37-0.79x the time of the Triton kernel's 99 KB configs: `CONFIG_BY_CLASS`'
+# comment), 0 turns it off.
 FP8MMA_MIN_T = 32
 # Under CUDA-graph capture a call's host time is paid once, at capture, and only the GPU time is replayed: there
 # the kernel takes 8 tokens and more. Graph replay against the Triton kernel (outputs/bench/sweeps/

@@ -26,9 +26,10 @@ Two builds of the products (`Config.q_terms`, `p_terms`):
   rest of the ones before it, `sigma` a power of two per head that brings `max |q|` to 448: two 4-bit terms hold a
   bf16 value), and P, scaled per 128-column chunk by the rows' fp32 scale, as `P s F ~ p0 + p1` (`F` a power of two
   per tile that brings the tile's largest row scale to 448: about bf16's precision). sm_89 / sm_120 run these
-  natively; there this build is what `mla.sparse_mla` takes when asked (`GLM5LIB_FP8MMA=1`).
+  natively (unmeasured: no such GPU has run them; `q_terms=2, p_terms=2` takes this build).
 - fp16 products (m16n8k16; q_terms = p_terms = 1): each K and V byte is widened to fp16 once in registers (one
   `cvt.rn.f16x2.e4m3x2` per pair, exact), q sigma and P s F are one fp16 term each (q exact, P with fp16's 11 bits).
+  Both classes take this build (`CONFIG_BY_CLASS`; the 99 KB class of sm_89 / sm_120 only with `GLM5LIB_FP8MMA=1`).
   sm_90 has no e4m3 `mma.sync` of its own: ptxas converts both operands of each to fp16 and issues fp16 products
   (the SASS of the H200 build, NOTES.md round 8), so the e4m3 build converts every K byte once per q term and every
   V byte once per P term there. The fp16 build needs about half the instructions (SASS of the sm_90 loop under
@@ -134,11 +135,14 @@ REFILLS = (0, 1, 2)
 SCHEDS = (0, 1)
 # where the programs of a launch whose merge follows trigger it under PDL (`common.pdl`, off by default): 1 as the
 # first thing they do, 2 after their tile loop (before the epilogue's stores; the merge still waits for the whole
-# kernel, `gdc_wait`, so only when its programs may be placed moves). H100, round 25 (trigger first): the kernel
-# 1.05-1.29x slower at every split shape with PDL, as no other kernel was (`sweeps/pdl_h100_68aed99.json`); 2 asks
-# whether that was the merge's programs, placed early, waiting beside the kernel's own
+# kernel, `gdc_wait`, so only when its programs may be placed moves). H100, CUDA-graph replay, plain -> trigger
+# first -> trigger after the loop (`sweeps/pdl_late_h100_c066fea.json`, one process, 54/54 launches against fp32,
+# all settings bit-equal): 8 heads B8 16.5 -> 21.3 -> 16.8 us, B32 34.8 -> 42.5 -> 34.2, B128 88.6 -> 93.8 -> 87.6;
+# 16 heads B32 36.2 -> 38.1 -> 36.6, B128 102.6 -> 108.8 -> 102.4; the balanced prefill at 600 tokens 227.6 -> 226.5
+# -> 226.0. Triggered first, the merge's programs are placed while the kernel's still run and slow them; after the
+# loop they are not, and PDL is level with the plain launch (0.98-1.02x)
 PDL_TRIGGERS = (1, 2)
-PDL_TRIGGER = 1
+PDL_TRIGGER = 2
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
 # heads the two groups sit side by side (4 warps), each widening every K and V byte of the tile for its own 8 heads.
 # 4: all 8 G heads in one group of four warps over 64-key tiles (each warp one m16 tile of S for 16 keys and every
@@ -221,8 +225,15 @@ CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), Config(0, 1, 1, 0, 0, 8, 2, 
 # wave or from 1.5 waves: `DECODE_K4_FILL`), and there at 9-16 heads S as wgmma issued ahead of the next
 # chunk's widening (`WGMMAS`' comment: H200 at 4812c4d). The 32-key, 2-thread build at
 # 33e8f55 (`fp8mma_h200.json`): 0.86x / 0.88x the time of the e4m3 build at decode B32 / B128 and 0.83x
-# at prefill, 8 heads; 0.75-0.81x at 16 heads. The 99 KB class (sm_89 / sm_120, where e4m3 products are native, and
-# forced only): the e4m3 build with one slot (31 KB, 3 programs per SM) and 8 threads a row. Two q terms hold a bf16 q
+# at prefill, 8 heads; 0.75-0.81x at 16 heads. The 99 KB class (sm_89 / sm_120; taken only with GLM5LIB_FP8MMA=1,
+# since no such GPU has run it): the fp16-product build with one slot (31 KB at 1-8 heads, 41 KB at 9-16: 3 / 2
+# programs an SM there), 32-key tiles and 8 threads a row. Its numerics are sm_90's (each byte widened exactly,
+# fp16 products, fp32 accumulation), whatever the GPU's e4m3 tensor cores accumulate in. Under that class on an H100
+# (`scripts/small_class_probe.py`, `sweeps/small_class_h100_ed3743c.json`: planned for the class and held to its
+# programs an SM by a pad; every launch against fp32) it took 0.53-0.79x the decode time of the Triton kernel's 99 KB
+# config at 8-16 heads B32 / B128 (8 heads B128 93.7 against 176.4 us) and 0.37 / 0.61x at prefill (s_q 4096, 8 /
+# 16 heads), and 0.71-0.88x the time of the e4m3-product build (that build's products are fp16 on sm_90, so its
+# time there is not its time on sm_89 / sm_120; `q_terms=2, p_terms=2` still takes it). Two q terms hold a bf16 q
 # exactly (8 significant bits = two 4-bit e4m3 terms) except for elements whose scaled value is below 2^-2 (about
 # 2^-11 of the head's largest): their rest falls under e4m3's subnormal step
 CONFIG_BY_CLASS = {"big": Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), "small": Config(1, 1, 1, 0, BLOCK_N, 8)}
