@@ -169,10 +169,11 @@ record("topk_select_equals_stable_sort", same)
 # (`outputs/bench/sweeps/verify_v5_decode.log`) and the benchmark name theirs too. The vLLM backend's call path
 # (`outputs/bench/vllm_harness_h200.json`, notebook 05) predates that record: its configs are inferred from the
 # shapes and it credits none. The table below is read from those files (`glm5lib.bench.evidence`): which config
-# each piece ran, and for each config the H200 runs now, which pieces ran exactly that config. The fp8-cache kernel's
-# config shipped in round 19 ran the matrix and memcheck on an H100 (the same sm_90 cubins; no H200 could be had),
-# its new build's memcheck, racecheck and synccheck on the H200. Round 21's kernel for 64-128 heads over the fp8
-# cache ("gluon-BN64-nbuf2-dq") ran the matrix, memcheck, racecheck and synccheck on an H100 only.
+# each piece ran, and for each config the H200 runs now, which pieces ran exactly that config. Rounds 19-25 ran the
+# matrix and memcheck on H100s only (the same sm_90 cubins; no H200 could be had); round 26's H200 run (6eaff6f) ran
+# every shipped sm_90 config again, round 21's kernel for 64-128 heads over the fp8 cache ("gluon-BN64-nbuf2-dq") and
+# the fp8-cache kernel's rules among them. The fp8-cache kernel's 99 KB build (sm_89 / sm_120 with GLM5LIB_FP8MMA=1)
+# ran them on an H100 with that class forced.
 
 # %%
 profile = PROFILE if DEVICE == "cuda" else "ci"
@@ -284,10 +285,9 @@ record("scale_topk_us", sc)
 record("scale_ctx_us", cx)
 
 # %% [markdown]
-# The same targets recomputed from the latest `bench all --quick` run, on an H100 (round 23: no H200 could be had, so
-# its ratios are the H100's against its own copy rate and FlashMLA, not the issue's). It has round 21's kernel for
-# 64-128 heads over the fp8 cache (`mla_gluon_large` mode "dq", FlashMLA's sm_90 fp8 decode plan), which the H200
-# run above predates.
+# The same targets recomputed from a `bench all --quick` run on an H100 (round 23, at 18bdc50: its ratios are the
+# H100's against its own copy rate and FlashMLA, not the issue's). Set beside the H200 run above (round 26), it shows
+# which targets move with the GPU's memory (docs/kernels.md, "The shipped code on the H200").
 
 # %%
 H100_RUN = "bench_h100_18bdc50.json"  # a committed run under sweeps/

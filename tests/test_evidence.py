@@ -496,7 +496,7 @@ def test_evidence_fp8mma_h200_round9_fp16_products():
     for k in tc:
         gain = (tc[k][G] / tc[k]["triton_us"]) / (tb[k][G] / tb[k]["triton_us"])
         assert 0.92 < gain < 0.995, (k, gain)
-    # the e4m3 build the 99 KB class takes, with that class's split plan, is faster than that class's Triton config
+    # the e4m3 build the 99 KB class took then, with that class's split plan, is faster than that class's Triton config
     small = "small_class_fp8mma-nbuf1-q2-p2_us"
     assert all(tc[k][small] < tc[k]["small_class_triton_us"] for k in (d32, d128, h32, h128))
 

@@ -244,12 +244,14 @@ def test_fp8mma_trigger_place_follows_pdl_trigger(pdl_on, monkeypatch):
     d = fm.DEFAULT
     args = (2048, "cpu", None, d.nbuf, d.q_terms, d.p_terms, d.maxnreg, d.block_n, d.row_threads, d.refill, d.sched)
     assert fm.PDL_TRIGGER in fm.PDL_TRIGGERS
+    monkeypatch.setattr(fm, "PDL_TRIGGER", fm.PDL_TRIGGER)  # restored after the test
     for where in fm.PDL_TRIGGERS:
-        monkeypatch.setattr(fm, "PDL_TRIGGER", where)
-        fm.clear_plans()
+        fm.set_pdl_trigger(where)  # drops the cached plans: no clear here
         assert fm._launch_plan(32, 8, *args, None)[3]["PDL"] == where  # split decode
         assert fm._launch_plan(600, 8, *args, None, 2048)[3]["PDL"] == where  # balanced prefill (cut tokens)
         assert fm._launch_plan(32, 8, *args, 1)[3]["PDL"] == 0  # no merge
+    with pytest.raises(ValueError, match="trigger"):
+        fm.set_pdl_trigger(3)
     fm.clear_plans()
 
 
@@ -272,3 +274,37 @@ for pdl in (0, 1, 2):
         assert got[(0, name)]["trig"] == []
         assert len(got[(1, name)]["trig"]) == 1 and got[(1, name)]["trig"][0] < got[(1, name)]["first_mma"]
         assert len(got[(2, name)]["trig"]) == 1 and got[(2, name)]["trig"][0] > got[(2, name)]["last_mma"]
+
+
+def test_fp8mma_per_sm_pads_the_launch(monkeypatch):
+    """`sparse_mla_fp8mma(per_sm=)` (a measurement knob, `scripts/small_class_probe.py`): the launch carries the
+    shared-memory pad that holds an sm_90 GPU to that many programs an SM, and a launcher key that matches it."""
+    from glm5lib.kernels import mla_gluon_fp8mma as fm
+
+    seen = []
+
+    class Launcher:
+        def launch(self, grid, args, kw, kw_key, dev, spec):
+            seen.append((grid, kw, kw_key))
+
+    monkeypatch.setattr(fm, "_FP8MMA", Launcher())
+    monkeypatch.setattr(fm, "_arch", lambda dev: 90)  # as on an H200 (228 KB an SM)
+    monkeypatch.setattr(mla, "merge_splits", lambda *a: None)
+    T, H = 32, 8
+    q = torch.randn(T, H, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(3000, 656, dtype=torch.uint8)
+    idx = torch.randint(0, 3000, (T, 2048), dtype=torch.int32)
+    small = fm.config_kwargs(fm.CONFIG_BY_CLASS["small"])
+    est = fm.smem_bytes_estimate(1, small["nbuf"], small["q_terms"], 32, 2)
+    for per_sm in (None, 3, 2, 1):
+        fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, per_sm=per_sm, **small)
+        grid, kw, key = seen[-1]
+        assert key == tuple(kw.values())
+        if per_sm is None:
+            assert kw["PAD"] == 0
+        else:
+            assert kw["PAD"] == fm.pad_words(est, per_sm, "big") > 0
+            assert fm.SMEM_PER_SM["big"] // (est + 4 * kw["PAD"] + 2048) == per_sm
+    assert len({s[1]["PAD"] for s in seen}) == 4
+    with pytest.raises(ValueError, match="per_sm"):
+        fm.sparse_mla_fp8mma(q, cache, idx, 0.0625, per_sm=0, **small)

@@ -14,14 +14,18 @@ Files written since the case matrix records each case's config (`checks` adds `c
 `CONFIGS` ("recorded": False) and such a piece does not count as having run a shipped config: a config changed
 after the run would otherwise be credited with it.
 
-The full case matrix, compute-sanitizer and the benchmark ran again on the H200 at 6eaff6f (round 26), with every
-sm_90 config and plan shipped now: the Gluon kernels for 17-128 heads (the dequantising-producer kernel over
+The full case matrix, compute-sanitizer and the benchmark ran again on the H200 at 6eaff6f (round 26), each case
+naming its config: the matrix reached every sm_90 config shipped now but one (the Triton prefill config that 9-16
+heads over fp8_ds_mla fall back to with GLM5LIB_FP8MMA=0, last run at 73d2a37, below), compute-sanitizer those its
+invalid-index cases reach; among them the Gluon kernels for 17-128 heads (the dequantising-producer kernel over
 fp8_ds_mla, "gluon-BN64-nbuf2-dq", with its tail plan and balanced schedule; the ping-pong kernel over bf16 rows) and
 the fp8-cache kernel for 1-16 heads with its key-warps and wgmma rules. Rounds 19-25 had no H200 and ran the same
 pieces on an H100 (the same sm_90 cubins: Triton 3.6 compiles for the architecture, not the card); the last of them,
 round 24's matrix and memcheck at a815ef4, are kept as "h100_full_matrix" and "h100_sanitizer", and "h100_bench" is
 `bench all --quick` on an H100 at 18bdc50 (its targets are the H100's, not the issue's H200 ones). The earlier H200
-runs are under `outputs/bench/sweeps/` with their commit in the name (97dc8b8: round 17's).
+runs are under `outputs/bench/sweeps/` with their commit in the name (97dc8b8: round 17's). The fp8-cache kernel's 99
+KB build (sm_89 / sm_120 with GLM5LIB_FP8MMA=1; round 26's fp16-product one) ran the matrix and memcheck on an H100
+with that class forced ("h100_*_smem_small_fp8mma").
 
 `coverage(root)` reads the files and reports, per piece: cases, passes, and the config names it ran; and per
 shipped config of both classes: which pieces ran that exact config. The notebook prints it instead of prose.

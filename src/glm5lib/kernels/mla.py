@@ -653,8 +653,8 @@ def _fp8mma_ready(dev_type: str, dev_index: int | None, forced: bool) -> bool:
         import warnings
 
         warnings.warn(f"GLM5LIB_FP8MMA=1 has no effect on sm_{cap[0]}{cap[1]}"
-                      f"{' with GLM5LIB_FP8_SOFTWARE' if common.FP8_SOFTWARE else ''}: the e4m3 products need sm_89+ "
-                      "hardware e4m3; the Triton kernel runs", stacklevel=3)
+                      f"{' with GLM5LIB_FP8_SOFTWARE' if common.FP8_SOFTWARE else ''}: the kernel needs sm_89+ "
+                      "hardware e4m3 (conversions and products); the Triton kernel runs", stacklevel=3)
     if common.FP8_SOFTWARE or (cap not in FP8MMA_CAPS and not (forced and cap >= (8, 9))):
         return False
     try:

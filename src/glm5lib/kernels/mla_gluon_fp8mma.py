@@ -134,13 +134,14 @@ REFILLS = (0, 1, 2)
 # per-token q loads, resets and stores inside each run, and the merge launch), 4096 1268 -> 1269
 SCHEDS = (0, 1)
 # where the programs of a launch whose merge follows trigger it under PDL (`common.pdl`, off by default): 1 as the
-# first thing they do, 2 after their tile loop (before the epilogue's stores; the merge still waits for the whole
-# kernel, `gdc_wait`, so only when its programs may be placed moves). H100, CUDA-graph replay, plain -> trigger
-# first -> trigger after the loop (`sweeps/pdl_late_h100_c066fea.json`, one process, 54/54 launches against fp32,
-# all settings bit-equal): 8 heads B8 16.5 -> 21.3 -> 16.8 us, B32 34.8 -> 42.5 -> 34.2, B128 88.6 -> 93.8 -> 87.6;
-# 16 heads B32 36.2 -> 38.1 -> 36.6, B128 102.6 -> 108.8 -> 102.4; the balanced prefill at 600 tokens 227.6 -> 226.5
-# -> 226.0. Triggered first, the merge's programs are placed while the kernel's still run and slow them; after the
-# loop they are not, and PDL is level with the plain launch (0.98-1.02x)
+# first thing they do, 2 after their tile loop (at one split before the epilogue's stores; under the balanced schedule
+# after its last piece's; the merge still waits for the whole kernel, `gdc_wait`, so only when its programs may be
+# placed moves). H100, CUDA-graph replay, plain -> trigger first -> trigger after the loop
+# (`sweeps/pdl_late_h100_c066fea.json`, one process; each launch checked and bit-equal across the settings, but B8's,
+# timed only): 8 heads B8 16.5 -> 21.3 -> 16.8 us, B32 34.8 -> 42.5 -> 34.2, B128 88.6 -> 93.8 -> 87.6; 16 heads B32
+# 36.2 -> 38.1 -> 36.6, B128 102.6 -> 108.8 -> 102.4; the balanced prefill at 600 tokens 227.6 -> 226.5 -> 226.0.
+# After the loop PDL is level with the plain launch (0.98-1.02x); that the merge's programs, placed early, slowed the
+# kernel's own is inferred from this, not measured. Set it with `set_pdl_trigger` (the launch plans are cached)
 PDL_TRIGGERS = (1, 2)
 PDL_TRIGGER = 2
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
@@ -216,7 +217,7 @@ CONFIGS = [Config(0, 1, 1, 0, 0, 8, 2, 1, 0, 0, 3), Config(0, 1, 1, 0, 0, 8, 2, 
            Config(0, 1, 1, 0, 64), Config(1, 1, 1),
            Config(2, 1, 1, 0, 0, 8), Config(1, 1, 1, 168), Config(2, 2, 2), Config(1, 2, 2, 0, BLOCK_N, 8),
            Config(1, 2, 2), Config(2, 3, 2), Config(0, 1, 1, 0, 0, 8), Config(0, 1, 1, 0, 0, 8, 1),
-           Config(1, 2, 2, 0, BLOCK_N, 8, 1)]
+           Config(1, 2, 2, 0, BLOCK_N, 8, 1), Config(1, 1, 1, 0, BLOCK_N, 8)]
 # what `mla.sparse_mla` takes by shared-memory class. sm_90: the fp16-product build with one ring slot per head group,
 # `tile_keys`'s rule for the tile (64 keys at one split, 32 when splitting; H200 at 4a3fbe7, in its docstring) and
 # 8 threads a gathered row (`ROW_THREADS`' docstring: H200 at bc8f6e0 and 6e4488e), refilled early at one split
@@ -1075,6 +1076,7 @@ if HAVE_GLUON:
         `WIDENS` (latent chunks widened by integer instructions; their accumulators' 2^-8 undone by `_out_scale`).
         PDL (launches whose partials are merged, on sm_90+; `common.pdl`): let the merge launch once every program
         has triggered, first thing (1) or after its tile loop (2; `PDL_TRIGGER`); 0 (or False): no trigger."""
+        gl.static_assert(PDL == 0 or PDL == 1 or PDL == 2, "PDL: 0, or where the trigger sits (PDL_TRIGGERS)")
         if PDL == 1:
             tl.extra.cuda.gdc_launch_dependents()
         CH: gl.constexpr = 128
@@ -1310,11 +1312,13 @@ if HAVE_GLUON:
     @gluon.jit
     def _gathers_alone_kernel(KV, IDX, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPLIT, NW: gl.constexpr,
                               NBUF: gl.constexpr, BN: gl.constexpr, TPR: gl.constexpr, PAD: gl.constexpr,
-                              PDL: gl.constexpr = False):
+                              PDL: gl.constexpr = 0):
         """A measurement (`ablate_launch`): the kernel's gathers with nothing computed, on its grid, ring and
         `_ring_step` schedule, its NW warps' share of each row; PAD int32 words of shared memory (0: none, else a
-        power of two) hold the programs per SM at the whole kernel's; PDL as the kernel's (its merge follows)."""
-        if PDL:
+        power of two) hold the programs per SM at the whole kernel's; PDL as the kernel's (its merge follows): the
+        trigger first (1) or after the loop (2)."""
+        gl.static_assert(PDL == 0 or PDL == 1 or PDL == 2, "PDL: 0, or where the trigger sits (PDL_TRIGGERS)")
+        if PDL == 1:
             tl.extra.cuda.gdc_launch_dependents()
         CH: gl.constexpr = 128
         LW: gl.constexpr = _gather_layouts(NW, TPR)[0]
@@ -1337,6 +1341,8 @@ if HAVE_GLUON:
         for i in range(gl.cdiv(k_end - k_start, BN)):
             nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW,
                                LR, LS, True)
+        if PDL == 2:
+            tl.extra.cuda.gdc_launch_dependents()
         cp.wait_group(0)
 
 
@@ -1495,6 +1501,15 @@ def clear_plans() -> None:
     _launch_plan.cache_clear()
 
 
+def set_pdl_trigger(where: int) -> None:
+    """Where the programs trigger their merge under PDL from now on (`PDL_TRIGGERS`); the cached plans are dropped."""
+    global PDL_TRIGGER
+    if where not in PDL_TRIGGERS:
+        raise ValueError(f"the PDL trigger's place must be one of {PDL_TRIGGERS}, got {where!r}")
+    PDL_TRIGGER = where
+    clear_plans()
+
+
 def _arch(dev: torch.device) -> int:
     """major * 10 + minor of a CUDA device (`common.capability`, cached; 0 elsewhere)."""
     if dev.type != "cuda":
@@ -1543,6 +1558,8 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
         raise ValueError(f"nbuf (0: one slot per head group) and maxnreg must be >= 0, got {nbuf}, {maxnreg}")
     check_refill(refill)
     check_sched(sched)
+    if per_sm is not None and (per_sm < 1 or debug is not None):
+        raise ValueError(f"per_sm (programs an SM, held by a pad) must be >= 1 and without debug, got {per_sm}")
     if programs is not None and not 1 < programs <= T:
         raise ValueError(f"programs (the balanced schedule's program count) must be in 2..{T}, got {programs}")
     debug_refused = (f"the DEBUG record is built for the e4m3 products (q_terms 2 or 3) over {BLOCK_N}-key tiles in a "
@@ -1762,6 +1779,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 
 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
+           "PDL_TRIGGERS", "set_pdl_trigger",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
            "DECODE_K4_FILL", "DECODE_K4_WAVES",
