@@ -1950,3 +1950,14 @@ def test_evidence_round26_late_trigger_and_the_99kb_build_h100():
     # every build timed held to the class's programs an SM fits its 99 KB (over-class plans are not timed)
     held = [r for r in small["rows"] if r["impl"].endswith("-held")]
     assert held and all(r["smem_estimate"] <= 99 * 1024 and not r.get("over_class") for r in held)
+
+
+def test_evidence_round26_what_bounds_the_b32_fp8_speedup():
+    """NOTES round 26: the fp8-cache kernel's own gathers alone at 8 heads B32 (round 13's ablations) against the time
+    2.5x of FlashMLA allows in the H200 run at 6eaff6f."""
+    gathers = [round(_ablation(c)["ablate-decode", 32, 8, "fp8mma-nbufG-f16-nplan-t8"]["gathers_us"], 1)
+               for c in ("6e4488e", "bc8f6e0")]
+    assert gathers == [23.8, 24.0]
+    fm = next(r["us"] for r in load("bench_h200.json")["rows"] if r["kind"] == "decode" and r["T"] == 32
+              and r["H"] == 8 and r["impl"] == "flashmla(h_pad=64)")
+    assert (round(fm, 1), round(fm / 2.5, 1)) == (49.4, 19.7) and min(gathers) > fm / 2.5
