@@ -17,7 +17,8 @@ programs per SM) and timed twice: as compiled for this GPU ("free": sm_90 holds 
 99 KB class would) and held to the class's programs per SM by a shared-memory pad ("held", `per_sm`). The shipped
 sm_90 build and FlashMLA (padded to 64 heads) are timed beside them. Decode: one request a token (32K rows, top-k
 2048), CUDA-graph replay over rotated index sets; prefill: s_q 4096 over one 32K-row sequence, `do_bench`. Every
-launch's output and lse are checked against the fp32 reference (`naive.sparse_mla_ref_chunked`) before timing.
+glm5lib launch's output and lse are checked against the fp32 reference (`naive.sparse_mla_ref_chunked`) before timing
+(FlashMLA's rows are timed only).
 
 `PYTHONPATH=src python scripts/small_class_probe.py OUT.json [--vendor .vendor]`
 """
