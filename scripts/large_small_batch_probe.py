@@ -25,6 +25,18 @@ from glm5lib.kernels import mla, mla_gluon_large as gl_large, naive
 EAGER_CALLS = 50
 
 
+def case_inputs(fmt: str, H: int, T: int, decode: bool, prefill_sets: int = 1):
+    """(q, cache, index sets) of a probe case: decode, one 32K-row request a token and as many rotated index sets as
+    keep the rows out of L2 (`bench.kernels._rotations`); prefill, T tokens over one 32K-row sequence."""
+    if decode:
+        q, cache, base = bk._make_decode(T, H, 32768, bk.TOPK, fmt)
+        R = bk._rotations(bk.sparse_mla_kv_bytes(T, bk.TOPK, fmt))
+        return q, cache, [bk._rand_indices(T, 32768, bk.TOPK, base) for _ in range(R)]
+    _, cache, _ = bk._make_decode(1, H, 32768, bk.TOPK, fmt)
+    q = torch.randn(T, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
+    return q, cache, [bk._rand_indices(T, 32768, bk.TOPK) for _ in range(prefill_sets)]
+
+
 def eager_us(fn, calls: int = EAGER_CALLS) -> float:
     """Wall time a call of `calls` back-to-back eager calls (host and GPU; the queue never drains between them)."""
     fn()

@@ -39,7 +39,7 @@ import triton  # noqa: E402  (after glm5lib.kernels: the interpreter switch)
 import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from large_small_batch_probe import eager_us, flashmla_padded, write_rows  # noqa: E402
+from large_small_batch_probe import case_inputs, eager_us, flashmla_padded, write_rows  # noqa: E402
 
 # (format, heads, tokens, decode): the Triton split kernel (bf16 at 8 heads), the fp8-cache kernel's splits
 # (fp8 at 8-16 heads) and its balanced prefill (600 tokens: cut tokens, `merge_pieces`), the dq kernel's split
@@ -130,14 +130,7 @@ def mechanism(graph: bool) -> list:
 
 
 def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list, int]:
-    if decode:
-        q, cache, base = bk._make_decode(T, H, 32768, bk.TOPK, fmt)
-        R = bk._rotations(bk.sparse_mla_kv_bytes(T, bk.TOPK, fmt))
-        idx_sets = [bk._rand_indices(T, 32768, bk.TOPK, base) for _ in range(R)]
-    else:  # prefill: T tokens over one 32K-row sequence
-        q, cache, _ = bk._make_decode(1, H, 32768, bk.TOPK, fmt)
-        q = torch.randn(T, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-        idx_sets = [bk._rand_indices(T, 32768, bk.TOPK) for _ in range(2)]
+    q, cache, idx_sets = case_inputs(fmt, H, T, decode, prefill_sets=2)
     flat = cache.view(-1, cache.shape[-1])
     out = torch.empty(T, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
     ro, rlse = naive.sparse_mla_ref_chunked(q, flat, idx_sets[0], bk.SM_SCALE, kv_format=fmt, chunk=16)

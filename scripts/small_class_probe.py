@@ -35,7 +35,7 @@ from glm5lib.kernels import mla, naive
 from glm5lib.kernels import mla_gluon_fp8mma as fm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from large_small_batch_probe import flashmla_padded, write_rows  # noqa: E402
+from large_small_batch_probe import case_inputs, flashmla_padded, write_rows  # noqa: E402
 
 CASES = [("decode", 8, 32), ("decode", 8, 128), ("decode", 16, 32), ("decode", 16, 128),
          ("prefill", 8, 4096), ("prefill", 16, 4096)]
@@ -43,18 +43,6 @@ SMALL = fm.CONFIG_BY_CLASS["small"]._replace(q_terms=2, p_terms=2)  # the class'
 SMEM_SMALL = 99 * 1024  # opt-in shared memory a block on sm_89 / sm_120
 BUILDS = {"fp8mma-e4m3": SMALL, "fp8mma-f16": fm.CONFIG_BY_CLASS["small"],
           "fp8mma-f16-rules": fm.CONFIG_BY_CLASS["big"]._replace(wgmma=0)}
-
-
-def inputs(kind: str, H: int, T: int):
-    if kind == "decode":
-        q, cache, base = bk._make_decode(T, H, 32768, bk.TOPK, "fp8_ds_mla")
-        R = bk._rotations(bk.sparse_mla_kv_bytes(T, bk.TOPK, "fp8_ds_mla"))
-        idx_sets = [bk._rand_indices(T, 32768, bk.TOPK, base) for _ in range(R)]
-    else:
-        q, cache, _ = bk._make_decode(1, H, 32768, bk.TOPK, "fp8_ds_mla")
-        q = torch.randn(T, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-        idx_sets = [bk._rand_indices(T, 32768, bk.TOPK)]
-    return q, cache, idx_sets
 
 
 def per_sm_small(cfg, T: int, H: int, decode: bool) -> tuple[int, int, dict]:
@@ -68,7 +56,7 @@ def per_sm_small(cfg, T: int, H: int, decode: bool) -> tuple[int, int, dict]:
 
 
 def run_case(kind: str, H: int, T: int, fm_ok: bool) -> tuple[list, int]:
-    q, cache, idx_sets = inputs(kind, H, T)
+    q, cache, idx_sets = case_inputs("fp8_ds_mla", H, T, kind == "decode")
     flat = cache.view(-1, cache.shape[-1])
     sl = slice(0, min(T, 256))
     ro, rlse = naive.sparse_mla_ref_chunked(q[sl], flat, idx_sets[0][sl], bk.SM_SCALE, kv_format="fp8_ds_mla",

@@ -1961,3 +1961,21 @@ def test_evidence_round26_what_bounds_the_b32_fp8_speedup():
     fm = next(r["us"] for r in load("bench_h200.json")["rows"] if r["kind"] == "decode" and r["T"] == 32
               and r["H"] == 8 and r["impl"] == "flashmla(h_pad=64)")
     assert (round(fm, 1), round(fm / 2.5, 1)) == (49.4, 19.7) and min(gathers) > fm / 2.5
+
+
+def test_evidence_round26_bf16_decode_issue_rate():
+    """NOTES round 26: the bf16 8-16-head decode's static count (`scripts/mla_static_cost.py --arch 90 --fmt bf16`)
+    and the issue rate it gives with the H200's time at B128 (2 programs of 4 warps an SM, 32 tiles a program)."""
+    from glm5lib.kernels import mla
+
+    static = load("sweeps/static_cost_bf16_sm90_triton39.json")
+    shipped = mla.CONFIGS[("small", "bf16", "big")].name
+    row = next(r for r in static if r["config"] == shipped and r["arch"] == 90)
+    counts = (row["sass_loop"], row["loop_ops"]["HMMA"], row["loop_ops"]["LDSM"], row["ptx_bar_sync"])
+    assert counts == (539, 68, 72, 15)
+    run = next(r for r in load("bench_h200.json")["rows"] if r["kind"] == "decode" and r["impl"] == "triton"
+               and r["T"] == 128 and r["H"] == 8 and r["kv_format"] == "bf16")
+    assert run["config"] == shipped and round(run["us"], 1) == 106.5
+    assert mla.pick_num_splits(128, 1, 2048, 32, 132, 2, True) == 2  # 256 programs: 2 an SM, 1024 keys (32 tiles) each
+    per_scheduler = 2 * 4 * 32 * row["sass_loop"] / 4 / (run["us"] * 1e-6 * 1.98e9)
+    assert round(per_scheduler, 2) == 0.16
