@@ -8,7 +8,7 @@ import torch
 
 from glm5lib.kernels import checks, naive
 from glm5lib.kernels.indexer import indexer_logits
-from glm5lib.kernels.topk import topk_indices, topk_select
+from glm5lib.kernels.topk import SPREADS, topk_indices, topk_select
 
 torch.set_num_threads(1)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,10 +118,12 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
     return out
 
 
+@pytest.mark.parametrize("spread", SPREADS)
 @pytest.mark.parametrize("case", ["ties", "signed-zeros", "lengths-ks", "short-rows", "one-block"])
-def test_topk_select_picks_like_a_stable_sort(case):
+def test_topk_select_picks_like_a_stable_sort(case, spread):
     """The Triton radix select: exactly the stable descending sort's picks (ties to the earlier position, -0.0
-    tying with +0.0), listed in ascending position, -1 padded; row lengths and ks honoured."""
+    tying with +0.0), listed in ascending position, -1 padded; row lengths and ks honoured; whatever the
+    sub-counters a digit is counted into (`topk.SELECT_SPREAD`)."""
     g = torch.Generator().manual_seed(7)
     lengths = ks = None
     if case == "ties":  # few distinct values: the cut falls inside a run of equal scores
@@ -146,7 +148,7 @@ def test_topk_select_picks_like_a_stable_sort(case):
     else:
         x = torch.randn(40, 100, generator=g)
         k = 16
-    got = topk_select(x, k, lengths=lengths, ks=ks)
+    got = topk_select(x, k, lengths=lengths, ks=ks, spread=spread)
     assert got.shape == (x.shape[0], k) and got.dtype == torch.int32
     for t, want in enumerate(_stable_picks(x, k, lengths, ks)):
         row = got[t].tolist()
@@ -170,9 +172,10 @@ def _chunk_picks_unmerged(x, k, chunk, lengths=None, ks=None) -> list[list[int]]
     return out
 
 
+@pytest.mark.parametrize("spread", [1, 32])
 @pytest.mark.parametrize("case", ["ties-across-chunks", "relu-zero-rows", "lengths-mid-chunk", "short-rows",
                                   "k-over-chunk"])
-def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case):
+def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, spread):
     """Rows split into chunks (one program each) and merged by a second launch: exactly the one-program output
     and the stable sort's picks, whatever the chunk boundaries cut (runs of equal scores, -inf, row lengths)."""
     import glm5lib.kernels.topk as topk
@@ -216,7 +219,7 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case):
 
     prebound = topk._SELECT
     monkeypatch.setattr(topk, "_SELECT", Spy())
-    got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk)
+    got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, spread=spread)
     assert grids == [(x.shape[0], -(-x.shape[1] // chunk)), (x.shape[0],)]  # the split path ran
     assert torch.equal(got, one), case
     for t, w in enumerate(want):
@@ -254,6 +257,8 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
     assert grids == [(2,)]
     with pytest.raises(ValueError):
         topk.topk_select(x, 50, chunk=0)
+    with pytest.raises(ValueError, match="spread"):
+        topk.topk_select(x, 50, spread=4)
 
 
 def test_case_matrix_fp8_q_cases_run_with_software_e4m3(monkeypatch):
