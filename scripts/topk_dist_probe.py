@@ -18,10 +18,11 @@ Score distributions (same shapes, top-k 2048, every row given its length as the 
 - `positive`: |N(0, 1)| + 1 (one sign, [1, 8) mostly: one or two bins, the most contention short of ties);
 - `indexer`: what the indexer writes, `sum_h w_h relu(q_h . k)` with 32 heads, signed weights (mixed signs).
 
-Per distribution and shape: one program per row at 32K keys (T 1 and 128), the split select at 128K keys (T 1),
-each at every `topk.SPREADS`, and torch.topk, CUDA-graph replay (`serving.harness.cuda_timings`); each select's
-picks checked against torch.topk's set (no ties at the cut in these distributions) and, at spread > 1, against
-spread 1's output (the same picks in the same order).
+Per distribution and shape: one program per row at 32K keys (T 1 and 128) and the split select at 128K keys
+(T 1), each with the `VARIANTS` (sub-counters `topk.SPREADS`, the next block loaded ahead or not:
+`topk.SELECT_PREFETCH`), and torch.topk, CUDA-graph replay (`serving.harness.cuda_timings`); the shipped select's
+picks checked against torch.topk's set (no ties at the cut in these distributions), every variant's against the
+shipped select's output (the same picks in the same order).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ K = 2048
 REPEATS = 30
 SHAPES = [(1, 32768, None), (128, 32768, None), (1, 131072, topk.SELECT_CHUNK)]
 DISTS = ("spread", "randn", "positive", "indexer")
+VARIANTS = [(1, False), (8, False), (32, False), (1, True), (32, True)]  # (spread, prefetch); (1, False) shipped
 
 
 def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
@@ -85,15 +87,17 @@ def main(path: str) -> None:
                 L = torch.full((T,), n, dtype=torch.int32, device=dev)
                 out = torch.empty(T, K, dtype=torch.int32, device=dev)
                 c = chunk or n
-                base = topk_select(x, K, lengths=L, chunk=c, spread=1).clone()
+                base = topk_select(x, K, lengths=L, chunk=c, spread=1, prefetch=False).clone()
                 want = topk_indices(x, K).sort(1).values
                 row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))
-                for s in topk.SPREADS:
-                    if s > 1:
-                        row[f"spread{s}_equals_spread1"] = bool(torch.equal(
-                            topk_select(x, K, lengths=L, chunk=c, spread=s), base))
-                    t = cuda_timings(lambda s=s: topk_select(x, K, lengths=L, out=out, chunk=c, spread=s), REPEATS)
-                    row[f"select_spread{s}_graph_us"] = t.get("graph_us")
+                for s, p in VARIANTS:
+                    name = f"spread{s}" + ("_prefetch" if p else "")
+                    if (s, p) != (1, False):
+                        row[f"{name}_equals_spread1"] = bool(torch.equal(
+                            topk_select(x, K, lengths=L, chunk=c, spread=s, prefetch=p), base))
+                    t = cuda_timings(lambda s=s, p=p: topk_select(x, K, lengths=L, out=out, chunk=c, spread=s,
+                                                                  prefetch=p), REPEATS)
+                    row[f"select_{name}_graph_us"] = t.get("graph_us")
                 t = cuda_timings(lambda: topk_indices(x, K, out=out), REPEATS)
                 row["torch_topk_graph_us"] = t.get("graph_us")
             except Exception as e:  # noqa: BLE001  (recorded; the sweep goes on)
@@ -102,7 +106,7 @@ def main(path: str) -> None:
             print(json.dumps(row), flush=True)
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "select_config": topk.SELECT_CONFIG, "repeats": REPEATS, "seconds": time.time() - t0}
+            "select_config": topk.SELECT_CONFIG, "variants": VARIANTS, "repeats": REPEATS, "seconds": time.time() - t0}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"{time.time() - t0:.0f} s; wrote {path}")
