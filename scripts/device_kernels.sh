@@ -79,8 +79,8 @@
 #   the 99 KB class's budget: the Triton kernel's 99 KB config, the fp8-cache kernel's 99 KB builds (e4m3 and fp16
 #   products, planned for the class, free and held to its programs an SM), the shipped sm_90 build and FlashMLA
 #   (scripts/small_class_probe.py; small_class_h200.json)
-# round27: the top-k select's time by how the scores are spread (its first radix pass's counters contended or
-#   not) and with each digit counted into 1, 8 or 32 sub-counters (`topk.SPREADS`), beside torch.topk
+# round27: the top-k select at a decode step's few rows: its time by how the scores spread over the first digit's
+#   bins, with the next block loaded ahead (`topk.SELECT_PREFETCH`) and with 16 warps a program, beside torch.topk
 #   (scripts/topk_dist_probe.py; topk_dist_h200.json)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode

@@ -1,28 +1,25 @@
-"""Does the top-k select's time depend on how the scores are spread? (CUDA GPU, one process)
+"""What the top-k select's time at a decode step's few rows is made of (CUDA GPU, one process).
 
     PYTHONPATH=src python3 scripts/topk_dist_probe.py OUT.json
 
-`topk.topk_select` counts each radix digit with `tl.histogram`, which Triton lowers to one shared-memory atomic
-add per element (`atom.shared.add.u32` in the sm_90 PTX). Its first pass counts the ordered key's top 8 bits: the
-sign and the exponent's top 7. Scores of one sign within a factor of four of each other share that digit, so
-every element of the first pass adds into the same counter, and a warp's 32 adds to one address are serialised.
-If that is what the select's time is made of, it is slower on scores whose top digits agree than on scores whose
-top digits are spread over all 256 bins, with the same shapes and the same number of passes, and counting each
-digit into 8 or 32 sub-counters (`topk.SPREADS`: a warp's adds to one digit on 8 or 32 neighbouring words) takes
-most of the difference away.
+At one or a few rows `topk.topk_select` runs one program per row (or per 16K-key chunk, then one per row to merge),
+so the GPU is mostly idle and the select's time is its programs' latency: five scans of the row (four 8-bit radix
+passes and the write), each block of scores loaded and then counted. Two questions, on the same rows:
 
-Score distributions (same shapes, top-k 2048, every row given its length as the indexer does):
-- `spread`: uniform random 32-bit patterns as floats (non-finite ones replaced by 0): the top digit uniform over
-  its 256 bins, the least contention;
-- `randn`: standard normal (two signs, exponents within a few octaves: a few bins);
-- `positive`: |N(0, 1)| + 1 (one sign, [1, 8) mostly: one or two bins, the most contention short of ties);
-- `indexer`: what the indexer writes, `sum_h w_h relu(q_h . k)` with 32 heads, signed weights (mixed signs).
+- does the time depend on how the scores are spread over the first digit's bins? Triton 3.6 (the GPU's) lowers
+  `tl.histogram` with warp ballots, one per digit bit an element, and popcounts for the bins each lane owns, so it
+  should not; Triton 3.9 (this project's CPU pin) lowers it as one shared-memory atomic add an element, where a
+  warp's adds to one counter serialise. `spread`: uniform random 32-bit patterns as floats (non-finite ones
+  replaced by 0; the first digit over all 256 bins); `randn`: standard normal (about 18 bins);
+- how much of each pass is waiting for its loads: the radix passes with the next block loaded before the current
+  one is counted (`topk.SELECT_PREFETCH`), and with 16 warps a program instead of 8 (more warps to issue from while
+  others wait).
 
-Per distribution and shape: one program per row at 32K keys (T 1 and 128) and the split select at 128K keys
-(T 1), each with the `VARIANTS` (sub-counters `topk.SPREADS`, the next block loaded ahead or not:
-`topk.SELECT_PREFETCH`), and torch.topk, CUDA-graph replay (`serving.harness.cuda_timings`); the shipped select's
-picks checked against torch.topk's set (no ties at the cut in these distributions), every variant's against the
-shipped select's output (the same picks in the same order).
+Shapes (top-k 2048, every row given its length as the indexer does): one row of 32K keys (one program), 128 rows
+of 32K (the GPU busy), one row of 128K keys (the split select: 8 programs, then the merge), and the CUDA-graph
+decode path's shape, one row 202752 wide read up to a 128K context. Every variant's output checked against the
+shipped select's (the same picks in the same order), the shipped select's set against torch.topk's; CUDA-graph
+replay (`serving.harness.cuda_timings`), torch.topk beside it.
 """
 
 from __future__ import annotations
@@ -40,9 +37,12 @@ from glm5lib.serving.harness import cuda_timings
 
 K = 2048
 REPEATS = 30
-SHAPES = [(1, 32768, None), (128, 32768, None), (1, 131072, topk.SELECT_CHUNK)]
-DISTS = ("spread", "randn", "positive", "indexer")
-VARIANTS = [(1, False), (8, False), (32, False), (1, True), (32, True)]  # (spread, prefetch); (1, False) shipped
+WIDE = 202752  # max_model_len: the CUDA-graph decode path's row width (`paged.decode_topk`)
+SHAPES = [(1, 32768, 32768), (128, 32768, 32768), (1, 131072, 131072), (1, WIDE, 131072)]  # (rows, width, length)
+DISTS = ("randn", "spread")
+# (name, prefetch, config (BLOCK, num_warps, DIGIT) or None for `topk.SELECT_CONFIG`); the first is the shipped one
+VARIANTS = [("shipped", False, None), ("prefetch", True, None), ("warps16", False, (4096, 16, 8)),
+            ("prefetch_warps16", True, (4096, 16, 8))]
 
 
 def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
@@ -53,21 +53,11 @@ def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
         return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
     if dist == "randn":
         return torch.randn(T, n, generator=g, device=dev)
-    if dist == "positive":
-        return torch.randn(T, n, generator=g, device=dev).abs() + 1.0
-    if dist == "indexer":  # 32 heads of relu(q . k) weighted by signed per-head weights, keys in chunks
-        q = torch.randn(T, 32, 128, generator=g, device=dev)
-        w = torch.randn(T, 32, generator=g, device=dev)
-        out = torch.empty(T, n, device=dev)
-        for s in range(0, n, 8192):
-            k = torch.randn(min(8192, n - s), 128, generator=g, device=dev)
-            out[:, s:s + k.shape[0]] = torch.einsum("th,thn->tn", w, torch.relu(torch.einsum("thd,nd->thn", q, k)))
-        return out
     raise ValueError(f"unknown distribution {dist!r}; one of {DISTS}")
 
 
 def top_digit_bins(x: torch.Tensor) -> int:
-    """How many of the 256 top-digit bins row 0's ordered keys fill (the first pass's spread)."""
+    """How many of the 256 first-digit bins row 0's ordered keys fill (`topk._ordered_key`'s top 8 bits)."""
     b = x[0].contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     b = torch.where(x[0] == 0, torch.zeros_like(b), b)
     key = torch.where(b >= 2**31, (~b) & 0xFFFFFFFF, b | 2**31)
@@ -79,34 +69,34 @@ def main(path: str) -> None:
     t0 = time.time()
     rows = []
     for dist in DISTS:
-        for T, n, chunk in SHAPES:
-            row = {"dist": dist, "T": T, "n": n, "chunk": chunk, "k": K}
+        for T, n, length in SHAPES:
+            row = {"dist": dist, "T": T, "n": n, "length": length, "k": K,
+                   "chunk": topk.SELECT_CHUNK if n > topk.SELECT_MAX_N else None}
             try:
                 x = scores(dist, T, n, dev)
                 row["top_digit_bins"] = top_digit_bins(x)
-                L = torch.full((T,), n, dtype=torch.int32, device=dev)
+                L = torch.full((T,), length, dtype=torch.int32, device=dev)
                 out = torch.empty(T, K, dtype=torch.int32, device=dev)
-                c = chunk or n
-                base = topk_select(x, K, lengths=L, chunk=c, spread=1, prefetch=False).clone()
-                want = topk_indices(x, K).sort(1).values
+                base = topk_select(x, K, lengths=L).clone()
+                want = topk_indices(x[:, :length], K).sort(1).values
                 row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))
-                for s, p in VARIANTS:
-                    name = f"spread{s}" + ("_prefetch" if p else "")
-                    if (s, p) != (1, False):
-                        row[f"{name}_equals_spread1"] = bool(torch.equal(
-                            topk_select(x, K, lengths=L, chunk=c, spread=s, prefetch=p), base))
-                    t = cuda_timings(lambda s=s, p=p: topk_select(x, K, lengths=L, out=out, chunk=c, spread=s,
-                                                                  prefetch=p), REPEATS)
-                    row[f"select_{name}_graph_us"] = t.get("graph_us")
-                t = cuda_timings(lambda: topk_indices(x, K, out=out), REPEATS)
-                row["torch_topk_graph_us"] = t.get("graph_us")
+                for name, p, cfg in VARIANTS:
+                    if name != "shipped":
+                        row[f"{name}_equals_shipped"] = bool(torch.equal(
+                            topk_select(x, K, lengths=L, prefetch=p, config=cfg), base))
+                    t = cuda_timings(lambda p=p, cfg=cfg: topk_select(x, K, lengths=L, out=out, prefetch=p,
+                                                                      config=cfg), REPEATS)
+                    row[f"{name}_graph_us"] = t.get("graph_us")
+                xs = x[:, :length].contiguous()
+                row["torch_topk_graph_us"] = cuda_timings(lambda: topk_indices(xs, K, out=out), REPEATS).get("graph_us")
             except Exception as e:  # noqa: BLE001  (recorded; the sweep goes on)
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "select_config": topk.SELECT_CONFIG, "variants": VARIANTS, "repeats": REPEATS, "seconds": time.time() - t0}
+            "select_config": topk.SELECT_CONFIG, "variants": VARIANTS, "repeats": REPEATS,
+            "seconds": time.time() - t0}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     print(f"{time.time() - t0:.0f} s; wrote {path}")

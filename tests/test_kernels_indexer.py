@@ -8,7 +8,7 @@ import torch
 
 from glm5lib.kernels import checks, naive
 from glm5lib.kernels.indexer import indexer_logits
-from glm5lib.kernels.topk import SPREADS, topk_indices, topk_select
+from glm5lib.kernels.topk import topk_indices, topk_select
 
 torch.set_num_threads(1)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -118,19 +118,17 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
     return out
 
 
-# (spread, prefetch, block): the shipped select, then blocks of 512 scores (rows of 1500-3000 over several) with
-# each sub-counter and prefetch setting
-SELECT_VARIANTS = [(1, False, None), (1, False, 512), (8, False, 512), (32, False, 512), (1, True, 512),
-                   (32, True, 512)]
+# (prefetch, block): the shipped select, then blocks of 512 scores (rows of 1500-3000 over several), each with and
+# without the next block loaded ahead
+SELECT_VARIANTS = [(False, None), (True, None), (False, 512), (True, 512)]
 
 
-@pytest.mark.parametrize("spread,prefetch,block", SELECT_VARIANTS)
+@pytest.mark.parametrize("prefetch,block", SELECT_VARIANTS)
 @pytest.mark.parametrize("case", ["ties", "signed-zeros", "lengths-ks", "short-rows", "one-block"])
-def test_topk_select_picks_like_a_stable_sort(case, spread, prefetch, block):
+def test_topk_select_picks_like_a_stable_sort(case, prefetch, block):
     """The Triton radix select: exactly the stable descending sort's picks (ties to the earlier position, -0.0
-    tying with +0.0), listed in ascending position, -1 padded; row lengths and ks honoured; whatever the
-    sub-counters a digit is counted into (`topk.SELECT_SPREAD`) and whether the next block is loaded ahead
-    (`topk.SELECT_PREFETCH`)."""
+    tying with +0.0), listed in ascending position, -1 padded; row lengths and ks honoured; with or without the
+    next block loaded ahead in each radix pass (`topk.SELECT_PREFETCH`)."""
     g = torch.Generator().manual_seed(7)
     lengths = ks = None
     if case == "ties":  # few distinct values: the cut falls inside a run of equal scores
@@ -156,7 +154,7 @@ def test_topk_select_picks_like_a_stable_sort(case, spread, prefetch, block):
         x = torch.randn(40, 100, generator=g)
         k = 16
     config = None if block is None else (block, 4, 8)
-    got = topk_select(x, k, lengths=lengths, ks=ks, spread=spread, prefetch=prefetch, config=config)
+    got = topk_select(x, k, lengths=lengths, ks=ks, prefetch=prefetch, config=config)
     assert got.shape == (x.shape[0], k) and got.dtype == torch.int32
     for t, want in enumerate(_stable_picks(x, k, lengths, ks)):
         row = got[t].tolist()
@@ -180,10 +178,10 @@ def _chunk_picks_unmerged(x, k, chunk, lengths=None, ks=None) -> list[list[int]]
     return out
 
 
-@pytest.mark.parametrize("spread,prefetch,block", [(1, False, None), (32, True, 64)])
+@pytest.mark.parametrize("prefetch,block", [(False, None), (True, 64)])
 @pytest.mark.parametrize("case", ["ties-across-chunks", "relu-zero-rows", "lengths-mid-chunk", "short-rows",
                                   "k-over-chunk"])
-def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, spread, prefetch, block):
+def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, prefetch, block):
     """Rows split into chunks (one program each) and merged by a second launch: exactly the one-program output
     and the stable sort's picks, whatever the chunk boundaries cut (runs of equal scores, -inf, row lengths)."""
     import glm5lib.kernels.topk as topk
@@ -227,7 +225,7 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, spread,
 
     prebound = topk._SELECT
     monkeypatch.setattr(topk, "_SELECT", Spy())
-    got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, spread=spread, prefetch=prefetch,
+    got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, prefetch=prefetch,
                       config=None if block is None else (block, 4, 8))
     assert grids == [(x.shape[0], -(-x.shape[1] // chunk)), (x.shape[0],)]  # the split path ran
     assert torch.equal(got, one), case
@@ -266,8 +264,6 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
     assert grids == [(2,)]
     with pytest.raises(ValueError):
         topk.topk_select(x, 50, chunk=0)
-    with pytest.raises(ValueError, match="spread"):
-        topk.topk_select(x, 50, spread=4)
 
 
 def test_case_matrix_fp8_q_cases_run_with_software_e4m3(monkeypatch):

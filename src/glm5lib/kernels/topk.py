@@ -48,7 +48,7 @@ def _ordered_key(x):
 def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, chunk,
                         HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr,
-                        SPREAD: tl.constexpr = 1, PREFETCH: tl.constexpr = False):
+                        PREFETCH: tl.constexpr = False):
     """Program t: row t's top-K into row t of OUT (see `topk_select`).
 
     SPLIT (grid (T, C)): program (t, c) selects among positions [c * chunk, (c + 1) * chunk) of row t and writes
@@ -85,7 +85,7 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, c
     for r in tl.static_range((32 + DIGIT - 1) // DIGIT):
         hi = 32 - DIGIT * r  # bits above `hi` are settled in `prefix`
         shift = hi - DIGIT if hi > DIGIT else 0
-        sub_hist = tl.zeros([SPREAD << DIGIT], tl.int32)
+        hist = tl.zeros([1 << DIGIT], tl.int32)
         if PREFETCH:
             x_next = tl.load(row + offs0, mask=offs0 < n_scan, other=float("-inf"))
         for start in range(0, n_scan, BLOCK):
@@ -99,14 +99,7 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, c
             match = (offs < n) & (key > NEG_INF_KEY)
             if r > 0:
                 match = match & ((key >> hi) == (prefix >> hi))
-            digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
-            if SPREAD > 1:
-                digit = digit * SPREAD + offs0 % SPREAD
-            sub_hist += tl.histogram(digit, SPREAD << DIGIT, mask=match)
-        if SPREAD > 1:
-            hist = tl.sum(tl.reshape(sub_hist, [1 << DIGIT, SPREAD]), 1)
-        else:
-            hist = sub_hist
+            hist += tl.histogram(((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32), 1 << DIGIT, mask=match)
         if r == 0:
             n_valid = tl.sum(hist, 0)
         at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys whose digit is >= b
@@ -170,16 +163,10 @@ SELECT_CONFIG = (4096, 8, 8)
 # rows (132 against 114).
 SELECT_MAX_N = 32768
 SELECT_CHUNK = 16384
-# Sub-counters a radix digit is counted into (the kernel's SPREAD; 1, 8 or 32). `tl.histogram` is one shared-memory
-# atomic add per element, and scores of one sign within a few octaves share the first pass's digit (the sign and
-# the exponent's top 7 bits), so a warp's 32 adds land on one counter. With SPREAD s, element i adds into counter
-# digit * s + i % s: a warp's adds to one digit land on s neighbouring words, summed once a pass. Whether that
-# contention is what the select's time is made of: `scripts/topk_dist_probe.py` (not measured yet; 1 is the
-# select as timed above)
-SELECT_SPREAD = 1
-SPREADS = (1, 8, 32)
 # Whether each radix pass loads the next block of scores before counting the current one (the kernel's PREFETCH):
-# the loop's loads otherwise wait behind each block's counting. Not measured yet (`scripts/topk_dist_probe.py`)
+# the loop's loads otherwise wait behind each block's counting, which matters where one program per row (or chunk)
+# leaves the GPU idle and the select's time is its programs' latency (a decode step's few rows). Not measured yet
+# (`scripts/topk_dist_probe.py`)
 SELECT_PREFETCH = False
 TOPK_FAST_TORCH_ABOVE = 6_000_000
 
@@ -190,7 +177,7 @@ _SELECT = common.Prebound(_topk_select_kernel)
 def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
                 ks: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 config: tuple[int, int, int] | None = None, chunk: int | None = None,
-                spread: int | None = None, prefetch: bool | None = None) -> torch.Tensor:
+                prefetch: bool | None = None) -> torch.Tensor:
     """int32 `[T, k]`: positions of the k largest finite scores of each row of fp32 `logits [T, N]`, ties at
     the cut to the earlier position, ascending position order, -1 padded.
 
@@ -199,13 +186,10 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     `chunk`: keys per program; rows longer than it are split and merged (two launches and a workspace of
     `[T, ceil(N / chunk) * min(k, chunk)]` positions and scores, sized from the shapes alone). Default:
     `SELECT_CHUNK` for rows longer than `SELECT_MAX_N`, else one program per row. Same picks either way.
-    `spread`: sub-counters a digit is counted into (`SELECT_SPREAD`, `SPREADS`); `prefetch`: the next block loaded
-    before the current one is counted (`SELECT_PREFETCH`); the same picks whatever they are.
+    `prefetch`: each radix pass loads the next block before counting the current one (`SELECT_PREFETCH`); the same
+    picks either way.
     """
-    spread = SELECT_SPREAD if spread is None else spread
     prefetch = bool(SELECT_PREFETCH if prefetch is None else prefetch)
-    if spread not in SPREADS:
-        raise ValueError(f"spread must be one of {SPREADS}, got {spread}")
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
     T, n = logits.shape
@@ -229,7 +213,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         _SELECT((T,),
             logits, lens, ks_, out, dummy, dummy, logits.stride(0), out.stride(0), n, k, 0,
             HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=block,
-            OUT_BLOCK=1024, DIGIT=digit, SPREAD=spread, PREFETCH=prefetch, num_warps=num_warps,
+            OUT_BLOCK=1024, DIGIT=digit, PREFETCH=prefetch, num_warps=num_warps,
         )
         return out
     n_chunks, kc = triton.cdiv(n, chunk), min(k, chunk)  # a chunk has at most `chunk` picks
@@ -239,14 +223,14 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     _SELECT((T, n_chunks),
         logits, lens, dummy, pos, val, dummy, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False,
-        BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit, SPREAD=spread,
-        PREFETCH=prefetch, num_warps=num_warps,
+        BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit, PREFETCH=prefetch,
+        num_warps=num_warps,
     )
     _SELECT((T,),
         val, lens, ks_, out, dummy, pos, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True,
-        BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit, SPREAD=spread,
-        PREFETCH=prefetch, num_warps=num_warps,
+        BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit, PREFETCH=prefetch,
+        num_warps=num_warps,
     )
     return out
 
