@@ -13,7 +13,9 @@ passes and the write), each block of scores loaded and then counted. Two questio
   replaced by 0; the first digit over all 256 bins); `randn`: standard normal (about 18 bins);
 - how much of each pass is waiting for its loads: the radix passes with the next block loaded before the current
   one is counted (`topk.SELECT_PREFETCH`), and with 16 warps a program instead of 8 (more warps to issue from while
-  others wait).
+  others wait);
+- what the row split over programs for every pass gains (`topk_select(..., multi=True)`, `topk.SELECT_MULTI`: the
+  digit counts summed across a row's programs, seven launches), at chunks of 2048, 4096 and 8192 keys.
 
 Shapes (top-k 2048, every row given its length as the indexer does): one row of 32K keys (one program), 128 rows
 of 32K (the GPU busy), one row of 128K keys (the split select: 8 programs, then the merge), and the CUDA-graph
@@ -40,9 +42,11 @@ REPEATS = 30
 WIDE = 202752  # max_model_len: the CUDA-graph decode path's row width (`paged.decode_topk`)
 SHAPES = [(1, 32768, 32768), (128, 32768, 32768), (1, 131072, 131072), (1, WIDE, 131072)]  # (rows, width, length)
 DISTS = ("randn", "spread")
-# (name, prefetch, config (BLOCK, num_warps, DIGIT) or None for `topk.SELECT_CONFIG`); the first is the shipped one
-VARIANTS = [("shipped", False, None), ("prefetch", True, None), ("warps16", False, (4096, 16, 8)),
-            ("prefetch_warps16", True, (4096, 16, 8))]
+# (name, `topk_select` keyword arguments); the first is the shipped select
+VARIANTS = [("shipped", {}), ("prefetch", {"prefetch": True}), ("warps16", {"config": (4096, 16, 8)}),
+            ("prefetch_warps16", {"prefetch": True, "config": (4096, 16, 8)}),
+            ("multi4096", {"multi": True, "chunk": 4096}), ("multi2048", {"multi": True, "chunk": 2048}),
+            ("multi8192", {"multi": True, "chunk": 8192})]
 
 
 def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
@@ -80,12 +84,10 @@ def main(path: str) -> None:
                 base = topk_select(x, K, lengths=L).clone()
                 want = topk_indices(x[:, :length], K).sort(1).values
                 row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))
-                for name, p, cfg in VARIANTS:
+                for name, kw in VARIANTS:
                     if name != "shipped":
-                        row[f"{name}_equals_shipped"] = bool(torch.equal(
-                            topk_select(x, K, lengths=L, prefetch=p, config=cfg), base))
-                    t = cuda_timings(lambda p=p, cfg=cfg: topk_select(x, K, lengths=L, out=out, prefetch=p,
-                                                                      config=cfg), REPEATS)
+                        row[f"{name}_equals_shipped"] = bool(torch.equal(topk_select(x, K, lengths=L, **kw), base))
+                    t = cuda_timings(lambda kw=kw: topk_select(x, K, lengths=L, out=out, **kw), REPEATS)
                     row[f"{name}_graph_us"] = t.get("graph_us")
                 xs = x[:, :length].contiguous()
                 row["torch_topk_graph_us"] = cuda_timings(lambda: topk_indices(xs, K, out=out), REPEATS).get("graph_us")

@@ -118,17 +118,22 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
     return out
 
 
-# (prefetch, block): the shipped select, then blocks of 512 scores (rows of 1500-3000 over several), each with and
-# without the next block loaded ahead
-SELECT_VARIANTS = [(False, None), (True, None), (False, 512), (True, 512)]
+# `topk_select`'s keyword arguments: the shipped select; blocks of 512 scores (rows of 1500-3000 over several),
+# each with and without the next block loaded ahead; the row split over programs for every pass (`multi`), with
+# chunks of one block and of several blocks of 256
+SELECT_VARIANTS = {"shipped": {}, "prefetch": {"prefetch": True}, "block512": {"config": (512, 4, 8)},
+                   "block512-prefetch": {"config": (512, 4, 8), "prefetch": True},
+                   "multi": {"multi": True, "chunk": 700},
+                   "multi-blocks": {"multi": True, "chunk": 600, "config": (256, 4, 8)}}
 
 
-@pytest.mark.parametrize("prefetch,block", SELECT_VARIANTS)
+@pytest.mark.parametrize("variant", SELECT_VARIANTS)
 @pytest.mark.parametrize("case", ["ties", "signed-zeros", "lengths-ks", "short-rows", "one-block"])
-def test_topk_select_picks_like_a_stable_sort(case, prefetch, block):
+def test_topk_select_picks_like_a_stable_sort(case, variant):
     """The Triton radix select: exactly the stable descending sort's picks (ties to the earlier position, -0.0
     tying with +0.0), listed in ascending position, -1 padded; row lengths and ks honoured; with or without the
-    next block loaded ahead in each radix pass (`topk.SELECT_PREFETCH`)."""
+    next block loaded ahead in each radix pass (`topk.SELECT_PREFETCH`) and with the row split over programs for
+    every pass (`topk.SELECT_MULTI`: digit counts summed across programs, picks placed by the counts before)."""
     g = torch.Generator().manual_seed(7)
     lengths = ks = None
     if case == "ties":  # few distinct values: the cut falls inside a run of equal scores
@@ -153,8 +158,7 @@ def test_topk_select_picks_like_a_stable_sort(case, prefetch, block):
     else:
         x = torch.randn(40, 100, generator=g)
         k = 16
-    config = None if block is None else (block, 4, 8)
-    got = topk_select(x, k, lengths=lengths, ks=ks, prefetch=prefetch, config=config)
+    got = topk_select(x, k, lengths=lengths, ks=ks, **SELECT_VARIANTS[variant])
     assert got.shape == (x.shape[0], k) and got.dtype == torch.int32
     for t, want in enumerate(_stable_picks(x, k, lengths, ks)):
         row = got[t].tolist()
@@ -233,6 +237,8 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, prefetc
         row = got[t].tolist()
         assert row[: len(w)] == w, (case, t)  # same picks, ascending
         assert all(v == -1 for v in row[len(w):])
+    # the row split over programs for every pass (`multi`), at the same chunk boundaries
+    assert torch.equal(topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, multi=True), one), case
 
 
 def test_topk_select_splits_long_rows_by_default(monkeypatch):

@@ -142,6 +142,113 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, c
             tl.store(out_x + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
 
 
+@triton.jit
+def _row_threshold(HIST, t, PASSES: tl.constexpr, K, DIGIT: tl.constexpr):
+    """The radix select's state after PASSES passes over row t, from the row's digit counts summed over all its
+    programs (`_multi_select_kernel`'s HIST[t, pass, bin]): (prefix, remaining, take_all), as
+    `_topk_select_kernel` computes them from its own counts."""
+    NPASS: tl.constexpr = (32 + DIGIT - 1) // DIGIT
+    bins = tl.arange(0, 1 << DIGIT)
+    prefix = tl.zeros([], tl.uint32)
+    remaining = K
+    take_all = False
+    for r in tl.static_range(PASSES):
+        hi = 32 - DIGIT * r
+        shift = hi - DIGIT if hi > DIGIT else 0
+        hist = tl.load(HIST + (t * NPASS + r) * (1 << DIGIT) + bins)
+        if r == 0:
+            take_all = tl.sum(hist, 0) <= K
+        at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
+        b = tl.max(tl.where(at_least >= remaining, bins, 0), 0)
+        remaining -= tl.sum(tl.where(bins == b, at_least - hist, 0), 0)
+        prefix = prefix | (b.to(tl.uint32) << shift)
+    return prefix, remaining, take_all
+
+
+@triton.jit
+def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, chunk, n_chunks,
+                         MODE: tl.constexpr, HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, BLOCK: tl.constexpr,
+                         DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr):
+    """Program (t, c) of row t split over `n_chunks` programs of `chunk` keys each, one launch per step
+    (`topk_select(..., multi=True)`): the radix select of `_topk_select_kernel` with its digit counts summed over
+    the row's programs in global memory, so that every pass of a row runs on all of them.
+
+    MODE p < NPASS: pass p's digit counts of this chunk's finite keys that match the prefix the counts of passes
+    before p give (`_row_threshold`), added into HIST[t, p]. MODE NPASS: how many of its keys are above the
+    threshold and equal to it, into CNT[t, c]. MODE NPASS + 1: its picks (above the threshold, then the earliest
+    equal ones the row still takes once the chunks before it have taken theirs) written in position order at
+    their place in the row's list, which the counts of the chunks before it give; chunk 0 also writes the -1
+    padding past the row's picks. Chunks that start past the row's length count nothing and pick nothing."""
+    NPASS: tl.constexpr = (32 + DIGIT - 1) // DIGIT
+    t = tl.program_id(0)
+    c = tl.program_id(1)
+    row = X + t.to(tl.int64) * stride_x
+    n = N
+    if HAS_LEN:
+        n = tl.minimum(tl.load(LEN + t), N)
+    first = c * chunk
+    m = tl.minimum(tl.maximum(n - first, 0), chunk)  # this chunk's keys
+    row += first
+    offs0 = tl.arange(0, BLOCK)
+    if MODE < NPASS:
+        prefix, remaining, take_all = _row_threshold(HIST, t, MODE, K, DIGIT)
+        hi: tl.constexpr = 32 - DIGIT * MODE
+        shift: tl.constexpr = hi - DIGIT if hi > DIGIT else 0
+        hist = tl.zeros([1 << DIGIT], tl.int32)
+        for start in range(0, m, BLOCK):
+            offs = start + offs0
+            key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
+            match = (offs < m) & (key > NEG_INF_KEY)
+            if MODE > 0:
+                match = match & ((key >> hi) == (prefix >> hi))
+            hist += tl.histogram(((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32), 1 << DIGIT, mask=match)
+        bins = tl.arange(0, 1 << DIGIT)
+        tl.atomic_add(HIST + (t * NPASS + MODE) * (1 << DIGIT) + bins, hist, mask=hist != 0)
+    else:
+        prefix, remaining, take_all = _row_threshold(HIST, t, NPASS, K, DIGIT)
+        # every finite key when the row has no more than K of them: a threshold at -inf's key, no ties taken
+        thr = tl.where(take_all, tl.full([], NEG_INF_KEY, tl.uint32), prefix)
+        rem = tl.where(take_all, 0, remaining)
+        if MODE == NPASS:
+            gt = 0
+            eq = 0
+            for start in range(0, m, BLOCK):
+                offs = start + offs0
+                key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
+                valid = (offs < m) & (key > NEG_INF_KEY)
+                gt += tl.sum((valid & (key > thr)).to(tl.int32), 0)
+                eq += tl.sum((valid & (key == thr)).to(tl.int32), 0)
+            tl.store(CNT + (t * n_chunks + c) * 2, gt)
+            tl.store(CNT + (t * n_chunks + c) * 2 + 1, eq)
+        else:
+            cidx = tl.arange(0, CHUNKS)
+            cnt_gt = tl.load(CNT + (t * n_chunks + cidx) * 2, mask=cidx < n_chunks, other=0)
+            cnt_eq = tl.load(CNT + (t * n_chunks + cidx) * 2 + 1, mask=cidx < n_chunks, other=0)
+            eq_before = tl.sum(tl.where(cidx < c, cnt_eq, 0), 0)
+            written = tl.sum(tl.where(cidx < c, cnt_gt, 0), 0) + tl.minimum(rem, eq_before)
+            equal_seen = eq_before
+            base = 0
+            if HAS_KS:
+                base = tl.load(KS + t)
+            out = OUT + t.to(tl.int64) * stride_o
+            for start in range(0, m, BLOCK):
+                offs = start + offs0
+                key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
+                valid = (offs < m) & (key > NEG_INF_KEY)
+                equal = valid & (key == thr)
+                eq_rank = equal_seen + tl.cumsum(equal.to(tl.int32), 0)
+                take = valid & ((key > thr) | (equal & (eq_rank <= rem)))
+                slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
+                tl.store(out + slot, (first + offs - base).to(tl.int32), mask=take)
+                written += tl.sum(take.to(tl.int32), 0)
+                equal_seen += tl.sum(equal.to(tl.int32), 0)
+            if c == 0:
+                total = tl.sum(cnt_gt, 0) + tl.minimum(rem, tl.sum(cnt_eq, 0))
+                for start in range(0, K, OUT_BLOCK):
+                    o = start + tl.arange(0, OUT_BLOCK)
+                    tl.store(out + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=(o >= total) & (o < K))
+
+
 # (BLOCK, num_warps, DIGIT bits per radix pass). H200 sweep of one program per row (top-k 2048, do_bench per
 # call, host launch cost included): 64 x 9000 rows 56 us against torch.topk 232; 128 x 32K 124 against 158;
 # 64 x 128K 488 against 186; 4096 x 32K 2.8 ms against 1.8 ms. 11-bit digits ran 4-8x slower (a histogram's cost
@@ -168,16 +275,26 @@ SELECT_CHUNK = 16384
 # leaves the GPU idle and the select's time is its programs' latency (a decode step's few rows). Not measured yet
 # (`scripts/topk_dist_probe.py`)
 SELECT_PREFETCH = False
+# The row split over programs for every pass (`_multi_select_kernel`, `topk_select(..., multi=True)`): each radix
+# pass's digit counts summed over the row's programs in global memory, one launch a pass (4), then one to count
+# each chunk's picks and one to write them where the chunks before it leave off: 7 launches with the counts'
+# zeroing, every one over all of a row's MULTI_CHUNK-key chunks (32 programs at a 128K context, 50 over GLM-5's
+# 202752-wide decode rows) instead of one program per 16K keys and then one per row over the chunks' 2048 picks
+# each. The same picks as the one-program select (tested in the interpreter). Not timed yet
+# (`scripts/topk_dist_probe.py`), so nothing takes it unless asked (SELECT_MULTI)
+SELECT_MULTI = False
+MULTI_CHUNK = 4096
 TOPK_FAST_TORCH_ABOVE = 6_000_000
 
 
 _SELECT = common.Prebound(_topk_select_kernel)
+_MULTI = common.Prebound(_multi_select_kernel)
 
 
 def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
                 ks: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 config: tuple[int, int, int] | None = None, chunk: int | None = None,
-                prefetch: bool | None = None) -> torch.Tensor:
+                prefetch: bool | None = None, multi: bool | None = None) -> torch.Tensor:
     """int32 `[T, k]`: positions of the k largest finite scores of each row of fp32 `logits [T, N]`, ties at
     the cut to the earlier position, ascending position order, -1 padded.
 
@@ -187,9 +304,12 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     `[T, ceil(N / chunk) * min(k, chunk)]` positions and scores, sized from the shapes alone). Default:
     `SELECT_CHUNK` for rows longer than `SELECT_MAX_N`, else one program per row. Same picks either way.
     `prefetch`: each radix pass loads the next block before counting the current one (`SELECT_PREFETCH`); the same
-    picks either way.
+    picks either way. `multi`: the row split over programs of `chunk` keys (default `MULTI_CHUNK`) for every pass,
+    seven launches (`SELECT_MULTI`, `_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and
+    `[T, chunks, 2]` pick counts); the same picks again.
     """
     prefetch = bool(SELECT_PREFETCH if prefetch is None else prefetch)
+    multi = bool(SELECT_MULTI if multi is None else multi)
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
     T, n = logits.shape
@@ -207,6 +327,9 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     dummy = out  # an unused pointer argument when a flag is off
     lens = lengths.to(torch.int32).contiguous() if lengths is not None else dummy
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
+    if multi:
+        return _multi_select(logits, k, lens, ks_, out, chunk or MULTI_CHUNK, block, num_warps, digit,
+                             lengths is not None, ks is not None)
     if chunk is None:
         chunk = SELECT_CHUNK if n > SELECT_MAX_N else n
     if chunk >= n:
@@ -232,6 +355,22 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit, PREFETCH=prefetch,
         num_warps=num_warps,
     )
+    return out
+
+
+def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has_len, has_ks):
+    """`topk_select(..., multi=True)`: `_multi_select_kernel`'s seven steps over `[T, ceil(N / chunk)]` programs."""
+    T, n = logits.shape
+    n_chunks = triton.cdiv(n, chunk)
+    npass = triton.cdiv(32, digit)
+    hist = torch.zeros(T, npass, 1 << digit, dtype=torch.int32, device=logits.device)
+    cnt = torch.empty(T, n_chunks, 2, dtype=torch.int32, device=logits.device)
+    for mode in range(npass + 2):
+        _MULTI((T, n_chunks),
+            logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
+            MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=min(block, triton.next_power_of_2(chunk)),
+            DIGIT=digit, CHUNKS=triton.next_power_of_2(n_chunks), OUT_BLOCK=1024, num_warps=num_warps,
+        )
     return out
 
 
