@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [checks-small-fp8mma] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -81,7 +81,8 @@
 #   (scripts/small_class_probe.py; small_class_h200.json)
 # round27: the top-k select at a decode step's few rows: its time by how the scores spread over the first digit's
 #   bins, with the next block loaded ahead (`topk.SELECT_PREFETCH`) and with 16 warps a program, beside torch.topk
-#   (scripts/topk_dist_probe.py; topk_dist_h200.json)
+#   (scripts/topk_dist_probe.py; topk_dist_h200.json); round27b: the shipped select against the row split over
+#   programs for every pass (`topk_select(multi=True)`) at 1-128 rows and chunks of 1-8K keys (topk_rows_h200.json)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -257,6 +258,8 @@ for r in rows:
         echo "pdl probe rc=$?"; grep -v '^{' "$OUT/pdl_late.log" | tail -14 ;;
     round27) timeout 200 python3 scripts/topk_dist_probe.py "$OUT/topk_dist_h200.json" > "$OUT/topk_dist.log" 2>&1
         echo "topk dist probe rc=$?"; cut -c1-330 "$OUT/topk_dist.log" | tail -14 ;;
+    round27b) timeout 300 python3 scripts/topk_dist_probe.py "$OUT/topk_rows_h200.json" --sweep > "$OUT/topk_rows.log" 2>&1
+        echo "topk rows sweep rc=$?"; tail -1 "$OUT/topk_rows.log" ;;
     round23b) timeout 300 python3 scripts/tail_probe.py "$OUT/pp_tail_h200.json" --formats bf16 > "$OUT/pp_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/pp_tail.log"
         timeout 200 python3 -c "import sys; from glm5lib.kernels import checks, mla_gluon_large as m

@@ -1,6 +1,6 @@
 """What the top-k select's time at a decode step's few rows is made of (CUDA GPU, one process).
 
-    PYTHONPATH=src python3 scripts/topk_dist_probe.py OUT.json
+    PYTHONPATH=src python3 scripts/topk_dist_probe.py OUT.json [--sweep]
 
 At one or a few rows `topk.topk_select` runs one program per row (or per 16K-key chunk, then one per row to merge),
 so the GPU is mostly idle and the select's time is its programs' latency: five scans of the row (four 8-bit radix
@@ -22,6 +22,10 @@ of 32K (the GPU busy), one row of 128K keys (the split select: 8 programs, then 
 decode path's shape, one row 202752 wide read up to a 128K context. Every variant's output checked against the
 shipped select's (the same picks in the same order), the shipped select's set against torch.topk's; CUDA-graph
 replay (`serving.harness.cuda_timings`), torch.topk beside it.
+
+`--sweep`: where the row split over programs stops paying, for a rule: `randn` scores at 1-128 rows of 32K and 128K
+keys and of the decode path's 202752-wide rows read up to 32K and 128K, the shipped select against `multi` at
+chunks of 1024-8192 keys.
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ VARIANTS = [("shipped", {}), ("prefetch", {"prefetch": True}), ("warps16", {"con
             ("multi8192", {"multi": True, "chunk": 8192})]
 
 
+SWEEP_SHAPES = [(T, n, L) for T in (1, 4, 16, 32, 64, 128)
+                for n, L in ((32768, 32768), (131072, 131072), (WIDE, 32768), (WIDE, 131072))]
+SWEEP_VARIANTS = [("shipped", {})] + [(f"multi{c}", {"multi": True, "chunk": c}) for c in (1024, 2048, 4096, 8192)]
+
+
 def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
     g = torch.Generator(device=dev).manual_seed(T * 31 + n)
     if dist == "spread":
@@ -68,12 +77,16 @@ def top_digit_bins(x: torch.Tensor) -> int:
     return int(torch.unique(key >> 24).numel())
 
 
-def main(path: str) -> None:
+def main(path: str, sweep: bool = False) -> None:
+    global VARIANTS
     dev = "cuda"
     t0 = time.time()
     rows = []
-    for dist in DISTS:
-        for T, n, length in SHAPES:
+    shapes, dists = (SWEEP_SHAPES, ("randn",)) if sweep else (SHAPES, DISTS)
+    if sweep:
+        VARIANTS = SWEEP_VARIANTS
+    for dist in dists:
+        for T, n, length in shapes:
             row = {"dist": dist, "T": T, "n": n, "length": length, "k": K,
                    "chunk": topk.SELECT_CHUNK if n > topk.SELECT_MAX_N else None}
             try:
@@ -97,7 +110,7 @@ def main(path: str) -> None:
             print(json.dumps(row), flush=True)
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "select_config": topk.SELECT_CONFIG, "variants": VARIANTS, "repeats": REPEATS,
+            "select_config": topk.SELECT_CONFIG, "variants": VARIANTS, "sweep": sweep, "repeats": REPEATS,
             "seconds": time.time() - t0}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -105,6 +118,9 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not torch.cuda.is_available():
-        sys.exit("usage: topk_dist_probe.py OUT.json (needs a CUDA GPU)")
-    main(sys.argv[1])
+    args = sys.argv[1:]
+    if len(args) not in (1, 2) or args[0].startswith("--") or args[1:] not in ([], ["--sweep"]):
+        sys.exit("usage: topk_dist_probe.py OUT.json [--sweep]")
+    if not torch.cuda.is_available():
+        sys.exit("topk_dist_probe: needs a CUDA GPU")
+    main(args[0], sweep=args[1:] == ["--sweep"])
