@@ -20,12 +20,12 @@ passes and the write), each block of scores loaded and then counted. Two questio
 Shapes (top-k 2048, every row given its length as the indexer does): one row of 32K keys (one program), 128 rows
 of 32K (the GPU busy), one row of 128K keys (the split select: 8 programs, then the merge), and the CUDA-graph
 decode path's shape, one row 202752 wide read up to a 128K context. Every variant's output checked against the
-shipped select's (the same picks in the same order), the shipped select's set against torch.topk's; CUDA-graph
-replay (`serving.harness.cuda_timings`), torch.topk beside it.
+select without the split over programs (`multi=False`, "shipped": what `topk_select` took before round 27), whose
+set is checked against torch.topk's; CUDA-graph replay (`serving.harness.cuda_timings`), torch.topk beside it.
 
 `--sweep`: where the row split over programs stops paying, for a rule: `randn` scores at 1-128 rows of 32K and 128K
-keys and of the decode path's 202752-wide rows read up to 32K and 128K, the shipped select against `multi` at
-chunks of 1024-8192 keys.
+keys and of the decode path's 202752-wide rows read up to 32K and 128K, the select without `multi` against it at
+chunks of 1024-8192 keys, and what `topk_select` takes by its rule (`topk.multi_rule`).
 """
 
 from __future__ import annotations
@@ -46,16 +46,19 @@ REPEATS = 30
 WIDE = 202752  # max_model_len: the CUDA-graph decode path's row width (`paged.decode_topk`)
 SHAPES = [(1, 32768, 32768), (128, 32768, 32768), (1, 131072, 131072), (1, WIDE, 131072)]  # (rows, width, length)
 DISTS = ("randn", "spread")
-# (name, `topk_select` keyword arguments); the first is the shipped select
-VARIANTS = [("shipped", {}), ("prefetch", {"prefetch": True}), ("warps16", {"config": (4096, 16, 8)}),
-            ("prefetch_warps16", {"prefetch": True, "config": (4096, 16, 8)}),
+# (name, `topk_select` keyword arguments); the first is the select as it was before round 27's rule (`multi=False`:
+# one program a row, or the 16K-key split past 32K keys), named "shipped" in the first run (eef246a)
+VARIANTS = [("shipped", {"multi": False}), ("prefetch", {"prefetch": True, "multi": False}),
+            ("warps16", {"config": (4096, 16, 8), "multi": False}),
+            ("prefetch_warps16", {"prefetch": True, "config": (4096, 16, 8), "multi": False}),
             ("multi4096", {"multi": True, "chunk": 4096}), ("multi2048", {"multi": True, "chunk": 2048}),
             ("multi8192", {"multi": True, "chunk": 8192})]
 
 
 SWEEP_SHAPES = [(T, n, L) for T in (1, 4, 16, 32, 64, 128)
                 for n, L in ((32768, 32768), (131072, 131072), (WIDE, 32768), (WIDE, 131072))]
-SWEEP_VARIANTS = [("shipped", {})] + [(f"multi{c}", {"multi": True, "chunk": c}) for c in (1024, 2048, 4096, 8192)]
+SWEEP_VARIANTS = ([("shipped", {"multi": False}), ("rule", {})]
+                  + [(f"multi{c}", {"multi": True, "chunk": c}) for c in (1024, 2048, 4096, 8192)])
 
 
 def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
@@ -94,7 +97,7 @@ def main(path: str, sweep: bool = False) -> None:
                 row["top_digit_bins"] = top_digit_bins(x)
                 L = torch.full((T,), length, dtype=torch.int32, device=dev)
                 out = torch.empty(T, K, dtype=torch.int32, device=dev)
-                base = topk_select(x, K, lengths=L).clone()
+                base = topk_select(x, K, lengths=L, multi=False).clone()
                 want = topk_indices(x[:, :length], K).sort(1).values
                 row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))
                 for name, kw in VARIANTS:

@@ -272,6 +272,43 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
         topk.topk_select(x, 50, chunk=0)
 
 
+def test_topk_select_rule_splits_few_wide_rows_over_programs(monkeypatch):
+    """`topk.multi_rule`: rows at least MULTI_MIN_N wide and at most MULTI_MAX_SCORES scores in the call take the
+    row split over programs for every pass (7 launches of `_multi_select_kernel` over [T, ceil(N / MULTI_CHUNK)]);
+    more scores, a given `chunk`, or SELECT_MULTI False keep the one-program / split select; the picks are the
+    stable sort's either way."""
+    import glm5lib.kernels.topk as topk
+
+    grids = {"multi": [], "select": []}
+    pre_multi, pre_select = topk._MULTI, topk._SELECT
+    monkeypatch.setattr(topk, "_MULTI", lambda grid, *a, **kw: (grids["multi"].append(tuple(grid)),
+                                                                pre_multi(grid, *a, **kw)))
+    monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (grids["select"].append(tuple(grid)),
+                                                                  pre_select(grid, *a, **kw)))
+    monkeypatch.setattr(topk, "MULTI_MIN_N", 256)
+    monkeypatch.setattr(topk, "MULTI_MAX_SCORES", 600)
+    monkeypatch.setattr(topk, "MULTI_CHUNK", 64)
+    x = torch.randint(-3, 4, (3, 300), generator=torch.Generator().manual_seed(9)).float()
+    lengths = torch.tensor([300, 130, 7], dtype=torch.int32)
+
+    def run(xs, **kw):
+        for g in grids.values():
+            g.clear()
+        got = topk.topk_select(xs, 40, lengths=lengths[:xs.shape[0]], **kw)
+        assert [r.tolist()[: len(w)] for r, w in zip(got, _stable_picks(xs, 40, lengths[:xs.shape[0]]))] == \
+            _stable_picks(xs, 40, lengths[:xs.shape[0]])
+        return {k: list(v) for k, v in grids.items()}
+
+    assert topk.multi_rule(2, 300) and not topk.multi_rule(3, 300) and not topk.multi_rule(1, 255)
+    assert run(x[:2]) == {"multi": [(2, 5)] * 6, "select": []}  # 4 passes, count, write (the zeroing is torch's)
+    assert run(x) == {"multi": [], "select": [(3,)]}  # 900 scores: one program a row
+    assert run(x[:2], chunk=300) == {"multi": [], "select": [(2,)]}  # a chunk asked for: the select it names
+    monkeypatch.setattr(topk, "SELECT_MULTI", False)
+    assert run(x[:2]) == {"multi": [], "select": [(2,)]}
+    monkeypatch.setattr(topk, "SELECT_MULTI", True)
+    assert run(x) == {"multi": [(3, 5)] * 6, "select": []}
+
+
 def test_case_matrix_fp8_q_cases_run_with_software_e4m3(monkeypatch):
     """Where e4m3 is converted in software (sm_80, GLM5LIB_FP8_SOFTWARE=1) the fp8-q cases widen q the way
     vLLM's path does instead of stopping the matrix (the kernel refuses fp8 q there)."""

@@ -20,6 +20,13 @@ fewer than k of its chunk, and is among its chunk's picks; the second launch kee
 since chunks are laid out in position order and each lists its picks in ascending position, "earlier
 candidate" means "earlier position" there too.
 
+A few wide rows (a decode step's) leave the GPU idle even so, and the select's time is then its programs'
+latency. `multi_rule` sends them to `_multi_select_kernel` instead: every pass runs on all of a row's
+`MULTI_CHUNK`-key chunks at once, each radix pass's digit counts summed across them in global memory (one launch a
+pass), then one launch counts each chunk's picks and one writes them at the place the counts of the chunks before
+it give, ties still to the earliest positions: the same picks, about 4x faster at one row of 32K-128K keys (see
+`SELECT_MULTI`).
+
 torch.topk takes several launches (its eager time is 2-5x its CUDA-graph time at 9K-32K keys in
 `outputs/bench/vllm_harness_h200.json`) and leaves the tie order unspecified; a stable descending sort of the
 whole row costs more still.
@@ -271,19 +278,32 @@ SELECT_CONFIG = (4096, 8, 8)
 SELECT_MAX_N = 32768
 SELECT_CHUNK = 16384
 # Whether each radix pass loads the next block of scores before counting the current one (the kernel's PREFETCH):
-# the loop's loads otherwise wait behind each block's counting, which matters where one program per row (or chunk)
-# leaves the GPU idle and the select's time is its programs' latency (a decode step's few rows). Not measured yet
-# (`scripts/topk_dist_probe.py`)
+# a measurement knob. H100 (topk_dist_h100_eef246a.json): 2-4 % slower at 1-128 rows of 32K-128K keys
 SELECT_PREFETCH = False
 # The row split over programs for every pass (`_multi_select_kernel`, `topk_select(..., multi=True)`): each radix
 # pass's digit counts summed over the row's programs in global memory, one launch a pass (4), then one to count
 # each chunk's picks and one to write them where the chunks before it leave off: 7 launches with the counts'
-# zeroing, every one over all of a row's MULTI_CHUNK-key chunks (32 programs at a 128K context, 50 over GLM-5's
-# 202752-wide decode rows) instead of one program per 16K keys and then one per row over the chunks' 2048 picks
-# each. The same picks as the one-program select (tested in the interpreter). Not timed yet
-# (`scripts/topk_dist_probe.py`), so nothing takes it unless asked (SELECT_MULTI)
-SELECT_MULTI = False
-MULTI_CHUNK = 4096
+# zeroing, every one over all of a row's MULTI_CHUNK-key chunks, instead of one program a row (or one per 16K keys
+# and then one per row over the chunks' 2048 picks each). The same picks. H100, CUDA-graph replay, top-k 2048
+# (`scripts/topk_dist_probe.py`, outputs/bench/sweeps/topk_dist_h100_eef246a.json), shipped select -> multi at
+# chunks of 2048 / 4096 / 8192 keys, torch.topk beside them:
+#   1 row of 32K keys: 113.7 -> 30.0 / 35.0 / 49.7 us (torch.topk 54.5);
+#   1 row of 128K keys, and the CUDA-graph decode path's 202752-wide row read up to 128K: 123.5 -> 30.9 / 35.0 / 49.8
+#   (torch.topk 63.3);
+#   128 rows of 32K (the GPU busy): 114.4 -> 170.3 / 128.8 / 120.1 (torch.topk 111.6).
+# The time at few rows is 7 launches of one chunk's work each (smaller chunks, shorter launches); at many rows the
+# row is scanned six times instead of five and each program re-derives the threshold, so the one-program select
+# wins. The scores' spread does not move either (within 0.5 % between standard-normal scores and scores over all
+# 256 first-digit bins: Triton 3.6 counts digits with warp ballots). SELECT_MULTI None is the rule (`multi_rule`):
+# multi at MULTI_CHUNK keys where rows are at least MULTI_MIN_N wide and the call holds at most MULTI_MAX_SCORES
+# scores (32 rows of 32K, 8 of 128K, 5 of the decode path's 202752): a bound set between the measured ends, where a
+# straight line through them puts multi at about 60 us against the one-program select's 114; True / False force it.
+# The prefetch of the next block (`SELECT_PREFETCH`) and 16 warps a program were slower in the same run (+2-4 % and
+# +11-18 %)
+SELECT_MULTI: bool | None = None
+MULTI_CHUNK = 2048
+MULTI_MIN_N = 32768
+MULTI_MAX_SCORES = 1 << 20
 TOPK_FAST_TORCH_ABOVE = 6_000_000
 
 
@@ -305,11 +325,10 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     `SELECT_CHUNK` for rows longer than `SELECT_MAX_N`, else one program per row. Same picks either way.
     `prefetch`: each radix pass loads the next block before counting the current one (`SELECT_PREFETCH`); the same
     picks either way. `multi`: the row split over programs of `chunk` keys (default `MULTI_CHUNK`) for every pass,
-    seven launches (`SELECT_MULTI`, `_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and
-    `[T, chunks, 2]` pick counts); the same picks again.
+    seven launches (`_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and `[T, chunks, 2]` pick
+    counts); the same picks again. None: `multi_rule` (few wide rows: a decode step's) unless `chunk` is given.
     """
     prefetch = bool(SELECT_PREFETCH if prefetch is None else prefetch)
-    multi = bool(SELECT_MULTI if multi is None else multi)
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
     T, n = logits.shape
@@ -327,6 +346,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     dummy = out  # an unused pointer argument when a flag is off
     lens = lengths.to(torch.int32).contiguous() if lengths is not None else dummy
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
+    if multi is None:
+        multi = chunk is None and multi_rule(T, n)
     if multi:
         return _multi_select(logits, k, lens, ks_, out, chunk or MULTI_CHUNK, block, num_warps, digit,
                              lengths is not None, ks is not None)
@@ -356,6 +377,14 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         num_warps=num_warps,
     )
     return out
+
+
+def multi_rule(T: int, n: int) -> bool:
+    """Whether `topk_select` splits each row over programs for every pass (`SELECT_MULTI`; its None: rows at least
+    `MULTI_MIN_N` wide and at most `MULTI_MAX_SCORES` scores in the call)."""
+    if SELECT_MULTI is not None:
+        return bool(SELECT_MULTI)
+    return n >= MULTI_MIN_N and T * n <= MULTI_MAX_SCORES
 
 
 def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has_len, has_ks):
@@ -416,4 +445,4 @@ def topk_fast(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | No
     return topk_indices(logits, k, out=out)
 
 
-__all__ = ["topk_indices", "topk_select", "topk_fast", "topk_overlap", "SELECT_MAX_N", "SELECT_CHUNK", "TOPK_FAST_TORCH_ABOVE"]
+__all__ = ["topk_indices", "topk_select", "topk_fast", "multi_rule", "topk_overlap", "SELECT_MAX_N", "SELECT_CHUNK", "TOPK_FAST_TORCH_ABOVE"]
