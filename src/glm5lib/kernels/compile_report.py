@@ -281,7 +281,8 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     if form in REWRITTEN_DTYPE:  # the rewrite of bf16 q over fp8 keys, launched before the scores
         specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
-    from glm5lib.kernels.topk import SELECT_CONFIG, _topk_select_kernel
+    from glm5lib.kernels.topk import (MULTI_CHUNK, SELECT_CONFIG, SELECT_PREFETCH, _multi_select_kernel,
+                                      _topk_select_kernel)
 
     fn = _topk_select_kernel
     block, warps, digit = SELECT_CONFIG
@@ -291,11 +292,21 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                                                ("merge:len", True, False, False, True),
                                                ("merge:len+ks", True, True, False, True)):
         consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": block,
-                  "OUT_BLOCK": 1024, "DIGIT": digit}
+                  "OUT_BLOCK": 1024, "DIGIT": digit, "PREFETCH": SELECT_PREFETCH}
         types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "OUT_X": "*fp32" if split else "*i32",
                  "POS": "*i32"}
         specs.append(KernelSpec(f"topk_select[B{block}-w{warps}-d{digit}:{tag}]", fn, _sig(fn, types, consts),
                                 consts, warps, 3, ("X", "LEN", "KS", "OUT", "OUT_X", "POS", "stride_x", "stride_o")))
+    # a few wide rows split over programs for every pass (`topk.multi_rule`): its seven steps (the radix passes, the
+    # count, the write) over GLM-5's 202752-wide decode rows (99 chunks), with row lengths, as the decode path runs it
+    fn = _multi_select_kernel
+    for mode in range(-(-32 // digit) + 2):
+        consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, MULTI_CHUNK), "DIGIT": digit,
+                  "CHUNKS": 128, "OUT_BLOCK": 1024}
+        types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
+        specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
+                                _sig(fn, types, consts), consts, warps, 3,
+                                ("X", "LEN", "KS", "OUT", "HIST", "CNT", "stride_x", "stride_o")))
 
     fn = _write_indexer_rows_kernel
     consts = {"D": INDEXER_DIM, "SB": INDEXER_FP8_ROW_BYTES - INDEXER_DIM}
