@@ -237,6 +237,41 @@ def test_evidence_topk_long_rows_split_select():
     assert round(wide[(1, 131072)]["default_graph_us"]) == 124 and round(wide[(1, 4096)]["default_graph_us"]) == 29
 
 
+def test_evidence_topk_multi_at_few_rows():
+    """docs/kernels.md v32, README, `topk.SELECT_MULTI`: on an H100 (graph replay, one run at eef246a) the row split
+    over programs for every pass takes one row of 32K / 128K keys (and the decode path's 202752-wide row at 128K)
+    from 114-124 us to 30-31 us at 2048-key chunks, faster than torch.topk, with the same picks; at 128 rows of 32K
+    it is slower than the one-program select at every chunk; the scores' spread moves nothing (within 0.5 %);
+    prefetch and 16 warps are slower everywhere. `multi_rule` takes it below its bound and not at 128 x 32K."""
+    from glm5lib.kernels import topk
+
+    res = load("sweeps/topk_dist_h100_eef246a.json")
+    assert res["meta"]["device"].startswith("NVIDIA H100") and res["meta"]["triton"] == "3.6.0"
+    rows = {(r["dist"], r["T"], r["n"]): r for r in res["rows"]}
+    assert len(rows) == 8 and not any("error" in r for r in rows.values())
+    for r in rows.values():
+        assert all(v for k, v in r.items() if "equals" in k), r  # every variant's picks, torch.topk's set
+        assert r["prefetch_graph_us"] > r["shipped_graph_us"] and r["warps16_graph_us"] > r["shipped_graph_us"]
+    r = rows[("randn", 1, 131072)]
+    assert (round(r["shipped_graph_us"], 1), round(r["multi2048_graph_us"], 1)) == (123.5, 30.9)
+    assert (round(r["multi4096_graph_us"], 1), round(r["multi8192_graph_us"], 1), round(r["torch_topk_graph_us"], 1)) \
+        == (35.0, 49.8, 63.3)
+    r = rows[("randn", 1, 32768)]
+    assert [round(r[k], 1) for k in ("shipped_graph_us", "multi2048_graph_us", "torch_topk_graph_us")] == \
+        [113.7, 30.0, 54.5]
+    r = rows[("randn", 1, 202752)]
+    assert r["length"] == 131072
+    assert (round(r["shipped_graph_us"], 1), round(r["multi2048_graph_us"], 1)) == (123.3, 31.0)
+    busy = rows[("randn", 128, 32768)]
+    assert [round(busy[f"multi{c}_graph_us"], 1) for c in (2048, 4096, 8192)] == [170.3, 128.8, 120.1]
+    assert all(busy[f"multi{c}_graph_us"] > busy["shipped_graph_us"] for c in (2048, 4096, 8192))
+    for (dist, T, n), r in rows.items():  # the first digit's spread: randn ~20 bins, spread all 256
+        other = rows[("spread" if dist == "randn" else "randn", T, n)]
+        assert abs(r["shipped_graph_us"] / other["shipped_graph_us"] - 1) < 0.005
+    assert topk.MULTI_CHUNK == 2048 and topk.multi_rule(1, 202752) and topk.multi_rule(1, 32768)
+    assert not topk.multi_rule(128, 32768)
+
+
 def test_evidence_fp8_prefill_config_is_the_sweeps_fastest():
     """mla.CONFIGS' fp8 prefill config at 8-16 heads is the fastest correct row of its sweep (NOTES.md v8d: 4.35 ->
     4.05 ms at H8), and the benchmark at 4bea5da ran it."""
