@@ -309,6 +309,22 @@ def test_topk_select_rule_splits_few_wide_rows_over_programs(monkeypatch):
     assert run(x) == {"multi": [(3, 5)] * 6, "select": []}
 
 
+def test_topk_select_multi_edges_match_one_program():
+    """The row split over programs (`multi=True`) where there is little to split: no columns, rows of -inf only,
+    k larger than the row, rows shorter than one chunk, lengths past the row: the one-program output each time."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 50, generator=g)
+    x[1] = float("-inf")
+    x[2, ::2] = float("-inf")
+    lengths = torch.tensor([50, 50, 9, 70], dtype=torch.int32)
+    ks = torch.tensor([0, 2, 1, 5], dtype=torch.int32)
+    for k in (3, 40, 64):
+        for chunk in (7, 16, 64):
+            one = topk_select(x, k, lengths=lengths, ks=ks, chunk=50)
+            assert torch.equal(topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, multi=True), one), (k, chunk)
+    assert torch.equal(topk_select(torch.empty(2, 0), 4, multi=True), torch.full((2, 4), -1, dtype=torch.int32))
+
+
 def test_case_matrix_fp8_q_cases_run_with_software_e4m3(monkeypatch):
     """Where e4m3 is converted in software (sm_80, GLM5LIB_FP8_SOFTWARE=1) the fp8-q cases widen q the way
     vLLM's path does instead of stopping the matrix (the kernel refuses fp8 q there)."""

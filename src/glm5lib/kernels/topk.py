@@ -348,7 +348,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
     if multi is None:
         multi = chunk is None and multi_rule(T, n)
-    if multi:
+    if multi and n > 0:  # no columns: the one-program launch below writes the padding
         return _multi_select(logits, k, lens, ks_, out, chunk or MULTI_CHUNK, block, num_warps, digit,
                              lengths is not None, ks is not None)
     if chunk is None:
