@@ -21,7 +21,8 @@ Shapes (top-k 2048, every row given its length as the indexer does): one row of 
 of 32K (the GPU busy), one row of 128K keys (the split select: 8 programs, then the merge), and the CUDA-graph
 decode path's shape, one row 202752 wide read up to a 128K context. Every variant's output checked against the
 select without the split over programs (`multi=False`, "shipped": what `topk_select` took before round 27), whose
-set is checked against torch.topk's; CUDA-graph replay (`serving.harness.cuda_timings`), torch.topk beside it.
+set is checked against torch.topk's; CUDA-graph replay (`serving.harness.cuda_timings`; back-to-back eager calls too, as the indexer step's `topk_fast` runs),
+torch.topk beside it.
 
 `--sweep`: where the row split over programs stops paying, for a rule: `randn` scores at 1-128 rows of 32K and 128K
 keys and of the decode path's 202752-wide rows read up to 32K and 128K, the select without `multi` against it at
@@ -105,8 +106,10 @@ def main(path: str, sweep: bool = False) -> None:
                         row[f"{name}_equals_shipped"] = bool(torch.equal(topk_select(x, K, lengths=L, **kw), base))
                     t = cuda_timings(lambda kw=kw: topk_select(x, K, lengths=L, out=out, **kw), REPEATS)
                     row[f"{name}_graph_us"] = t.get("graph_us")
+                    row[f"{name}_eager_us"] = t["eager_us"]
                 xs = x[:, :length].contiguous()
-                row["torch_topk_graph_us"] = cuda_timings(lambda: topk_indices(xs, K, out=out), REPEATS).get("graph_us")
+                t = cuda_timings(lambda: topk_indices(xs, K, out=out), REPEATS)
+                row["torch_topk_graph_us"], row["torch_topk_eager_us"] = t.get("graph_us"), t["eager_us"]
             except Exception as e:  # noqa: BLE001  (recorded; the sweep goes on)
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append(row)

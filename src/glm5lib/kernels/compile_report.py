@@ -281,8 +281,8 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     if form in REWRITTEN_DTYPE:  # the rewrite of bf16 q over fp8 keys, launched before the scores
         specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
-    from glm5lib.kernels.topk import (MULTI_CHUNK, SELECT_CONFIG, SELECT_PREFETCH, _multi_select_kernel,
-                                      _topk_select_kernel)
+    from glm5lib.kernels.topk import (MULTI_CHUNK, MULTI_CHUNKS_MIN, SELECT_CONFIG, SELECT_PREFETCH,
+                                      _multi_select_kernel, _topk_select_kernel)
 
     fn = _topk_select_kernel
     block, warps, digit = SELECT_CONFIG
@@ -302,7 +302,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     fn = _multi_select_kernel
     for mode in range(-(-32 // digit) + 2):
         consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, MULTI_CHUNK), "DIGIT": digit,
-                  "CHUNKS": 128, "OUT_BLOCK": 1024}
+                  "CHUNKS": MULTI_CHUNKS_MIN, "OUT_BLOCK": 1024}
         types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
         specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
                                 _sig(fn, types, consts), consts, warps, 3,

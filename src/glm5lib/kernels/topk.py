@@ -304,6 +304,11 @@ SELECT_MULTI: bool | None = None
 MULTI_CHUNK = 2048
 MULTI_MIN_N = 32768
 MULTI_MAX_SCORES = 1 << 20
+# the write step reads every chunk's counts as one block of CHUNKS: at least MULTI_CHUNKS_MIN (so rows up to
+# 262144 keys at 2048-key chunks, GLM-5's 202752 among them, share one build whatever their width: no new compile
+# when an eager caller's width changes), at most MULTI_MAX_CHUNKS
+MULTI_CHUNKS_MIN = 128
+MULTI_MAX_CHUNKS = 4096
 TOPK_FAST_TORCH_ABOVE = 6_000_000
 
 
@@ -391,6 +396,9 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
     """`topk_select(..., multi=True)`: `_multi_select_kernel`'s seven steps over `[T, ceil(N / chunk)]` programs."""
     T, n = logits.shape
     n_chunks = triton.cdiv(n, chunk)
+    if n_chunks > MULTI_MAX_CHUNKS:
+        raise ValueError(f"multi splits a row into at most {MULTI_MAX_CHUNKS} chunks; chunk {chunk} cuts {n} keys "
+                         f"into {n_chunks}")
     npass = triton.cdiv(32, digit)
     hist = torch.zeros(T, npass, 1 << digit, dtype=torch.int32, device=logits.device)
     cnt = torch.empty(T, n_chunks, 2, dtype=torch.int32, device=logits.device)
@@ -398,7 +406,8 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
         _MULTI((T, n_chunks),
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
             MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=min(block, triton.next_power_of_2(chunk)),
-            DIGIT=digit, CHUNKS=triton.next_power_of_2(n_chunks), OUT_BLOCK=1024, num_warps=num_warps,
+            DIGIT=digit, CHUNKS=max(MULTI_CHUNKS_MIN, triton.next_power_of_2(n_chunks)), OUT_BLOCK=1024,
+            num_warps=num_warps,
         )
     return out
 
