@@ -21,8 +21,9 @@ Shapes (top-k 2048, every row given its length as the indexer does): one row of 
 of 32K (the GPU busy), one row of 128K keys (the split select: 8 programs, then the merge), and the CUDA-graph
 decode path's shape, one row 202752 wide read up to a 128K context. Every variant's output checked against the
 select without the split over programs (`multi=False`, "shipped": what `topk_select` took before round 27), whose
-set is checked against torch.topk's; CUDA-graph replay (`serving.harness.cuda_timings`; back-to-back eager calls too, as the indexer step's `topk_fast` runs),
-torch.topk beside it.
+set is checked against torch.topk's; CUDA-graph replay (`serving.harness.cuda_timings`; back-to-back eager calls
+too, as the indexer step's `topk_fast` runs), torch.topk beside it. "rule": what `topk_select` takes by itself
+(`topk.multi_rule`: the split over programs only while a graph is captured, so its eager time is the select's).
 
 `--sweep`: where the row split over programs stops paying, for a rule: `randn` scores at 1-128 rows of 32K and 128K
 keys and of the decode path's 202752-wide rows read up to 32K and 128K, the select without `multi` against it at

@@ -268,8 +268,8 @@ def test_evidence_topk_multi_at_few_rows():
     for (dist, T, n), r in rows.items():  # the first digit's spread: randn ~20 bins, spread all 256
         other = rows[("spread" if dist == "randn" else "randn", T, n)]
         assert abs(r["shipped_graph_us"] / other["shipped_graph_us"] - 1) < 0.005
-    assert topk.MULTI_CHUNK == 2048 and topk.multi_rule(1, 202752) and topk.multi_rule(1, 32768)
-    assert not topk.multi_rule(128, 32768)
+    assert topk.multi_rule(1, 202752, True) and topk.multi_rule(1, 32768, True)
+    assert not topk.multi_rule(128, 32768, True) and not topk.multi_rule(1, 202752, False)
 
 
 def test_evidence_fp8_prefill_config_is_the_sweeps_fastest():

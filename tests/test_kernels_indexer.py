@@ -272,11 +272,12 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
         topk.topk_select(x, 50, chunk=0)
 
 
-def test_topk_select_rule_splits_few_wide_rows_over_programs(monkeypatch):
-    """`topk.multi_rule`: rows at least MULTI_MIN_N wide and at most MULTI_MAX_SCORES scores in the call take the
-    row split over programs for every pass (7 launches of `_multi_select_kernel` over [T, ceil(N / MULTI_CHUNK)]);
-    more scores, a given `chunk`, or SELECT_MULTI False keep the one-program / split select; the picks are the
-    stable sort's either way."""
+def test_topk_select_rule_splits_a_captured_decode_steps_rows_over_programs(monkeypatch):
+    """`topk.multi_rule`: while a CUDA graph is captured, rows at least MULTI_MIN_N wide and at most
+    MULTI_MAX_SCORES scores in the call (MULTI_MAX_SCORES_LONG past SELECT_MAX_N) take the row split over programs
+    for every pass (7 launches of `_multi_select_kernel` over [T, ceil(N / multi_chunk)]); eager calls, more
+    scores, a given `chunk`, or SELECT_MULTI False keep the one-program / split select; the picks are the stable
+    sort's either way. `multi_chunk`: T * N / 256 rounded up to a power of two within MULTI_CHUNKS_RANGE."""
     import glm5lib.kernels.topk as topk
 
     grids = {"multi": [], "select": []}
@@ -285,9 +286,12 @@ def test_topk_select_rule_splits_few_wide_rows_over_programs(monkeypatch):
                                                                 pre_multi(grid, *a, **kw)))
     monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (grids["select"].append(tuple(grid)),
                                                                   pre_select(grid, *a, **kw)))
+    capturing = [True]
+    monkeypatch.setattr(topk, "_capturing", lambda: capturing[0])
     monkeypatch.setattr(topk, "MULTI_MIN_N", 256)
-    monkeypatch.setattr(topk, "MULTI_MAX_SCORES", 600)
-    monkeypatch.setattr(topk, "MULTI_CHUNK", 64)
+    monkeypatch.setattr(topk, "SELECT_MAX_N", 256)
+    monkeypatch.setattr(topk, "MULTI_MAX_SCORES_LONG", 600)
+    monkeypatch.setattr(topk, "MULTI_CHUNKS_RANGE", (64, 128))
     x = torch.randint(-3, 4, (3, 300), generator=torch.Generator().manual_seed(9)).float()
     lengths = torch.tensor([300, 130, 7], dtype=torch.int32)
 
@@ -295,18 +299,27 @@ def test_topk_select_rule_splits_few_wide_rows_over_programs(monkeypatch):
         for g in grids.values():
             g.clear()
         got = topk.topk_select(xs, 40, lengths=lengths[:xs.shape[0]], **kw)
-        assert [r.tolist()[: len(w)] for r, w in zip(got, _stable_picks(xs, 40, lengths[:xs.shape[0]]))] == \
-            _stable_picks(xs, 40, lengths[:xs.shape[0]])
+        want = _stable_picks(xs, 40, lengths[:xs.shape[0]])
+        assert [r.tolist()[: len(w)] for r, w in zip(got, want)] == want
         return {k: list(v) for k, v in grids.items()}
 
-    assert topk.multi_rule(2, 300) and not topk.multi_rule(3, 300) and not topk.multi_rule(1, 255)
+    assert topk.multi_rule(2, 300, True) and not topk.multi_rule(2, 300, False)
+    assert not topk.multi_rule(3, 300, True) and not topk.multi_rule(1, 255, True)
+    assert [topk.multi_chunk(T, 300) for T in (1, 2, 3)] == [64, 64, 64]
+    monkeypatch.setattr(topk, "MULTI_CHUNKS_RANGE", (1024, 8192))
+    assert [topk.multi_chunk(T, 202752) for T in (1, 4, 16, 64)] == [1024, 4096, 8192, 8192]
+    assert topk.multi_chunk(1, 32768) == 1024 and topk.multi_chunk(32, 32768) == 4096
+    monkeypatch.setattr(topk, "MULTI_CHUNKS_RANGE", (64, 128))
     assert run(x[:2]) == {"multi": [(2, 5)] * 6, "select": []}  # 4 passes, count, write (the zeroing is torch's)
-    assert run(x) == {"multi": [], "select": [(3,)]}  # 900 scores: one program a row
+    assert run(x) == {"multi": [], "select": [(3,)]}  # 900 scores: the select (one SELECT_CHUNK, one program)
     assert run(x[:2], chunk=300) == {"multi": [], "select": [(2,)]}  # a chunk asked for: the select it names
-    monkeypatch.setattr(topk, "SELECT_MULTI", False)
-    assert run(x[:2]) == {"multi": [], "select": [(2,)]}
+    capturing[0] = False
+    assert run(x[:2]) == {"multi": [], "select": [(2,)]}  # eager: the select
     monkeypatch.setattr(topk, "SELECT_MULTI", True)
     assert run(x) == {"multi": [(3, 5)] * 6, "select": []}
+    monkeypatch.setattr(topk, "SELECT_MULTI", False)
+    capturing[0] = True
+    assert run(x[:2]) == {"multi": [], "select": [(2,)]}
 
 
 def test_topk_select_multi_edges_match_one_program():

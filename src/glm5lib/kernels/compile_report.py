@@ -281,7 +281,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     if form in REWRITTEN_DTYPE:  # the rewrite of bf16 q over fp8 keys, launched before the scores
         specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
-    from glm5lib.kernels.topk import (MULTI_CHUNK, MULTI_CHUNKS_MIN, SELECT_CONFIG, SELECT_PREFETCH,
+    from glm5lib.kernels.topk import (MULTI_CHUNKS_MIN, MULTI_CHUNKS_RANGE, SELECT_CONFIG, SELECT_PREFETCH,
                                       _multi_select_kernel, _topk_select_kernel)
 
     fn = _topk_select_kernel
@@ -297,16 +297,18 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                  "POS": "*i32"}
         specs.append(KernelSpec(f"topk_select[B{block}-w{warps}-d{digit}:{tag}]", fn, _sig(fn, types, consts),
                                 consts, warps, 3, ("X", "LEN", "KS", "OUT", "OUT_X", "POS", "stride_x", "stride_o")))
-    # a few wide rows split over programs for every pass (`topk.multi_rule`): its seven steps (the radix passes, the
-    # count, the write) over GLM-5's 202752-wide decode rows (99 chunks), with row lengths, as the decode path runs it
+    # a decode step's rows split over programs for every pass (`topk.multi_rule`): its seven steps (the radix passes,
+    # the count, the write) over GLM-5's 202752-wide decode rows, with row lengths, at the smallest and largest chunk
+    # of `topk.multi_chunk` (1024 keys: 1024-score blocks; 4096 and up: `SELECT_CONFIG`'s block)
     fn = _multi_select_kernel
-    for mode in range(-(-32 // digit) + 2):
-        consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, MULTI_CHUNK), "DIGIT": digit,
-                  "CHUNKS": MULTI_CHUNKS_MIN, "OUT_BLOCK": 1024}
-        types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
-        specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
-                                _sig(fn, types, consts), consts, warps, 3,
-                                ("X", "LEN", "KS", "OUT", "HIST", "CNT", "stride_x", "stride_o")))
+    for chunk in MULTI_CHUNKS_RANGE:
+        for mode in range(-(-32 // digit) + 2):
+            consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
+                      "CHUNKS": max(MULTI_CHUNKS_MIN, 1 << (-(-202752 // chunk) - 1).bit_length()), "OUT_BLOCK": 1024}
+            types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
+            specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
+                                    _sig(fn, types, consts), consts, warps, 3,
+                                    ("X", "LEN", "KS", "OUT", "HIST", "CNT", "stride_x", "stride_o")))
 
     fn = _write_indexer_rows_kernel
     consts = {"D": INDEXER_DIM, "SB": INDEXER_FP8_ROW_BYTES - INDEXER_DIM}

@@ -20,11 +20,11 @@ fewer than k of its chunk, and is among its chunk's picks; the second launch kee
 since chunks are laid out in position order and each lists its picks in ascending position, "earlier
 candidate" means "earlier position" there too.
 
-A few wide rows (a decode step's) leave the GPU idle even so, and the select's time is then its programs'
-latency. `multi_rule` sends them to `_multi_select_kernel` instead: every pass runs on all of a row's
-`MULTI_CHUNK`-key chunks at once, each radix pass's digit counts summed across them in global memory (one launch a
-pass), then one launch counts each chunk's picks and one writes them at the place the counts of the chunks before
-it give, ties still to the earliest positions: the same picks, about 4x faster at one row of 32K-128K keys (see
+A decode step's few wide rows leave the GPU idle even so, and the select's time is then its programs' latency.
+While a CUDA graph is captured, `multi_rule` sends them to `_multi_select_kernel` instead: every pass runs on all of
+a row's chunks at once, each radix pass's digit counts summed across them in global memory (one launch a pass),
+then one launch counts each chunk's picks and one writes them at the place the counts of the chunks before it
+give, ties still to the earliest positions: the same picks, about 4x faster at one row of 32K-200K keys (see
 `SELECT_MULTI`).
 
 torch.topk takes several launches (its eager time is 2-5x its CUDA-graph time at 9K-32K keys in
@@ -198,20 +198,24 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
     row += first
     offs0 = tl.arange(0, BLOCK)
     if MODE < NPASS:
-        prefix, remaining, take_all = _row_threshold(HIST, t, MODE, K, DIGIT)
-        hi: tl.constexpr = 32 - DIGIT * MODE
-        shift: tl.constexpr = hi - DIGIT if hi > DIGIT else 0
-        hist = tl.zeros([1 << DIGIT], tl.int32)
-        for start in range(0, m, BLOCK):
-            offs = start + offs0
-            key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
-            match = (offs < m) & (key > NEG_INF_KEY)
-            if MODE > 0:
-                match = match & ((key >> hi) == (prefix >> hi))
-            hist += tl.histogram(((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32), 1 << DIGIT, mask=match)
-        bins = tl.arange(0, 1 << DIGIT)
-        tl.atomic_add(HIST + (t * NPASS + MODE) * (1 << DIGIT) + bins, hist, mask=hist != 0)
-    else:
+        if m > 0:  # chunks past the row's length (a decode row read up to its context) count nothing
+            prefix, remaining, take_all = _row_threshold(HIST, t, MODE, K, DIGIT)
+            hi: tl.constexpr = 32 - DIGIT * MODE
+            shift: tl.constexpr = hi - DIGIT if hi > DIGIT else 0
+            hist = tl.zeros([1 << DIGIT], tl.int32)
+            for start in range(0, m, BLOCK):
+                offs = start + offs0
+                key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
+                match = (offs < m) & (key > NEG_INF_KEY)
+                if MODE > 0:
+                    match = match & ((key >> hi) == (prefix >> hi))
+                hist += tl.histogram(((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32), 1 << DIGIT, mask=match)
+            bins = tl.arange(0, 1 << DIGIT)
+            tl.atomic_add(HIST + (t * NPASS + MODE) * (1 << DIGIT) + bins, hist, mask=hist != 0)
+    elif MODE == NPASS and m == 0:  # nothing to count: no threshold needed
+        tl.store(CNT + (t * n_chunks + c) * 2, 0)
+        tl.store(CNT + (t * n_chunks + c) * 2 + 1, 0)
+    elif (m > 0) | (c == 0):  # the write: chunks with keys, and chunk 0 for the padding
         prefix, remaining, take_all = _row_threshold(HIST, t, NPASS, K, DIGIT)
         # every finite key when the row has no more than K of them: a threshold at -inf's key, no ties taken
         thr = tl.where(take_all, tl.full([], NEG_INF_KEY, tl.uint32), prefix)
@@ -283,31 +287,36 @@ SELECT_PREFETCH = False
 # The row split over programs for every pass (`_multi_select_kernel`, `topk_select(..., multi=True)`): each radix
 # pass's digit counts summed over the row's programs in global memory, one launch a pass (4), then one to count
 # each chunk's picks and one to write them where the chunks before it leave off: 7 launches with the counts'
-# zeroing, every one over all of a row's MULTI_CHUNK-key chunks, instead of one program a row (or one per 16K keys
-# and then one per row over the chunks' 2048 picks each). The same picks. H100, CUDA-graph replay, top-k 2048
-# (`scripts/topk_dist_probe.py`, outputs/bench/sweeps/topk_dist_h100_eef246a.json), shipped select -> multi at
-# chunks of 2048 / 4096 / 8192 keys, torch.topk beside them:
-#   1 row of 32K keys: 113.7 -> 30.0 / 35.0 / 49.7 us (torch.topk 54.5);
-#   1 row of 128K keys, and the CUDA-graph decode path's 202752-wide row read up to 128K: 123.5 -> 30.9 / 35.0 / 49.8
-#   (torch.topk 63.3);
-#   128 rows of 32K (the GPU busy): 114.4 -> 170.3 / 128.8 / 120.1 (torch.topk 111.6).
-# The time at few rows is 7 launches of one chunk's work each (smaller chunks, shorter launches); at many rows the
-# row is scanned six times instead of five and each program re-derives the threshold, so the one-program select
-# wins. The scores' spread does not move either (within 0.5 % between standard-normal scores and scores over all
-# 256 first-digit bins: Triton 3.6 counts digits with warp ballots). SELECT_MULTI None is the rule (`multi_rule`):
-# multi at MULTI_CHUNK keys where rows are at least MULTI_MIN_N wide and the call holds at most MULTI_MAX_SCORES
-# scores (32 rows of 32K, 8 of 128K, 5 of the decode path's 202752): a bound set between the measured ends, where a
-# straight line through them puts multi at about 60 us against the one-program select's 114; True / False force it.
-# The prefetch of the next block (`SELECT_PREFETCH`) and 16 warps a program were slower in the same run (+2-4 % and
-# +11-18 %)
+# zeroing, every one over all of a row's chunks, instead of one program a row (or one per 16K keys and then one per
+# row over the chunks' 2048 picks each). The same picks. H100, top-k 2048, standard-normal scores, CUDA-graph replay
+# (`scripts/topk_dist_probe.py`; outputs/bench/sweeps/topk_dist_h100_eef246a.json, topk_rows_h100_3dc78ef.json):
+#   rows x width (read up to)  | select before | multi at chunks of 1024 / 2048 / 4096 / 8192 | torch.topk
+#   1 x 32K                    | 113.7 us      | 26.7 / 30.3 / 34.8 / 49.7                    | 54.6
+#   1 x 202752 (128K)          | 124.0         | 27.8 / 30.7 / 35.1 / 49.9                    | 63.4
+#   4 x 202752 (128K)          | 124.3         | 48.4 / 42.4 / 36.6 / 51.0                    | 69.9
+#   16 x 128K                  | 125.5         | 114.9 / 93.3 / 72.7 / 72.6                   | 87.7
+#   64 x 32K                   | 114.3         | 116.2 / 92.8 / 72.9 / 73.4                   | 82.9
+#   64 x 128K                  | 263.8         | 408.7 / 324.3 / 243.7 / 221.2                | 176.3
+#   128 x 32K                  | 114.4         | 214.1 / 171.0 / 129.3 / 119.7                | 113.4
+#   128 x 202752 (32K)         | 125.2         | 629.8 / 400.6 / 257.6 / 187.2                | 112.2
+# At few rows the time is 7 launches of one chunk's work each (smaller chunks, shorter launches); as rows grow the
+# GPU fills and larger chunks win, and at 128 rows the one-program select (five scans of a row against multi's
+# six, and no threshold re-derived by every program) is as fast or faster. Called eagerly, multi's seven launches
+# cost the host more than they save at these sizes (1 x 32K: 218 us a call against 114), so the rule
+# (`multi_rule`, SELECT_MULTI None) takes it only while a CUDA graph is being captured (vLLM's decode steps,
+# `paged.decode_topk`), for rows at least MULTI_MIN_N wide and at most MULTI_MAX_SCORES scores in the call
+# (rows up to SELECT_MAX_N, which one program a row takes otherwise) or MULTI_MAX_SCORES_LONG (longer rows, which
+# the 16K split takes otherwise), at `multi_chunk`'s chunk (T * N / 256 keys rounded up to a power of two, within
+# 1024-8192). The scores' spread does not move the select (standard normal against all 256 first-digit bins within
+# 0.5 %: Triton 3.6 counts digits with warp ballots). True / False force it, at any size.
 SELECT_MULTI: bool | None = None
-MULTI_CHUNK = 2048
 MULTI_MIN_N = 32768
-MULTI_MAX_SCORES = 1 << 20
-# the write step reads every chunk's counts as one block of CHUNKS: at least MULTI_CHUNKS_MIN (so rows up to
-# 262144 keys at 2048-key chunks, GLM-5's 202752 among them, share one build whatever their width: no new compile
-# when an eager caller's width changes), at most MULTI_MAX_CHUNKS
-MULTI_CHUNKS_MIN = 128
+MULTI_MAX_SCORES = 1 << 21
+MULTI_MAX_SCORES_LONG = 1 << 23
+MULTI_CHUNKS_RANGE = (1024, 8192)
+# the write step reads every chunk's counts as one block of CHUNKS: at least MULTI_CHUNKS_MIN (GLM-5's 202752-wide
+# decode rows at 1024-key chunks are 198 of them: one build whatever the width up to that), at most MULTI_MAX_CHUNKS
+MULTI_CHUNKS_MIN = 256
 MULTI_MAX_CHUNKS = 4096
 TOPK_FAST_TORCH_ABOVE = 6_000_000
 
@@ -329,9 +338,9 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     `[T, ceil(N / chunk) * min(k, chunk)]` positions and scores, sized from the shapes alone). Default:
     `SELECT_CHUNK` for rows longer than `SELECT_MAX_N`, else one program per row. Same picks either way.
     `prefetch`: each radix pass loads the next block before counting the current one (`SELECT_PREFETCH`); the same
-    picks either way. `multi`: the row split over programs of `chunk` keys (default `MULTI_CHUNK`) for every pass,
+    picks either way. `multi`: the row split over programs of `chunk` keys (default `multi_chunk`) for every pass,
     seven launches (`_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and `[T, chunks, 2]` pick
-    counts); the same picks again. None: `multi_rule` (few wide rows: a decode step's) unless `chunk` is given.
+    counts); the same picks again. None: `multi_rule` (a CUDA-graph decode step's rows) unless `chunk` is given.
     """
     prefetch = bool(SELECT_PREFETCH if prefetch is None else prefetch)
     if logits.dim() != 2 or logits.dtype != torch.float32:
@@ -352,9 +361,9 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     lens = lengths.to(torch.int32).contiguous() if lengths is not None else dummy
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
     if multi is None:
-        multi = chunk is None and multi_rule(T, n)
+        multi = chunk is None and multi_rule(T, n, _capturing())
     if multi and n > 0:  # no columns: the one-program launch below writes the padding
-        return _multi_select(logits, k, lens, ks_, out, chunk or MULTI_CHUNK, block, num_warps, digit,
+        return _multi_select(logits, k, lens, ks_, out, chunk or multi_chunk(T, n), block, num_warps, digit,
                              lengths is not None, ks is not None)
     if chunk is None:
         chunk = SELECT_CHUNK if n > SELECT_MAX_N else n
@@ -384,12 +393,25 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     return out
 
 
-def multi_rule(T: int, n: int) -> bool:
-    """Whether `topk_select` splits each row over programs for every pass (`SELECT_MULTI`; its None: rows at least
-    `MULTI_MIN_N` wide and at most `MULTI_MAX_SCORES` scores in the call)."""
+def multi_rule(T: int, n: int, graph: bool) -> bool:
+    """Whether `topk_select` splits each row over programs for every pass (`SELECT_MULTI`; its None: while a CUDA
+    graph is captured (graph), rows at least `MULTI_MIN_N` wide and at most `MULTI_MAX_SCORES` scores in the call,
+    `MULTI_MAX_SCORES_LONG` for rows past `SELECT_MAX_N`)."""
     if SELECT_MULTI is not None:
         return bool(SELECT_MULTI)
-    return n >= MULTI_MIN_N and T * n <= MULTI_MAX_SCORES
+    return graph and n >= MULTI_MIN_N and T * n <= (MULTI_MAX_SCORES if n <= SELECT_MAX_N else MULTI_MAX_SCORES_LONG)
+
+
+def multi_chunk(T: int, n: int) -> int:
+    """The keys a program of `_multi_select_kernel` takes: T * n / 256 rounded up to a power of two, within
+    `MULTI_CHUNKS_RANGE` (about 256 programs' worth of a call's scores: 1024 at one 202752-wide row, 8192 from 2M
+    scores on)."""
+    lo, hi = MULTI_CHUNKS_RANGE
+    return min(hi, max(lo, triton.next_power_of_2(max(1, T * n // 256))))
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has_len, has_ks):
@@ -454,4 +476,5 @@ def topk_fast(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | No
     return topk_indices(logits, k, out=out)
 
 
-__all__ = ["topk_indices", "topk_select", "topk_fast", "multi_rule", "topk_overlap", "SELECT_MAX_N", "SELECT_CHUNK", "TOPK_FAST_TORCH_ABOVE"]
+__all__ = ["topk_indices", "topk_select", "topk_fast", "multi_rule", "multi_chunk", "topk_overlap", "SELECT_MAX_N",
+           "SELECT_CHUNK", "TOPK_FAST_TORCH_ABOVE"]
