@@ -102,6 +102,24 @@ def main(path: str, sweep: bool = False) -> None:
                 base = topk_select(x, K, lengths=L, multi=False).clone()
                 want = topk_indices(x[:, :length], K).sort(1).values
                 row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))
+                # what the rule takes under capture (the split over programs where `multi_rule` says so), replayed
+                # from a CUDA graph with the rows' contents changed after capture, against the eager select
+                g_out = torch.full((T, K), -7, dtype=torch.int32, device=dev)
+                xg = torch.zeros_like(x)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    topk_select(xg, K, lengths=L, out=g_out)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    topk_select(xg, K, lengths=L, out=g_out)
+                xg.copy_(x)
+                graph.replay()
+                torch.cuda.synchronize()
+                row["rule_multi_in_graph"] = topk.multi_rule(T, n, True)
+                row["rule_graph_replay_equals_shipped"] = bool(torch.equal(g_out, base))
+                del graph
                 for name, kw in VARIANTS:
                     if name != "shipped":
                         row[f"{name}_equals_shipped"] = bool(torch.equal(topk_select(x, K, lengths=L, **kw), base))
