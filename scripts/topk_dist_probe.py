@@ -23,7 +23,8 @@ decode path's shape, one row 202752 wide read up to a 128K context. Every varian
 select without the split over programs (`multi=False`, "shipped": what `topk_select` took before round 27), whose
 set is checked against torch.topk's; CUDA-graph replay (`serving.harness.cuda_timings`; back-to-back eager calls
 too, as the indexer step's `topk_fast` runs), torch.topk beside it. "rule": what `topk_select` takes by itself
-(`topk.multi_rule`: the split over programs only while a graph is captured, so its eager time is the select's).
+(`topk._multi_default`: the split over programs while a graph is captured and for a shape's first eager call,
+so its eager time is the select's).
 
 `--sweep`: where the row split over programs stops paying, for a rule: `randn` scores at 1-128 rows of 32K and 128K
 keys and of the decode path's 202752-wide rows read up to 32K and 128K, the select without `multi` against it at
@@ -117,7 +118,7 @@ def main(path: str, sweep: bool = False) -> None:
                 xg.copy_(x)
                 graph.replay()
                 torch.cuda.synchronize()
-                row["rule_multi_in_graph"] = topk.multi_rule(T, n, True)
+                row["rule_multi_in_graph"] = topk.multi_rule(T, n)
                 row["rule_graph_replay_equals_shipped"] = bool(torch.equal(g_out, base))
                 del graph
                 for name, kw in VARIANTS:

@@ -268,8 +268,38 @@ def test_evidence_topk_multi_at_few_rows():
     for (dist, T, n), r in rows.items():  # the first digit's spread: randn ~20 bins, spread all 256
         other = rows[("spread" if dist == "randn" else "randn", T, n)]
         assert abs(r["shipped_graph_us"] / other["shipped_graph_us"] - 1) < 0.005
-    assert topk.multi_rule(1, 202752, True) and topk.multi_rule(1, 32768, True)
-    assert not topk.multi_rule(128, 32768, True) and not topk.multi_rule(1, 202752, False)
+    assert topk.multi_rule(1, 202752) and topk.multi_rule(1, 32768) and not topk.multi_rule(128, 32768)
+
+
+def test_evidence_topk_multi_rows_sweep():
+    """docs/kernels.md v32's table and `topk._multi_default`: the 1-128-row sweep on an H100 (3dc78ef, graph
+    replay): every variant picks what the select before picks; the quoted rows; and where `multi_rule` takes the
+    split over programs, multi at `multi_chunk`'s chunk is faster than the select before it in this run, while at
+    the shapes it leaves (128 x 32K, 128 x 202752 at 32K) the select before is faster than every chunk."""
+    from glm5lib.kernels import topk
+
+    res = load("sweeps/topk_rows_h100_3dc78ef.json")
+    assert res["meta"]["device"].startswith("NVIDIA H100") and res["meta"]["sweep"]
+    rows = {(r["T"], r["n"], r["length"]): r for r in res["rows"]}
+    assert len(rows) == 24 and not any("error" in r for r in rows.values())
+    for (T, n, L), r in rows.items():
+        assert all(v for k, v in r.items() if "equals" in k), r
+        multis = [r[f"multi{c}_graph_us"] for c in (1024, 2048, 4096, 8192)]
+        if topk.multi_rule(T, n):
+            assert r[f"multi{topk.multi_chunk(T, n)}_graph_us"] < r["shipped_graph_us"], (T, n, L)
+        elif T == 128 and L == 32768:
+            assert min(multis) > r["shipped_graph_us"], (T, n, L)
+    quote = {(1, 32768, 32768): (113.7, [26.7, 30.3, 34.8, 49.7], 54.6),
+             (1, 202752, 131072): (124.0, [27.8, 30.7, 35.1, 49.9], 63.4),
+             (16, 131072, 131072): (125.5, [114.9, 93.3, 72.7, 72.6], 87.7),
+             (64, 131072, 131072): (263.8, [408.7, 324.3, 243.7, 221.2], 176.3),
+             (128, 32768, 32768): (114.4, [214.1, 171.0, 129.3, 119.7], 113.4)}
+    for key, (before, multis, torch_us) in quote.items():
+        r = rows[key]
+        assert round(r["shipped_graph_us"], 1) == before and round(r["torch_topk_graph_us"], 1) == torch_us, key
+        assert [round(r[f"multi{c}_graph_us"], 1) for c in (1024, 2048, 4096, 8192)] == multis, key
+    r = rows[(1, 32768, 32768)]
+    assert round(r["rule_eager_us"]) == 218 and round(r["shipped_eager_us"]) == 114  # eager: the launches' cost
 
 
 def test_evidence_fp8_prefill_config_is_the_sweeps_fastest():

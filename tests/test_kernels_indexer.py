@@ -273,11 +273,12 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
 
 
 def test_topk_select_rule_splits_a_captured_decode_steps_rows_over_programs(monkeypatch):
-    """`topk.multi_rule`: while a CUDA graph is captured, rows at least MULTI_MIN_N wide and at most
-    MULTI_MAX_SCORES scores in the call (MULTI_MAX_SCORES_LONG past SELECT_MAX_N) take the row split over programs
-    for every pass (7 launches of `_multi_select_kernel` over [T, ceil(N / multi_chunk)]); eager calls, more
-    scores, a given `chunk`, or SELECT_MULTI False keep the one-program / split select; the picks are the stable
-    sort's either way. `multi_chunk`: T * N / 256 rounded up to a power of two within MULTI_CHUNKS_RANGE."""
+    """`topk._multi_default`: on a GPU, for `multi_rule`'s shapes (rows at least MULTI_MIN_N wide, at most
+    MULTI_MAX_SCORES scores in the call, MULTI_MAX_SCORES_LONG past SELECT_MAX_N), the row split over programs for
+    every pass (7 launches of `_multi_select_kernel` over [T, ceil(N / multi_chunk)]) while a CUDA graph is
+    captured, and eagerly only the first call of each shape (its kernels loaded before any capture); more scores, a
+    given `chunk`, or SELECT_MULTI False keep the one-program / split select; the picks are the stable sort's either
+    way. `multi_chunk`: T * N / 256 rounded up to a power of two within MULTI_CHUNKS_RANGE."""
     import glm5lib.kernels.topk as topk
 
     grids = {"multi": [], "select": []}
@@ -288,6 +289,8 @@ def test_topk_select_rule_splits_a_captured_decode_steps_rows_over_programs(monk
                                                                   pre_select(grid, *a, **kw)))
     capturing = [True]
     monkeypatch.setattr(topk, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(topk, "_on_gpu", lambda device: True)  # the interpreter's tensors stand in for a GPU's
+    monkeypatch.setattr(topk, "_MULTI_WARMED", set())
     monkeypatch.setattr(topk, "MULTI_MIN_N", 256)
     monkeypatch.setattr(topk, "SELECT_MAX_N", 256)
     monkeypatch.setattr(topk, "MULTI_MAX_SCORES_LONG", 600)
@@ -303,23 +306,29 @@ def test_topk_select_rule_splits_a_captured_decode_steps_rows_over_programs(monk
         assert [r.tolist()[: len(w)] for r, w in zip(got, want)] == want
         return {k: list(v) for k, v in grids.items()}
 
-    assert topk.multi_rule(2, 300, True) and not topk.multi_rule(2, 300, False)
-    assert not topk.multi_rule(3, 300, True) and not topk.multi_rule(1, 255, True)
+    assert topk.multi_rule(2, 300) and not topk.multi_rule(3, 300) and not topk.multi_rule(1, 255)
     assert [topk.multi_chunk(T, 300) for T in (1, 2, 3)] == [64, 64, 64]
     monkeypatch.setattr(topk, "MULTI_CHUNKS_RANGE", (1024, 8192))
     assert [topk.multi_chunk(T, 202752) for T in (1, 4, 16, 64)] == [1024, 4096, 8192, 8192]
     assert topk.multi_chunk(1, 32768) == 1024 and topk.multi_chunk(32, 32768) == 4096
     monkeypatch.setattr(topk, "MULTI_CHUNKS_RANGE", (64, 128))
-    assert run(x[:2]) == {"multi": [(2, 5)] * 6, "select": []}  # 4 passes, count, write (the zeroing is torch's)
+    multi2, select2 = {"multi": [(2, 5)] * 6, "select": []}, {"multi": [], "select": [(2,)]}
+    assert run(x[:2]) == multi2  # captured: 4 passes, count, write (the zeroing is torch's)
+    assert run(x[:2]) == multi2  # every captured call
     assert run(x) == {"multi": [], "select": [(3,)]}  # 900 scores: the select (one SELECT_CHUNK, one program)
-    assert run(x[:2], chunk=300) == {"multi": [], "select": [(2,)]}  # a chunk asked for: the select it names
+    assert run(x[:2], chunk=300) == select2  # a chunk asked for: the select it names
     capturing[0] = False
-    assert run(x[:2]) == {"multi": [], "select": [(2,)]}  # eager: the select
+    assert run(x[:1]) == {"multi": [(1, 5)] * 6, "select": []}  # eager: a shape's first call loads the kernels
+    assert run(x[:1]) == {"multi": [], "select": [(1,)]}  # then the select, fewer launches for the host
+    assert run(x[:2]) == multi2 and run(x[:2]) == select2
     monkeypatch.setattr(topk, "SELECT_MULTI", True)
     assert run(x) == {"multi": [(3, 5)] * 6, "select": []}
     monkeypatch.setattr(topk, "SELECT_MULTI", False)
     capturing[0] = True
-    assert run(x[:2]) == {"multi": [], "select": [(2,)]}
+    assert run(x[:2]) == select2
+    monkeypatch.setattr(topk, "SELECT_MULTI", None)
+    monkeypatch.setattr(topk, "_on_gpu", lambda device: False)  # on the CPU: the select whatever the shape
+    assert run(x[:2]) == select2
 
 
 def test_topk_select_multi_edges_match_one_program():

@@ -303,8 +303,9 @@ SELECT_PREFETCH = False
 # GPU fills and larger chunks win, and at 128 rows the one-program select (five scans of a row against multi's
 # six, and no threshold re-derived by every program) is as fast or faster. Called eagerly, multi's seven launches
 # cost the host more than they save at these sizes (1 x 32K: 218 us a call against 114), so the rule
-# (`multi_rule`, SELECT_MULTI None) takes it only while a CUDA graph is being captured (vLLM's decode steps,
-# `paged.decode_topk`), for rows at least MULTI_MIN_N wide and at most MULTI_MAX_SCORES scores in the call
+# (`_multi_default`, SELECT_MULTI None) takes it while a CUDA graph is being captured (vLLM's decode steps,
+# `paged.decode_topk`) and for the first eager call of each such shape only (so that its kernels are loaded before
+# a capture), for rows at least MULTI_MIN_N wide and at most MULTI_MAX_SCORES scores in the call
 # (rows up to SELECT_MAX_N, which one program a row takes otherwise) or MULTI_MAX_SCORES_LONG (longer rows, which
 # the 16K split takes otherwise), at `multi_chunk`'s chunk (T * N / 256 keys rounded up to a power of two, within
 # 1024-8192). The scores' spread does not move the select (standard normal against all 256 first-digit bins within
@@ -340,7 +341,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     `prefetch`: each radix pass loads the next block before counting the current one (`SELECT_PREFETCH`); the same
     picks either way. `multi`: the row split over programs of `chunk` keys (default `multi_chunk`) for every pass,
     seven launches (`_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and `[T, chunks, 2]` pick
-    counts); the same picks again. None: `multi_rule` (a CUDA-graph decode step's rows) unless `chunk` is given.
+    counts); the same picks again. None: `_multi_default` (a CUDA-graph decode step's rows) unless `chunk` is given.
     """
     prefetch = bool(SELECT_PREFETCH if prefetch is None else prefetch)
     if logits.dim() != 2 or logits.dtype != torch.float32:
@@ -361,7 +362,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     lens = lengths.to(torch.int32).contiguous() if lengths is not None else dummy
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
     if multi is None:
-        multi = chunk is None and multi_rule(T, n, _capturing())
+        multi = chunk is None and _multi_default(T, n, k, logits.device, lengths is not None, ks is not None)
     if multi and n > 0:  # no columns: the one-program launch below writes the padding
         return _multi_select(logits, k, lens, ks_, out, chunk or multi_chunk(T, n), block, num_warps, digit,
                              lengths is not None, ks is not None)
@@ -393,13 +394,39 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     return out
 
 
-def multi_rule(T: int, n: int, graph: bool) -> bool:
-    """Whether `topk_select` splits each row over programs for every pass (`SELECT_MULTI`; its None: while a CUDA
-    graph is captured (graph), rows at least `MULTI_MIN_N` wide and at most `MULTI_MAX_SCORES` scores in the call,
-    `MULTI_MAX_SCORES_LONG` for rows past `SELECT_MAX_N`)."""
+def multi_rule(T: int, n: int) -> bool:
+    """The shapes the row split over programs takes while a CUDA graph is captured: rows at least `MULTI_MIN_N`
+    wide and at most `MULTI_MAX_SCORES` scores in the call (`MULTI_MAX_SCORES_LONG` for rows past `SELECT_MAX_N`)."""
+    return n >= MULTI_MIN_N and T * n <= (MULTI_MAX_SCORES if n <= SELECT_MAX_N else MULTI_MAX_SCORES_LONG)
+
+
+# (device, T, N, k, lengths, ks) of the eager calls that ran the split over programs once (`_multi_default`)
+_MULTI_WARMED: set = set()
+
+
+def _multi_default(T: int, n: int, k: int, device: torch.device, has_len: bool, has_ks: bool) -> bool:
+    """`topk_select`'s choice when neither `multi` nor `chunk` is given (`SELECT_MULTI`; its None): on a GPU, for
+    `multi_rule`'s shapes, the split over programs while a CUDA graph is captured; called eagerly, the one-program /
+    split select (fewer launches for the host), except the first eager call of each such shape, which runs the split
+    over programs once so that its kernels are compiled and loaded before any capture: the driver refuses to load a
+    module while a stream is captured, and vLLM runs each captured decode shape eagerly first (its warm-up runs)."""
     if SELECT_MULTI is not None:
         return bool(SELECT_MULTI)
-    return graph and n >= MULTI_MIN_N and T * n <= (MULTI_MAX_SCORES if n <= SELECT_MAX_N else MULTI_MAX_SCORES_LONG)
+    if not _on_gpu(device) or not multi_rule(T, n):
+        return False
+    if _capturing():
+        return True
+    key = (device.index, T, n, k, has_len, has_ks)
+    if key in _MULTI_WARMED:
+        return False
+    if len(_MULTI_WARMED) >= 4096:
+        _MULTI_WARMED.clear()
+    _MULTI_WARMED.add(key)
+    return True
+
+
+def _on_gpu(device: torch.device) -> bool:
+    return device.type == "cuda" and not common.INTERPRETED
 
 
 def multi_chunk(T: int, n: int) -> int:
