@@ -81,8 +81,9 @@
 #   (scripts/small_class_probe.py; small_class_h200.json)
 # round27: the top-k select at a decode step's few rows: its time by how the scores spread over the first digit's
 #   bins, with the next block loaded ahead (`topk.SELECT_PREFETCH`) and with 16 warps a program, beside torch.topk
-#   (scripts/topk_dist_probe.py; topk_dist_h200.json); round27b: the shipped select against the row split over
-#   programs for every pass (`topk_select(multi=True)`) at 1-128 rows and chunks of 1-8K keys (topk_rows_h200.json)
+#   (scripts/topk_dist_probe.py; topk_dist_h200.json); round27b: the select before round 27 (`multi=False`)
+#   against the row split over programs for every pass (`topk_select(multi=True)`) at 1-128 rows and chunks of 1-8K
+#   keys, and the rule's captured call replayed against the eager select (topk_rows_h200.json)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer

@@ -302,6 +302,28 @@ def test_evidence_topk_multi_rows_sweep():
     assert round(r["rule_eager_us"]) == 218 and round(r["shipped_eager_us"]) == 114  # eager: the launches' cost
 
 
+def test_evidence_round27_h100_pdl_late_and_batches():
+    """NOTES round 27: round 26's owed re-run of `pdl_probe.py --fp8mma` on an H100 at eef246a, the 8-head B8
+    case's fp8-cache launches now checked on a captured call (every kernel row matching fp32; the trigger after the
+    loop 0.98-1.02x of plain, B8 16.7 -> 17.0 us); and the decode across batches, the key-warps rule right at 19 of
+    20 batches (8 heads B8 the miss, as before), no failed check."""
+    from glm5lib.bench import batches
+
+    d = load("sweeps/pdl_late_h100_eef246a.json")
+    assert d["meta"]["commit"].startswith("eef246a") and "H100" in d["meta"]["device"]
+    assert len(d["rows"]) == 54 and all(r["ok"] for r in d["rows"])  # "54/54": 44 kernel, 6 FlashMLA, 4 mechanism
+    kernel_rows = [r for r in d["rows"] if r.get("impl") in ("plain", "pdl", "pdl-late")]
+    assert len(kernel_rows) == 44 and all(r["bit_equal"] for r in kernel_rows)
+    late = {(s["format"], s["H"], s["T"]): s for s in d["meta"]["summary"] if "graph_ratio_late" in s}
+    assert all(0.98 <= s["graph_ratio_late"] <= 1.02 for s in late.values()) and len(late) == 6
+    assert [round(late["fp8_ds_mla", 8, 8]["graph_us"][k], 1) for k in ("plain", "pdl-late")] == [16.7, 17.0]
+    run = batches.load_run(BENCH / "sweeps" / "fp8mma_batches_h100_eef246a.json")
+    assert batches.failed_checks(run) == []
+    verdicts = {k: batches.rule_verdict(r) for k, r in run["rows"].items()}
+    judged = {k: v for k, v in verdicts.items() if v["ok"] is not None}
+    assert len(judged) == 20 and [k for k, v in judged.items() if not v["ok"]] == [(8, 8)]
+
+
 def test_evidence_fp8_prefill_config_is_the_sweeps_fastest():
     """mla.CONFIGS' fp8 prefill config at 8-16 heads is the fastest correct row of its sweep (NOTES.md v8d: 4.35 ->
     4.05 ms at H8), and the benchmark at 4bea5da ran it."""
