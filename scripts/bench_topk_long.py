@@ -9,7 +9,9 @@ exactly what one program per row writes. Times: `serving.harness.cuda_timings` f
 replayed from a CUDA graph: GPU time; and back-to-back eager calls). Top-k 2048, every row given its length
 (as the indexer calls it). Then the CUDA-graph decode path's shape: rows WIDE = 202752 wide read up to a context
 of 4K-128K, one program per row against the split. A failing case is recorded with its error and the sweep goes
-on.
+on. "default" is what `topk_select` takes by itself: since round 27 (`topk._multi_default`) that is, at a few wide
+rows, the row split over programs in the graph replay and the split select in the eager calls (the run committed as
+`outputs/bench/topk_long_h200.json` predates it); `scripts/topk_dist_probe.py` times the split over programs.
 """
 
 import json
@@ -21,6 +23,7 @@ import torch
 
 import glm5lib.kernels.topk as topk
 from glm5lib.kernels.topk import topk_indices, topk_select
+from glm5lib.model.spec import GLM5Config
 from glm5lib.serving.harness import cuda_timings
 
 K = 2048
@@ -30,7 +33,7 @@ CHUNKS = (8192, 16384, 32768)
 REPEATS = 50
 # the CUDA-graph decode path (`paged.decode_topk`): rows as wide as max_model_len (GLM-5: 202752), each read up to
 # its context; beyond it the workspace holds whatever an earlier step left (random here)
-WIDE = 202752
+WIDE = GLM5Config.glm5().max_position_embeddings  # 202752
 WIDE_SHAPES = [(T, L) for T in (1, 64) for L in (4096, 32768, 131072)]
 
 

@@ -4,16 +4,15 @@
 
 At one or a few rows `topk.topk_select` runs one program per row (or per 16K-key chunk, then one per row to merge),
 so the GPU is mostly idle and the select's time is its programs' latency: five scans of the row (four 8-bit radix
-passes and the write), each block of scores loaded and then counted. Two questions, on the same rows:
+passes and the write), each block of scores loaded and then counted. Three questions, on the same rows:
 
 - does the time depend on how the scores are spread over the first digit's bins? Triton 3.6 (the GPU's) lowers
   `tl.histogram` with warp ballots, one per digit bit an element, and popcounts for the bins each lane owns, so it
   should not; Triton 3.9 (this project's CPU pin) lowers it as one shared-memory atomic add an element, where a
   warp's adds to one counter serialise. `spread`: uniform random 32-bit patterns as floats (non-finite ones
   replaced by 0; the first digit over all 256 bins); `randn`: standard normal (about 18 bins);
-- how much of each pass is waiting for its loads: the radix passes with the next block loaded before the current
-  one is counted (`topk.SELECT_PREFETCH`), and with 16 warps a program instead of 8 (more warps to issue from while
-  others wait);
+- whether more warps to issue from help: 16 a program instead of 8 (the first run, eef246a, also loaded the next
+  block ahead in each radix pass: 2-4 % slower, removed since);
 - what the row split over programs for every pass gains (`topk_select(..., multi=True)`, `topk.SELECT_MULTI`: the
   digit counts summed across a row's programs, seven launches), at chunks of 2048, 4096 and 8192 keys.
 
@@ -42,18 +41,15 @@ import torch
 
 import glm5lib.kernels.topk as topk
 from glm5lib.kernels.topk import topk_indices, topk_select
-from glm5lib.serving.harness import cuda_timings
 
-K = 2048
-REPEATS = 30
-WIDE = 202752  # max_model_len: the CUDA-graph decode path's row width (`paged.decode_topk`)
+from bench_topk_long import K, REPEATS, WIDE, time_paths  # the long-row top-k script's timer and row width
+
 SHAPES = [(1, 32768, 32768), (128, 32768, 32768), (1, 131072, 131072), (1, WIDE, 131072)]  # (rows, width, length)
 DISTS = ("randn", "spread")
 # (name, `topk_select` keyword arguments); the first is the select as it was before round 27's rule (`multi=False`:
-# one program a row, or the 16K-key split past 32K keys), named "shipped" in the first run (eef246a)
-VARIANTS = [("shipped", {"multi": False}), ("prefetch", {"prefetch": True, "multi": False}),
-            ("warps16", {"config": (4096, 16, 8), "multi": False}),
-            ("prefetch_warps16", {"prefetch": True, "config": (4096, 16, 8), "multi": False}),
+# one program a row, or the 16K-key split past 32K keys), named "shipped" in the first run (eef246a, which also
+# timed a prefetch of the next block, slower and since removed)
+VARIANTS = [("shipped", {"multi": False}), ("warps16", {"config": (4096, 16, 8), "multi": False}),
             ("multi4096", {"multi": True, "chunk": 4096}), ("multi2048", {"multi": True, "chunk": 2048}),
             ("multi8192", {"multi": True, "chunk": 8192})]
 
@@ -84,13 +80,10 @@ def top_digit_bins(x: torch.Tensor) -> int:
 
 
 def main(path: str, sweep: bool = False) -> None:
-    global VARIANTS
     dev = "cuda"
     t0 = time.time()
     rows = []
-    shapes, dists = (SWEEP_SHAPES, ("randn",)) if sweep else (SHAPES, DISTS)
-    if sweep:
-        VARIANTS = SWEEP_VARIANTS
+    shapes, dists, variants = (SWEEP_SHAPES, ("randn",), SWEEP_VARIANTS) if sweep else (SHAPES, DISTS, VARIANTS)
     for dist in dists:
         for T, n, length in shapes:
             row = {"dist": dist, "T": T, "n": n, "length": length, "k": K,
@@ -104,7 +97,8 @@ def main(path: str, sweep: bool = False) -> None:
                 want = topk_indices(x[:, :length], K).sort(1).values
                 row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))
                 # what the rule takes under capture (the split over programs where `multi_rule` says so), replayed
-                # from a CUDA graph with the rows' contents changed after capture, against the eager select
+                # from a CUDA graph with the rows' contents changed after capture, against the eager select; the
+                # call before the capture is the shape's first eager one, as vLLM's warm-up run is
                 g_out = torch.full((T, K), -7, dtype=torch.int32, device=dev)
                 xg = torch.zeros_like(x)
                 side = torch.cuda.Stream()
@@ -121,22 +115,19 @@ def main(path: str, sweep: bool = False) -> None:
                 row["rule_multi_in_graph"] = topk.multi_rule(T, n)
                 row["rule_graph_replay_equals_shipped"] = bool(torch.equal(g_out, base))
                 del graph
-                for name, kw in VARIANTS:
-                    if name != "shipped":
-                        row[f"{name}_equals_shipped"] = bool(torch.equal(topk_select(x, K, lengths=L, **kw), base))
-                    t = cuda_timings(lambda kw=kw: topk_select(x, K, lengths=L, out=out, **kw), REPEATS)
-                    row[f"{name}_graph_us"] = t.get("graph_us")
-                    row[f"{name}_eager_us"] = t["eager_us"]
+                for name, kw in variants[1:]:
+                    row[f"{name}_equals_shipped"] = bool(torch.equal(topk_select(x, K, lengths=L, **kw), base))
                 xs = x[:, :length].contiguous()
-                t = cuda_timings(lambda: topk_indices(xs, K, out=out), REPEATS)
-                row["torch_topk_graph_us"], row["torch_topk_eager_us"] = t.get("graph_us"), t["eager_us"]
+                row.update(time_paths({**{name: (lambda kw=kw: topk_select(x, K, lengths=L, out=out, **kw))
+                                          for name, kw in variants},
+                                       "torch_topk": lambda: topk_indices(xs, K, out=out)}))
             except Exception as e:  # noqa: BLE001  (recorded; the sweep goes on)
                 row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
             rows.append(row)
             print(json.dumps(row), flush=True)
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "select_config": topk.SELECT_CONFIG, "variants": VARIANTS, "sweep": sweep, "repeats": REPEATS,
+            "select_config": topk.SELECT_CONFIG, "variants": variants, "sweep": sweep, "repeats": REPEATS,
             "seconds": time.time() - t0}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -118,12 +118,9 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
     return out
 
 
-# `topk_select`'s keyword arguments: the shipped select; blocks of 512 scores (rows of 1500-3000 over several),
-# each with and without the next block loaded ahead; the row split over programs for every pass (`multi`), with
-# chunks of one block and of several blocks of 256
-SELECT_VARIANTS = {"shipped": {}, "prefetch": {"prefetch": True}, "block512": {"config": (512, 4, 8)},
-                   "block512-prefetch": {"config": (512, 4, 8), "prefetch": True},
-                   "multi": {"multi": True, "chunk": 700},
+# `topk_select`'s keyword arguments: the shipped select; blocks of 512 scores (rows of 1500-3000 over several); the
+# row split over programs for every pass (`multi`), with chunks of one block and of several blocks of 256
+SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": {"multi": True, "chunk": 700},
                    "multi-blocks": {"multi": True, "chunk": 600, "config": (256, 4, 8)}}
 
 
@@ -131,9 +128,9 @@ SELECT_VARIANTS = {"shipped": {}, "prefetch": {"prefetch": True}, "block512": {"
 @pytest.mark.parametrize("case", ["ties", "signed-zeros", "lengths-ks", "short-rows", "one-block"])
 def test_topk_select_picks_like_a_stable_sort(case, variant):
     """The Triton radix select: exactly the stable descending sort's picks (ties to the earlier position, -0.0
-    tying with +0.0), listed in ascending position, -1 padded; row lengths and ks honoured; with or without the
-    next block loaded ahead in each radix pass (`topk.SELECT_PREFETCH`) and with the row split over programs for
-    every pass (`topk.SELECT_MULTI`: digit counts summed across programs, picks placed by the counts before)."""
+    tying with +0.0), listed in ascending position, -1 padded; row lengths and ks honoured; over one block or
+    several, and with the row split over programs for every pass (`topk.SELECT_MULTI`: digit counts summed across
+    programs, picks placed by the counts before)."""
     g = torch.Generator().manual_seed(7)
     lengths = ks = None
     if case == "ties":  # few distinct values: the cut falls inside a run of equal scores
@@ -182,10 +179,10 @@ def _chunk_picks_unmerged(x, k, chunk, lengths=None, ks=None) -> list[list[int]]
     return out
 
 
-@pytest.mark.parametrize("prefetch,block", [(False, None), (True, 64)])
+@pytest.mark.parametrize("block", [None, 64])
 @pytest.mark.parametrize("case", ["ties-across-chunks", "relu-zero-rows", "lengths-mid-chunk", "short-rows",
                                   "k-over-chunk"])
-def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, prefetch, block):
+def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, block):
     """Rows split into chunks (one program each) and merged by a second launch: exactly the one-program output
     and the stable sort's picks, whatever the chunk boundaries cut (runs of equal scores, -inf, row lengths)."""
     import glm5lib.kernels.topk as topk
@@ -229,8 +226,7 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, prefetc
 
     prebound = topk._SELECT
     monkeypatch.setattr(topk, "_SELECT", Spy())
-    got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, prefetch=prefetch,
-                      config=None if block is None else (block, 4, 8))
+    got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, config=None if block is None else (block, 4, 8))
     assert grids == [(x.shape[0], -(-x.shape[1] // chunk)), (x.shape[0],)]  # the split path ran
     assert torch.equal(got, one), case
     for t, w in enumerate(want):
@@ -288,7 +284,7 @@ def test_topk_select_rule_splits_a_captured_decode_steps_rows_over_programs(monk
     monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (grids["select"].append(tuple(grid)),
                                                                   pre_select(grid, *a, **kw)))
     capturing = [True]
-    monkeypatch.setattr(topk, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(topk, "capturing", lambda device: capturing[0])
     monkeypatch.setattr(topk, "_on_gpu", lambda device: True)  # the interpreter's tensors stand in for a GPU's
     monkeypatch.setattr(topk, "_MULTI_WARMED", set())
     monkeypatch.setattr(topk, "MULTI_MIN_N", 256)

@@ -78,6 +78,12 @@ def num_sms(device: torch.device) -> int:
     return _sm_count(_index(device))
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether work on the device's current stream is being captured into a CUDA graph (the kernels that route
+    captured calls differently: `mla.sparse_mla`, `topk.topk_select`)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def fp8_hw(device: torch.device) -> bool:
     """Whether the device converts e4m3 in hardware (sm_89 and newer; the interpreter emulates both paths)."""
     if FP8_SOFTWARE:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from glm5lib.kernels import common  # before triton: the interpreter switch
-from glm5lib.kernels.common import Prebound, capability, e4m3_bits_to, fp8_hw, num_sms
+from glm5lib.kernels.common import Prebound, capability, capturing, e4m3_bits_to, fp8_hw, num_sms
 import triton  # noqa: E402  (after common, which sets the interpreter switch)
 import triton.language as tl  # noqa: E402
 
@@ -637,11 +637,6 @@ def fp8mma_shape(T: int, H: int, kv_format: str, graph: bool = False) -> bool:
     captured into a CUDA graph (`capturing`: `FP8MMA_MIN_T_GRAPH` tokens suffice)."""
     min_t = FP8MMA_MIN_T_GRAPH if graph else FP8MMA_MIN_T
     return kv_format == "fp8_ds_mla" and 1 <= H <= FP8MMA_MAX_H and T >= min_t
-
-
-def capturing(device: torch.device) -> bool:
-    """Whether work on the device's current stream is being captured into a CUDA graph."""
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 @functools.lru_cache(maxsize=16)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from glm5lib.kernels import common  # before triton: interpreter switch
+from glm5lib.kernels.common import capturing
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -52,10 +53,19 @@ def _ordered_key(x):
 
 
 @triton.jit
+def _radix_step(hist, bins, prefix, remaining, shift):
+    """One radix pass's verdict from its digit counts `hist` (of the keys that match `prefix`): the bin b holding the
+    remaining-th largest key joins the prefix at `shift`, and `remaining` loses the keys strictly above bin b."""
+    at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys whose digit is >= b
+    b = tl.max(tl.where(at_least >= remaining, bins, 0), 0)
+    remaining -= tl.sum(tl.where(bins == b, at_least - hist, 0), 0)  # minus those strictly above bin b
+    return prefix | (b.to(tl.uint32) << shift), remaining
+
+
+@triton.jit
 def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, chunk,
                         HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
-                        BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr,
-                        PREFETCH: tl.constexpr = False):
+                        BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr):
     """Program t: row t's top-K into row t of OUT (see `topk_select`).
 
     SPLIT (grid (T, C)): program (t, c) selects among positions [c * chunk, (c + 1) * chunk) of row t and writes
@@ -93,26 +103,16 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, c
         hi = 32 - DIGIT * r  # bits above `hi` are settled in `prefix`
         shift = hi - DIGIT if hi > DIGIT else 0
         hist = tl.zeros([1 << DIGIT], tl.int32)
-        if PREFETCH:
-            x_next = tl.load(row + offs0, mask=offs0 < n_scan, other=float("-inf"))
         for start in range(0, n_scan, BLOCK):
             offs = start + offs0
-            if PREFETCH:
-                x = x_next
-                x_next = tl.load(row + offs + BLOCK, mask=offs + BLOCK < n_scan, other=float("-inf"))
-            else:
-                x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
-            key = _ordered_key(x)
+            key = _ordered_key(tl.load(row + offs, mask=offs < n, other=float("-inf")))
             match = (offs < n) & (key > NEG_INF_KEY)
             if r > 0:
                 match = match & ((key >> hi) == (prefix >> hi))
             hist += tl.histogram(((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32), 1 << DIGIT, mask=match)
         if r == 0:
             n_valid = tl.sum(hist, 0)
-        at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist  # keys whose digit is >= b
-        b = tl.max(tl.where(at_least >= remaining, bins, 0), 0)
-        remaining -= tl.sum(tl.where(bins == b, at_least - hist, 0), 0)  # minus those strictly above bin b
-        prefix = prefix | (b.to(tl.uint32) << shift)
+        prefix, remaining = _radix_step(hist, bins, prefix, remaining, shift)
     take_all = n_valid <= K  # no more finite keys than K (or none scanned): every finite score is picked
     # --- write: above the threshold, then the earliest `remaining` equal to it, in position order ---
     base = 0
@@ -165,10 +165,7 @@ def _row_threshold(HIST, t, PASSES: tl.constexpr, K, DIGIT: tl.constexpr):
         hist = tl.load(HIST + (t * NPASS + r) * (1 << DIGIT) + bins)
         if r == 0:
             take_all = tl.sum(hist, 0) <= K
-        at_least = tl.sum(hist, 0) - tl.cumsum(hist, 0) + hist
-        b = tl.max(tl.where(at_least >= remaining, bins, 0), 0)
-        remaining -= tl.sum(tl.where(bins == b, at_least - hist, 0), 0)
-        prefix = prefix | (b.to(tl.uint32) << shift)
+        prefix, remaining = _radix_step(hist, bins, prefix, remaining, shift)
     return prefix, remaining, take_all
 
 
@@ -281,9 +278,6 @@ SELECT_CONFIG = (4096, 8, 8)
 # rows (132 against 114).
 SELECT_MAX_N = 32768
 SELECT_CHUNK = 16384
-# Whether each radix pass loads the next block of scores before counting the current one (the kernel's PREFETCH):
-# a measurement knob. H100 (topk_dist_h100_eef246a.json): 2-4 % slower at 1-128 rows of 32K-128K keys
-SELECT_PREFETCH = False
 # The row split over programs for every pass (`_multi_select_kernel`, `topk_select(..., multi=True)`): each radix
 # pass's digit counts summed over the row's programs in global memory, one launch a pass (4), then one to count
 # each chunk's picks and one to write them where the chunks before it leave off: 7 launches with the counts'
@@ -329,7 +323,7 @@ _MULTI = common.Prebound(_multi_select_kernel)
 def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
                 ks: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 config: tuple[int, int, int] | None = None, chunk: int | None = None,
-                prefetch: bool | None = None, multi: bool | None = None) -> torch.Tensor:
+                multi: bool | None = None) -> torch.Tensor:
     """int32 `[T, k]`: positions of the k largest finite scores of each row of fp32 `logits [T, N]`, ties at
     the cut to the earlier position, ascending position order, -1 padded.
 
@@ -338,12 +332,10 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     `chunk`: keys per program; rows longer than it are split and merged (two launches and a workspace of
     `[T, ceil(N / chunk) * min(k, chunk)]` positions and scores, sized from the shapes alone). Default:
     `SELECT_CHUNK` for rows longer than `SELECT_MAX_N`, else one program per row. Same picks either way.
-    `prefetch`: each radix pass loads the next block before counting the current one (`SELECT_PREFETCH`); the same
-    picks either way. `multi`: the row split over programs of `chunk` keys (default `multi_chunk`) for every pass,
+    `multi`: the row split over programs of `chunk` keys (default `multi_chunk`) for every pass,
     seven launches (`_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and `[T, chunks, 2]` pick
     counts); the same picks again. None: `_multi_default` (a CUDA-graph decode step's rows) unless `chunk` is given.
     """
-    prefetch = bool(SELECT_PREFETCH if prefetch is None else prefetch)
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
     T, n = logits.shape
@@ -372,7 +364,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         _SELECT((T,),
             logits, lens, ks_, out, dummy, dummy, logits.stride(0), out.stride(0), n, k, 0,
             HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=block,
-            OUT_BLOCK=1024, DIGIT=digit, PREFETCH=prefetch, num_warps=num_warps,
+            OUT_BLOCK=1024, DIGIT=digit, num_warps=num_warps,
         )
         return out
     n_chunks, kc = triton.cdiv(n, chunk), min(k, chunk)  # a chunk has at most `chunk` picks
@@ -382,13 +374,13 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     _SELECT((T, n_chunks),
         logits, lens, dummy, pos, val, dummy, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False,
-        BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit, PREFETCH=prefetch,
+        BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit,
         num_warps=num_warps,
     )
     _SELECT((T,),
         val, lens, ks_, out, dummy, pos, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True,
-        BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit, PREFETCH=prefetch,
+        BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit,
         num_warps=num_warps,
     )
     return out
@@ -414,7 +406,7 @@ def _multi_default(T: int, n: int, k: int, device: torch.device, has_len: bool, 
         return bool(SELECT_MULTI)
     if not _on_gpu(device) or not multi_rule(T, n):
         return False
-    if _capturing():
+    if capturing(device):
         return True
     key = (device.index, T, n, k, has_len, has_ks)
     if key in _MULTI_WARMED:
@@ -437,8 +429,10 @@ def multi_chunk(T: int, n: int) -> int:
     return min(hi, max(lo, triton.next_power_of_2(max(1, T * n // 256))))
 
 
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+def multi_counts_block(n_chunks: int) -> int:
+    """The block the write step reads a row's chunk counts in (`_multi_select_kernel`'s CHUNKS): a power of two,
+    at least `MULTI_CHUNKS_MIN`."""
+    return max(MULTI_CHUNKS_MIN, triton.next_power_of_2(n_chunks))
 
 
 def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has_len, has_ks):
@@ -455,8 +449,7 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
         _MULTI((T, n_chunks),
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
             MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=min(block, triton.next_power_of_2(chunk)),
-            DIGIT=digit, CHUNKS=max(MULTI_CHUNKS_MIN, triton.next_power_of_2(n_chunks)), OUT_BLOCK=1024,
-            num_warps=num_warps,
+            DIGIT=digit, CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, num_warps=num_warps,
         )
     return out
 
