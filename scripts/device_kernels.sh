@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [checks-small-fp8mma] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -84,6 +84,8 @@
 #   (scripts/topk_dist_probe.py; topk_dist_h200.json); round27b: the select before round 27 (`multi=False`)
 #   against the row split over programs for every pass (`topk_select(multi=True)`) at 1-128 rows and chunks of 1-8K
 #   keys, and the rule's captured call replayed against the eager select (topk_rows_h200.json)
+# round28: the top-k passes after the first counted by atomics where few keys match (`topk_select(sparse=)`)
+#   against tl.histogram in every block, 1-128 rows, four score spreads (topk_sparse_h200.json)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -261,6 +263,23 @@ for r in rows:
         echo "topk dist probe rc=$?"; cut -c1-330 "$OUT/topk_dist.log" | tail -14 ;;
     round27b) timeout 300 python3 scripts/topk_dist_probe.py "$OUT/topk_rows_h200.json" --sweep > "$OUT/topk_rows.log" 2>&1
         echo "topk rows sweep rc=$?"; tail -1 "$OUT/topk_rows.log" ;;
+    round28) timeout 400 python3 scripts/topk_dist_probe.py "$OUT/topk_sparse_h200.json" --sparse > "$OUT/topk_sparse.log" 2>&1
+        echo "topk sparse rc=$?"; tail -1 "$OUT/topk_sparse.log"
+        # memcheck: the one-program, split and multi selects with atomics in every block and by the default rule
+        timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -c "
+import torch
+from glm5lib.kernels.topk import topk_select
+g = torch.Generator(device='cuda').manual_seed(1)
+ok = 0
+for T, n in ((3, 5000), (2, 40000), (4, 70000)):
+    x = torch.randn(T, n, generator=g, device='cuda')
+    x[0, ::3] = 0.0
+    L = torch.randint(n // 2, n + 1, (T,), generator=g, device='cuda', dtype=torch.int32)
+    base = topk_select(x, 2048, lengths=L, multi=False, sparse=0)
+    for kw in ({'multi': False, 'sparse': 1}, {'multi': False}, {'multi': True, 'sparse': 1}, {'multi': True}):
+        ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base))
+print('topk memcheck cases equal to sparse=0:', ok, 'of 12')
+" > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 12" "$OUT/memcheck_topk.log" ;;
     round23b) timeout 300 python3 scripts/tail_probe.py "$OUT/pp_tail_h200.json" --formats bf16 > "$OUT/pp_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/pp_tail.log"
         timeout 200 python3 -c "import sys; from glm5lib.kernels import checks, mla_gluon_large as m

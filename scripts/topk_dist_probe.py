@@ -1,6 +1,6 @@
 """What the top-k select's time at a decode step's few rows is made of (CUDA GPU, one process).
 
-    PYTHONPATH=src python3 scripts/topk_dist_probe.py OUT.json [--sweep]
+    PYTHONPATH=src python3 scripts/topk_dist_probe.py OUT.json [--sweep | --sparse]
 
 At one or a few rows `topk.topk_select` runs one program per row (or per 16K-key chunk, then one per row to merge),
 so the GPU is mostly idle and the select's time is its programs' latency: five scans of the row (four 8-bit radix
@@ -28,6 +28,15 @@ so its eager time is the select's).
 `--sweep`: where the row split over programs stops paying, for a rule: `randn` scores at 1-128 rows of 32K and 128K
 keys and of the decode path's 202752-wide rows read up to 32K and 128K, the select without `multi` against it at
 chunks of 1024-8192 keys, and what `topk_select` takes by its rule (`topk.multi_rule`).
+
+`--sparse` (round 28): the radix passes after the first counted one atomic add per matching key where few of a
+block's keys match (`topk._count_digits`, `topk_select(..., sparse=)`), against `tl.histogram` in every block
+(`sparse=0`, the select before round 28), for the one-program / split select (`multi=False`) and for what
+`topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode path's 202752-wide rows, over
+four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in one first-digit bin, a
+block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to one address). Every
+variant's output checked against `sparse=0`'s one-program select, whose set is checked against torch.topk's (not
+for `ties`: torch.topk breaks ties its own way); the rule's call also captured and replayed with new rows.
 """
 
 from __future__ import annotations
@@ -46,6 +55,11 @@ from bench_topk_long import K, REPEATS, WIDE, time_paths  # the long-row top-k s
 
 SHAPES = [(1, 32768, 32768), (128, 32768, 32768), (1, 131072, 131072), (1, WIDE, 131072)]  # (rows, width, length)
 DISTS = ("randn", "spread")
+SPARSE_DISTS = ("randn", "spread", "narrow", "ties")
+SPARSE_SHAPES = [(1, 32768, 32768), (16, 32768, 32768), (64, 32768, 32768), (128, 32768, 32768),
+                 (1, WIDE, 131072), (16, 131072, 131072), (64, 131072, 131072), (64, WIDE, 131072)]
+SPARSE_VARIANTS = [(f"{path}_sparse{sp}", {**({"multi": False} if path == "select" else {}), "sparse": sp})
+                   for path in ("select", "rule") for sp in (0, topk.SELECT_SPARSE, 1)]
 # (name, `topk_select` keyword arguments); the first is the select as it was before round 27's rule (`multi=False`:
 # one program a row, or the 16K-key split past 32K keys), named "shipped" in the first run (eef246a, which also
 # timed a prefetch of the next block, slower and since removed)
@@ -68,7 +82,11 @@ def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
         return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
     if dist == "randn":
         return torch.randn(T, n, generator=g, device=dev)
-    raise ValueError(f"unknown distribution {dist!r}; one of {DISTS}")
+    if dist == "narrow":
+        return 1 + 0.01 * torch.randn(T, n, generator=g, device=dev)
+    if dist == "ties":
+        return torch.randint(-8, 8, (T, n), generator=g, device=dev).float()
+    raise ValueError(f"unknown distribution {dist!r}; one of {SPARSE_DISTS}")
 
 
 def top_digit_bins(x: torch.Tensor) -> int:
@@ -79,11 +97,14 @@ def top_digit_bins(x: torch.Tensor) -> int:
     return int(torch.unique(key >> 24).numel())
 
 
-def main(path: str, sweep: bool = False) -> None:
+def main(path: str, mode: str = "") -> None:
     dev = "cuda"
     t0 = time.time()
     rows = []
-    shapes, dists, variants = (SWEEP_SHAPES, ("randn",), SWEEP_VARIANTS) if sweep else (SHAPES, DISTS, VARIANTS)
+    shapes, dists, variants = {"--sweep": (SWEEP_SHAPES, ("randn",), SWEEP_VARIANTS),
+                               "--sparse": (SPARSE_SHAPES, SPARSE_DISTS, SPARSE_VARIANTS)}.get(mode,
+                                                                                         (SHAPES, DISTS, VARIANTS))
+    sparse = mode == "--sparse"
     for dist in dists:
         for T, n, length in shapes:
             row = {"dist": dist, "T": T, "n": n, "length": length, "k": K,
@@ -93,9 +114,10 @@ def main(path: str, sweep: bool = False) -> None:
                 row["top_digit_bins"] = top_digit_bins(x)
                 L = torch.full((T,), length, dtype=torch.int32, device=dev)
                 out = torch.empty(T, K, dtype=torch.int32, device=dev)
-                base = topk_select(x, K, lengths=L, multi=False).clone()
-                want = topk_indices(x[:, :length], K).sort(1).values
-                row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))
+                base = topk_select(x, K, lengths=L, multi=False, **({"sparse": 0} if sparse else {})).clone()
+                if dist != "ties":  # torch.topk breaks ties its own way
+                    want = topk_indices(x[:, :length], K).sort(1).values
+                    row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))
                 # what the rule takes under capture (the split over programs where `multi_rule` says so), replayed
                 # from a CUDA graph with the rows' contents changed after capture, against the eager select; the
                 # call before the capture is the shape's first eager one, as vLLM's warm-up run is
@@ -115,7 +137,7 @@ def main(path: str, sweep: bool = False) -> None:
                 row["rule_multi_in_graph"] = topk.multi_rule(T, n)
                 row["rule_graph_replay_equals_shipped"] = bool(torch.equal(g_out, base))
                 del graph
-                for name, kw in variants[1:]:
+                for name, kw in variants[0 if sparse else 1:]:
                     row[f"{name}_equals_shipped"] = bool(torch.equal(topk_select(x, K, lengths=L, **kw), base))
                 xs = x[:, :length].contiguous()
                 row.update(time_paths({**{name: (lambda kw=kw: topk_select(x, K, lengths=L, out=out, **kw))
@@ -127,7 +149,8 @@ def main(path: str, sweep: bool = False) -> None:
             print(json.dumps(row), flush=True)
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "select_config": topk.SELECT_CONFIG, "variants": variants, "sweep": sweep, "repeats": REPEATS,
+            "select_config": topk.SELECT_CONFIG, "variants": variants, "mode": mode or "dist", "repeats": REPEATS,
+            "select_sparse": topk.SELECT_SPARSE,
             "seconds": time.time() - t0}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -136,8 +159,8 @@ def main(path: str, sweep: bool = False) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if len(args) not in (1, 2) or args[0].startswith("--") or args[1:] not in ([], ["--sweep"]):
-        sys.exit("usage: topk_dist_probe.py OUT.json [--sweep]")
+    if len(args) not in (1, 2) or args[0].startswith("--") or args[1:] not in ([], ["--sweep"], ["--sparse"]):
+        sys.exit("usage: topk_dist_probe.py OUT.json [--sweep | --sparse]")
     if not torch.cuda.is_available():
         sys.exit("topk_dist_probe: needs a CUDA GPU")
-    main(args[0], sweep=args[1:] == ["--sweep"])
+    main(args[0], mode=(args[1:] or [""])[0])

@@ -63,10 +63,32 @@ def _radix_step(hist, bins, prefix, remaining, shift):
 
 
 @triton.jit
-def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, chunk,
+def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr):
+    """`hist` plus one block's digit counts of the keys that `match`: by `tl.histogram` (Triton 3.6 lowers it to 8
+    warp ballots and a popcount per bin a lane owns for every key, matching or not), or, with SPARSE > 0 and at most
+    BLOCK / SPARSE of the block matching, by one relaxed atomic add per matching key into `COUNTS[digit]` (global
+    memory, the caller reads them back): after the first pass only keys whose earlier digits equal the k-th
+    largest's match, a few percent of a row for spread scores, and their adds spread over many bins. A block of
+    many matches (ties, a narrow spread) keeps the histogram: adds to one bin would queue at one address."""
+    if SPARSE > 0:
+        if tl.sum(match.to(tl.int32), 0) * SPARSE <= BLOCK:
+            tl.atomic_add(COUNTS + digit, 1, mask=match, sem="relaxed")
+        else:
+            hist += tl.histogram(digit, 1 << DIGIT, mask=match)
+    else:
+        hist += tl.histogram(digit, 1 << DIGIT, mask=match)
+    return hist
+
+
+@triton.jit
+def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N, K, chunk,
                         HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
-                        BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr):
+                        BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr, SPARSE: tl.constexpr):
     """Program t: row t's top-K into row t of OUT (see `topk_select`).
+
+    SPARSE > 0: the passes after the first count a block's digits one atomic per matching key into the program's
+    row of HIST (`[programs, 2^DIGIT]` int32, zeroed here and left zeroed) where at most BLOCK / SPARSE of its keys
+    match (`_count_digits`); 0: every block by `tl.histogram`.
 
     SPLIT (grid (T, C)): program (t, c) selects among positions [c * chunk, (c + 1) * chunk) of row t and writes
     its picks (row positions) to OUT[t, c * K:(c + 1) * K] and their scores to OUT_X there, -1 / -inf padded
@@ -99,6 +121,10 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, c
     remaining = K  # how many of the keys that match `prefix` are still to be taken
     n_valid = 0
     n_scan = tl.where(n > K, n, 0)  # no more keys than K: all finite ones are picked, no threshold needed
+    counts = HIST + (t * tl.num_programs(1) + tl.program_id(1)) * (1 << DIGIT)  # this program's, when SPARSE
+    if SPARSE > 0:
+        tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
+        tl.debug_barrier()
     for r in tl.static_range((32 + DIGIT - 1) // DIGIT):
         hi = 32 - DIGIT * r  # bits above `hi` are settled in `prefix`
         shift = hi - DIGIT if hi > DIGIT else 0
@@ -109,7 +135,13 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, stride_x, stride_o, N, K, c
             match = (offs < n) & (key > NEG_INF_KEY)
             if r > 0:
                 match = match & ((key >> hi) == (prefix >> hi))
-            hist += tl.histogram(((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32), 1 << DIGIT, mask=match)
+            digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
+            hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT)
+        if SPARSE > 0:
+            if r > 0:  # the atomics' counts join the block counts; the next pass's adds wait for the reads
+                tl.debug_barrier()
+                hist += tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
+                tl.debug_barrier()
         if r == 0:
             n_valid = tl.sum(hist, 0)
         prefix, remaining = _radix_step(hist, bins, prefix, remaining, shift)
@@ -172,13 +204,14 @@ def _row_threshold(HIST, t, PASSES: tl.constexpr, K, DIGIT: tl.constexpr):
 @triton.jit
 def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, chunk, n_chunks,
                          MODE: tl.constexpr, HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, BLOCK: tl.constexpr,
-                         DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr):
+                         DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPARSE: tl.constexpr):
     """Program (t, c) of row t split over `n_chunks` programs of `chunk` keys each, one launch per step
     (`topk_select(..., multi=True)`): the radix select of `_topk_select_kernel` with its digit counts summed over
     the row's programs in global memory, so that every pass of a row runs on all of them.
 
     MODE p < NPASS: pass p's digit counts of this chunk's finite keys that match the prefix the counts of passes
-    before p give (`_row_threshold`), added into HIST[t, p]. MODE NPASS: how many of its keys are above the
+    before p give (`_row_threshold`), added into HIST[t, p] (from pass 1 on, sparse blocks key by key:
+    `_count_digits`). MODE NPASS: how many of its keys are above the
     threshold and equal to it, into CNT[t, c]. MODE NPASS + 1: its picks (above the threshold, then the earliest
     equal ones the row still takes once the chunks before it have taken theirs) written in position order at
     their place in the row's list, which the counts of the chunks before it give; chunk 0 also writes the -1
@@ -199,6 +232,7 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
             prefix, remaining, take_all = _row_threshold(HIST, t, MODE, K, DIGIT)
             hi: tl.constexpr = 32 - DIGIT * MODE
             shift: tl.constexpr = hi - DIGIT if hi > DIGIT else 0
+            counts = HIST + (t * NPASS + MODE) * (1 << DIGIT)
             hist = tl.zeros([1 << DIGIT], tl.int32)
             for start in range(0, m, BLOCK):
                 offs = start + offs0
@@ -206,9 +240,10 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
                 match = (offs < m) & (key > NEG_INF_KEY)
                 if MODE > 0:
                     match = match & ((key >> hi) == (prefix >> hi))
-                hist += tl.histogram(((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32), 1 << DIGIT, mask=match)
+                digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
+                hist = _count_digits(hist, counts, digit, match, SPARSE if MODE > 0 else 0, BLOCK, DIGIT)
             bins = tl.arange(0, 1 << DIGIT)
-            tl.atomic_add(HIST + (t * NPASS + MODE) * (1 << DIGIT) + bins, hist, mask=hist != 0)
+            tl.atomic_add(counts + bins, hist, mask=hist != 0)
     elif MODE == NPASS and m == 0:  # nothing to count: no threshold needed
         tl.store(CNT + (t * n_chunks + c) * 2, 0)
         tl.store(CNT + (t * n_chunks + c) * 2 + 1, 0)
@@ -314,6 +349,11 @@ MULTI_CHUNKS_RANGE = (1024, 8192)
 MULTI_CHUNKS_MIN = 256
 MULTI_MAX_CHUNKS = 4096
 TOPK_FAST_TORCH_ABOVE = 6_000_000
+# The radix passes after the first count a block's digits by one atomic add per matching key where at most
+# BLOCK / SELECT_SPARSE of the block matches (`_count_digits`), both selects; 0: by `tl.histogram` throughout.
+# Not yet timed on a GPU: the count a ballot histogram takes for every key (matching or not) is the select's
+# largest cost by the instruction count, and after the first pass a spread row's matching keys are a few percent.
+SELECT_SPARSE = 8
 
 
 _SELECT = common.Prebound(_topk_select_kernel)
@@ -323,7 +363,7 @@ _MULTI = common.Prebound(_multi_select_kernel)
 def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
                 ks: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 config: tuple[int, int, int] | None = None, chunk: int | None = None,
-                multi: bool | None = None) -> torch.Tensor:
+                multi: bool | None = None, sparse: int | None = None) -> torch.Tensor:
     """int32 `[T, k]`: positions of the k largest finite scores of each row of fp32 `logits [T, N]`, ties at
     the cut to the earlier position, ascending position order, -1 padded.
 
@@ -335,6 +375,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     `multi`: the row split over programs of `chunk` keys (default `multi_chunk`) for every pass,
     seven launches (`_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and `[T, chunks, 2]` pick
     counts); the same picks again. None: `_multi_default` (a CUDA-graph decode step's rows) unless `chunk` is given.
+    `sparse`: the passes after the first count a block's digits key by key (atomics) where at most 1 / `sparse`
+    of it matches, 0: never (see `_count_digits`); None: `SELECT_SPARSE`. Same picks.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
@@ -355,32 +397,36 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
     if multi is None:
         multi = chunk is None and _multi_default(T, n, k, logits.device, lengths is not None, ks is not None)
+    sparse = max(0, int(SELECT_SPARSE if sparse is None else sparse))
     if multi and n > 0:  # no columns: the one-program launch below writes the padding
         return _multi_select(logits, k, lens, ks_, out, chunk or multi_chunk(T, n), block, num_warps, digit,
-                             lengths is not None, ks is not None)
+                             lengths is not None, ks is not None, sparse)
     if chunk is None:
         chunk = SELECT_CHUNK if n > SELECT_MAX_N else n
+    n_chunks = triton.cdiv(n, chunk) if chunk < n else 1
+    # each program's digit counts (`_count_digits`): zeroed and left zeroed by the kernel, so no memset launch
+    counts = torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse else dummy
     if chunk >= n:
         _SELECT((T,),
-            logits, lens, ks_, out, dummy, dummy, logits.stride(0), out.stride(0), n, k, 0,
+            logits, lens, ks_, out, dummy, dummy, counts, logits.stride(0), out.stride(0), n, k, 0,
             HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=block,
-            OUT_BLOCK=1024, DIGIT=digit, num_warps=num_warps,
+            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, num_warps=num_warps,
         )
         return out
-    n_chunks, kc = triton.cdiv(n, chunk), min(k, chunk)  # a chunk has at most `chunk` picks
+    kc = min(k, chunk)  # a chunk has at most `chunk` picks
     width = n_chunks * kc
     pos = torch.empty(T, width, dtype=torch.int32, device=logits.device)
     val = torch.empty(T, width, dtype=torch.float32, device=logits.device)
     _SELECT((T, n_chunks),
-        logits, lens, dummy, pos, val, dummy, logits.stride(0), width, n, kc, chunk,
+        logits, lens, dummy, pos, val, dummy, counts, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False,
-        BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit,
+        BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse,
         num_warps=num_warps,
     )
     _SELECT((T,),
-        val, lens, ks_, out, dummy, pos, width, out.stride(0), width, k, chunk,
+        val, lens, ks_, out, dummy, pos, counts, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True,
-        BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit,
+        BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse,
         num_warps=num_warps,
     )
     return out
@@ -435,7 +481,7 @@ def multi_counts_block(n_chunks: int) -> int:
     return max(MULTI_CHUNKS_MIN, triton.next_power_of_2(n_chunks))
 
 
-def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has_len, has_ks):
+def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has_len, has_ks, sparse):
     """`topk_select(..., multi=True)`: `_multi_select_kernel`'s seven steps over `[T, ceil(N / chunk)]` programs."""
     T, n = logits.shape
     n_chunks = triton.cdiv(n, chunk)
@@ -449,7 +495,7 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
         _MULTI((T, n_chunks),
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
             MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=min(block, triton.next_power_of_2(chunk)),
-            DIGIT=digit, CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, num_warps=num_warps,
+            DIGIT=digit, CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse, num_warps=num_warps,
         )
     return out
 
