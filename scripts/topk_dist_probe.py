@@ -31,8 +31,9 @@ chunks of 1024-8192 keys, and what `topk_select` takes by its rule (`topk.multi_
 
 `--sparse` (round 28): the radix passes after the first counted one atomic add per matching key where few of a
 block's keys match (`topk._count_digits`, `topk_select(..., sparse=)`), against `tl.histogram` in every block
-(`sparse=0`, the select before round 28), for the one-program / split select (`multi=False`) and for what
-`topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode path's 202752-wide rows, over
+(`sparse=0`, the select before round 28), for the one-program / split select (`multi=False`), there also with the
+keys that can still be picked listed during a pass for the passes after it (`topk_select(..., compact=)`), and for
+what `topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode path's 202752-wide rows, over
 four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in one first-digit bin, a
 block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to one address). Every
 variant's output checked against `sparse=0`'s one-program select, whose set is checked against torch.topk's (not
@@ -58,8 +59,14 @@ DISTS = ("randn", "spread")
 SPARSE_DISTS = ("randn", "spread", "narrow", "ties")
 SPARSE_SHAPES = [(1, 32768, 32768), (16, 32768, 32768), (64, 32768, 32768), (128, 32768, 32768),
                  (1, WIDE, 131072), (16, 131072, 131072), (64, 131072, 131072), (64, WIDE, 131072)]
-SPARSE_VARIANTS = [(f"{path}_sparse{sp}", {**({"multi": False} if path == "select" else {}), "sparse": sp})
-                   for path in ("select", "rule") for sp in (0, topk.SELECT_SPARSE, 1)]
+# the select before round 28 first (every block by tl.histogram, nothing listed), then atomics where few match
+# (sparse 8, 4, 1: at most 1/8, 1/4 of a block, always) with the candidates listed during the third pass (4096 a row)
+# or the second (16384), or not; the rule's split over programs at sparse 0, 8, 4, 1
+SPARSE_VARIANTS = ([("select_sparse0", {"multi": False, "sparse": 0, "compact": (0, 0)}),
+                    ("select_sparse8", {"multi": False, "sparse": 8, "compact": (0, 0)})]
+                   + [(f"select_sparse{sp}_list{p}", {"multi": False, "sparse": sp, "compact": (p, cap)})
+                      for sp, p, cap in ((8, 2, 4096), (4, 2, 4096), (1, 2, 4096), (8, 1, 16384))]
+                   + [(f"rule_sparse{sp}", {"sparse": sp}) for sp in (0, 8, 4, 1)])
 # (name, `topk_select` keyword arguments); the first is the select as it was before round 27's rule (`multi=False`:
 # one program a row, or the 16K-key split past 32K keys), named "shipped" in the first run (eef246a, which also
 # timed a prefetch of the next block, slower and since removed)
@@ -114,7 +121,8 @@ def main(path: str, mode: str = "") -> None:
                 row["top_digit_bins"] = top_digit_bins(x)
                 L = torch.full((T,), length, dtype=torch.int32, device=dev)
                 out = torch.empty(T, K, dtype=torch.int32, device=dev)
-                base = topk_select(x, K, lengths=L, multi=False, **({"sparse": 0} if sparse else {})).clone()
+                base = topk_select(x, K, lengths=L, multi=False,
+                                   **({"sparse": 0, "compact": (0, 0)} if sparse else {})).clone()
                 if dist != "ties":  # torch.topk breaks ties its own way
                     want = topk_indices(x[:, :length], K).sort(1).values
                     row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))

@@ -121,12 +121,16 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
 # `topk_select`'s keyword arguments: the shipped select; blocks of 512 scores (rows of 1500-3000 over several); the
 # row split over programs for every pass (`multi`), with chunks of one block and of several blocks of 256; each of
 # the one-program and the multi select with the passes after the first counted by atomics in every block
-# (`sparse=1`) and by `tl.histogram` in every block (`sparse=0`)
+# (`sparse=1`) and by `tl.histogram` in every block (`sparse=0`); the candidates listed during the second pass (room
+# for all of them at these sizes), the third (room for 300: some rows fit, some do not), or never
 SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": {"multi": True, "chunk": 700},
                    "multi-blocks": {"multi": True, "chunk": 600, "config": (256, 4, 8)},
                    "atomics": {"sparse": 1, "config": (512, 4, 8)}, "histograms": {"sparse": 0},
                    "multi-atomics": {"multi": True, "chunk": 700, "sparse": 1},
-                   "multi-histograms": {"multi": True, "chunk": 600, "config": (256, 4, 8), "sparse": 0}}
+                   "multi-histograms": {"multi": True, "chunk": 600, "config": (256, 4, 8), "sparse": 0},
+                   "listed-pass1": {"compact": (1, 4096), "config": (512, 4, 8), "sparse": 1},
+                   "listed-pass2-300": {"compact": (2, 300), "config": (256, 4, 8)},
+                   "unlisted": {"compact": (0, 0), "sparse": 0}}
 
 
 @pytest.mark.parametrize("variant", SELECT_VARIANTS)

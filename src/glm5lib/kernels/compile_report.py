@@ -281,8 +281,8 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     if form in REWRITTEN_DTYPE:  # the rewrite of bf16 q over fp8 keys, launched before the scores
         specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
-    from glm5lib.kernels.topk import (MULTI_CHUNKS_RANGE, SELECT_CONFIG, SELECT_SPARSE, _multi_select_kernel,
-                                      _topk_select_kernel, multi_counts_block)
+    from glm5lib.kernels.topk import (MULTI_CHUNKS_RANGE, SELECT_COMPACT, SELECT_CONFIG, SELECT_SPARSE,
+                                      _multi_select_kernel, _topk_select_kernel, multi_counts_block)
     from glm5lib.model.spec import GLM5Config
 
     fn = _topk_select_kernel
@@ -293,12 +293,13 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                                                ("merge:len", True, False, False, True),
                                                ("merge:len+ks", True, True, False, True)):
         consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": block,
-                  "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE}
+                  "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE,
+                  "COMPACT_AT": 0 if split else SELECT_COMPACT[0], "CAP": 0 if split else SELECT_COMPACT[1]}
         types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "OUT_X": "*fp32" if split else "*i32",
-                 "POS": "*i32", "HIST": "*i32"}
+                 "POS": "*i32", "HIST": "*i32", "CAND": "*i32"}
         specs.append(KernelSpec(f"topk_select[B{block}-w{warps}-d{digit}:{tag}]", fn, _sig(fn, types, consts),
-                                consts, warps, 3, ("X", "LEN", "KS", "OUT", "OUT_X", "POS", "HIST", "stride_x",
-                                                   "stride_o")))
+                                consts, warps, 3, ("X", "LEN", "KS", "OUT", "OUT_X", "POS", "HIST", "CAND",
+                                                   "stride_x", "stride_o")))
     # a decode step's rows split over programs for every pass (`topk.multi_rule`): its seven steps (the radix passes,
     # the count, the write) over GLM-5's 202752-wide decode rows, with row lengths, at the smallest and largest chunk
     # of `topk.multi_chunk` (1024 keys: 1024-score blocks; 4096 and up: `SELECT_CONFIG`'s block)

@@ -63,16 +63,27 @@ def _radix_step(hist, bins, prefix, remaining, shift):
 
 
 @triton.jit
-def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr):
+def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
+                  ONE_BIN: tl.constexpr = False):
     """`hist` plus one block's digit counts of the keys that `match`: by `tl.histogram` (Triton 3.6 lowers it to 8
     warp ballots and a popcount per bin a lane owns for every key, matching or not), or, with SPARSE > 0 and at most
     BLOCK / SPARSE of the block matching, by one relaxed atomic add per matching key into `COUNTS[digit]` (global
     memory, the caller reads them back): after the first pass only keys whose earlier digits equal the k-th
     largest's match, a few percent of a row for spread scores, and their adds spread over many bins. A block of
-    many matches (ties, a narrow spread) keeps the histogram: adds to one bin would queue at one address."""
+    many matches (ties, a narrow spread) keeps the histogram: adds to one bin would queue at one address.
+    ONE_BIN: a block whose matching keys all share one digit (a run of equal scores at the cut) adds their count
+    once (`_multi_select_kernel`: a row's programs all add into one row of counts)."""
     if SPARSE > 0:
-        if tl.sum(match.to(tl.int32), 0) * SPARSE <= BLOCK:
-            tl.atomic_add(COUNTS + digit, 1, mask=match, sem="relaxed")
+        n_match = tl.sum(match.to(tl.int32), 0)
+        if n_match * SPARSE <= BLOCK:
+            if ONE_BIN:
+                lo = tl.min(tl.where(match, digit, 1 << DIGIT), 0)
+                if lo == tl.max(tl.where(match, digit, -1), 0):
+                    tl.atomic_add(COUNTS + lo, n_match, sem="relaxed")
+                else:
+                    tl.atomic_add(COUNTS + digit, 1, mask=match, sem="relaxed")
+            else:
+                tl.atomic_add(COUNTS + digit, 1, mask=match, sem="relaxed")
         else:
             hist += tl.histogram(digit, 1 << DIGIT, mask=match)
     else:
@@ -81,14 +92,20 @@ def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.co
 
 
 @triton.jit
-def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N, K, chunk,
+def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, stride_o, N, K, chunk,
                         HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
-                        BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr, SPARSE: tl.constexpr):
+                        BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr, SPARSE: tl.constexpr,
+                        COMPACT_AT: tl.constexpr, CAP: tl.constexpr):
     """Program t: row t's top-K into row t of OUT (see `topk_select`).
 
     SPARSE > 0: the passes after the first count a block's digits one atomic per matching key into the program's
     row of HIST (`[programs, 2^DIGIT]` int32, zeroed here and left zeroed) where at most BLOCK / SPARSE of its keys
     match (`_count_digits`); 0: every block by `tl.histogram`.
+
+    COMPACT_AT p > 0: pass p also lists, in position order, the offsets of the keys at or above the prefix the
+    passes before it settled (every key that can still be picked) in the program's row of CAND (`[programs, CAP]`
+    int32); when they fit, the passes after p and the write read the scores at those offsets only instead of the
+    whole row. 0: every pass reads the row.
 
     SPLIT (grid (T, C)): program (t, c) selects among positions [c * chunk, (c + 1) * chunk) of row t and writes
     its picks (row positions) to OUT[t, c * K:(c + 1) * K] and their scores to OUT_X there, -1 / -inf padded
@@ -116,12 +133,15 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
         out_x = OUT_X + t.to(tl.int64) * stride_o + c * K
     offs0 = tl.arange(0, BLOCK)
     bins = tl.arange(0, 1 << DIGIT)
+    prog = t * tl.num_programs(1) + tl.program_id(1)
+    counts = HIST + prog * (1 << DIGIT)  # this program's digit counts, when SPARSE
+    cand = CAND + prog.to(tl.int64) * CAP  # this program's candidate offsets, when COMPACT_AT
     # --- the k-th largest key, DIGIT bits at a time (most significant first) ---
     prefix = tl.zeros([], tl.uint32)
     remaining = K  # how many of the keys that match `prefix` are still to be taken
     n_valid = 0
     n_scan = tl.where(n > K, n, 0)  # no more keys than K: all finite ones are picked, no threshold needed
-    counts = HIST + (t * tl.num_programs(1) + tl.program_id(1)) * (1 << DIGIT)  # this program's, when SPARSE
+    n_listed = n_scan * 0  # how many offsets are listed: the passes read the row at those only (from COMPACT_AT + 1)
     if SPARSE > 0:
         tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
         tl.debug_barrier()
@@ -129,19 +149,36 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
         hi = 32 - DIGIT * r  # bits above `hi` are settled in `prefix`
         shift = hi - DIGIT if hi > DIGIT else 0
         hist = tl.zeros([1 << DIGIT], tl.int32)
+        n_cand = 0
         for start in range(0, n_scan, BLOCK):
             offs = start + offs0
-            key = _ordered_key(tl.load(row + offs, mask=offs < n, other=float("-inf")))
-            match = (offs < n) & (key > NEG_INF_KEY)
+            inside = offs < n_scan
+            at = _listed_offsets(cand, offs, n_listed, COMPACT_AT)
+            key = _ordered_key(tl.load(row + at, mask=inside, other=float("-inf")))
+            valid = inside & (key > NEG_INF_KEY)
+            match = valid
             if r > 0:
                 match = match & ((key >> hi) == (prefix >> hi))
             digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
             hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT)
+            if COMPACT_AT == r:
+                if r > 0:  # keys below the prefix are out; the rest listed in position order
+                    keep = valid & (key >= prefix)
+                    slot = n_cand + tl.cumsum(keep.to(tl.int32), 0) - 1
+                    tl.store(cand + slot, at, mask=keep & (slot < CAP))
+                    n_cand += tl.sum(keep.to(tl.int32), 0)
         if SPARSE > 0:
             if r > 0:  # the atomics' counts join the block counts; the next pass's adds wait for the reads
                 tl.debug_barrier()
                 hist += tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
                 tl.debug_barrier()
+        if COMPACT_AT == r:
+            if r > 0:
+                if (n_scan > 0) & (n_cand <= CAP):  # all listed: read only those from here on
+                    tl.debug_barrier()  # the list's stores before any thread reads them
+                    n_listed = n_cand
+                    n_scan = n_cand
+                    n = n_cand
         if r == 0:
             n_valid = tl.sum(hist, 0)
         prefix, remaining = _radix_step(hist, bins, prefix, remaining, shift)
@@ -154,17 +191,19 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
     equal_seen = 0
     for start in range(0, n, BLOCK):
         offs = start + offs0
-        x = tl.load(row + offs, mask=offs < n, other=float("-inf"))
+        inside = offs < n
+        at = _listed_offsets(cand, offs, n_listed, COMPACT_AT)
+        x = tl.load(row + at, mask=inside, other=float("-inf"))
         key = _ordered_key(x)
-        valid = (offs < n) & (key > NEG_INF_KEY)
+        valid = inside & (key > NEG_INF_KEY)
         equal = valid & (key == prefix)
         eq_rank = equal_seen + tl.cumsum(equal.to(tl.int32), 0)
         take = valid & ((key > prefix) | (equal & (eq_rank <= remaining)))
         take = tl.where(take_all, valid, take)
         slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
-        pos = first + offs
+        pos = first + at
         if MERGE:
-            pos = tl.load(POS + t.to(tl.int64) * stride_x + offs, mask=take, other=-1)
+            pos = tl.load(POS + t.to(tl.int64) * stride_x + at, mask=take, other=-1)
         tl.store(out + slot, (pos - base).to(tl.int32), mask=take)
         if SPLIT:
             tl.store(out_x + slot, x, mask=take)
@@ -179,6 +218,16 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
         tl.store(out + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if SPLIT:
             tl.store(out_x + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
+
+
+@triton.jit
+def _listed_offsets(CAND, offs, n_listed, COMPACT_AT: tl.constexpr):
+    """The row offsets a block of a pass reads: `offs` itself, or, below the `n_listed` candidates listed, the
+    offsets the list holds at `offs` (`_topk_select_kernel`'s COMPACT_AT)."""
+    if COMPACT_AT > 0:
+        return tl.where(offs < n_listed, tl.load(CAND + offs, mask=offs < n_listed, other=0), offs)
+    else:
+        return offs
 
 
 @triton.jit
@@ -241,7 +290,7 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
                 if MODE > 0:
                     match = match & ((key >> hi) == (prefix >> hi))
                 digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
-                hist = _count_digits(hist, counts, digit, match, SPARSE if MODE > 0 else 0, BLOCK, DIGIT)
+                hist = _count_digits(hist, counts, digit, match, SPARSE if MODE > 0 else 0, BLOCK, DIGIT, True)
             bins = tl.arange(0, 1 << DIGIT)
             tl.atomic_add(counts + bins, hist, mask=hist != 0)
     elif MODE == NPASS and m == 0:  # nothing to count: no threshold needed
@@ -354,6 +403,12 @@ TOPK_FAST_TORCH_ABOVE = 6_000_000
 # Not yet timed on a GPU: the count a ballot histogram takes for every key (matching or not) is the select's
 # largest cost by the instruction count, and after the first pass a spread row's matching keys are a few percent.
 SELECT_SPARSE = 8
+# (pass, capacity): the one-program and merge launches list, during that radix pass, the offsets of the keys that can
+# still be picked (at or above the prefix the earlier passes settled), up to `capacity` a row, and where all fit the
+# later passes and the write read only those (`_topk_select_kernel`'s COMPACT_AT, CAP); (0, 0): every pass reads
+# the whole row. A workspace of `capacity` int32 a row, so only launches of at most COMPACT_MAX_ROWS rows list.
+SELECT_COMPACT = (2, 4096)
+COMPACT_MAX_ROWS = 1024
 
 
 _SELECT = common.Prebound(_topk_select_kernel)
@@ -363,7 +418,8 @@ _MULTI = common.Prebound(_multi_select_kernel)
 def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
                 ks: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 config: tuple[int, int, int] | None = None, chunk: int | None = None,
-                multi: bool | None = None, sparse: int | None = None) -> torch.Tensor:
+                multi: bool | None = None, sparse: int | None = None,
+                compact: tuple[int, int] | None = None) -> torch.Tensor:
     """int32 `[T, k]`: positions of the k largest finite scores of each row of fp32 `logits [T, N]`, ties at
     the cut to the earlier position, ascending position order, -1 padded.
 
@@ -376,7 +432,9 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     seven launches (`_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and `[T, chunks, 2]` pick
     counts); the same picks again. None: `_multi_default` (a CUDA-graph decode step's rows) unless `chunk` is given.
     `sparse`: the passes after the first count a block's digits key by key (atomics) where at most 1 / `sparse`
-    of it matches, 0: never (see `_count_digits`); None: `SELECT_SPARSE`. Same picks.
+    of it matches, 0: never (see `_count_digits`); None: `SELECT_SPARSE`. `compact`: (pass, capacity), the
+    candidates listed during that pass for the passes after it (see SELECT_COMPACT; (0, 0): never); None:
+    SELECT_COMPACT up to COMPACT_MAX_ROWS rows. Same picks.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
@@ -406,11 +464,17 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     n_chunks = triton.cdiv(n, chunk) if chunk < n else 1
     # each program's digit counts (`_count_digits`): zeroed and left zeroed by the kernel, so no memset launch
     counts = torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse else dummy
+    if compact is None:
+        compact = SELECT_COMPACT if T <= COMPACT_MAX_ROWS else (0, 0)
+    at, cap = (int(compact[0]), int(compact[1])) if compact[0] and compact[1] else (0, 0)
+    if not 0 <= at < triton.cdiv(32, digit):
+        raise ValueError(f"compact's pass must be one of the {triton.cdiv(32, digit)} radix passes, got {at}")
+    cands = torch.empty(T, cap, dtype=torch.int32, device=logits.device) if cap else dummy  # one launch a row
     if chunk >= n:
         _SELECT((T,),
-            logits, lens, ks_, out, dummy, dummy, counts, logits.stride(0), out.stride(0), n, k, 0,
+            logits, lens, ks_, out, dummy, dummy, counts, cands, logits.stride(0), out.stride(0), n, k, 0,
             HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=block,
-            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, num_warps=num_warps,
+            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, COMPACT_AT=at, CAP=cap, num_warps=num_warps,
         )
         return out
     kc = min(k, chunk)  # a chunk has at most `chunk` picks
@@ -418,16 +482,16 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     pos = torch.empty(T, width, dtype=torch.int32, device=logits.device)
     val = torch.empty(T, width, dtype=torch.float32, device=logits.device)
     _SELECT((T, n_chunks),
-        logits, lens, dummy, pos, val, dummy, counts, logits.stride(0), width, n, kc, chunk,
+        logits, lens, dummy, pos, val, dummy, counts, dummy, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False,
         BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse,
-        num_warps=num_warps,
+        COMPACT_AT=0, CAP=0, num_warps=num_warps,
     )
     _SELECT((T,),
-        val, lens, ks_, out, dummy, pos, counts, width, out.stride(0), width, k, chunk,
+        val, lens, ks_, out, dummy, pos, counts, cands, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True,
         BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse,
-        num_warps=num_warps,
+        COMPACT_AT=at, CAP=cap, num_warps=num_warps,
     )
     return out
 
