@@ -30,10 +30,10 @@ keys and of the decode path's 202752-wide rows read up to 32K and 128K, the sele
 chunks of 1024-8192 keys, and what `topk_select` takes by its rule (`topk.multi_rule`).
 
 `--sparse` (round 28): the radix passes after the first counted one atomic add per matching key where few of a
-block's keys match (`topk._count_digits`, `topk_select(..., sparse=)`), against `tl.histogram` in every block
-(`sparse=0`, the select before round 28), for the one-program / split select (`multi=False`), there also with the
-keys that can still be picked listed during a pass for the passes after it (`topk_select(..., compact=)`), and for
-what `topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode path's 202752-wide rows, over
+block's keys match (`topk._count_digits`, `topk_select(..., sparse=)`), the keys that can still be picked listed for
+the later passes (`compact=`) and the write ranking ties only where they run out (`topk.SELECT_RANK_TIES` False),
+each alone and together, against the select before round 28 (`BEFORE`), for the one-program / split select
+(`multi=False`) and for what `topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode path's 202752-wide rows, over
 four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in one first-digit bin, a
 block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to one address). Every
 variant's output checked against `sparse=0`'s one-program select, whose set is checked against torch.topk's (not
@@ -59,26 +59,38 @@ DISTS = ("randn", "spread")
 SPARSE_DISTS = ("randn", "spread", "narrow", "ties")
 SPARSE_SHAPES = [(1, 32768, 32768), (16, 32768, 32768), (64, 32768, 32768), (128, 32768, 32768),
                  (1, WIDE, 131072), (16, 131072, 131072), (64, 131072, 131072), (64, WIDE, 131072)]
-# the select before round 28 first (every block by tl.histogram, nothing listed), then atomics where few match
-# (sparse 8, 4, 1: at most 1/8, 1/4 of a block, always) with the candidates listed during the third pass (4096 a row)
-# or the second (16384), or not; the rule's split over programs at sparse 0, 8, 4, 1
-SPARSE_VARIANTS = ([("select_sparse0", {"multi": False, "sparse": 0, "compact": (0, 0)}),
-                    ("select_sparse8", {"multi": False, "sparse": 8, "compact": (0, 0)})]
-                   + [(f"select_sparse{sp}_list{p}", {"multi": False, "sparse": sp, "compact": (p, cap)})
-                      for sp, p, cap in ((8, 2, 4096), (4, 2, 4096), (1, 2, 4096), (8, 1, 16384))]
-                   + [(f"rule_sparse{sp}", {"sparse": sp}) for sp in (0, 8, 4, 1)])
-# (name, `topk_select` keyword arguments); the first is the select as it was before round 27's rule (`multi=False`:
-# one program a row, or the 16K-key split past 32K keys), named "shipped" in the first run (eef246a, which also
-# timed a prefetch of the next block, slower and since removed)
-VARIANTS = [("shipped", {"multi": False}), ("warps16", {"config": (4096, 16, 8), "multi": False}),
-            ("multi4096", {"multi": True, "chunk": 4096}), ("multi2048", {"multi": True, "chunk": 2048}),
-            ("multi8192", {"multi": True, "chunk": 8192})]
+# the select before round 28 first (every block by tl.histogram, nothing listed, every write block ranking its ties:
+# `rank_ties`, `topk.SELECT_RANK_TIES`), then each change alone and together: atomics where at most 1/8 of a block
+# matches; the write ranking ties only where they run out; the candidates listed from pass 1 on where 4096 (the
+# default) or 8192 fit; atomics at 1/4 and always with the default list; the rule's split over programs before and
+# as shipped (and at sparse 4, 1)
+BEFORE = {"sparse": 0, "compact": (0, 0), "rank_ties": True}
+SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
+                   ("select_sparse8", {"multi": False, "compact": (0, 0), "rank_ties": True}),
+                   ("select_sparse8_unranked", {"multi": False, "compact": (0, 0)}),
+                   ("select_shipped", {"multi": False}),
+                   ("select_list8192", {"multi": False, "compact": (1, 8192)}),
+                   ("select_sparse4", {"multi": False, "sparse": 4}),
+                   ("select_sparse1", {"multi": False, "sparse": 1}),
+                   ("rule_before", {"sparse": 0, "rank_ties": True}), ("rule_shipped", {}),
+                   ("rule_sparse4", {"sparse": 4}), ("rule_sparse1", {"sparse": 1})]
 
 
 SWEEP_SHAPES = [(T, n, L) for T in (1, 4, 16, 32, 64, 128)
                 for n, L in ((32768, 32768), (131072, 131072), (WIDE, 32768), (WIDE, 131072))]
 SWEEP_VARIANTS = ([("shipped", {"multi": False}), ("rule", {})]
                   + [(f"multi{c}", {"multi": True, "chunk": c}) for c in (1024, 2048, 4096, 8192)])
+
+
+def select(x, k, rank_ties: bool | None = None, **kw):
+    """`topk_select` with `topk.SELECT_RANK_TIES` set to `rank_ties` for the call (None: as it is)."""
+    if rank_ties is None:
+        return topk_select(x, k, **kw)
+    keep, topk.SELECT_RANK_TIES = topk.SELECT_RANK_TIES, rank_ties
+    try:
+        return topk_select(x, k, **kw)
+    finally:
+        topk.SELECT_RANK_TIES = keep
 
 
 def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
@@ -121,8 +133,7 @@ def main(path: str, mode: str = "") -> None:
                 row["top_digit_bins"] = top_digit_bins(x)
                 L = torch.full((T,), length, dtype=torch.int32, device=dev)
                 out = torch.empty(T, K, dtype=torch.int32, device=dev)
-                base = topk_select(x, K, lengths=L, multi=False,
-                                   **({"sparse": 0, "compact": (0, 0)} if sparse else {})).clone()
+                base = select(x, K, lengths=L, multi=False, **(BEFORE if sparse else {})).clone()
                 if dist != "ties":  # torch.topk breaks ties its own way
                     want = topk_indices(x[:, :length], K).sort(1).values
                     row["set_equals_torch_topk"] = bool(torch.equal(base.sort(1).values, want))
@@ -146,9 +157,9 @@ def main(path: str, mode: str = "") -> None:
                 row["rule_graph_replay_equals_shipped"] = bool(torch.equal(g_out, base))
                 del graph
                 for name, kw in variants[0 if sparse else 1:]:
-                    row[f"{name}_equals_shipped"] = bool(torch.equal(topk_select(x, K, lengths=L, **kw), base))
+                    row[f"{name}_equals_shipped"] = bool(torch.equal(select(x, K, lengths=L, **kw), base))
                 xs = x[:, :length].contiguous()
-                row.update(time_paths({**{name: (lambda kw=kw: topk_select(x, K, lengths=L, out=out, **kw))
+                row.update(time_paths({**{name: (lambda kw=kw: select(x, K, lengths=L, out=out, **kw))
                                           for name, kw in variants},
                                        "torch_topk": lambda: topk_indices(xs, K, out=out)}))
             except Exception as e:  # noqa: BLE001  (recorded; the sweep goes on)
@@ -158,7 +169,7 @@ def main(path: str, mode: str = "") -> None:
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
             "select_config": topk.SELECT_CONFIG, "variants": variants, "mode": mode or "dist", "repeats": REPEATS,
-            "select_sparse": topk.SELECT_SPARSE,
+            "select_sparse": topk.SELECT_SPARSE, "select_compact": topk.SELECT_COMPACT,
             "seconds": time.time() - t0}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -130,16 +130,19 @@ SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": 
                    "multi-histograms": {"multi": True, "chunk": 600, "config": (256, 4, 8), "sparse": 0},
                    "listed-pass1": {"compact": (1, 4096), "config": (512, 4, 8), "sparse": 1},
                    "listed-pass2-300": {"compact": (2, 300), "config": (256, 4, 8)},
-                   "unlisted": {"compact": (0, 0), "sparse": 0}}
+                   "unlisted": {"compact": (0, 0), "sparse": 0}, "ranked": {"rank_ties": True},
+                   "multi-ranked": {"multi": True, "chunk": 700, "rank_ties": True}}
 
 
 @pytest.mark.parametrize("variant", SELECT_VARIANTS)
 @pytest.mark.parametrize("case", ["ties", "signed-zeros", "lengths-ks", "short-rows", "one-block"])
-def test_topk_select_picks_like_a_stable_sort(case, variant):
+def test_topk_select_picks_like_a_stable_sort(monkeypatch, case, variant):
     """The Triton radix select: exactly the stable descending sort's picks (ties to the earlier position, -0.0
     tying with +0.0), listed in ascending position, -1 padded; row lengths and ks honoured; over one block or
     several, and with the row split over programs for every pass (`topk.SELECT_MULTI`: digit counts summed across
     programs, picks placed by the counts before)."""
+    import glm5lib.kernels.topk as topk
+
     g = torch.Generator().manual_seed(7)
     lengths = ks = None
     if case == "ties":  # few distinct values: the cut falls inside a run of equal scores
@@ -164,7 +167,10 @@ def test_topk_select_picks_like_a_stable_sort(case, variant):
     else:
         x = torch.randn(40, 100, generator=g)
         k = 16
-    got = topk_select(x, k, lengths=lengths, ks=ks, **SELECT_VARIANTS[variant])
+    kw = dict(SELECT_VARIANTS[variant])
+    if kw.pop("rank_ties", False):  # every block of the write ranks its ties (the select before round 28)
+        monkeypatch.setattr(topk, "SELECT_RANK_TIES", True)
+    got = topk_select(x, k, lengths=lengths, ks=ks, **kw)
     assert got.shape == (x.shape[0], k) and got.dtype == torch.int32
     for t, want in enumerate(_stable_picks(x, k, lengths, ks)):
         row = got[t].tolist()
@@ -275,6 +281,62 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
     assert grids == [(2,)]
     with pytest.raises(ValueError):
         topk.topk_select(x, 50, chunk=0)
+
+
+def test_topk_select_lists_candidates_up_to_a_row_count(monkeypatch):
+    """The one-program and merge launches list the candidates (`topk.SELECT_COMPACT`, a workspace of `capacity`
+    int32 a row) for launches of at most COMPACT_MAX_ROWS rows; the split launch never; `compact=` overrides; a
+    pass outside the radix passes is refused. Same picks whichever way."""
+    import glm5lib.kernels.topk as topk
+
+    launches = []
+    prebound = topk._SELECT
+    monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (launches.append((grid, kw["COMPACT_AT"], kw["CAP"],
+                                                                                  a[7].numel())),
+                                                                  prebound(grid, *a, **kw)))
+    monkeypatch.setattr(topk, "SELECT_COMPACT", (2, 512))
+    x = torch.randn(3, 700, generator=torch.Generator().manual_seed(2))
+    want = _stable_picks(x, 64)
+
+    def run(**kw):
+        launches.clear()
+        got = topk.topk_select(x, 64, **kw)
+        assert [r.tolist() for r in got] == want
+        return [(tuple(g), at, cap) for g, at, cap, _ in launches], launches[-1][3]
+
+    assert run() == ([((3,), 2, 512)], 3 * 512)  # the list's workspace: capacity a row
+    assert run(chunk=300) == ([((3, 3), 0, 0), ((3,), 2, 512)], 3 * 512)  # the merge lists, the split does not
+    assert run(compact=(1, 1000))[0] == [((3,), 1, 1000)]
+    assert run(compact=(0, 0))[0] == [((3,), 0, 0)]
+    monkeypatch.setattr(topk, "COMPACT_MAX_ROWS", 2)
+    assert run()[0] == [((3,), 0, 0)]  # more rows than COMPACT_MAX_ROWS: nothing listed
+    with pytest.raises(ValueError, match="radix passes"):
+        topk.topk_select(x, 64, compact=(4, 100))
+
+
+def test_topk_select_lists_exactly_when_the_candidates_fit(monkeypatch):
+    """The candidates' count comes from the passes' digit counts before the listing pass: a row whose top-k cut
+    falls in a first-digit bin of 30 keys (1.5 .. 1.79, the bin [0.5, 2)) lists them at pass 1 with room for 30;
+    with room for 29 not there but at pass 2, where the 10 picks alone are at or above the prefix (1.70 .. 1.79,
+    each in a bin of its own); the picks are the stable sort's either way."""
+    import glm5lib.kernels.topk as topk
+
+    x = torch.full((1, 200), 0.1)
+    where = torch.randperm(200, generator=torch.Generator().manual_seed(4))[:30].sort().values
+    x[0, where] = 1.5 + torch.arange(30) / 100
+    lists = []
+    prebound = topk._SELECT
+
+    def spy(grid, *a, **kw):
+        a[7].fill_(-7)  # the candidate list: untouched unless the kernel lists
+        prebound(grid, *a, **kw)
+        lists.append(a[7].clone())
+
+    monkeypatch.setattr(topk, "_SELECT", spy)
+    for cap, want in ((30, where), (29, where[20:])):
+        got = topk.topk_select(x, 10, compact=(1, cap), config=(64, 4, 8))
+        assert [r.tolist() for r in got] == _stable_picks(x, 10)
+        assert lists[-1][0].tolist() == want.tolist() + [-7] * (cap - len(want))
 
 
 def test_topk_select_rule_splits_a_captured_decode_steps_rows_over_programs(monkeypatch):

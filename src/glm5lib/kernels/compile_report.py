@@ -281,8 +281,8 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     if form in REWRITTEN_DTYPE:  # the rewrite of bf16 q over fp8 keys, launched before the scores
         specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
-    from glm5lib.kernels.topk import (MULTI_CHUNKS_RANGE, SELECT_COMPACT, SELECT_CONFIG, SELECT_SPARSE,
-                                      _multi_select_kernel, _topk_select_kernel, multi_counts_block)
+    from glm5lib.kernels.topk import (MULTI_CHUNKS_RANGE, SELECT_COMPACT, SELECT_CONFIG, SELECT_RANK_TIES,
+                                      SELECT_SPARSE, _multi_select_kernel, _topk_select_kernel, multi_counts_block)
     from glm5lib.model.spec import GLM5Config
 
     fn = _topk_select_kernel
@@ -294,7 +294,8 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
                                                ("merge:len+ks", True, True, False, True)):
         consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": block,
                   "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE,
-                  "COMPACT_AT": 0 if split else SELECT_COMPACT[0], "CAP": 0 if split else SELECT_COMPACT[1]}
+                  "COMPACT_AT": 0 if split else SELECT_COMPACT[0], "CAP": 0 if split else SELECT_COMPACT[1],
+                  "RANK_TIES": SELECT_RANK_TIES}
         types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "OUT_X": "*fp32" if split else "*i32",
                  "POS": "*i32", "HIST": "*i32", "CAND": "*i32"}
         specs.append(KernelSpec(f"topk_select[B{block}-w{warps}-d{digit}:{tag}]", fn, _sig(fn, types, consts),
@@ -308,7 +309,8 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     for chunk in MULTI_CHUNKS_RANGE:
         for mode in range(-(-32 // digit) + 2):
             consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
-                      "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE}
+                      "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE,
+                      "RANK_TIES": SELECT_RANK_TIES}
             types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
             specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
                                     _sig(fn, types, consts), consts, warps, 3,

@@ -95,17 +95,20 @@ def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.co
 def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, stride_o, N, K, chunk,
                         HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr, SPARSE: tl.constexpr,
-                        COMPACT_AT: tl.constexpr, CAP: tl.constexpr):
+                        COMPACT_AT: tl.constexpr, CAP: tl.constexpr, RANK_TIES: tl.constexpr):
     """Program t: row t's top-K into row t of OUT (see `topk_select`).
 
     SPARSE > 0: the passes after the first count a block's digits one atomic per matching key into the program's
     row of HIST (`[programs, 2^DIGIT]` int32, zeroed here and left zeroed) where at most BLOCK / SPARSE of its keys
     match (`_count_digits`); 0: every block by `tl.histogram`.
 
-    COMPACT_AT p > 0: pass p also lists, in position order, the offsets of the keys at or above the prefix the
-    passes before it settled (every key that can still be picked) in the program's row of CAND (`[programs, CAP]`
-    int32); when they fit, the passes after p and the write read the scores at those offsets only instead of the
-    whole row. 0: every pass reads the row.
+    COMPACT_AT p > 0: the first pass from p on before which the keys at or above the prefix the passes before it
+    settled (every key that can still be picked; the counts give how many) fit in CAP lists their offsets, in
+    position order, in the program's row of CAND (`[programs, CAP]` int32), and the passes after it and the write
+    read the scores at those offsets only instead of the whole row. 0: every pass reads the row.
+
+    RANK_TIES: every block of the write ranks its keys equal to the threshold (a prefix sum); False: only the block
+    where the ties still to take run out (elsewhere all of a block's ties are taken, or none).
 
     SPLIT (grid (T, C)): program (t, c) selects among positions [c * chunk, (c + 1) * chunk) of row t and writes
     its picks (row positions) to OUT[t, c * K:(c + 1) * K] and their scores to OUT_X there, -1 / -inf padded
@@ -141,7 +144,8 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
     remaining = K  # how many of the keys that match `prefix` are still to be taken
     n_valid = 0
     n_scan = tl.where(n > K, n, 0)  # no more keys than K: all finite ones are picked, no threshold needed
-    n_listed = n_scan * 0  # how many offsets are listed: the passes read the row at those only (from COMPACT_AT + 1)
+    n_listed = n_scan * 0  # how many offsets are listed: the passes after the listing read the row at those only
+    n_at_or_above = n_scan  # the keys that can still be picked (at or above the prefix)
     if SPARSE > 0:
         tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
         tl.debug_barrier()
@@ -150,6 +154,10 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
         shift = hi - DIGIT if hi > DIGIT else 0
         hist = tl.zeros([1 << DIGIT], tl.int32)
         n_cand = 0
+        listing = n_scan < 0  # whether this pass lists the candidates
+        if COMPACT_AT > 0:
+            if r >= COMPACT_AT:  # the candidates, counted by the passes before: list them if they fit, once
+                listing = (n_listed == 0) & (n_scan > 0) & (n_at_or_above <= CAP)
         for start in range(0, n_scan, BLOCK):
             offs = start + offs0
             inside = offs < n_scan
@@ -161,20 +169,21 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
                 match = match & ((key >> hi) == (prefix >> hi))
             digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
             hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT)
-            if COMPACT_AT == r:
-                if r > 0:  # keys below the prefix are out; the rest listed in position order
-                    keep = valid & (key >= prefix)
-                    slot = n_cand + tl.cumsum(keep.to(tl.int32), 0) - 1
-                    tl.store(cand + slot, at, mask=keep & (slot < CAP))
-                    n_cand += tl.sum(keep.to(tl.int32), 0)
+            if COMPACT_AT > 0:
+                if r >= COMPACT_AT:
+                    if listing:  # keys below the prefix are out; the rest listed in position order
+                        keep = valid & (key >= prefix)
+                        slot = n_cand + tl.cumsum(keep.to(tl.int32), 0) - 1
+                        tl.store(cand + slot, at, mask=keep & (slot < CAP))
+                        n_cand += tl.sum(keep.to(tl.int32), 0)
         if SPARSE > 0:
             if r > 0:  # the atomics' counts join the block counts; the next pass's adds wait for the reads
                 tl.debug_barrier()
                 hist += tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
                 tl.debug_barrier()
-        if COMPACT_AT == r:
-            if r > 0:
-                if (n_scan > 0) & (n_cand <= CAP):  # all listed: read only those from here on
+        if COMPACT_AT > 0:
+            if r >= COMPACT_AT:
+                if listing:  # read only the listed keys from here on
                     tl.debug_barrier()  # the list's stores before any thread reads them
                     n_listed = n_cand
                     n_scan = n_cand
@@ -182,6 +191,8 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
         if r == 0:
             n_valid = tl.sum(hist, 0)
         prefix, remaining = _radix_step(hist, bins, prefix, remaining, shift)
+        # the keys at or above the new prefix: those above its bin (no longer `remaining`) and those in it
+        n_at_or_above = K - remaining + tl.sum(tl.where(bins == ((prefix >> shift) & ((1 << DIGIT) - 1)), hist, 0), 0)
     take_all = n_valid <= K  # no more finite keys than K (or none scanned): every finite score is picked
     # --- write: above the threshold, then the earliest `remaining` equal to it, in position order ---
     base = 0
@@ -197,8 +208,8 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
         key = _ordered_key(x)
         valid = inside & (key > NEG_INF_KEY)
         equal = valid & (key == prefix)
-        eq_rank = equal_seen + tl.cumsum(equal.to(tl.int32), 0)
-        take = valid & ((key > prefix) | (equal & (eq_rank <= remaining)))
+        n_equal = tl.sum(equal.to(tl.int32), 0)
+        take = valid & ((key > prefix) | _take_ties(equal, n_equal, equal_seen, remaining, RANK_TIES))
         take = tl.where(take_all, valid, take)
         slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
         pos = first + at
@@ -208,7 +219,7 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
         if SPLIT:
             tl.store(out_x + slot, x, mask=take)
         written += tl.sum(take.to(tl.int32), 0)
-        equal_seen += tl.sum(equal.to(tl.int32), 0)
+        equal_seen += n_equal
     n_out = K
     if SPLIT:  # a chunk that starts past the row's length is never read by the merge
         n_out = tl.where(n > 0, K, 0)
@@ -218,6 +229,21 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
         tl.store(out + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if SPLIT:
             tl.store(out_x + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
+
+
+@triton.jit
+def _take_ties(equal, n_equal, equal_seen, remaining, RANK_TIES: tl.constexpr):
+    """Which of a block's keys `equal` to the threshold are taken, `equal_seen` of them in the blocks before and
+    `remaining` to take in all: the earliest. Only the block where they run out needs each one's rank (a prefix sum,
+    the write's costliest step after its own); before it all are taken, after it none (RANK_TIES: rank always)."""
+    if RANK_TIES:
+        return equal & (equal_seen + tl.cumsum(equal.to(tl.int32), 0) <= remaining)
+    else:
+        take = equal & (equal.to(tl.int32) * 0 + equal_seen < remaining)  # (a block compare: the interpreter's
+        # `&` of a block and a scalar bool gives int32)
+        if (equal_seen < remaining) & (equal_seen + n_equal > remaining):
+            take = equal & (equal_seen + tl.cumsum(equal.to(tl.int32), 0) <= remaining)
+        return take
 
 
 @triton.jit
@@ -253,7 +279,8 @@ def _row_threshold(HIST, t, PASSES: tl.constexpr, K, DIGIT: tl.constexpr):
 @triton.jit
 def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, chunk, n_chunks,
                          MODE: tl.constexpr, HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, BLOCK: tl.constexpr,
-                         DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPARSE: tl.constexpr):
+                         DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPARSE: tl.constexpr,
+                         RANK_TIES: tl.constexpr):
     """Program (t, c) of row t split over `n_chunks` programs of `chunk` keys each, one launch per step
     (`topk_select(..., multi=True)`): the radix select of `_topk_select_kernel` with its digit counts summed over
     the row's programs in global memory, so that every pass of a row runs on all of them.
@@ -328,12 +355,12 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
                 key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
                 valid = (offs < m) & (key > NEG_INF_KEY)
                 equal = valid & (key == thr)
-                eq_rank = equal_seen + tl.cumsum(equal.to(tl.int32), 0)
-                take = valid & ((key > thr) | (equal & (eq_rank <= rem)))
+                n_equal = tl.sum(equal.to(tl.int32), 0)
+                take = valid & ((key > thr) | _take_ties(equal, n_equal, equal_seen, rem, RANK_TIES))
                 slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
                 tl.store(out + slot, (first + offs - base).to(tl.int32), mask=take)
                 written += tl.sum(take.to(tl.int32), 0)
-                equal_seen += tl.sum(equal.to(tl.int32), 0)
+                equal_seen += n_equal
             if c == 0:
                 total = tl.sum(cnt_gt, 0) + tl.minimum(rem, tl.sum(cnt_eq, 0))
                 for start in range(0, K, OUT_BLOCK):
@@ -407,8 +434,11 @@ SELECT_SPARSE = 8
 # still be picked (at or above the prefix the earlier passes settled), up to `capacity` a row, and where all fit the
 # later passes and the write read only those (`_topk_select_kernel`'s COMPACT_AT, CAP); (0, 0): every pass reads
 # the whole row. A workspace of `capacity` int32 a row, so only launches of at most COMPACT_MAX_ROWS rows list.
-SELECT_COMPACT = (2, 4096)
+SELECT_COMPACT = (1, 4096)
 COMPACT_MAX_ROWS = 1024
+# Rank the ties at the threshold in every block of the write (a prefix sum each), as before round 28; False: only
+# in the block where the ties to take run out (`_take_ties`). Same picks.
+SELECT_RANK_TIES = False
 
 
 _SELECT = common.Prebound(_topk_select_kernel)
@@ -474,7 +504,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         _SELECT((T,),
             logits, lens, ks_, out, dummy, dummy, counts, cands, logits.stride(0), out.stride(0), n, k, 0,
             HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=block,
-            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, COMPACT_AT=at, CAP=cap, num_warps=num_warps,
+            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, COMPACT_AT=at, CAP=cap, RANK_TIES=SELECT_RANK_TIES,
+            num_warps=num_warps,
         )
         return out
     kc = min(k, chunk)  # a chunk has at most `chunk` picks
@@ -485,13 +516,13 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         logits, lens, dummy, pos, val, dummy, counts, dummy, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False,
         BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse,
-        COMPACT_AT=0, CAP=0, num_warps=num_warps,
+        COMPACT_AT=0, CAP=0, RANK_TIES=SELECT_RANK_TIES, num_warps=num_warps,
     )
     _SELECT((T,),
         val, lens, ks_, out, dummy, pos, counts, cands, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True,
         BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse,
-        COMPACT_AT=at, CAP=cap, num_warps=num_warps,
+        COMPACT_AT=at, CAP=cap, RANK_TIES=SELECT_RANK_TIES, num_warps=num_warps,
     )
     return out
 
@@ -559,7 +590,8 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
         _MULTI((T, n_chunks),
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
             MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=min(block, triton.next_power_of_2(chunk)),
-            DIGIT=digit, CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse, num_warps=num_warps,
+            DIGIT=digit, CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse,
+            RANK_TIES=SELECT_RANK_TIES, num_warps=num_warps,
         )
     return out
 
