@@ -4,9 +4,12 @@ Two selections with the same contract (-1 for picks whose score is -inf, i.e. ma
 bounds; `k` columns even when a row has fewer keys; positions made request-local by subtracting `ks`):
 
 - `topk_indices`: `torch.topk`. Ties at the cut are broken in an order that depends on the row length.
-- `topk_select`: a Triton radix select. Scores become order-preserving 32-bit keys; four passes of an 8-bit
-  histogram (`tl.histogram`) find the k-th largest key exactly, and a last pass writes every position above it
-  plus the earliest positions equal to it, in ascending position order. The picked set is the one a stable
+- `topk_select`: a Triton radix select. Scores become order-preserving 32-bit keys; four passes of 8-bit digit
+  counts find the k-th largest key exactly, and a last pass writes every position above it plus the earliest
+  positions equal to it, in ascending position order. The first pass counts with `tl.histogram`; the later ones
+  count the few keys whose earlier digits match by atomic adds (`_count_digits`), and once the keys that can still
+  be picked fit a small list (their count follows from the digit counts), the later passes and the write read only
+  those (`SELECT_COMPACT`). The picked set is the one a stable
   descending sort would give (`paged.stable_topk`, the reference forward's tie-break: exact ties, common where
   ReLU zeroes whole rows, go to the earlier key), so it does not depend on how long the row is or what else is
   in the batch. Per-row `lengths` (read on the device) bound each row, so a fixed-shape launch serves any
