@@ -60,20 +60,21 @@ SPARSE_DISTS = ("randn", "spread", "narrow", "ties")
 SPARSE_SHAPES = [(1, 32768, 32768), (16, 32768, 32768), (64, 32768, 32768), (128, 32768, 32768),
                  (1, WIDE, 131072), (16, 131072, 131072), (64, 131072, 131072), (64, WIDE, 131072)]
 # the select before round 28 first (every block by tl.histogram, nothing listed, every write block ranking its ties:
-# `rank_ties`, `topk.SELECT_RANK_TIES`), then each change alone and together: atomics where at most 1/8 of a block
-# matches; the write ranking ties only where they run out; the candidates listed from pass 1 on where 4096 (the
-# default) or 8192 fit; atomics at 1/4 and always with the default list; the rule's split over programs before and
-# as shipped (and at sparse 4, 1)
+# `rank_ties`, `topk.SELECT_RANK_TIES`); then the shipped select (atomics where at most 1/8 of a block matches) and
+# the two options alone and together (the candidates listed from pass 1 on where 4096 fit, also 8192; the write
+# ranking ties only where they run out), with atomics always; the rule's split over programs before, as shipped,
+# and with the write's option
 BEFORE = {"sparse": 0, "compact": (0, 0), "rank_ties": True}
+LISTED = {"compact": (1, 4096)}
 SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
-                   ("select_sparse8", {"multi": False, "compact": (0, 0), "rank_ties": True}),
-                   ("select_sparse8_unranked", {"multi": False, "compact": (0, 0)}),
                    ("select_shipped", {"multi": False}),
-                   ("select_list8192", {"multi": False, "compact": (1, 8192)}),
-                   ("select_sparse4", {"multi": False, "sparse": 4}),
-                   ("select_sparse1", {"multi": False, "sparse": 1}),
+                   ("select_unranked", {"multi": False, "rank_ties": False}),
+                   ("select_listed", {"multi": False, **LISTED}),
+                   ("select_listed_unranked", {"multi": False, **LISTED, "rank_ties": False}),
+                   ("select_listed8192_unranked", {"multi": False, "compact": (1, 8192), "rank_ties": False}),
+                   ("select_sparse1_listed_unranked", {"multi": False, "sparse": 1, **LISTED, "rank_ties": False}),
                    ("rule_before", {"sparse": 0, "rank_ties": True}), ("rule_shipped", {}),
-                   ("rule_sparse4", {"sparse": 4}), ("rule_sparse1", {"sparse": 1})]
+                   ("rule_unranked", {"rank_ties": False})]
 
 
 SWEEP_SHAPES = [(T, n, L) for T in (1, 4, 16, 32, 64, 128)

@@ -354,6 +354,14 @@ def test_evidence_round28_sparse_counts():
     assert [round(rows[("ties", 1, 202752, 131072)][v + g], 1) for v in ("rule_sparse0", "rule_sparse8", "rule_sparse1")] \
         == [27.9, 37.8, 54.4]
     assert [round(rows[("randn", 64, 131072, 131072)][v + g], 1) for v in ("rule_sparse0", "rule_sparse8")] == [223.5, 180.9]
+    from glm5lib.kernels import topk
+
+    for name, ranges in (("topk_sparse_h100_d1ca47b.json", ((10, 19), (3, 11))),
+                         ("topk_sparse_h200_464d769.json", ((7, 14), (2, 14)))):
+        for (dist, T, n, L), r in _sparse_rows(name, "NVIDIA", name.split("_")[-1][:7]).items():
+            if 16 <= T <= 64 and topk.multi_rule(T, n):  # the rule's multi select at 16-64 rows
+                lo, hi = ranges[dist in ("narrow", "ties")]
+                assert lo <= round(100 * (1 - r["rule_sparse8" + g] / r["rule_sparse0" + g])) <= hi, (name, dist, T, n)
     rows = _sparse_rows("topk_sparse_h200_464d769.json", "NVIDIA H200", "464d769")
     r = rows[("ties", 1, 202752, 131072)]
     assert r["rule_sparse8" + g] < r["rule_sparse0" + g] < r["rule_sparse1" + g]  # one add a block of one digit

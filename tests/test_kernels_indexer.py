@@ -121,8 +121,9 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
 # `topk_select`'s keyword arguments: the shipped select; blocks of 512 scores (rows of 1500-3000 over several); the
 # row split over programs for every pass (`multi`), with chunks of one block and of several blocks of 256; each of
 # the one-program and the multi select with the passes after the first counted by atomics in every block
-# (`sparse=1`) and by `tl.histogram` in every block (`sparse=0`); the candidates listed during the second pass (room
-# for all of them at these sizes), the third (room for 300: some rows fit, some do not), or never
+# (`sparse=1`) and by `tl.histogram` in every block (`sparse=0`); the candidates listed from the second pass on (room
+# for all of them at these sizes), from the third (room for 300: some rows fit, some do not), or never; the write ranking
+# ties only where they run out (`topk.SELECT_RANK_TIES` False)
 SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": {"multi": True, "chunk": 700},
                    "multi-blocks": {"multi": True, "chunk": 600, "config": (256, 4, 8)},
                    "atomics": {"sparse": 1, "config": (512, 4, 8)}, "histograms": {"sparse": 0},
@@ -130,8 +131,9 @@ SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": 
                    "multi-histograms": {"multi": True, "chunk": 600, "config": (256, 4, 8), "sparse": 0},
                    "listed-pass1": {"compact": (1, 4096), "config": (512, 4, 8), "sparse": 1},
                    "listed-pass2-300": {"compact": (2, 300), "config": (256, 4, 8)},
-                   "unlisted": {"compact": (0, 0), "sparse": 0}, "ranked": {"rank_ties": True},
-                   "multi-ranked": {"multi": True, "chunk": 700, "rank_ties": True}}
+                   "listed-unranked": {"compact": (1, 4096), "rank_ties": False},
+                   "unlisted": {"compact": (0, 0), "sparse": 0}, "unranked": {"rank_ties": False, "config": (256, 4, 8)},
+                   "multi-unranked": {"multi": True, "chunk": 700, "rank_ties": False, "config": (256, 4, 8)}}
 
 
 @pytest.mark.parametrize("variant", SELECT_VARIANTS)
@@ -168,14 +170,32 @@ def test_topk_select_picks_like_a_stable_sort(monkeypatch, case, variant):
         x = torch.randn(40, 100, generator=g)
         k = 16
     kw = dict(SELECT_VARIANTS[variant])
-    if kw.pop("rank_ties", False):  # every block of the write ranks its ties (the select before round 28)
-        monkeypatch.setattr(topk, "SELECT_RANK_TIES", True)
+    if "rank_ties" in kw:  # False: the write ranks ties only in the block where they run out
+        monkeypatch.setattr(topk, "SELECT_RANK_TIES", kw.pop("rank_ties"))
     got = topk_select(x, k, lengths=lengths, ks=ks, **kw)
     assert got.shape == (x.shape[0], k) and got.dtype == torch.int32
     for t, want in enumerate(_stable_picks(x, k, lengths, ks)):
         row = got[t].tolist()
         assert row[: len(want)] == want, (case, t)  # same picks, ascending
         assert all(v == -1 for v in row[len(want):])
+
+
+@pytest.mark.parametrize("rank_ties", [True, False])
+def test_topk_select_ties_running_out_at_a_block_edge(monkeypatch, rank_ties):
+    """Ties at the threshold that run out exactly at the end of a block (64 keys of 1.0 taken, 64 more in the next
+    block, none of them taken): whether every block ranks its ties (`topk.SELECT_RANK_TIES`) or only the block where
+    they run out, the earliest k and nothing after, for the one-program select and the multi select."""
+    import glm5lib.kernels.topk as topk
+
+    monkeypatch.setattr(topk, "SELECT_RANK_TIES", rank_ties)
+    x = torch.full((2, 256), 0.5)
+    x[:, :128] = 1.0
+    x[1, 200] = 2.0  # one key above: 63 of the ties taken, running out inside the first block
+    for kw in ({"config": (64, 4, 8)}, {"multi": True, "chunk": 64, "config": (64, 4, 8)}):
+        out = torch.full((2, 128), -5, dtype=torch.int32)  # wider than k: a pick past the k-th would land here
+        topk.topk_select(x, 64, out=out, **kw)
+        assert out[0, :64].tolist() == list(range(64)) and out[1, :64].tolist() == list(range(63)) + [200], kw
+        assert bool((out[:, 64:] == -5).all()), kw
 
 
 def _chunk_picks_unmerged(x, k, chunk, lengths=None, ks=None) -> list[list[int]]:

@@ -7,9 +7,10 @@ bounds; `k` columns even when a row has fewer keys; positions made request-local
 - `topk_select`: a Triton radix select. Scores become order-preserving 32-bit keys; four passes of 8-bit digit
   counts find the k-th largest key exactly, and a last pass writes every position above it plus the earliest
   positions equal to it, in ascending position order. The first pass counts with `tl.histogram`; the later ones
-  count the few keys whose earlier digits match by atomic adds (`_count_digits`), and once the keys that can still
-  be picked fit a small list (their count follows from the digit counts), the later passes and the write read only
-  those (`SELECT_COMPACT`). The picked set is the one a stable
+  count the few keys whose earlier digits match by atomic adds (`_count_digits`). Two options, off until timed:
+  once the keys that can still be picked fit a small list (their count follows from the digit counts), the later
+  passes and the write read only those (`SELECT_COMPACT`); the write ranks ties in one block only
+  (`SELECT_RANK_TIES`). The picked set is the one a stable
   descending sort would give (`paged.stable_topk`, the reference forward's tie-break: exact ties, common where
   ReLU zeroes whole rows, go to the earlier key), so it does not depend on how long the row is or what else is
   in the batch. Per-row `lengths` (read on the device) bound each row, so a fixed-shape launch serves any
@@ -430,18 +431,25 @@ MULTI_MAX_CHUNKS = 4096
 TOPK_FAST_TORCH_ABOVE = 6_000_000
 # The radix passes after the first count a block's digits by one atomic add per matching key where at most
 # BLOCK / SELECT_SPARSE of the block matches (`_count_digits`), both selects; 0: by `tl.histogram` throughout.
-# Not yet timed on a GPU: the count a ballot histogram takes for every key (matching or not) is the select's
-# largest cost by the instruction count, and after the first pass a spread row's matching keys are a few percent.
+# Round 28 (`scripts/topk_dist_probe.py --sparse`; outputs/bench/sweeps/topk_sparse_h100_d1ca47b.json,
+# topk_sparse_h200_464d769.json; graph replay, top-k 2048), the one-program select at 1-128 rows of 32K keys:
+#   H100: standard-normal scores 114.1-114.5 -> 102.5-103.0 us, spread over all 256 first-digit bins 113.7-114.3 ->
+#   91.1-91.5, ties (integers -8..7) 1-8 % off, a narrow spread (1 + 0.01 randn) 1-2 %; H200 alike (113.5 -> 101.4,
+#   113.5 -> 90.7); the multi select 8-19 % off at 16-64 rows (64 x 128K 223.5 -> 180.9 on the H100).
 SELECT_SPARSE = 8
-# (pass, capacity): the one-program and merge launches list, during that radix pass, the offsets of the keys that can
-# still be picked (at or above the prefix the earlier passes settled), up to `capacity` a row, and where all fit the
-# later passes and the write read only those (`_topk_select_kernel`'s COMPACT_AT, CAP); (0, 0): every pass reads
-# the whole row. A workspace of `capacity` int32 a row, so only launches of at most COMPACT_MAX_ROWS rows list.
-SELECT_COMPACT = (1, 4096)
+# (pass, capacity): the one-program and merge launches list, at the first pass from `pass` on where they fit (their
+# count follows from the digit counts), the offsets of the keys that can still be picked (at or above the settled
+# prefix), up to `capacity` a row, and the later passes and the write read only those (`_topk_select_kernel`'s
+# COMPACT_AT, CAP); (0, 0): every pass reads the whole row. A workspace of `capacity` int32 a row, so only launches
+# of at most COMPACT_MAX_ROWS rows list. Off by default: the list at a fixed pass (464d769, H200) gained 4-23 % where
+# it fitted (standard-normal scores 101.4 -> 94.5 us at 32K keys, spread 90.7 -> 70.1) and lost 6-30 % where it did
+# not (its prefix sums ran anyway); listing only where the count fits (this code) has not run on a GPU.
+SELECT_COMPACT = (0, 0)
 COMPACT_MAX_ROWS = 1024
 # Rank the ties at the threshold in every block of the write (a prefix sum each), as before round 28; False: only
-# in the block where the ties to take run out (`_take_ties`). Same picks.
-SELECT_RANK_TIES = False
+# in the block where the ties to take run out (`_take_ties`). Same picks. True until False is timed on a GPU (the
+# 464d769 run puts a block's prefix sum at about the cost of the rest of its pass).
+SELECT_RANK_TIES = True
 
 
 _SELECT = common.Prebound(_topk_select_kernel)
