@@ -33,11 +33,12 @@ chunks of 1024-8192 keys, and what `topk_select` takes by its rule (`topk.multi_
 block's keys match (`topk._count_digits`, `topk_select(..., sparse=)`), the keys that can still be picked listed for
 the later passes (`compact=`) and the write ranking ties only where they run out (`topk.SELECT_RANK_TIES` False),
 each alone and together, against the select before round 28 (`BEFORE`), for the one-program / split select
-(`multi=False`) and for what `topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode path's 202752-wide rows, over
-four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in one first-digit bin, a
-block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to one address). Every
-variant's output checked against `sparse=0`'s one-program select, whose set is checked against torch.topk's (not
-for `ties`: torch.topk breaks ties its own way); the rule's call also captured and replayed with new rows.
+(`multi=False`) and for what `topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode
+path's 202752-wide rows, over four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in
+one first-digit bin, a block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to
+one address). Every variant's output checked against the select before's, whose set is checked against
+torch.topk's (not for `ties`: torch.topk breaks ties its own way); the rule's call also captured and replayed with
+new rows.
 """
 
 from __future__ import annotations

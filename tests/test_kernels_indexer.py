@@ -122,8 +122,8 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
 # row split over programs for every pass (`multi`), with chunks of one block and of several blocks of 256; each of
 # the one-program and the multi select with the passes after the first counted by atomics in every block
 # (`sparse=1`) and by `tl.histogram` in every block (`sparse=0`); the candidates listed from the second pass on (room
-# for all of them at these sizes), from the third (room for 300: some rows fit, some do not), or never; the write ranking
-# ties only where they run out (`topk.SELECT_RANK_TIES` False)
+# for all of them at these sizes), from the third (room for 300: some rows fit, some do not), or never; the write
+# ranking ties only where they run out (`topk.SELECT_RANK_TIES` False)
 SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": {"multi": True, "chunk": 700},
                    "multi-blocks": {"multi": True, "chunk": 600, "config": (256, 4, 8)},
                    "atomics": {"sparse": 1, "config": (512, 4, 8)}, "histograms": {"sparse": 0},
@@ -132,7 +132,8 @@ SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": 
                    "listed-pass1": {"compact": (1, 4096), "config": (512, 4, 8), "sparse": 1},
                    "listed-pass2-300": {"compact": (2, 300), "config": (256, 4, 8)},
                    "listed-unranked": {"compact": (1, 4096), "rank_ties": False},
-                   "unlisted": {"compact": (0, 0), "sparse": 0}, "unranked": {"rank_ties": False, "config": (256, 4, 8)},
+                   "unlisted": {"compact": (0, 0), "sparse": 0},
+                   "unranked": {"rank_ties": False, "config": (256, 4, 8)},
                    "multi-unranked": {"multi": True, "chunk": 700, "rank_ties": False, "config": (256, 4, 8)}}
 
 

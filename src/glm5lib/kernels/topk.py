@@ -435,7 +435,8 @@ TOPK_FAST_TORCH_ABOVE = 6_000_000
 # topk_sparse_h200_464d769.json; graph replay, top-k 2048), the one-program select at 1-128 rows of 32K keys:
 #   H100: standard-normal scores 114.1-114.5 -> 102.5-103.0 us, spread over all 256 first-digit bins 113.7-114.3 ->
 #   91.1-91.5, ties (integers -8..7) 1-8 % off, a narrow spread (1 + 0.01 randn) 1-2 %; H200 alike (113.5 -> 101.4,
-#   113.5 -> 90.7); the multi select 8-19 % off at 16-64 rows (64 x 128K 223.5 -> 180.9 on the H100).
+#   113.5 -> 90.7); the multi select at 16-64 rows 10-19 % off over standard-normal and spread scores (64 x 128K
+#   223.5 -> 180.9 on the H100; the H200 7-14 %).
 SELECT_SPARSE = 8
 # (pass, capacity): the one-program and merge launches list, at the first pass from `pass` on where they fit (their
 # count follows from the digit counts), the offsets of the keys that can still be picked (at or above the settled
@@ -474,8 +475,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     counts); the same picks again. None: `_multi_default` (a CUDA-graph decode step's rows) unless `chunk` is given.
     `sparse`: the passes after the first count a block's digits key by key (atomics) where at most 1 / `sparse`
     of it matches, 0: never (see `_count_digits`); None: `SELECT_SPARSE`. `compact`: (pass, capacity), the
-    candidates listed during that pass for the passes after it (see SELECT_COMPACT; (0, 0): never); None:
-    SELECT_COMPACT up to COMPACT_MAX_ROWS rows. Same picks.
+    candidates listed at the first pass from that one on where they fit, for the passes after it (see
+    SELECT_COMPACT; (0, 0): never); None: SELECT_COMPACT up to COMPACT_MAX_ROWS rows. Same picks.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
