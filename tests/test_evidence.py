@@ -365,6 +365,11 @@ def test_evidence_round28_sparse_counts():
                 lo, hi = ranges[dist in ("narrow", "ties")]
                 assert lo <= round(100 * (1 - r["rule_sparse8" + g] / r["rule_sparse0" + g])) <= hi, (name, dist, T, n)
     rows = _sparse_rows("topk_sparse_h200_464d769.json", "NVIDIA H200", "464d769")
+    # docs/kernels.md Next steps 3: the split over programs on the H200, and torch.topk ahead at 64 x 128K
+    assert [round(rows[("randn",) + key]["rule_sparse0" + g], 1) for key in
+            ((1, 202752, 131072), (16, 131072, 131072), (64, 32768, 32768))] == [27.6, 73.6, 73.6]
+    r = rows[("randn", 64, 131072, 131072)]
+    assert [round(r[v + g]) for v in ("torch_topk", "rule_sparse8", "select_sparse8")] == [150, 192, 226]
     r = rows[("ties", 1, 202752, 131072)]
     assert r["rule_sparse8" + g] < r["rule_sparse0" + g] < r["rule_sparse1" + g]  # one add a block of one digit
     for T in (1, 16, 64, 128):
