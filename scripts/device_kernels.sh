@@ -269,6 +269,7 @@ for r in rows:
         # memcheck: the one-program, split and multi selects with atomics in every block and by the default rule
         timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -c "
 import torch
+import glm5lib.kernels.topk as topk
 from glm5lib.kernels.topk import topk_select
 g = torch.Generator(device='cuda').manual_seed(1)
 ok = 0
@@ -278,10 +279,12 @@ for T, n in ((3, 5000), (2, 40000), (4, 70000)):
     L = torch.randint(n // 2, n + 1, (T,), generator=g, device='cuda', dtype=torch.int32)
     base = topk_select(x, 2048, lengths=L, multi=False, sparse=0, compact=(0, 0))
     for kw in ({'multi': False, 'sparse': 1}, {'multi': False}, {'multi': False, 'compact': (1, 16384)},
-               {'multi': False, 'compact': (2, 1024)}, {'multi': True, 'sparse': 1}, {'multi': True}):
-        ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base))
-print('topk memcheck cases equal to sparse=0:', ok, 'of 18')
-" > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 18" "$OUT/memcheck_topk.log" ;;
+               {'multi': False, 'compact': (1, 4096)}, {'multi': True, 'sparse': 1}, {'multi': True}):
+        for rank in (True, False):  # topk.SELECT_RANK_TIES: every write block ranks its ties, or one
+            topk.SELECT_RANK_TIES = rank
+            ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base))
+print('topk memcheck cases equal to sparse=0:', ok, 'of 36')
+" > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 36" "$OUT/memcheck_topk.log" ;;
     round23b) timeout 300 python3 scripts/tail_probe.py "$OUT/pp_tail_h200.json" --formats bf16 > "$OUT/pp_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/pp_tail.log"
         timeout 200 python3 -c "import sys; from glm5lib.kernels import checks, mla_gluon_large as m

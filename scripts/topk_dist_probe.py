@@ -74,7 +74,7 @@ SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
                    ("select_listed_unranked", {"multi": False, **LISTED, "rank_ties": False}),
                    ("select_listed8192_unranked", {"multi": False, "compact": (1, 8192), "rank_ties": False}),
                    ("select_sparse1_listed_unranked", {"multi": False, "sparse": 1, **LISTED, "rank_ties": False}),
-                   ("rule_before", {"sparse": 0, "rank_ties": True}), ("rule_shipped", {}),
+                   ("rule_before", BEFORE), ("rule_shipped", {}),
                    ("rule_unranked", {"rank_ties": False})]
 
 
@@ -172,6 +172,7 @@ def main(path: str, mode: str = "") -> None:
             "torch": torch.__version__, "triton": __import__("triton").__version__,
             "select_config": topk.SELECT_CONFIG, "variants": variants, "mode": mode or "dist", "repeats": REPEATS,
             "select_sparse": topk.SELECT_SPARSE, "select_compact": topk.SELECT_COMPACT,
+            "select_rank_ties": topk.SELECT_RANK_TIES,
             "seconds": time.time() - t0}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -220,7 +220,8 @@ def _chunk_picks_unmerged(x, k, chunk, lengths=None, ks=None) -> list[list[int]]
                                   "k-over-chunk"])
 def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, block):
     """Rows split into chunks (one program each) and merged by a second launch: exactly the one-program output
-    and the stable sort's picks, whatever the chunk boundaries cut (runs of equal scores, -inf, row lengths)."""
+    and the stable sort's picks, whatever the chunk boundaries cut (runs of equal scores, -inf, row lengths); so
+    too with the merge reading a list of its candidates (`compact=`) and ranking ties in one block."""
     import glm5lib.kernels.topk as topk
 
     g = torch.Generator().manual_seed(11)
@@ -271,6 +272,11 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, block):
         assert all(v == -1 for v in row[len(w):])
     # the row split over programs for every pass (`multi`), at the same chunk boundaries
     assert torch.equal(topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, multi=True), one), case
+    # the merge reading listed candidates (room for all, for some rows, for none) and ranking ties in one block
+    monkeypatch.setattr(topk, "SELECT_RANK_TIES", False)
+    for compact in ((1, 4096), (2, 64), (1, 1)):
+        got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, compact=compact, sparse=1)
+        assert torch.equal(got, one), (case, compact)
 
 
 def test_topk_select_splits_long_rows_by_default(monkeypatch):

@@ -181,7 +181,9 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
                         tl.store(cand + slot, at, mask=keep & (slot < CAP))
                         n_cand += tl.sum(keep.to(tl.int32), 0)
         if SPARSE > 0:
-            if r > 0:  # the atomics' counts join the block counts; the next pass's adds wait for the reads
+            if r > 0:  # the atomics' counts join the block counts; the next pass's adds wait for the reads (every
+                # thread of a replicated count layout needs the exchange's result: none at 8 warps and 256 bins,
+                # the shipped config; more threads than bins are not checked on a GPU)
                 tl.debug_barrier()
                 hist += tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
                 tl.debug_barrier()
@@ -432,19 +434,20 @@ TOPK_FAST_TORCH_ABOVE = 6_000_000
 # The radix passes after the first count a block's digits by one atomic add per matching key where at most
 # BLOCK / SELECT_SPARSE of the block matches (`_count_digits`), both selects; 0: by `tl.histogram` throughout.
 # Round 28 (`scripts/topk_dist_probe.py --sparse`; outputs/bench/sweeps/topk_sparse_h100_d1ca47b.json,
-# topk_sparse_h200_464d769.json; graph replay, top-k 2048), the one-program select at 1-128 rows of 32K keys:
-#   H100: standard-normal scores 114.1-114.5 -> 102.5-103.0 us, spread over all 256 first-digit bins 113.7-114.3 ->
-#   91.1-91.5, ties (integers -8..7) 1-8 % off, a narrow spread (1 + 0.01 randn) 1-2 %; H200 alike (113.5 -> 101.4,
-#   113.5 -> 90.7); the multi select at 16-64 rows 10-19 % off over standard-normal and spread scores (64 x 128K
-#   223.5 -> 180.9 on the H100; the H200 7-14 %).
+# topk_sparse_h200_464d769.json; graph replay, top-k 2048), the one-program select at 1-128 rows of 32K keys on the
+# H100: standard-normal scores 114.1-114.5 -> 102.5-103.0 us (10 %), spread over all 256 first-digit bins
+# 113.7-114.3 -> 91.1-91.5 (20 %), ties (integers -8..7) 8 %, a narrow spread (1 + 0.01 randn) 1 %; the 128K split
+# rows 12-15 %, 21-24 %, 1-8 %, 2 %; the H200 alike (113.5 -> 101.4, 113.5 -> 90.7). The multi select at 16-64 rows
+# 10-19 % off over standard-normal and spread scores (64 x 128K 223.5 -> 180.9 on the H100; the H200 7-14 %).
 SELECT_SPARSE = 8
 # (pass, capacity): the one-program and merge launches list, at the first pass from `pass` on where they fit (their
 # count follows from the digit counts), the offsets of the keys that can still be picked (at or above the settled
 # prefix), up to `capacity` a row, and the later passes and the write read only those (`_topk_select_kernel`'s
 # COMPACT_AT, CAP); (0, 0): every pass reads the whole row. A workspace of `capacity` int32 a row, so only launches
-# of at most COMPACT_MAX_ROWS rows list. Off by default: the list at a fixed pass (464d769, H200) gained 4-23 % where
-# it fitted (standard-normal scores 101.4 -> 94.5 us at 32K keys, spread 90.7 -> 70.1) and lost 6-30 % where it did
-# not (its prefix sums ran anyway); listing only where the count fits (this code) has not run on a GPU.
+# of at most COMPACT_MAX_ROWS rows list. Off by default: the list at a fixed pass (464d769, H200) gained 4-23 % at
+# 32K keys where it fitted (standard-normal scores 101.4 -> 94.5 us, spread 90.7 -> 70.1), lost 6-30 % where it did
+# not (its prefix sums ran anyway), and lost 3-4 % on the merge of 128K rows at pass 2; listing only where the count
+# fits (this code) has not run on a GPU.
 SELECT_COMPACT = (0, 0)
 COMPACT_MAX_ROWS = 1024
 # Rank the ties at the threshold in every block of the write (a prefix sum each), as before round 28; False: only
@@ -476,7 +479,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     `sparse`: the passes after the first count a block's digits key by key (atomics) where at most 1 / `sparse`
     of it matches, 0: never (see `_count_digits`); None: `SELECT_SPARSE`. `compact`: (pass, capacity), the
     candidates listed at the first pass from that one on where they fit, for the passes after it (see
-    SELECT_COMPACT; (0, 0): never); None: SELECT_COMPACT up to COMPACT_MAX_ROWS rows. Same picks.
+    SELECT_COMPACT; (0, 0): never; not the multi path); None: SELECT_COMPACT up to COMPACT_MAX_ROWS rows. Same
+    picks.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
