@@ -403,6 +403,24 @@ def test_evidence_round28_sparse_counts():
         assert "ERROR SUMMARY: 0 errors" in log and re.search(r"equal to sparse=0: (\d+) of \1", log)
 
 
+def test_evidence_round28_sass_counts():
+    """docs/kernels.md v33 and Next steps 3: the static counts `scripts/topk_sass_count.py` wrote with Triton 3.6:
+    the select with every pass on the histogram (576 VOTE, 514 POPC, 2000 LOP3 of 6792), the later passes' atomics
+    adding REDG; the toy scan 841 instructions 1-D, 495 as 256 x 16 rows, 117 without."""
+    text = (BENCH / "sweeps" / "topk_sass_triton36.txt").read_text()
+    assert text.startswith("triton 3.6.0, sm_90")
+    counts = {}
+    for ln in text.splitlines()[1:]:
+        name, rest = ln.split(": ", 1)
+        total, ops = rest.split(" instructions; ")
+        counts[name] = {"total": int(total), **{op: int(c) for op, c in (kv.split() for kv in ops.split(", "))}}
+    hist = counts["topk_select[B4096-w8-d8:len] SPARSE=0"]
+    assert (hist["total"], hist["VOTE"], hist["POPC"], hist["LOP3"], hist["REDG"]) == (6792, 576, 514, 2000, 0)
+    assert counts["topk_select[B4096-w8-d8:len] SPARSE=8"]["REDG"] > 0
+    assert [counts[f"toy 4096-key scan, {k}"]["total"] for k in ("1-D cumsum", "256 x 16 rows", "no scan")] == \
+        [841, 495, 117]
+
+
 def test_evidence_round28_key_warps_rule_on_the_h200():
     """NOTES round 28: the fp8-cache decode's key-warps rule (fitted to H100 runs) checked on the H200 (464d769):
     right at 16 of 20 batches (8 heads B8 and B96; 16 heads B96 and B128, by 4-9 %), no failed check; a third H100

@@ -339,6 +339,10 @@ def test_topk_select_lists_candidates_up_to_a_row_count(monkeypatch):
     assert run()[0] == [((3,), 0, 0)]  # more rows than COMPACT_MAX_ROWS: nothing listed
     with pytest.raises(ValueError, match="radix passes"):
         topk.topk_select(x, 64, compact=(4, 100))
+    with pytest.raises(ValueError, match="capacity >= 0"):
+        topk.topk_select(x, 64, compact=(1, -1))
+    with pytest.raises(ValueError, match="sparse"):
+        topk.topk_select(x, 64, sparse=-1)
 
 
 def test_topk_select_lists_exactly_when_the_candidates_fit(monkeypatch):

@@ -287,15 +287,19 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
 
     fn = _topk_select_kernel
     block, warps, digit = SELECT_CONFIG
-    # one program per row: decode (row lengths), prefill (lengths and ks); split rows: the chunk launch, the merge
-    for tag, has_len, has_ks, split, merge in (("len", True, False, False, False), ("len+ks", True, True, False, False),
-                                               ("split:len", True, False, True, False),
-                                               ("merge:len", True, False, False, True),
-                                               ("merge:len+ks", True, True, False, True)):
+    # one program per row: decode (row lengths), prefill (lengths and ks); split rows: the chunk launch, the merge;
+    # and the one-program and merge launches with the options that are off until timed (`topk.SELECT_COMPACT`'s list
+    # from pass 1 with room for 4096, `SELECT_RANK_TIES` False), so that they are known to build
+    options = (1, 4096, False)
+    for tag, has_len, has_ks, split, merge, opt in (
+            ("len", True, False, False, False, None), ("len+ks", True, True, False, False, None),
+            ("split:len", True, False, True, False, None), ("merge:len", True, False, False, True, None),
+            ("merge:len+ks", True, True, False, True, None), ("len:options", True, False, False, False, options),
+            ("merge:len:options", True, False, False, True, options)):
+        at, cap, rank = opt or (*SELECT_COMPACT, SELECT_RANK_TIES)
         consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": block,
                   "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE,
-                  "COMPACT_AT": 0 if split else SELECT_COMPACT[0], "CAP": 0 if split else SELECT_COMPACT[1],
-                  "RANK_TIES": SELECT_RANK_TIES}
+                  "COMPACT_AT": 0 if split else at, "CAP": 0 if split else cap, "RANK_TIES": rank}
         types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "OUT_X": "*fp32" if split else "*i32",
                  "POS": "*i32", "HIST": "*i32", "CAND": "*i32"}
         specs.append(KernelSpec(f"topk_select[B{block}-w{warps}-d{digit}:{tag}]", fn, _sig(fn, types, consts),

@@ -197,8 +197,9 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
         if r == 0:
             n_valid = tl.sum(hist, 0)
         prefix, remaining = _radix_step(hist, bins, prefix, remaining, shift)
-        # the keys at or above the new prefix: those above its bin (no longer `remaining`) and those in it
-        n_at_or_above = K - remaining + tl.sum(tl.where(bins == ((prefix >> shift) & ((1 << DIGIT) - 1)), hist, 0), 0)
+        if COMPACT_AT > 0:  # the keys at or above the new prefix: those above its bin (no longer `remaining`), in it
+            b = (prefix >> shift) & ((1 << DIGIT) - 1)
+            n_at_or_above = K - remaining + tl.sum(tl.where(bins == b, hist, 0), 0)
     take_all = n_valid <= K  # no more finite keys than K (or none scanned): every finite score is picked
     # --- write: above the threshold, then the earliest `remaining` equal to it, in position order ---
     base = 0
@@ -501,7 +502,9 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
     if multi is None:
         multi = chunk is None and _multi_default(T, n, k, logits.device, lengths is not None, ks is not None)
-    sparse = max(0, int(SELECT_SPARSE if sparse is None else sparse))
+    sparse = int(SELECT_SPARSE if sparse is None else sparse)
+    if sparse < 0:
+        raise ValueError(f"sparse must be 0 (histograms only) or a positive divisor, got {sparse}")
     if multi and n > 0:  # no columns: the one-program launch below writes the padding
         return _multi_select(logits, k, lens, ks_, out, chunk or multi_chunk(T, n), block, num_warps, digit,
                              lengths is not None, ks is not None, sparse)
@@ -512,9 +515,12 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     counts = torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse else dummy
     if compact is None:
         compact = SELECT_COMPACT if T <= COMPACT_MAX_ROWS else (0, 0)
-    at, cap = (int(compact[0]), int(compact[1])) if compact[0] and compact[1] else (0, 0)
-    if not 0 <= at < triton.cdiv(32, digit):
-        raise ValueError(f"compact's pass must be one of the {triton.cdiv(32, digit)} radix passes, got {at}")
+    at, cap = int(compact[0]), int(compact[1])
+    if not 0 <= at < triton.cdiv(32, digit) or cap < 0:
+        raise ValueError(f"compact must be (pass, capacity) with the pass one of the {triton.cdiv(32, digit)} radix "
+                         f"passes and the capacity >= 0, got {tuple(compact)}")
+    if at == 0 or cap == 0:
+        at, cap = 0, 0
     cands = torch.empty(T, cap, dtype=torch.int32, device=logits.device) if cap else dummy  # one launch a row
     if chunk >= n:
         _SELECT((T,),

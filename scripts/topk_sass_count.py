@@ -1,0 +1,69 @@
+"""Static SASS counts behind docs/kernels.md v33 (no GPU): the one-program top-k select as shipped with every radix
+pass counted by `tl.histogram` (`SPARSE=0`) and with the later passes by atomics (`topk.SELECT_SPARSE`), and a toy
+kernel that loads a 4096-key block, scans a mask of it and stores by the scan, three ways: a 1-D `tl.cumsum` (the
+write's prefix sums), the block as 256 rows of 16 adjacent keys (in-row scans, one scan of the row totals), and no
+scan (the load and store alone).
+
+`TRITON_INTERPRET=0 PYTHONPATH=src python scripts/topk_sass_count.py [--arch 90]`. The GPUs run Triton 3.6: put a
+3.6 install first on PYTHONPATH to count what they run (outputs/bench/sweeps/topk_sass_triton36.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def main(argv=None) -> int:
+    os.environ["TRITON_INTERPRET"] = "0"  # decided when Triton is first imported: here, not at module import
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+
+    from glm5lib.kernels import topk
+    from glm5lib.kernels.compile_report import compile_spec, cuobjdump, sass_opcodes, shipped_kernels
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", type=int, default=90)
+    arch = ap.parse_args(argv).arch
+
+    def line(name: str, cubin: bytes) -> str:
+        ops = sass_opcodes(cuobjdump(cubin, "-sass"))
+        top = ", ".join(f"{op} {ops.get(op, 0)}" for op in ("VOTE", "POPC", "LOP3", "SHFL", "ATOMS", "REDG"))
+        return f"{name}: {sum(ops.values())} instructions; {top}"
+
+    print(f"triton {triton.__version__}, sm_{arch}", flush=True)
+    spec = next(s for s in shipped_kernels(arch) if s.name.endswith(":len]") and s.name.startswith("topk_select"))
+    for sparse in (0, topk.SELECT_SPARSE):
+        spec.constexprs["SPARSE"] = sparse
+        print(line(f"{spec.name} SPARSE={sparse}", compile_spec(spec, arch).asm["cubin"]), flush=True)
+
+    @triton.jit
+    def _scan_toy(X, O, n, BLOCK: tl.constexpr, MODE: tl.constexpr):
+        if MODE == 0:  # 1-D prefix sum
+            offs = tl.arange(0, BLOCK)
+            m = (tl.load(X + offs, mask=offs < n, other=0.0) > 1.0).to(tl.int32)
+            tl.store(O + tl.cumsum(m, 0) - 1, offs, mask=m != 0)
+        elif MODE == 1:  # rows of 16 adjacent keys
+            offs = tl.arange(0, BLOCK // 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
+            m = (tl.load(X + offs, mask=offs < n, other=0.0) > 1.0).to(tl.int32)
+            tot = tl.sum(m, 1)
+            tl.store(O + (tl.cumsum(tot, 0) - tot)[:, None] + tl.cumsum(m, 1) - 1, offs, mask=m != 0)
+        else:  # no scan
+            offs = tl.arange(0, BLOCK)
+            m = tl.load(X + offs, mask=offs < n, other=0.0) > 1.0
+            tl.store(O + offs, offs, mask=m)
+
+    for mode, name in enumerate(("1-D cumsum", "256 x 16 rows", "no scan")):
+        src = triton.compiler.ASTSource(
+            fn=_scan_toy, signature={"X": "*fp32", "O": "*i32", "n": "i32", "BLOCK": "constexpr", "MODE": "constexpr"},
+            constexprs={"BLOCK": 4096, "MODE": mode}, attrs={(0,): [["tt.divisibility", 16]],
+                                                             (1,): [["tt.divisibility", 16]]})
+        cubin = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": 8}).asm["cubin"]
+        print(line(f"toy 4096-key scan, {name}", cubin), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
