@@ -396,7 +396,8 @@ def decode_topk(q: torch.Tensor, weights: torch.Tensor, kv_cache: torch.Tensor, 
     long contexts DSA exists for gain far more than the short ones lose. While captured, up to 32 rows of 202752
     (`topk.multi_rule`) run every pass on all of a row's chunks instead (`topk.multi_chunk`): 124 -> 28 us at one
     128K context, 84 -> 52 us at 16 rows at a 32K context (H100,
-    `outputs/bench/sweeps/topk_rows_h100_3dc78ef.json`); the first eager call of each such shape (vLLM's warm-up run before capture) runs it too, to load its kernels."""
+    `outputs/bench/sweeps/topk_rows_h100_3dc78ef.json`); the first eager call of each such shape (vLLM's warm-up
+    run before capture) runs it too, to load its kernels."""
     from glm5lib.kernels.indexer import indexer_logits
     from glm5lib.kernels.topk import topk_select
 
