@@ -78,6 +78,12 @@ SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
                    ("rule_unranked", {"rank_ties": False})]
 
 
+# the default mode: the one-program select against 16 warps and the multi select's chunk sizes
+VARIANTS = [("shipped", {"multi": False}), ("warps16", {"config": (4096, 16, 8), "multi": False}),
+            ("multi4096", {"multi": True, "chunk": 4096}), ("multi2048", {"multi": True, "chunk": 2048}),
+            ("multi8192", {"multi": True, "chunk": 8192})]
+
+
 SWEEP_SHAPES = [(T, n, L) for T in (1, 4, 16, 32, 64, 128)
                 for n, L in ((32768, 32768), (131072, 131072), (WIDE, 32768), (WIDE, 131072))]
 SWEEP_VARIANTS = ([("shipped", {"multi": False}), ("rule", {})]
