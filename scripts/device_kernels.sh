@@ -84,9 +84,9 @@
 #   (scripts/topk_dist_probe.py; topk_dist_h200.json); round27b: the select before round 27 (`multi=False`)
 #   against the row split over programs for every pass (`topk_select(multi=True)`) at 1-128 rows and chunks of 1-8K
 #   keys, and the rule's captured call replayed against the eager select (topk_rows_h200.json)
-# round28: the top-k passes after the first counted by atomics where few keys match (`topk_select(sparse=)`), and the
-#   candidates listed for the later passes (`compact=`), against tl.histogram in every block over the whole row,
-#   1-128 rows, four score spreads (topk_sparse_h200.json); memcheck of each path (memcheck_topk.log)
+# round28: the top-k passes after the first counted by atomics where few keys match (`topk_select(sparse=)`) and the
+#   write's prefix sums over rows of 16 keys (`topk.SELECT_SCAN_ROWS`, round 29), against tl.histogram in every
+#   block, 1-128 rows, four score spreads (topk_sparse_h200.json); memcheck of each path (memcheck_topk.log)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -277,11 +277,11 @@ for T, n in ((3, 5000), (2, 40000), (4, 70000)):
     x = torch.randn(T, n, generator=g, device='cuda')
     x[0, ::3] = 0.0
     L = torch.randint(n // 2, n + 1, (T,), generator=g, device='cuda', dtype=torch.int32)
-    base = topk_select(x, 2048, lengths=L, multi=False, sparse=0, compact=(0, 0))
-    for kw in ({'multi': False, 'sparse': 1}, {'multi': False}, {'multi': False, 'compact': (1, 16384)},
-               {'multi': False, 'compact': (1, 4096)}, {'multi': True, 'sparse': 1}, {'multi': True}):
-        for rank in (True, False):  # topk.SELECT_RANK_TIES: every write block ranks its ties, or one
-            topk.SELECT_RANK_TIES = rank
+    base = topk_select(x, 2048, lengths=L, multi=False, sparse=0)
+    for kw in ({'multi': False, 'sparse': 1}, {'multi': False}, {'multi': False, 'sparse': 4},
+               {'multi': True, 'sparse': 1}, {'multi': True}, {'multi': True, 'sparse': 4}):
+        for rows in (0, 16):  # topk.SELECT_SCAN_ROWS: the write's prefix sums over the block or over rows of 16
+            topk.SELECT_SCAN_ROWS = rows
             ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base))
 print('topk memcheck cases equal to sparse=0:', ok, 'of 36')
 " > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 36" "$OUT/memcheck_topk.log" ;;

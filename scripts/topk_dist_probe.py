@@ -29,16 +29,17 @@ so its eager time is the select's).
 keys and of the decode path's 202752-wide rows read up to 32K and 128K, the select without `multi` against it at
 chunks of 1024-8192 keys, and what `topk_select` takes by its rule (`topk.multi_rule`).
 
-`--sparse` (round 28): the radix passes after the first counted one atomic add per matching key where few of a
-block's keys match (`topk._count_digits`, `topk_select(..., sparse=)`), the keys that can still be picked listed for
-the later passes (`compact=`) and the write ranking ties only where they run out (`topk.SELECT_RANK_TIES` False),
-each alone and together, against the select before round 28 (`BEFORE`), for the one-program / split select
-(`multi=False`) and for what `topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode
-path's 202752-wide rows, over four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in
-one first-digit bin, a block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to
-one address). Every variant's output checked against the select before's, whose set is checked against
-torch.topk's (not for `ties`: torch.topk breaks ties its own way); the rule's call also captured and replayed with
-new rows.
+`--sparse` (rounds 28-29): the variants of the select's counting and writing against the select before round 28
+(`BEFORE`: `tl.histogram` in every block), for the one-program / split select (`multi=False`) and for what
+`topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode path's 202752-wide rows, over
+four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in one first-digit bin, a
+block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to one address). Round 28
+(2b0a066, outputs/bench/sweeps/topk_sparse_h100_2b0a066.json) timed the atomics (`topk._count_digits`), a list of
+the candidates and the write ranking ties in one block (both removed since); round 29 times the write's prefix sums
+over rows of 16 keys (`topk.SELECT_SCAN_ROWS`, `scan_rows` here) and the atomics from blocks of at most 1/4 or 1/2
+matching (`sparse=4`, `2`; the shipped 8). Every variant's output checked against the select before's, whose set
+is checked against torch.topk's (not for `ties`: torch.topk breaks ties its own way); the rule's call also captured
+and replayed with new rows.
 """
 
 from __future__ import annotations
@@ -60,22 +61,19 @@ DISTS = ("randn", "spread")
 SPARSE_DISTS = ("randn", "spread", "narrow", "ties")
 SPARSE_SHAPES = [(1, 32768, 32768), (16, 32768, 32768), (64, 32768, 32768), (128, 32768, 32768),
                  (1, WIDE, 131072), (16, 131072, 131072), (64, 131072, 131072), (64, WIDE, 131072)]
-# the select before round 28 first (every block by tl.histogram, nothing listed, every write block ranking its ties:
-# `rank_ties`, `topk.SELECT_RANK_TIES`); then the shipped select (atomics where at most 1/8 of a block matches) and
-# the two options alone and together (the candidates listed from pass 1 on where 4096 fit, also 8192; the write
-# ranking ties only where they run out), with atomics always; the rule's split over programs before, as shipped,
-# and with the write's option
-BEFORE = {"sparse": 0, "compact": (0, 0), "rank_ties": True}
-LISTED = {"compact": (1, 4096)}
+# the select before round 28 first (every block by tl.histogram); then the shipped select, the write's scan over
+# rows of 16 keys, the atomics from blocks of at most 1/4 and 1/2 matching, with and without it; the rule before,
+# as shipped, and with the scan over rows
+BEFORE = {"sparse": 0, "scan_rows": 0}
+ROWS16 = {"scan_rows": 16}
 SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
                    ("select_shipped", {"multi": False}),
-                   ("select_unranked", {"multi": False, "rank_ties": False}),
-                   ("select_listed", {"multi": False, **LISTED}),
-                   ("select_listed_unranked", {"multi": False, **LISTED, "rank_ties": False}),
-                   ("select_listed8192_unranked", {"multi": False, "compact": (1, 8192), "rank_ties": False}),
-                   ("select_sparse1_listed_unranked", {"multi": False, "sparse": 1, **LISTED, "rank_ties": False}),
-                   ("rule_before", BEFORE), ("rule_shipped", {}),
-                   ("rule_unranked", {"rank_ties": False})]
+                   ("select_rows16", {"multi": False, **ROWS16}),
+                   ("select_sparse4", {"multi": False, "sparse": 4}),
+                   ("select_sparse4_rows16", {"multi": False, "sparse": 4, **ROWS16}),
+                   ("select_sparse2_rows16", {"multi": False, "sparse": 2, **ROWS16}),
+                   ("rule_before", BEFORE), ("rule_shipped", {}), ("rule_rows16", ROWS16),
+                   ("rule_sparse4_rows16", {"sparse": 4, **ROWS16})]
 
 
 # the default mode: the one-program select against 16 warps and the multi select's chunk sizes
@@ -90,15 +88,15 @@ SWEEP_VARIANTS = ([("shipped", {"multi": False}), ("rule", {})]
                   + [(f"multi{c}", {"multi": True, "chunk": c}) for c in (1024, 2048, 4096, 8192)])
 
 
-def select(x, k, rank_ties: bool | None = None, **kw):
-    """`topk_select` with `topk.SELECT_RANK_TIES` set to `rank_ties` for the call (None: as it is)."""
-    if rank_ties is None:
+def select(x, k, scan_rows: int | None = None, **kw):
+    """`topk_select` with `topk.SELECT_SCAN_ROWS` set to `scan_rows` for the call (None: as it is)."""
+    if scan_rows is None:
         return topk_select(x, k, **kw)
-    keep, topk.SELECT_RANK_TIES = topk.SELECT_RANK_TIES, rank_ties
+    keep, topk.SELECT_SCAN_ROWS = topk.SELECT_SCAN_ROWS, scan_rows
     try:
         return topk_select(x, k, **kw)
     finally:
-        topk.SELECT_RANK_TIES = keep
+        topk.SELECT_SCAN_ROWS = keep
 
 
 def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
@@ -177,8 +175,7 @@ def main(path: str, mode: str = "") -> None:
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
             "select_config": topk.SELECT_CONFIG, "variants": variants, "mode": mode or "dist", "repeats": REPEATS,
-            "select_sparse": topk.SELECT_SPARSE, "select_compact": topk.SELECT_COMPACT,
-            "select_rank_ties": topk.SELECT_RANK_TIES,
+            "select_sparse": topk.SELECT_SPARSE, "select_scan_rows": topk.SELECT_SCAN_ROWS,
             "seconds": time.time() - t0}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

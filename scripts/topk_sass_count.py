@@ -1,5 +1,6 @@
-"""Static SASS counts behind docs/kernels.md v33 (no GPU): the one-program top-k select as shipped with every radix
-pass counted by `tl.histogram` (`SPARSE=0`) and with the later passes by atomics (`topk.SELECT_SPARSE`), and a toy
+"""Static SASS counts behind docs/kernels.md v33-v34 (no GPU): the one-program top-k select with every radix pass
+counted by `tl.histogram` (`SPARSE=0`), with the later passes by atomics (`topk.SELECT_SPARSE`), and with the
+write's prefix sums over rows of 16 keys as well (`ROWS=16`, `topk.SELECT_SCAN_ROWS`), and a toy
 kernel that loads a 4096-key block, scans a mask of it and stores by the scan, three ways: a 1-D `tl.cumsum` (the
 write's prefix sums), the block as 256 rows of 16 adjacent keys (in-row scans, one scan of the row totals), and no
 scan (the load and store alone).
@@ -35,9 +36,9 @@ def main(argv=None) -> int:
 
     print(f"triton {triton.__version__}, sm_{arch}", flush=True)
     spec = next(s for s in shipped_kernels(arch) if s.name.endswith(":len]") and s.name.startswith("topk_select"))
-    for sparse in (0, topk.SELECT_SPARSE):
-        spec.constexprs["SPARSE"] = sparse
-        print(line(f"{spec.name} SPARSE={sparse}", compile_spec(spec, arch).asm["cubin"]), flush=True)
+    for sparse, rows in ((0, 0), (topk.SELECT_SPARSE, 0), (topk.SELECT_SPARSE, 16)):
+        spec.constexprs.update(SPARSE=sparse, ROWS=rows)
+        print(line(f"{spec.name} SPARSE={sparse} ROWS={rows}", compile_spec(spec, arch).asm["cubin"]), flush=True)
 
     @triton.jit
     def _scan_toy(X, O, n, BLOCK: tl.constexpr, MODE: tl.constexpr):

@@ -121,20 +121,16 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
 # `topk_select`'s keyword arguments: the shipped select; blocks of 512 scores (rows of 1500-3000 over several); the
 # row split over programs for every pass (`multi`), with chunks of one block and of several blocks of 256; each of
 # the one-program and the multi select with the passes after the first counted by atomics in every block
-# (`sparse=1`) and by `tl.histogram` in every block (`sparse=0`); the candidates listed from the second pass on (room
-# for all of them at these sizes), from the third (room for 300: some rows fit, some do not), or never; the write
-# ranking ties only where they run out (`topk.SELECT_RANK_TIES` False)
+# (`sparse=1`) and by `tl.histogram` in every block (`sparse=0`); the write's prefix sums over rows of 16 or 4
+# adjacent keys (`scan_rows`: `topk.SELECT_SCAN_ROWS`), in both selects
 SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": {"multi": True, "chunk": 700},
                    "multi-blocks": {"multi": True, "chunk": 600, "config": (256, 4, 8)},
                    "atomics": {"sparse": 1, "config": (512, 4, 8)}, "histograms": {"sparse": 0},
                    "multi-atomics": {"multi": True, "chunk": 700, "sparse": 1},
                    "multi-histograms": {"multi": True, "chunk": 600, "config": (256, 4, 8), "sparse": 0},
-                   "listed-pass1": {"compact": (1, 4096), "config": (512, 4, 8), "sparse": 1},
-                   "listed-pass2-300": {"compact": (2, 300), "config": (256, 4, 8)},
-                   "listed-unranked": {"compact": (1, 4096), "rank_ties": False},
-                   "unlisted": {"compact": (0, 0), "sparse": 0},
-                   "unranked": {"rank_ties": False, "config": (256, 4, 8)},
-                   "multi-unranked": {"multi": True, "chunk": 700, "rank_ties": False, "config": (256, 4, 8)}}
+                   "rows16": {"scan_rows": 16}, "rows16-block256": {"scan_rows": 16, "config": (256, 4, 8)},
+                   "rows4-atomics": {"scan_rows": 4, "sparse": 1, "config": (512, 4, 8)},
+                   "multi-rows16": {"multi": True, "chunk": 600, "config": (256, 4, 8), "scan_rows": 16}}
 
 
 @pytest.mark.parametrize("variant", SELECT_VARIANTS)
@@ -171,8 +167,8 @@ def test_topk_select_picks_like_a_stable_sort(monkeypatch, case, variant):
         x = torch.randn(40, 100, generator=g)
         k = 16
     kw = dict(SELECT_VARIANTS[variant])
-    if "rank_ties" in kw:  # False: the write ranks ties only in the block where they run out
-        monkeypatch.setattr(topk, "SELECT_RANK_TIES", kw.pop("rank_ties"))
+    if "scan_rows" in kw:
+        monkeypatch.setattr(topk, "SELECT_SCAN_ROWS", kw.pop("scan_rows"))
     got = topk_select(x, k, lengths=lengths, ks=ks, **kw)
     assert got.shape == (x.shape[0], k) and got.dtype == torch.int32
     for t, want in enumerate(_stable_picks(x, k, lengths, ks)):
@@ -181,14 +177,15 @@ def test_topk_select_picks_like_a_stable_sort(monkeypatch, case, variant):
         assert all(v == -1 for v in row[len(want):])
 
 
-@pytest.mark.parametrize("rank_ties", [True, False])
-def test_topk_select_ties_running_out_at_a_block_edge(monkeypatch, rank_ties):
+@pytest.mark.parametrize("scan_rows", [0, 16])
+def test_topk_select_ties_running_out_at_a_block_edge(monkeypatch, scan_rows):
     """Ties at the threshold that run out exactly at the end of a block (64 keys of 1.0 taken, 64 more in the next
-    block, none of them taken): whether every block ranks its ties (`topk.SELECT_RANK_TIES`) or only the block where
-    they run out, the earliest k and nothing after, for the one-program select and the multi select."""
+    block, none of them taken) or at the end of a row of the write's block (`topk.SELECT_SCAN_ROWS`: row 1 has one
+    key above, so 63 ties are taken): the earliest k and nothing after, for the one-program select and the multi
+    select, with a 1-D scan or one over rows."""
     import glm5lib.kernels.topk as topk
 
-    monkeypatch.setattr(topk, "SELECT_RANK_TIES", rank_ties)
+    monkeypatch.setattr(topk, "SELECT_SCAN_ROWS", scan_rows)
     x = torch.full((2, 256), 0.5)
     x[:, :128] = 1.0
     x[1, 200] = 2.0  # one key above: 63 of the ties taken, running out inside the first block
@@ -221,7 +218,7 @@ def _chunk_picks_unmerged(x, k, chunk, lengths=None, ks=None) -> list[list[int]]
 def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, block):
     """Rows split into chunks (one program each) and merged by a second launch: exactly the one-program output
     and the stable sort's picks, whatever the chunk boundaries cut (runs of equal scores, -inf, row lengths); so
-    too with the merge reading a list of its candidates (`compact=`) and ranking ties in one block."""
+    too with the write's prefix sums over rows of 16 keys (`topk.SELECT_SCAN_ROWS`)."""
     import glm5lib.kernels.topk as topk
 
     g = torch.Generator().manual_seed(11)
@@ -272,11 +269,12 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, block):
         assert all(v == -1 for v in row[len(w):])
     # the row split over programs for every pass (`multi`), at the same chunk boundaries
     assert torch.equal(topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, multi=True), one), case
-    # the merge reading listed candidates (room for all, for some rows, for none) and ranking ties in one block
-    monkeypatch.setattr(topk, "SELECT_RANK_TIES", False)
-    for compact in ((1, 4096), (2, 64), (1, 1)):
-        got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, compact=compact, sparse=1)
-        assert torch.equal(got, one), (case, compact)
+    # the write's prefix sums over rows of adjacent keys, in the split, the merge and the multi select
+    monkeypatch.setattr(topk, "SELECT_SCAN_ROWS", 16)
+    for kw in ({"sparse": 1}, {"multi": True}):
+        got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, config=None if block is None else (block, 4, 8),
+                          **kw)
+        assert torch.equal(got, one), (case, kw)
 
 
 def test_topk_select_splits_long_rows_by_default(monkeypatch):
@@ -310,64 +308,28 @@ def test_topk_select_splits_long_rows_by_default(monkeypatch):
         topk.topk_select(x, 50, chunk=0)
 
 
-def test_topk_select_lists_candidates_up_to_a_row_count(monkeypatch):
-    """The one-program and merge launches list the candidates (`topk.SELECT_COMPACT`, a workspace of `capacity`
-    int32 a row) for launches of at most COMPACT_MAX_ROWS rows; the split launch never; `compact=` overrides; a
-    pass outside the radix passes is refused. Same picks whichever way."""
+def test_topk_select_scan_rows_and_bad_input(monkeypatch):
+    """`topk.scan_rows`: SELECT_SCAN_ROWS where a block holds at least two such rows, else the 1-D scan (0); each
+    launch gets it for its own block (the split's and the merge's blocks differ); a negative `sparse` is refused."""
     import glm5lib.kernels.topk as topk
 
+    monkeypatch.setattr(topk, "SELECT_SCAN_ROWS", 16)
+    assert [topk.scan_rows(b) for b in (4096, 32, 16, 8)] == [16, 16, 0, 0]
     launches = []
     prebound = topk._SELECT
-    monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (launches.append((grid, kw["COMPACT_AT"], kw["CAP"],
-                                                                                  a[7].numel())),
+    monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (launches.append((tuple(grid), kw["BLOCK"], kw["ROWS"])),
                                                                   prebound(grid, *a, **kw)))
-    monkeypatch.setattr(topk, "SELECT_COMPACT", (2, 512))
     x = torch.randn(3, 700, generator=torch.Generator().manual_seed(2))
-    want = _stable_picks(x, 64)
-
-    def run(**kw):
-        launches.clear()
-        got = topk.topk_select(x, 64, **kw)
-        assert [r.tolist() for r in got] == want
-        return [(tuple(g), at, cap) for g, at, cap, _ in launches], launches[-1][3]
-
-    assert run() == ([((3,), 2, 512)], 3 * 512)  # the list's workspace: capacity a row
-    assert run(chunk=300) == ([((3, 3), 0, 0), ((3,), 2, 512)], 3 * 512)  # the merge lists, the split does not
-    assert run(compact=(1, 1000))[0] == [((3,), 1, 1000)]
-    assert run(compact=(0, 0))[0] == [((3,), 0, 0)]
-    monkeypatch.setattr(topk, "COMPACT_MAX_ROWS", 2)
-    assert run()[0] == [((3,), 0, 0)]  # more rows than COMPACT_MAX_ROWS: nothing listed
-    with pytest.raises(ValueError, match="radix passes"):
-        topk.topk_select(x, 64, compact=(4, 100))
-    with pytest.raises(ValueError, match="capacity >= 0"):
-        topk.topk_select(x, 64, compact=(1, -1))
+    got = topk.topk_select(x, 8, chunk=24, config=(64, 4, 8))  # split blocks of 32 keys, the merge's of 64
+    assert [r.tolist() for r in got] == _stable_picks(x, 8)
+    assert launches == [((3, 30), 32, 16), ((3,), 64, 16)]
+    launches.clear()
+    topk.topk_select(x, 8, chunk=12, config=(64, 4, 8))  # split blocks of 16 keys: one row, the 1-D scan
+    assert launches == [((3, 59), 16, 0), ((3,), 64, 16)]
+    monkeypatch.setattr(topk, "SELECT_SCAN_ROWS", 0)
+    assert topk.scan_rows(4096) == 0
     with pytest.raises(ValueError, match="sparse"):
         topk.topk_select(x, 64, sparse=-1)
-
-
-def test_topk_select_lists_exactly_when_the_candidates_fit(monkeypatch):
-    """The candidates' count comes from the passes' digit counts before the listing pass: a row whose top-k cut
-    falls in a first-digit bin of 30 keys (1.5 .. 1.79, the bin [0.5, 2)) lists them at pass 1 with room for 30;
-    with room for 29 not there but at pass 2, where the 10 picks alone are at or above the prefix (1.70 .. 1.79,
-    each in a bin of its own); the picks are the stable sort's either way."""
-    import glm5lib.kernels.topk as topk
-
-    x = torch.full((1, 200), 0.1)
-    where = torch.randperm(200, generator=torch.Generator().manual_seed(4))[:30].sort().values
-    x[0, where] = 1.5 + torch.arange(30) / 100
-    lists = []
-    prebound = topk._SELECT
-
-    def spy(grid, *a, **kw):
-        a[7].fill_(-7)  # the candidate list: untouched unless the kernel lists
-        prebound(grid, *a, **kw)
-        lists.append(a[7].clone())
-
-    monkeypatch.setattr(topk, "_SELECT", spy)
-    for cap, want in ((30, where), (29, where[20:])):
-        got = topk.topk_select(x, 10, compact=(1, cap), config=(64, 4, 8))
-        assert [r.tolist() for r in got] == _stable_picks(x, 10)
-        assert lists[-1][0].tolist() == want.tolist() + [-7] * (cap - len(want))
 
 
 def test_topk_select_rule_splits_a_captured_decode_steps_rows_over_programs(monkeypatch):
@@ -754,3 +716,30 @@ def test_paged_maxnreg_rule(monkeypatch):
     monkeypatch.setattr(ix, "PAGED_MAXNREG", None)
     indexer_logits(q, cache, w, **kw)
     assert launched == [64, None]
+
+
+def test_topk_probe_variants_run_and_agree(monkeypatch):
+    """Every variant `scripts/topk_dist_probe.py` times (its default, `--sweep` and `--sparse` lists) is a call
+    `topk_select` accepts, and gives the stable sort's picks on small rows (on the CPU, through the interpreter):
+    a variant naming a removed option fails here, not on the GPU."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    monkeypatch.syspath_prepend(str(scripts))  # the probe imports bench_topk_long beside it
+    spec = importlib.util.spec_from_file_location("topk_dist_probe", scripts / "topk_dist_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "topk_dist_probe", probe)
+    spec.loader.exec_module(probe)
+    x = torch.randn(2, 3000, generator=torch.Generator().manual_seed(9))
+    lengths = torch.tensor([3000, 2500], dtype=torch.int32)
+    want = _stable_picks(x, 64, lengths)
+    for name, kw in probe.VARIANTS + probe.SWEEP_VARIANTS + probe.SPARSE_VARIANTS:
+        kw = dict(kw)
+        if "config" in kw:  # the probe's 16-warp config: the same picks at a small block
+            kw["config"] = (512, 4, 8)
+        if "chunk" in kw:
+            kw["chunk"] = 1024
+        got = probe.select(x, 64, lengths=lengths, **kw)
+        assert [r.tolist() for r in got] == want, name

@@ -7,10 +7,8 @@ bounds; `k` columns even when a row has fewer keys; positions made request-local
 - `topk_select`: a Triton radix select. Scores become order-preserving 32-bit keys; four passes of 8-bit digit
   counts find the k-th largest key exactly, and a last pass writes every position above it plus the earliest
   positions equal to it, in ascending position order. The first pass counts with `tl.histogram`; the later ones
-  count the few keys whose earlier digits match by atomic adds (`_count_digits`). Two options, off until timed:
-  once the keys that can still be picked fit a small list (their count follows from the digit counts), the later
-  passes and the write read only those (`SELECT_COMPACT`); the write ranks ties in one block only
-  (`SELECT_RANK_TIES`). The picked set is the one a stable
+  count the few keys whose earlier digits match by atomic adds (`_count_digits`); the write's prefix sums can
+  run over rows of adjacent keys (`SELECT_SCAN_ROWS`, off until timed). The picked set is the one a stable
   descending sort would give (`paged.stable_topk`, the reference forward's tie-break: exact ties, common where
   ReLU zeroes whole rows, go to the earlier key), so it does not depend on how long the row is or what else is
   in the batch. Per-row `lengths` (read on the device) bound each row, so a fixed-shape launch serves any
@@ -96,23 +94,18 @@ def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.co
 
 
 @triton.jit
-def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, stride_o, N, K, chunk,
+def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N, K, chunk,
                         HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr, SPARSE: tl.constexpr,
-                        COMPACT_AT: tl.constexpr, CAP: tl.constexpr, RANK_TIES: tl.constexpr):
+                        ROWS: tl.constexpr):
     """Program t: row t's top-K into row t of OUT (see `topk_select`).
 
     SPARSE > 0: the passes after the first count a block's digits one atomic per matching key into the program's
     row of HIST (`[programs, 2^DIGIT]` int32, zeroed here and left zeroed) where at most BLOCK / SPARSE of its keys
     match (`_count_digits`); 0: every block by `tl.histogram`.
 
-    COMPACT_AT p > 0: the first pass from p on before which the keys at or above the prefix the passes before it
-    settled (every key that can still be picked; the counts give how many) fit in CAP lists their offsets, in
-    position order, in the program's row of CAND (`[programs, CAP]` int32), and the passes after it and the write
-    read the scores at those offsets only instead of the whole row. 0: every pass reads the row.
-
-    RANK_TIES: every block of the write ranks its keys equal to the threshold (a prefix sum); False: only the block
-    where the ties still to take run out (elsewhere all of a block's ties are taken, or none).
+    ROWS > 0: the write reads a block as BLOCK / ROWS rows of ROWS adjacent keys, so that the picks' places are
+    in-row sums plus one scan of the row totals (`_block_scan`); 0: one 1-D prefix sum over the block.
 
     SPLIT (grid (T, C)): program (t, c) selects among positions [c * chunk, (c + 1) * chunk) of row t and writes
     its picks (row positions) to OUT[t, c * K:(c + 1) * K] and their scores to OUT_X there, -1 / -inf padded
@@ -140,16 +133,12 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
         out_x = OUT_X + t.to(tl.int64) * stride_o + c * K
     offs0 = tl.arange(0, BLOCK)
     bins = tl.arange(0, 1 << DIGIT)
-    prog = t * tl.num_programs(1) + tl.program_id(1)
-    counts = HIST + prog * (1 << DIGIT)  # this program's digit counts, when SPARSE
-    cand = CAND + prog.to(tl.int64) * CAP  # this program's candidate offsets, when COMPACT_AT
+    counts = HIST + (t * tl.num_programs(1) + tl.program_id(1)) * (1 << DIGIT)  # this program's counts (SPARSE)
     # --- the k-th largest key, DIGIT bits at a time (most significant first) ---
     prefix = tl.zeros([], tl.uint32)
     remaining = K  # how many of the keys that match `prefix` are still to be taken
     n_valid = 0
     n_scan = tl.where(n > K, n, 0)  # no more keys than K: all finite ones are picked, no threshold needed
-    n_listed = n_scan * 0  # how many offsets are listed: the passes after the listing read the row at those only
-    n_at_or_above = n_scan  # the keys that can still be picked (at or above the prefix)
     if SPARSE > 0:
         tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
         tl.debug_barrier()
@@ -157,29 +146,14 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
         hi = 32 - DIGIT * r  # bits above `hi` are settled in `prefix`
         shift = hi - DIGIT if hi > DIGIT else 0
         hist = tl.zeros([1 << DIGIT], tl.int32)
-        n_cand = 0
-        listing = n_scan < 0  # whether this pass lists the candidates
-        if COMPACT_AT > 0:
-            if r >= COMPACT_AT:  # the candidates, counted by the passes before: list them if they fit, once
-                listing = (n_listed == 0) & (n_scan > 0) & (n_at_or_above <= CAP)
         for start in range(0, n_scan, BLOCK):
             offs = start + offs0
-            inside = offs < n_scan
-            at = _listed_offsets(cand, offs, n_listed, COMPACT_AT)
-            key = _ordered_key(tl.load(row + at, mask=inside, other=float("-inf")))
-            valid = inside & (key > NEG_INF_KEY)
-            match = valid
+            key = _ordered_key(tl.load(row + offs, mask=offs < n_scan, other=float("-inf")))
+            match = (offs < n_scan) & (key > NEG_INF_KEY)
             if r > 0:
                 match = match & ((key >> hi) == (prefix >> hi))
             digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
             hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT)
-            if COMPACT_AT > 0:
-                if r >= COMPACT_AT:
-                    if listing:  # keys below the prefix are out; the rest listed in position order
-                        keep = valid & (key >= prefix)
-                        slot = n_cand + tl.cumsum(keep.to(tl.int32), 0) - 1
-                        tl.store(cand + slot, at, mask=keep & (slot < CAP))
-                        n_cand += tl.sum(keep.to(tl.int32), 0)
         if SPARSE > 0:
             if r > 0:  # the atomics' counts join the block counts; the next pass's adds wait for the reads (every
                 # thread of a replicated count layout needs the exchange's result: none at 8 warps and 256 bins,
@@ -187,19 +161,9 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
                 tl.debug_barrier()
                 hist += tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
                 tl.debug_barrier()
-        if COMPACT_AT > 0:
-            if r >= COMPACT_AT:
-                if listing:  # read only the listed keys from here on
-                    tl.debug_barrier()  # the list's stores before any thread reads them
-                    n_listed = n_cand
-                    n_scan = n_cand
-                    n = n_cand
         if r == 0:
             n_valid = tl.sum(hist, 0)
         prefix, remaining = _radix_step(hist, bins, prefix, remaining, shift)
-        if COMPACT_AT > 0:  # the keys at or above the new prefix: those above its bin (no longer `remaining`), in it
-            b = (prefix >> shift) & ((1 << DIGIT) - 1)
-            n_at_or_above = K - remaining + tl.sum(tl.where(bins == b, hist, 0), 0)
     take_all = n_valid <= K  # no more finite keys than K (or none scanned): every finite score is picked
     # --- write: above the threshold, then the earliest `remaining` equal to it, in position order ---
     base = 0
@@ -208,25 +172,23 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
     written = 0
     equal_seen = 0
     for start in range(0, n, BLOCK):
-        offs = start + offs0
+        offs = start + _block_offsets(BLOCK, ROWS)
         inside = offs < n
-        at = _listed_offsets(cand, offs, n_listed, COMPACT_AT)
-        x = tl.load(row + at, mask=inside, other=float("-inf"))
+        x = tl.load(row + offs, mask=inside, other=float("-inf"))
         key = _ordered_key(x)
         valid = inside & (key > NEG_INF_KEY)
         equal = valid & (key == prefix)
-        n_equal = tl.sum(equal.to(tl.int32), 0)
-        take = valid & ((key > prefix) | _take_ties(equal, n_equal, equal_seen, remaining, RANK_TIES))
+        take = valid & ((key > prefix) | (equal & (equal_seen + _block_scan(equal, ROWS) <= remaining)))
         take = tl.where(take_all, valid, take)
-        slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
-        pos = first + at
+        slot = written + _block_scan(take, ROWS) - 1
+        pos = first + offs
         if MERGE:
-            pos = tl.load(POS + t.to(tl.int64) * stride_x + at, mask=take, other=-1)
+            pos = tl.load(POS + t.to(tl.int64) * stride_x + offs, mask=take, other=-1)
         tl.store(out + slot, (pos - base).to(tl.int32), mask=take)
         if SPLIT:
             tl.store(out_x + slot, x, mask=take)
-        written += tl.sum(take.to(tl.int32), 0)
-        equal_seen += n_equal
+        written += _block_count(take, ROWS)
+        equal_seen += _block_count(equal, ROWS)
     n_out = K
     if SPLIT:  # a chunk that starts past the row's length is never read by the merge
         n_out = tl.where(n > 0, K, 0)
@@ -239,28 +201,34 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, CAND, stride_x, strid
 
 
 @triton.jit
-def _take_ties(equal, n_equal, equal_seen, remaining, RANK_TIES: tl.constexpr):
-    """Which of a block's keys `equal` to the threshold are taken, `equal_seen` of them in the blocks before and
-    `remaining` to take in all: the earliest. Only the block where they run out needs each one's rank (a prefix sum,
-    the write's costliest step after its own); before it all are taken, after it none (RANK_TIES: rank always)."""
-    if RANK_TIES:
-        return equal & (equal_seen + tl.cumsum(equal.to(tl.int32), 0) <= remaining)
+def _block_offsets(BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """A write block's offsets: `[BLOCK]`, or with ROWS > 0 `[BLOCK / ROWS, ROWS]` (rows of ROWS adjacent keys)."""
+    if ROWS > 0:
+        return tl.arange(0, BLOCK // ROWS)[:, None] * ROWS + tl.arange(0, ROWS)[None, :]
     else:
-        take = equal & (equal.to(tl.int32) * 0 + equal_seen < remaining)  # (a block compare: the interpreter's
-        # `&` of a block and a scalar bool gives int32)
-        if (equal_seen < remaining) & (equal_seen + n_equal > remaining):
-            take = equal & (equal_seen + tl.cumsum(equal.to(tl.int32), 0) <= remaining)
-        return take
+        return tl.arange(0, BLOCK)
 
 
 @triton.jit
-def _listed_offsets(CAND, offs, n_listed, COMPACT_AT: tl.constexpr):
-    """The row offsets a block of a pass reads: `offs` itself, or, below the `n_listed` candidates listed, the
-    offsets the list holds at `offs` (`_topk_select_kernel`'s COMPACT_AT)."""
-    if COMPACT_AT > 0:
-        return tl.where(offs < n_listed, tl.load(CAND + offs, mask=offs < n_listed, other=0), offs)
+def _block_scan(m, ROWS: tl.constexpr):
+    """Inclusive prefix count of the mask `m` in position order (`_block_offsets`' shapes). ROWS > 0: in-row sums
+    plus the rows before, one scan of BLOCK / ROWS row totals instead of a BLOCK-wide one (Triton 3.6, sm_90, a
+    4096-key toy: 495 SASS instructions against 841 for the 1-D scan; `scripts/topk_sass_count.py`)."""
+    c = m.to(tl.int32)
+    if ROWS > 0:
+        tot = tl.sum(c, 1)
+        return (tl.cumsum(tot, 0) - tot)[:, None] + tl.cumsum(c, 1)
     else:
-        return offs
+        return tl.cumsum(c, 0)
+
+
+@triton.jit
+def _block_count(m, ROWS: tl.constexpr):
+    """How many of the mask `m` are set (`_block_offsets`' shapes)."""
+    if ROWS > 0:
+        return tl.sum(tl.sum(m.to(tl.int32), 1), 0)
+    else:
+        return tl.sum(m.to(tl.int32), 0)
 
 
 @triton.jit
@@ -287,7 +255,7 @@ def _row_threshold(HIST, t, PASSES: tl.constexpr, K, DIGIT: tl.constexpr):
 def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, chunk, n_chunks,
                          MODE: tl.constexpr, HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, BLOCK: tl.constexpr,
                          DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPARSE: tl.constexpr,
-                         RANK_TIES: tl.constexpr):
+                         ROWS: tl.constexpr):
     """Program (t, c) of row t split over `n_chunks` programs of `chunk` keys each, one launch per step
     (`topk_select(..., multi=True)`): the radix select of `_topk_select_kernel` with its digit counts summed over
     the row's programs in global memory, so that every pass of a row runs on all of them.
@@ -358,16 +326,15 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
                 base = tl.load(KS + t)
             out = OUT + t.to(tl.int64) * stride_o
             for start in range(0, m, BLOCK):
-                offs = start + offs0
+                offs = start + _block_offsets(BLOCK, ROWS)
                 key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
                 valid = (offs < m) & (key > NEG_INF_KEY)
                 equal = valid & (key == thr)
-                n_equal = tl.sum(equal.to(tl.int32), 0)
-                take = valid & ((key > thr) | _take_ties(equal, n_equal, equal_seen, rem, RANK_TIES))
-                slot = written + tl.cumsum(take.to(tl.int32), 0) - 1
+                take = valid & ((key > thr) | (equal & (equal_seen + _block_scan(equal, ROWS) <= rem)))
+                slot = written + _block_scan(take, ROWS) - 1
                 tl.store(out + slot, (first + offs - base).to(tl.int32), mask=take)
-                written += tl.sum(take.to(tl.int32), 0)
-                equal_seen += n_equal
+                written += _block_count(take, ROWS)
+                equal_seen += _block_count(equal, ROWS)
             if c == 0:
                 total = tl.sum(cnt_gt, 0) + tl.minimum(rem, tl.sum(cnt_eq, 0))
                 for start in range(0, K, OUT_BLOCK):
@@ -441,20 +408,15 @@ TOPK_FAST_TORCH_ABOVE = 6_000_000
 # rows 12-15 %, 21-24 %, 1-8 %, 2 %; the H200 alike (113.5 -> 101.4, 113.5 -> 90.7). The multi select at 16-64 rows
 # 10-19 % off over standard-normal and spread scores (64 x 128K 223.5 -> 180.9 on the H100; the H200 7-14 %).
 SELECT_SPARSE = 8
-# (pass, capacity): the one-program and merge launches list, at the first pass from `pass` on where they fit (their
-# count follows from the digit counts), the offsets of the keys that can still be picked (at or above the settled
-# prefix), up to `capacity` a row, and the later passes and the write read only those (`_topk_select_kernel`'s
-# COMPACT_AT, CAP); (0, 0): every pass reads the whole row. A workspace of `capacity` int32 a row, so only launches
-# of at most COMPACT_MAX_ROWS rows list. Off by default: the list at a fixed pass (464d769, H200) gained 4-23 % at
-# 32K keys where it fitted (standard-normal scores 101.4 -> 94.5 us, spread 90.7 -> 70.1), lost 6-30 % where it did
-# not (its prefix sums ran anyway), and lost 3-4 % on the merge of 128K rows at pass 2; listing only where the count
-# fits (this code) has not run on a GPU.
-SELECT_COMPACT = (0, 0)
-COMPACT_MAX_ROWS = 1024
-# Rank the ties at the threshold in every block of the write (a prefix sum each), as before round 28; False: only
-# in the block where the ties to take run out (`_take_ties`). Same picks. True until False is timed on a GPU (the
-# 464d769 run puts a block's prefix sum at about the cost of the rest of its pass).
-SELECT_RANK_TIES = True
+# The write reads a block as rows of SELECT_SCAN_ROWS adjacent keys (`_block_scan`: in-row sums and one scan of the
+# row totals, both selects); 0: one 1-D prefix sum a block. 0 until 16 is timed on a GPU.
+SELECT_SCAN_ROWS = 0
+# Round 28's two options, timed at 2b0a066 on an H100 (outputs/bench/sweeps/topk_sparse_h100_2b0a066.json) and
+# removed: the candidates listed once they fit 4096 (or 8192) for the later passes and the write gained only where
+# scores spread over all 256 first-digit bins (32K keys 89.8 -> 73.0 us) and lost elsewhere (standard normal 100.5
+# -> 102.2, a narrow spread 110.9 -> 132.4, ties up to 18 %): listing is a prefix sum over the row, and the later
+# reads through the list are gathers; the write ranking ties in one block only was level at one program a row and
+# 24-26 % slower on the 64 x 128K split rows (230.0 -> 285.2 us).
 
 
 _SELECT = common.Prebound(_topk_select_kernel)
@@ -464,8 +426,7 @@ _MULTI = common.Prebound(_multi_select_kernel)
 def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | None = None,
                 ks: torch.Tensor | None = None, out: torch.Tensor | None = None,
                 config: tuple[int, int, int] | None = None, chunk: int | None = None,
-                multi: bool | None = None, sparse: int | None = None,
-                compact: tuple[int, int] | None = None) -> torch.Tensor:
+                multi: bool | None = None, sparse: int | None = None) -> torch.Tensor:
     """int32 `[T, k]`: positions of the k largest finite scores of each row of fp32 `logits [T, N]`, ties at
     the cut to the earlier position, ascending position order, -1 padded.
 
@@ -478,10 +439,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     seven launches (`_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and `[T, chunks, 2]` pick
     counts); the same picks again. None: `_multi_default` (a CUDA-graph decode step's rows) unless `chunk` is given.
     `sparse`: the passes after the first count a block's digits key by key (atomics) where at most 1 / `sparse`
-    of it matches, 0: never (see `_count_digits`); None: `SELECT_SPARSE`. `compact`: (pass, capacity), the
-    candidates listed at the first pass from that one on where they fit, for the passes after it (see
-    SELECT_COMPACT; (0, 0): never; not the multi path); None: SELECT_COMPACT up to COMPACT_MAX_ROWS rows. Same
-    picks.
+    of it matches, 0: never (see `_count_digits`); None: `SELECT_SPARSE`. Same picks.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
@@ -513,40 +471,35 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     n_chunks = triton.cdiv(n, chunk) if chunk < n else 1
     # each program's digit counts (`_count_digits`): zeroed and left zeroed by the kernel, so no memset launch
     counts = torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse else dummy
-    if compact is None:
-        compact = SELECT_COMPACT if T <= COMPACT_MAX_ROWS else (0, 0)
-    at, cap = int(compact[0]), int(compact[1])
-    if not 0 <= at < triton.cdiv(32, digit) or cap < 0:
-        raise ValueError(f"compact must be (pass, capacity) with the pass one of the {triton.cdiv(32, digit)} radix "
-                         f"passes and the capacity >= 0, got {tuple(compact)}")
-    if at == 0 or cap == 0:
-        at, cap = 0, 0
-    cands = torch.empty(T, cap, dtype=torch.int32, device=logits.device) if cap else dummy  # one launch a row
     if chunk >= n:
         _SELECT((T,),
-            logits, lens, ks_, out, dummy, dummy, counts, cands, logits.stride(0), out.stride(0), n, k, 0,
+            logits, lens, ks_, out, dummy, dummy, counts, logits.stride(0), out.stride(0), n, k, 0,
             HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=block,
-            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, COMPACT_AT=at, CAP=cap, RANK_TIES=SELECT_RANK_TIES,
-            num_warps=num_warps,
+            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(block), num_warps=num_warps,
         )
         return out
     kc = min(k, chunk)  # a chunk has at most `chunk` picks
     width = n_chunks * kc
     pos = torch.empty(T, width, dtype=torch.int32, device=logits.device)
     val = torch.empty(T, width, dtype=torch.float32, device=logits.device)
+    split_block, merge_block = min(block, triton.next_power_of_2(chunk)), min(block, triton.next_power_of_2(width))
     _SELECT((T, n_chunks),
-        logits, lens, dummy, pos, val, dummy, counts, dummy, logits.stride(0), width, n, kc, chunk,
-        HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False,
-        BLOCK=min(block, triton.next_power_of_2(chunk)), OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse,
-        COMPACT_AT=0, CAP=0, RANK_TIES=SELECT_RANK_TIES, num_warps=num_warps,
+        logits, lens, dummy, pos, val, dummy, counts, logits.stride(0), width, n, kc, chunk,
+        HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False, BLOCK=split_block,
+        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(split_block), num_warps=num_warps,
     )
     _SELECT((T,),
-        val, lens, ks_, out, dummy, pos, counts, cands, width, out.stride(0), width, k, chunk,
-        HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True,
-        BLOCK=min(block, triton.next_power_of_2(width)), OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse,
-        COMPACT_AT=at, CAP=cap, RANK_TIES=SELECT_RANK_TIES, num_warps=num_warps,
+        val, lens, ks_, out, dummy, pos, counts, width, out.stride(0), width, k, chunk,
+        HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True, BLOCK=merge_block,
+        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(merge_block), num_warps=num_warps,
     )
     return out
+
+
+def scan_rows(block: int) -> int:
+    """The write's keys a row (`_block_scan`'s ROWS) for a block of `block` keys: `SELECT_SCAN_ROWS`, or 0 (the 1-D
+    scan) when the block does not hold two such rows."""
+    return SELECT_SCAN_ROWS if 0 < SELECT_SCAN_ROWS <= block // 2 else 0
 
 
 def multi_rule(T: int, n: int) -> bool:
@@ -608,12 +561,13 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
     npass = triton.cdiv(32, digit)
     hist = torch.zeros(T, npass, 1 << digit, dtype=torch.int32, device=logits.device)
     cnt = torch.empty(T, n_chunks, 2, dtype=torch.int32, device=logits.device)
+    mblock = min(block, triton.next_power_of_2(chunk))
     for mode in range(npass + 2):
         _MULTI((T, n_chunks),
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
-            MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=min(block, triton.next_power_of_2(chunk)),
-            DIGIT=digit, CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse,
-            RANK_TIES=SELECT_RANK_TIES, num_warps=num_warps,
+            MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=mblock, DIGIT=digit,
+            CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse, ROWS=scan_rows(mblock),
+            num_warps=num_warps,
         )
     return out
 
