@@ -1,12 +1,14 @@
 """Static SASS counts behind docs/kernels.md v33-v34 (no GPU): the one-program top-k select with every radix pass
-counted by `tl.histogram` (`SPARSE=0`), with the later passes by atomics (`topk.SELECT_SPARSE`), and with the
-write's prefix sums over rows of 16 keys as well (`ROWS=16`, `topk.SELECT_SCAN_ROWS`), and a toy
+counted by `tl.histogram` (`SPARSE=0`), with the later passes by atomics (`SPARSE=8`, round 28), with the write's
+prefix sums over rows of 16 keys as well (`ROWS=16`, round 29), and as shipped (`topk.SELECT_SPARSE`,
+`topk.SELECT_SCAN_ROWS`), and a toy
 kernel that loads a 4096-key block, scans a mask of it and stores by the scan, three ways: a 1-D `tl.cumsum` (the
 write's prefix sums), the block as 256 rows of 16 adjacent keys (in-row scans, one scan of the row totals), and no
 scan (the load and store alone).
 
 `TRITON_INTERPRET=0 PYTHONPATH=src python scripts/topk_sass_count.py [--arch 90]`. The GPUs run Triton 3.6: put a
-3.6 install first on PYTHONPATH to count what they run (outputs/bench/sweeps/topk_sass_triton36.txt).
+3.6 install first on PYTHONPATH to count what they run (outputs/bench/sweeps/topk_sass_triton36.txt at 686d2d2,
+round 28's select; topk_sass_v34_triton36.txt since).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def main(argv=None) -> int:
 
     print(f"triton {triton.__version__}, sm_{arch}", flush=True)
     spec = next(s for s in shipped_kernels(arch) if s.name.endswith(":len]") and s.name.startswith("topk_select"))
-    for sparse, rows in ((0, 0), (topk.SELECT_SPARSE, 0), (topk.SELECT_SPARSE, 16)):
+    for sparse, rows in ((0, 0), (8, 0), (8, 16), (topk.SELECT_SPARSE, topk.SELECT_SCAN_ROWS)):  # the last: shipped
         spec.constexprs.update(SPARSE=sparse, ROWS=rows)
         print(line(f"{spec.name} SPARSE={sparse} ROWS={rows}", compile_spec(spec, arch).asm["cubin"]), flush=True)
 

@@ -7,8 +7,8 @@ bounds; `k` columns even when a row has fewer keys; positions made request-local
 - `topk_select`: a Triton radix select. Scores become order-preserving 32-bit keys; four passes of 8-bit digit
   counts find the k-th largest key exactly, and a last pass writes every position above it plus the earliest
   positions equal to it, in ascending position order. The first pass counts with `tl.histogram`; the later ones
-  count the few keys whose earlier digits match by atomic adds (`_count_digits`); the write's prefix sums can
-  run over rows of adjacent keys (`SELECT_SCAN_ROWS`, off until timed). The picked set is the one a stable
+  count the few keys whose earlier digits match by atomic adds (`_count_digits`); the write's prefix sums run over
+  rows of 16 adjacent keys (`SELECT_SCAN_ROWS`). The picked set is the one a stable
   descending sort would give (`paged.stable_topk`, the reference forward's tie-break: exact ties, common where
   ReLU zeroes whole rows, go to the earlier key), so it does not depend on how long the row is or what else is
   in the batch. Per-row `lengths` (read on the device) bound each row, so a fixed-shape launch serves any
@@ -402,15 +402,24 @@ TOPK_FAST_TORCH_ABOVE = 6_000_000
 # The radix passes after the first count a block's digits by one atomic add per matching key where at most
 # BLOCK / SELECT_SPARSE of the block matches (`_count_digits`), both selects; 0: by `tl.histogram` throughout.
 # Round 28 (`scripts/topk_dist_probe.py --sparse`; outputs/bench/sweeps/topk_sparse_h100_d1ca47b.json,
-# topk_sparse_h200_464d769.json; graph replay, top-k 2048), the one-program select at 1-128 rows of 32K keys on the
-# H100: standard-normal scores 114.1-114.5 -> 102.5-103.0 us (10 %), spread over all 256 first-digit bins
-# 113.7-114.3 -> 91.1-91.5 (20 %), ties (integers -8..7) 8 %, a narrow spread (1 + 0.01 randn) 1 %; the 128K split
-# rows 12-15 %, 21-24 %, 1-8 %, 2 %; the H200 alike (113.5 -> 101.4, 113.5 -> 90.7). The multi select at 16-64 rows
-# 10-19 % off over standard-normal and spread scores (64 x 128K 223.5 -> 180.9 on the H100; the H200 7-14 %).
-SELECT_SPARSE = 8
+# topk_sparse_h200_464d769.json; graph replay, top-k 2048), SELECT_SPARSE 8 against 0, the one-program select at
+# 1-128 rows of 32K keys on the H100: standard-normal scores 114.1-114.5 -> 102.5-103.0 us (10 %), spread over all
+# 256 first-digit bins 113.7-114.3 -> 91.1-91.5 (20 %), ties (integers -8..7) 8 %, a narrow spread (1 + 0.01 randn)
+# 1 %; the 128K split rows 12-15 %, 21-24 %, 1-8 %, 2 %; the H200 alike (113.5 -> 101.4, 113.5 -> 90.7). The multi
+# select at 16-64 rows 10-19 % off over standard-normal and spread scores (64 x 128K 223.5 -> 180.9 on the H100;
+# the H200 7-14 %). Round 29 (topk_sparse_h100_ffdad9d.json, H100), 4 against 8 with SELECT_SCAN_ROWS 16: narrow
+# 32K rows 110.6-111.1 -> 101.1-102.5 us, the 128K split rows 2-8 % (narrow 64 x 128K 248.1 -> 228.0), standard
+# normal and spread at 32K level; 2 (atomics from half a block matching) gained more at one row (standard normal
+# 32K 92.2 us) and lost at 128 rows (103.2, ties 108.8 against 102.8).
+SELECT_SPARSE = 4
 # The write reads a block as rows of SELECT_SCAN_ROWS adjacent keys (`_block_scan`: in-row sums and one scan of the
-# row totals, both selects); 0: one 1-D prefix sum a block. 0 until 16 is timed on a GPU.
-SELECT_SCAN_ROWS = 0
+# row totals, both selects); 0: one 1-D prefix sum a block. Round 29 (topk_sparse_h100_ffdad9d.json, H100, against
+# 0 with SELECT_SPARSE 8): 1.5-4.9 % faster at every one of the probe's 32 one-program / split shapes (standard
+# normal 32K rows 101.7-102.4 -> 99.5-100.2 us, spread 64 x 128K 201.6 -> 191.8). The predicted 8-12 % did not
+# come: its static count fell by 513 of 7858 instructions (scripts/topk_sass_count.py,
+# outputs/bench/sweeps/topk_sass_v34_triton36.txt). With SELECT_SPARSE 4 the rule's multi select is 2-5 % faster at
+# 16-64 rows (level at 16 x 32K standard normal and spread) and 0.1-0.5 us slower at one row at 7 of 8 shapes.
+SELECT_SCAN_ROWS = 16
 # Round 28's two options, timed at 2b0a066 on an H100 (outputs/bench/sweeps/topk_sparse_h100_2b0a066.json) and
 # removed: the candidates listed once they fit 4096 (or 8192) for the later passes and the write gained only where
 # scores spread over all 256 first-digit bins (32K keys 89.8 -> 73.0 us) and lost elsewhere (standard normal 100.5
