@@ -87,6 +87,9 @@
 # round28: the top-k passes after the first counted by atomics where few keys match (`topk_select(sparse=)`) and the
 #   write's prefix sums over rows of 16 keys (`topk.SELECT_SCAN_ROWS`, round 29), against tl.histogram in every
 #   block, 1-128 rows, four score spreads (topk_sparse_h200.json); memcheck of each path (memcheck_topk.log)
+# ncu-topk: Nsight Compute of the one-program top-k select (1 and 128 rows of 32K standard-normal scores, one of a
+#   narrow spread; ncu_topk_*.txt, ncu_topk_sass_top_*.txt), and its block / warp configs timed
+#   (`topk_dist_probe.py --configs`, topk_configs_h200.json)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -285,6 +288,16 @@ for T, n in ((3, 5000), (2, 40000), (4, 70000)):
             ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base))
 print('topk memcheck cases equal to sparse=0:', ok, 'of 36')
 " > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 36" "$OUT/memcheck_topk.log" ;;
+    ncu-topk) for C in "1 32768" "128 32768" "1 32768 narrow"; do n=$(echo $C | tr ' ' _)
+             timeout 200 ncu -k regex:_topk_select_kernel --launch-skip 2 --launch-count 1 --set full -f -o /tmp/ncut_$n \
+               python3 scripts/topk_ncu_case.py $C > /tmp/ncut_$n.log 2>&1; echo "ncu-topk $C rc=$?"; grep -a picks /tmp/ncut_$n.log
+             ncu -i /tmp/ncut_$n.ncu-rep --page details > "$OUT/ncu_topk_$n.txt" 2>&1
+             ncu -i /tmp/ncut_$n.ncu-rep --page source --print-source sass --csv > /tmp/ncut_$n.csv 2>&1
+             python3 scripts/ncu_sass_top.py /tmp/ncut_$n.csv 80 > "$OUT/ncu_topk_sass_top_$n.txt" 2>&1
+             grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Registers Per|Achieved Occupancy" "$OUT/ncu_topk_$n.txt" | head -8
+           done
+           timeout 200 python3 scripts/topk_dist_probe.py "$OUT/topk_configs_h200.json" --configs > "$OUT/topk_configs.log" 2>&1
+           echo "topk configs rc=$?"; tail -1 "$OUT/topk_configs.log" ;;
     round23b) timeout 300 python3 scripts/tail_probe.py "$OUT/pp_tail_h200.json" --formats bf16 > "$OUT/pp_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/pp_tail.log"
         timeout 200 python3 -c "import sys; from glm5lib.kernels import checks, mla_gluon_large as m

@@ -1,6 +1,6 @@
 """What the top-k select's time at a decode step's few rows is made of (CUDA GPU, one process).
 
-    PYTHONPATH=src python3 scripts/topk_dist_probe.py OUT.json [--sweep | --sparse]
+    PYTHONPATH=src python3 scripts/topk_dist_probe.py OUT.json [--sweep | --sparse | --configs]
 
 At one or a few rows `topk.topk_select` runs one program per row (or per 16K-key chunk, then one per row to merge),
 so the GPU is mostly idle and the select's time is its programs' latency: five scans of the row (four 8-bit radix
@@ -40,6 +40,9 @@ over rows of 16 keys (`topk.SELECT_SCAN_ROWS`, `scan_rows` here) and the atomics
 matching (`sparse=4`, `2`; the shipped 8). Every variant's output checked against the select before's, whose set
 is checked against torch.topk's (not for `ties`: torch.topk breaks ties its own way); the rule's call also captured
 and replayed with new rows.
+
+`--configs` (round 29): the one-program select's block of keys and warps a program (blocks of 2048-16384 keys, 4-16
+warps) beside the shipped (4096, 8), over `randn` and `narrow` scores.
 """
 
 from __future__ import annotations
@@ -80,6 +83,13 @@ SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
 VARIANTS = [("shipped", {"multi": False}), ("warps16", {"config": (4096, 16, 8), "multi": False}),
             ("multi4096", {"multi": True, "chunk": 4096}), ("multi2048", {"multi": True, "chunk": 2048}),
             ("multi8192", {"multi": True, "chunk": 8192})]
+
+
+# `--configs`: the one-program select's (block, warps, digit bits) beside the shipped (4096, 8, 8)
+CONFIG_SHAPES = [(1, 32768, 32768), (128, 32768, 32768), (1, WIDE, 131072), (64, 131072, 131072)]
+CONFIG_VARIANTS = [("shipped", {"multi": False})] + [
+    (f"b{b}_w{w}", {"multi": False, "config": (b, w, 8)})
+    for b, w in ((2048, 4), (2048, 8), (4096, 4), (4096, 16), (8192, 8), (8192, 16), (16384, 16))]
 
 
 SWEEP_SHAPES = [(T, n, L) for T in (1, 4, 16, 32, 64, 128)
@@ -127,8 +137,9 @@ def main(path: str, mode: str = "") -> None:
     t0 = time.time()
     rows = []
     shapes, dists, variants = {"--sweep": (SWEEP_SHAPES, ("randn",), SWEEP_VARIANTS),
-                               "--sparse": (SPARSE_SHAPES, SPARSE_DISTS, SPARSE_VARIANTS)}.get(mode,
-                                                                                         (SHAPES, DISTS, VARIANTS))
+                               "--sparse": (SPARSE_SHAPES, SPARSE_DISTS, SPARSE_VARIANTS),
+                               "--configs": (CONFIG_SHAPES, ("randn", "narrow"), CONFIG_VARIANTS)}.get(
+        mode, (SHAPES, DISTS, VARIANTS))
     sparse = mode == "--sparse"
     for dist in dists:
         for T, n, length in shapes:
@@ -184,8 +195,9 @@ def main(path: str, mode: str = "") -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if len(args) not in (1, 2) or args[0].startswith("--") or args[1:] not in ([], ["--sweep"], ["--sparse"]):
-        sys.exit("usage: topk_dist_probe.py OUT.json [--sweep | --sparse]")
+    if len(args) not in (1, 2) or args[0].startswith("--") or args[1:] not in ([], ["--sweep"], ["--sparse"],
+                                                                                ["--configs"]):
+        sys.exit("usage: topk_dist_probe.py OUT.json [--sweep | --sparse | --configs]")
     if not torch.cuda.is_available():
         sys.exit("topk_dist_probe: needs a CUDA GPU")
     main(args[0], mode=(args[1:] or [""])[0])
