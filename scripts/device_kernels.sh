@@ -269,7 +269,8 @@ for r in rows:
         echo "topk rows sweep rc=$?"; tail -1 "$OUT/topk_rows.log" ;;
     round28) timeout 400 python3 scripts/topk_dist_probe.py "$OUT/topk_sparse_h200.json" --sparse > "$OUT/topk_sparse.log" 2>&1
         echo "topk sparse rc=$?"; tail -1 "$OUT/topk_sparse.log"
-        # memcheck: the one-program, split and multi selects with atomics in every block and by the default rule
+        # memcheck: the one-program, split and multi selects with atomics in every block and by the default rule, in
+        # the wave config (these few rows) and the several-an-SM one
         timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -c "
 import torch
 import glm5lib.kernels.topk as topk
@@ -282,12 +283,13 @@ for T, n in ((3, 5000), (2, 40000), (4, 70000)):
     L = torch.randint(n // 2, n + 1, (T,), generator=g, device='cuda', dtype=torch.int32)
     base = topk_select(x, 2048, lengths=L, multi=False, sparse=0)
     for kw in ({'multi': False, 'sparse': 1}, {'multi': False}, {'multi': False, 'sparse': 4},
-               {'multi': True, 'sparse': 1}, {'multi': True}, {'multi': True, 'sparse': 4}):
+               {'multi': False, 'config': (4096, 8, 8)}, {'multi': True, 'sparse': 1}, {'multi': True},
+               {'multi': True, 'sparse': 4}):
         for rows in (0, 16):  # topk.SELECT_SCAN_ROWS: the write's prefix sums over the block or over rows of 16
             topk.SELECT_SCAN_ROWS = rows
             ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base))
-print('topk memcheck cases equal to sparse=0:', ok, 'of 36')
-" > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 36" "$OUT/memcheck_topk.log" ;;
+print('topk memcheck cases equal to sparse=0:', ok, 'of 42')
+" > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 42" "$OUT/memcheck_topk.log" ;;
     ncu-topk) for C in "1 32768" "128 32768" "1 32768 narrow"; do n=$(echo $C | tr ' ' _)
              timeout 200 ncu -k regex:_topk_select_kernel --launch-skip 2 --launch-count 1 --set full -f -o /tmp/ncut_$n \
                python3 scripts/topk_ncu_case.py $C > /tmp/ncut_$n.log 2>&1; echo "ncu-topk $C rc=$?"; grep -a picks /tmp/ncut_$n.log

@@ -29,15 +29,16 @@ so its eager time is the select's).
 keys and of the decode path's 202752-wide rows read up to 32K and 128K, the select without `multi` against it at
 chunks of 1024-8192 keys, and what `topk_select` takes by its rule (`topk.multi_rule`).
 
-`--sparse` (rounds 28-29): the variants of the select's counting and writing against the select before round 28
-(`BEFORE`: `tl.histogram` in every block), for the one-program / split select (`multi=False`) and for what
+`--sparse` (rounds 28-29): the variants of the select's counting, writing and launch configs against the select
+before round 28 (`BEFORE`: `tl.histogram` in every block), for the one-program / split select (`multi=False`) and for what
 `topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode path's 202752-wide rows, over
 four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in one first-digit bin, a
 block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to one address). Round 28
 (2b0a066, outputs/bench/sweeps/topk_sparse_h100_2b0a066.json) timed the atomics (`topk._count_digits`), a list of
-the candidates and the write ranking ties in one block (both removed since); round 29 times the write's prefix sums
-over rows of 16 keys (`topk.SELECT_SCAN_ROWS`, `scan_rows` here) and the atomics from blocks of at most 1/4 or 1/2
-matching (`sparse=4`, `2`; the shipped 8). Every variant's output checked against the select before's, whose set
+the candidates and the write ranking ties in one block (both removed since); round 29 the write's prefix sums over
+rows of 16 keys (`topk.SELECT_SCAN_ROWS`, `scan_rows` here) and the atomics from blocks of at most 1/4 or 1/2
+matching (ffdad9d, topk_sparse_h100_ffdad9d.json), then the launch config by program count (`topk.select_config`)
+against v34's one config (each run's variants are in its JSON's meta). Every variant's output checked against the select before's, whose set
 is checked against torch.topk's (not for `ties`: torch.topk breaks ties its own way); the rule's call also captured
 and replayed with new rows.
 
@@ -64,27 +65,20 @@ DISTS = ("randn", "spread")
 SPARSE_DISTS = ("randn", "spread", "narrow", "ties")
 SPARSE_SHAPES = [(1, 32768, 32768), (16, 32768, 32768), (64, 32768, 32768), (128, 32768, 32768),
                  (1, WIDE, 131072), (16, 131072, 131072), (64, 131072, 131072), (64, WIDE, 131072)]
-# the select before round 28 first (every block by tl.histogram); then the shipped select, the write's scan over
-# rows of 16 keys, the atomics from blocks of at most 1/4 and 1/2 matching, with and without it; the rule before,
-# as shipped, and with the scan over rows
-BEFORE = {"sparse": 0, "scan_rows": 0}
-ROWS16 = {"scan_rows": 16}
+# the select before round 28 first (every block by tl.histogram, the write's 1-D scans, 4096-key blocks on 8 warps);
+# round 29's v34 (4096-key blocks on 8 warps in every launch); the shipped select (`topk.select_config`: 8192-key
+# blocks on 16 warps where a launch's programs fit one wave); the rule before round 28 and as shipped
+BEFORE = {"sparse": 0, "scan_rows": 0, "config": (4096, 8, 8)}
 SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
+                   ("select_v34", {"multi": False, "config": (4096, 8, 8)}),
                    ("select_shipped", {"multi": False}),
-                   ("select_rows16", {"multi": False, **ROWS16}),
-                   ("select_sparse4", {"multi": False, "sparse": 4}),
-                   ("select_sparse4_rows16", {"multi": False, "sparse": 4, **ROWS16}),
-                   ("select_sparse2_rows16", {"multi": False, "sparse": 2, **ROWS16}),
-                   ("rule_before", BEFORE), ("rule_shipped", {}), ("rule_rows16", ROWS16),
-                   ("rule_sparse4_rows16", {"sparse": 4, **ROWS16})]
+                   ("rule_before", BEFORE), ("rule_shipped", {})]
 
 
 # the default mode: the one-program select against 16 warps and the multi select's chunk sizes
 VARIANTS = [("shipped", {"multi": False}), ("warps16", {"config": (4096, 16, 8), "multi": False}),
             ("multi4096", {"multi": True, "chunk": 4096}), ("multi2048", {"multi": True, "chunk": 2048}),
             ("multi8192", {"multi": True, "chunk": 8192})]
-
-
 # `--configs`: the one-program select's (block, warps, digit bits) beside the shipped (4096, 8, 8)
 CONFIG_SHAPES = [(1, 32768, 32768), (128, 32768, 32768), (1, WIDE, 131072), (64, 131072, 131072)]
 CONFIG_VARIANTS = [("shipped", {"multi": False})] + [

@@ -332,6 +332,39 @@ def test_topk_select_scan_rows_and_bad_input(monkeypatch):
         topk.topk_select(x, 64, sparse=-1)
 
 
+def test_topk_select_takes_the_wave_config_where_programs_fit_one_wave(monkeypatch):
+    """`topk.select_config`: a launch of at most one program an SM takes SELECT_CONFIG_WAVE (more warps a program),
+    a larger one SELECT_CONFIG, each launch of the split path on its own program count (the split's T x chunks, the
+    merge's T); an explicit `config` takes every launch; the picks are the stable sort's either way."""
+    import glm5lib.kernels.common as common
+    import glm5lib.kernels.topk as topk
+
+    assert topk.select_config(132, 132) == topk.SELECT_CONFIG_WAVE and topk.select_config(133, 132) == \
+        topk.SELECT_CONFIG
+    assert topk.SELECT_CONFIG_WAVE[2] == topk.SELECT_CONFIG[2]  # one digit width: the counts' workspace is shared
+    monkeypatch.setattr(topk, "SELECT_CONFIG", (256, 4, 8))
+    monkeypatch.setattr(topk, "SELECT_CONFIG_WAVE", (512, 8, 8))
+    launches = []
+    prebound = topk._SELECT
+    monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (launches.append((tuple(grid), kw["BLOCK"],
+                                                                                  kw["num_warps"])),
+                                                                  prebound(grid, *a, **kw)))
+    x = torch.randn(3, 1500, generator=torch.Generator().manual_seed(6))
+    want = _stable_picks(x, 40)
+
+    def run(sms, **kw):
+        launches.clear()
+        monkeypatch.setattr(common, "num_sms", lambda device: sms)
+        assert [r.tolist() for r in topk.topk_select(x, 40, **kw)] == want
+        return list(launches)
+
+    assert run(3) == [((3,), 512, 8)]  # 3 rows, 3 SMs: one wave
+    assert run(2) == [((3,), 256, 4)]
+    assert run(9, chunk=500) == [((3, 3), 512, 8), ((3,), 128, 8)]  # the merge's 120 candidates: a 128 block
+    assert run(8, chunk=500) == [((3, 3), 256, 4), ((3,), 128, 8)]  # 9 split programs on 8 SMs
+    assert run(3, chunk=500, config=(64, 2, 8)) == [((3, 3), 64, 2), ((3,), 64, 2)]
+
+
 def test_topk_select_rule_splits_a_captured_decode_steps_rows_over_programs(monkeypatch):
     """`topk._multi_default`: on a GPU, for `multi_rule`'s shapes (rows at least MULTI_MIN_N wide, at most
     MULTI_MAX_SCORES scores in the call, MULTI_MAX_SCORES_LONG past SELECT_MAX_N), the row split over programs for

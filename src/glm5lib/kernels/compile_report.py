@@ -11,6 +11,7 @@ also says whether Hopper's wgmma or the older mma.sync was chosen, and whether a
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -281,45 +282,40 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     if form in REWRITTEN_DTYPE:  # the rewrite of bf16 q over fp8 keys, launched before the scores
         specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
-    from glm5lib.kernels.topk import (MULTI_CHUNKS_RANGE, SELECT_CONFIG, SELECT_SPARSE, _multi_select_kernel,
-                                      _topk_select_kernel, multi_counts_block, scan_rows)
+    from glm5lib.kernels.topk import (MULTI_CHUNKS_RANGE, SELECT_CONFIG, SELECT_CONFIG_WAVE, SELECT_SPARSE,
+                                      _multi_select_kernel, _topk_select_kernel, multi_counts_block, scan_rows)
     from glm5lib.model.spec import GLM5Config
 
     fn = _topk_select_kernel
     block, warps, digit = SELECT_CONFIG
     # one program per row: decode (row lengths), prefill (lengths and ks); split rows: the chunk launch, the merge;
-    # and the one-program and merge launches with the write's scan over rows of 16 keys (`topk.SELECT_SCAN_ROWS`, off
-    # until timed), so that it is known to build
-    for tag, has_len, has_ks, split, merge, rows in (
-            ("len", True, False, False, False, None), ("len+ks", True, True, False, False, None),
-            ("split:len", True, False, True, False, None), ("merge:len", True, False, False, True, None),
-            ("merge:len+ks", True, True, False, True, None), ("len:rows16", True, False, False, False, 16),
-            ("merge:len:rows16", True, False, False, True, 16)):
-        consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": block,
-                  "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE,
-                  "ROWS": scan_rows(block) if rows is None else rows}
+    # each in the config for several programs an SM and in the one for one wave (`topk.select_config`)
+    for (b, w, _), (tag, has_len, has_ks, split, merge) in itertools.product(
+            (SELECT_CONFIG, SELECT_CONFIG_WAVE),
+            (("len", True, False, False, False), ("len+ks", True, True, False, False),
+             ("split:len", True, False, True, False), ("merge:len", True, False, False, True),
+             ("merge:len+ks", True, True, False, True))):
+        consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": b,
+                  "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE, "ROWS": scan_rows(b)}
         types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "OUT_X": "*fp32" if split else "*i32",
                  "POS": "*i32", "HIST": "*i32"}
-        specs.append(KernelSpec(f"topk_select[B{block}-w{warps}-d{digit}:{tag}]", fn, _sig(fn, types, consts),
-                                consts, warps, 3, ("X", "LEN", "KS", "OUT", "OUT_X", "POS", "HIST",
-                                                   "stride_x", "stride_o")))
+        specs.append(KernelSpec(f"topk_select[B{b}-w{w}-d{digit}:{tag}]", fn, _sig(fn, types, consts),
+                                consts, w, 3, ("X", "LEN", "KS", "OUT", "OUT_X", "POS", "HIST",
+                                               "stride_x", "stride_o")))
     # a decode step's rows split over programs for every pass (`topk.multi_rule`): its seven steps (the radix passes,
     # the count, the write) over GLM-5's 202752-wide decode rows, with row lengths, at the smallest and largest chunk
     # of `topk.multi_chunk` (1024 keys: 1024-score blocks; 4096 and up: `SELECT_CONFIG`'s block)
     fn = _multi_select_kernel
     width = GLM5Config.glm5().max_position_embeddings
-    # (and the write step with its scan over rows of 16 keys, off until timed)
-    npass = -(-32 // digit)
-    for chunk, mode, rows in [(c, m, None) for c in MULTI_CHUNKS_RANGE for m in range(npass + 2)] + [
-            (c, npass + 1, 16) for c in MULTI_CHUNKS_RANGE]:
-        consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
-                  "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE,
-                  "ROWS": scan_rows(min(block, chunk)) if rows is None else rows}
-        types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
-        tag = f"step{mode}" + ("" if rows is None else f":rows{rows}")
-        specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:{tag}]", fn,
-                                _sig(fn, types, consts), consts, warps, 3,
-                                ("X", "LEN", "KS", "OUT", "HIST", "CNT", "stride_x", "stride_o")))
+    for chunk in MULTI_CHUNKS_RANGE:
+        for mode in range(-(-32 // digit) + 2):
+            consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
+                      "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE,
+                      "ROWS": scan_rows(min(block, chunk))}
+            types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
+            specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
+                                    _sig(fn, types, consts), consts, warps, 3,
+                                    ("X", "LEN", "KS", "OUT", "HIST", "CNT", "stride_x", "stride_o")))
 
     fn = _write_indexer_rows_kernel
     consts = {"D": INDEXER_DIM, "SB": INDEXER_FP8_ROW_BYTES - INDEXER_DIM}

@@ -349,6 +349,14 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
 # against 64 at 9K keys, 119 against 109 at 32K, 473 against 156 at 128K: most of torch.topk's cost at short rows
 # is its launches, and past 32K one program per row leaves the GPU idle.
 SELECT_CONFIG = (4096, 8, 8)
+# A launch of at most one program an SM (`select_config`): twice the block on twice the warps, the same 16 keys a
+# thread, so each scheduler has four warps to issue from instead of two. Round 29, H100
+# (`topk_dist_probe.py --configs`, outputs/bench/sweeps/topk_configs_h100_756fb32.json; graph replay, top-k 2048):
+# one-program select at 1 / 128 rows of 32K keys 99.5 / 100.1 -> 91.7 / 92.5 us (narrow scores 100.9 / 102.2 -> 93.6
+# / 99.0), one 202752-wide row read up to 128K (13 split programs and the merge) 100.4 -> 91.4; but 64 x 128K (512
+# split programs, several an SM) 213.7 -> 255.4, so only where the programs fit one wave. Blocks of 16384 on 16 warps:
+# 87.1 at one 32K row, 92.6 at 128; 4 warps a program or blocks of 2048: 12-37 % slower.
+SELECT_CONFIG_WAVE = (8192, 16, 8)
 # Rows longer than SELECT_MAX_N are split into chunks of SELECT_CHUNK keys, one program each, then merged by one
 # program per row over ceil(N / SELECT_CHUNK) * min(k, SELECT_CHUNK) candidates (16K at 128K keys, 26K at GLM-5's
 # 202752). H200, top-k 2048 (scripts/bench_topk_long.py, outputs/bench/topk_long_h200.json), split select against
@@ -464,6 +472,12 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     block, num_warps, digit = SELECT_CONFIG if config is None else config
+    n_sms = common.num_sms(logits.device)
+
+    def launch_config(programs: int) -> tuple[int, int]:
+        """(block, warps) of a one-program / split / merge launch: `config`, else `select_config`'s."""
+        return (block, num_warps) if config is not None else select_config(programs, n_sms)[:2]
+
     dummy = out  # an unused pointer argument when a flag is off
     lens = lengths.to(torch.int32).contiguous() if lengths is not None else dummy
     ks_ = ks.to(torch.int32).contiguous() if ks is not None else dummy
@@ -481,28 +495,39 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     # each program's digit counts (`_count_digits`): zeroed and left zeroed by the kernel, so no memset launch
     counts = torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse else dummy
     if chunk >= n:
+        b, w = launch_config(T)
         _SELECT((T,),
             logits, lens, ks_, out, dummy, dummy, counts, logits.stride(0), out.stride(0), n, k, 0,
-            HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=block,
-            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(block), num_warps=num_warps,
+            HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=b,
+            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(b), num_warps=w,
         )
         return out
     kc = min(k, chunk)  # a chunk has at most `chunk` picks
     width = n_chunks * kc
     pos = torch.empty(T, width, dtype=torch.int32, device=logits.device)
     val = torch.empty(T, width, dtype=torch.float32, device=logits.device)
-    split_block, merge_block = min(block, triton.next_power_of_2(chunk)), min(block, triton.next_power_of_2(width))
+    b, w = launch_config(T * n_chunks)
+    split_block = min(b, triton.next_power_of_2(chunk))
     _SELECT((T, n_chunks),
         logits, lens, dummy, pos, val, dummy, counts, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False, BLOCK=split_block,
-        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(split_block), num_warps=num_warps,
+        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(split_block), num_warps=w,
     )
+    b, w = launch_config(T)
+    merge_block = min(b, triton.next_power_of_2(width))
     _SELECT((T,),
         val, lens, ks_, out, dummy, pos, counts, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True, BLOCK=merge_block,
-        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(merge_block), num_warps=num_warps,
+        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(merge_block), num_warps=w,
     )
     return out
+
+
+def select_config(programs: int, n_sms: int) -> tuple[int, int, int]:
+    """(block, warps, digit bits) of a one-program / split / merge launch of `programs` programs on a GPU of `n_sms`
+    SMs: `SELECT_CONFIG_WAVE` where every program has an SM of its own, else `SELECT_CONFIG` (two programs an SM
+    fit; the wave config's 16 warps hold a whole SM's registers)."""
+    return SELECT_CONFIG_WAVE if programs <= n_sms else SELECT_CONFIG
 
 
 def scan_rows(block: int) -> int:
