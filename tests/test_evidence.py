@@ -474,6 +474,50 @@ def test_evidence_round29_round28_options_timed_and_scan_rows():
         [7858, 7345]
 
 
+def test_evidence_round29_wave_config():
+    """NOTES round 29 v35 and its profile (H100): the select latency-bound (ncu at 756fb32: issue slots 34 % busy at
+    128 rows, 2 warps a scheduler, 0.53 eligible, memory 9 % of peak); 8192-key blocks on 16 warps 8 % faster where
+    programs fit one wave, 20 % slower at 64 x 128K (configs run); the shipped rule (dbd95f9) 2.0-11.6 % faster than
+    v34 at every one-program / split shape; memcheck 42/42 clean."""
+    g = "_graph_us"
+    text = (BENCH / "sweeps" / "ncu_topk_128_32768_h100_756fb32.txt").read_text()
+
+    def metric(name):
+        return float(re.search(rf"{re.escape(name)}\s+\S+\s+([\d.,]+)", text).group(1).replace(",", ""))
+
+    assert metric("Issue Slots Busy") == 34.11 and metric("Active Warps Per Scheduler") == 2.0
+    assert metric("Eligible Warps Per Scheduler") == 0.53 and metric("Max Bandwidth") == 9.25
+    assert metric("Executed Instructions") == 37699286
+    top = (BENCH / "sweeps" / "ncu_topk_sass_top_128_32768_h100_756fb32.txt").read_text()
+    assert "per opcode: LOP3 26.5 %, IMAD 13.1 %, ISETP 9.1 %, VOTE 6.7 %, POPC 6.4 %" in top
+    d = load("sweeps/topk_configs_h100_756fb32.json")
+    assert d["meta"]["commit"].startswith("756fb32") and "H100" in d["meta"]["device"]
+    rows = {(r["dist"], r["T"], r["n"]): r for r in d["rows"]}
+    assert all(v for r in rows.values() for k, v in r.items() if k.endswith("equals_shipped"))
+    got = [round(rows[("randn",) + key][v + g], 1) for key in ((1, 32768), (128, 32768), (1, 202752), (64, 131072))
+           for v in ("shipped", "b8192_w16")]
+    assert got == [99.5, 91.7, 100.1, 92.5, 100.4, 91.4, 213.7, 255.4]
+    assert [round(rows[("randn", T, 32768)]["b16384_w16" + g], 1) for T in (1, 128)] == [87.1, 92.6]
+    assert round(rows[("randn", 1, 32768)]["b4096_w16" + g], 1) == 104.2
+    rows = _sparse_rows("topk_sparse_h100_dbd95f9.json", "NVIDIA H100", "dbd95f9")
+    gains = [100 * (1 - r["select_shipped" + g] / r["select_v34" + g]) for r in rows.values()]
+    assert round(min(gains), 1) == 2.0 and round(max(gains), 1) == 11.6
+    for dist, want in (("randn", (99.5, 100.0, 91.7, 92.5)), ("narrow", (100.9, 102.4, 93.7, 98.7)),
+                       ("spread", (88.8, 89.5, 78.6, 79.5)), ("ties", (102.1, 102.6, 93.2, 94.9))):
+        xs = [r for (d_, T, n, L), r in rows.items() if d_ == dist and n == 32768]
+        assert tuple(round(f(r[v + g] for r in xs), 1) for v in ("select_v34", "select_shipped") for f in (min, max)) \
+            == (want[0], want[1], want[2], want[3]), dist
+    r = rows[("randn", 128, 32768, 32768)]
+    assert (round(r["select_shipped" + g], 1), round(r["torch_topk" + g], 1)) == (92.5, 110.9)
+    r = rows[("randn", 64, 131072, 131072)]
+    assert [round(r[v + g], 1) for v in ("select_before", "select_v34", "select_shipped", "torch_topk")] == \
+        [262.6, 214.1, 207.9, 160.2]
+    assert [round(rows[("randn", 1, 202752, 131072)][v + g], 1) for v in ("select_v34", "select_shipped")] == \
+        [100.4, 91.4]
+    log = (BENCH / "sweeps" / "memcheck_topk_h100_dbd95f9.log").read_text()
+    assert "ERROR SUMMARY: 0 errors" in log and "equal to sparse=0: 42 of 42" in log
+
+
 def topk_multi_rule(T: int, n: int) -> bool:
     from glm5lib.kernels.topk import multi_rule
 

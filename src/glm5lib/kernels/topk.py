@@ -355,7 +355,9 @@ SELECT_CONFIG = (4096, 8, 8)
 # one-program select at 1 / 128 rows of 32K keys 99.5 / 100.1 -> 91.7 / 92.5 us (narrow scores 100.9 / 102.2 -> 93.6
 # / 99.0), one 202752-wide row read up to 128K (13 split programs and the merge) 100.4 -> 91.4; but 64 x 128K (512
 # split programs, several an SM) 213.7 -> 255.4, so only where the programs fit one wave. Blocks of 16384 on 16 warps:
-# 87.1 at one 32K row, 92.6 at 128; 4 warps a program or blocks of 2048: 12-37 % slower.
+# 87.1 at one 32K row, 92.6 at 128; 4 warps a program or blocks of 2048: 12-37 % slower. The rule as shipped
+# (topk_sparse_h100_dbd95f9.json): 2.0-11.6 % faster than one config at all 32 one-program / split shapes of the
+# probe, 64 x 128K (the split's 512 programs on 8 warps, the merge's 64 on 16) 214.1 -> 207.9.
 SELECT_CONFIG_WAVE = (8192, 16, 8)
 # Rows longer than SELECT_MAX_N are split into chunks of SELECT_CHUNK keys, one program each, then merged by one
 # program per row over ceil(N / SELECT_CHUNK) * min(k, SELECT_CHUNK) candidates (16K at 128K keys, 26K at GLM-5's
