@@ -1,8 +1,8 @@
 """Top SASS instructions by sampled warp stalls from `ncu -i REPORT --page source --print-source sass --csv`.
 
 `python scripts/ncu_sass_top.py SASS.csv [N]`: prints the N instructions with the most stall samples (all
-samples), their share, and the stall samples summed per opcode; what Nsight Compute's source page shows,
-as text for a log.
+samples), their share, the stall samples summed per opcode and per loop (a backward branch's range, with the
+warp instructions it executed); what Nsight Compute's source page shows, as text for a log.
 """
 
 from __future__ import annotations
@@ -46,6 +46,22 @@ def main(argv=None) -> int:
         op = re.sub(r"^@!?U?P\w+\s+", "", r[src].strip()).split(" ")[0].split(".")[0]
         per_op[op] += num(r[samp])
     print("per opcode:", ", ".join(f"{op} {v / total * 100:.1f} %" for op, v in per_op.most_common(15)))
+    if addr:  # per loop: the instructions from a backward branch's target to the branch (outermost loops first)
+        at = [int(str(r[addr]), 16) for r in rows]
+        loops = []
+        for i, r in enumerate(rows):
+            m = re.search(r"BRA\s+(?:`\(\.\w+\)\s*)?(0x[0-9a-f]+)", r[src])
+            if m:
+                target = int(m.group(1), 16)
+                target += at[0] if target < at[0] else 0  # an offset from the function's start, or an address
+                if target < at[i]:
+                    loops.append((target, at[i]))
+        inst = next((c for c in cols if c.strip() == "Instructions Executed"), None)
+        for lo, hi in sorted(loops):
+            body = [r for a, r in zip(at, rows) if lo <= a <= hi]
+            executed = sum(num(r[inst]) for r in body) if inst else 0
+            print(f"loop {lo:#x}-{hi:#x}: {len(body)} instructions, {sum(num(r[samp]) for r in body) / total * 100:.1f} % "
+                  f"of stall samples, {executed:.0f} warp instructions executed")
     return 0
 
 

@@ -92,8 +92,22 @@ SWEEP_VARIANTS = ([("shipped", {"multi": False}), ("rule", {})]
                   + [(f"multi{c}", {"multi": True, "chunk": c}) for c in (1024, 2048, 4096, 8192)])
 
 
-def select(x, k, scan_rows: int | None = None, **kw):
-    """`topk_select` with `topk.SELECT_SCAN_ROWS` set to `scan_rows` for the call (None: as it is)."""
+# GLM5LIB_TOPK_AB=path/to/topk.py: another version of the module (e.g. `git show REV:src/glm5lib/kernels/topk.py`),
+# timed beside this one in the same process as `select_ab` / `rule_ab` (its own kernels, compiled apart)
+AB = None
+if os.environ.get("GLM5LIB_TOPK_AB"):
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location("topk_ab", os.environ["GLM5LIB_TOPK_AB"])
+    AB = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(AB)
+
+
+def select(x, k, scan_rows: int | None = None, impl: str | None = None, **kw):
+    """`topk_select` with `topk.SELECT_SCAN_ROWS` set to `scan_rows` for the call (None: as it is); `impl` "ab":
+    the GLM5LIB_TOPK_AB module's instead."""
+    if impl == "ab":
+        return AB.topk_select(x, k, **kw)
     if scan_rows is None:
         return topk_select(x, k, **kw)
     keep, topk.SELECT_SCAN_ROWS = topk.SELECT_SCAN_ROWS, scan_rows
@@ -130,11 +144,13 @@ def main(path: str, mode: str = "") -> None:
     dev = "cuda"
     t0 = time.time()
     rows = []
+    ab = [("select_ab", {"impl": "ab", "multi": False}), ("rule_ab", {"impl": "ab"})] if AB is not None else []
     shapes, dists, variants = {"--sweep": (SWEEP_SHAPES, ("randn",), SWEEP_VARIANTS),
                                "--sparse": (SPARSE_SHAPES, SPARSE_DISTS, SPARSE_VARIANTS),
                                "--configs": (CONFIG_SHAPES, ("randn", "narrow"), CONFIG_VARIANTS)}.get(
         mode, (SHAPES, DISTS, VARIANTS))
     sparse = mode == "--sparse"
+    variants = variants + ab
     for dist in dists:
         for T, n, length in shapes:
             row = {"dist": dist, "T": T, "n": n, "length": length, "k": K,
@@ -181,6 +197,7 @@ def main(path: str, mode: str = "") -> None:
             "torch": torch.__version__, "triton": __import__("triton").__version__,
             "select_config": topk.SELECT_CONFIG, "variants": variants, "mode": mode or "dist", "repeats": REPEATS,
             "select_sparse": topk.SELECT_SPARSE, "select_scan_rows": topk.SELECT_SCAN_ROWS,
+            "ab_module": os.environ.get("GLM5LIB_TOPK_AB"),
             "seconds": time.time() - t0}
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -776,3 +776,33 @@ def test_topk_probe_variants_run_and_agree(monkeypatch):
             kw["chunk"] = 1024
         got = probe.select(x, 64, lengths=lengths, **kw)
         assert [r.tolist() for r in got] == want, name
+
+
+def test_ncu_sass_top_sums_stalls_per_loop(tmp_path, capsys):
+    """`scripts/ncu_sass_top.py` on a source-page CSV: the top instructions, per opcode, and per loop (a backward
+    branch's range; its target an address or an offset from the function's start) the stall samples and executed
+    warp instructions; a file without stall samples is refused in one line."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "ncu_sass_top.py"
+    spec = importlib.util.spec_from_file_location("ncu_sass_top", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    csv = tmp_path / "sass.csv"
+    csv.write_text('"Kernel Name","k"\n"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"\n'
+                   '"0x7f0000000000","MOV R1, c[0x0][0x28]","1","10"\n'
+                   '"0x7f0000000010","LOP3.LUT R2, R3, R4, RZ, 0xc0, !PT","5","100"\n'
+                   '"0x7f0000000020","@P0 BRA 0x7f0000000010","2","100"\n'
+                   '"0x7f0000000030","IADD3 R2, R3, R4, RZ","3","50"\n'
+                   '"0x7f0000000040","@P1 BRA 0x30","1","50"\n"0x7f0000000050","EXIT","0","1"\n')
+    assert mod.main([str(csv), "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith(" 41.7 %") and "LOP3" in out[1]
+    assert out[-2] == "loop 0x7f0000000010-0x7f0000000020: 2 instructions, 58.3 % of stall samples, 200 warp " \
+                      "instructions executed"
+    assert out[-1].startswith("loop 0x7f0000000030-0x7f0000000040: 2 instructions, 33.3 %")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("nothing here\n")
+    with pytest.raises(SystemExit, match="not a source-page CSV"):
+        mod.main([str(bad)])

@@ -113,6 +113,7 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
     MERGE: X is that score workspace; a pick is written as the position POS (the position workspace, laid out
     like X) holds for it. LEN there bounds a row at the chunks that start before its length.
     """
+    tl.static_assert(BLOCK <= 16384, "the write packs two block counts in 16 bits each (`_block_picks`)")
     t = tl.program_id(0)
     row = X + t.to(tl.int64) * stride_x
     out = OUT + t.to(tl.int64) * stride_o
@@ -169,26 +170,25 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
     base = 0
     if HAS_KS:
         base = tl.load(KS + t)
+    # every finite key when the row has no more than K of them: a threshold at -inf's key, no ties taken
+    thr = tl.where(take_all, tl.full([], NEG_INF_KEY, tl.uint32), prefix)
+    quota = tl.where(take_all, 0, remaining)  # the ties still to take
     written = 0
-    equal_seen = 0
     for start in range(0, n, BLOCK):
         offs = start + _block_offsets(BLOCK, ROWS)
         inside = offs < n
         x = tl.load(row + offs, mask=inside, other=float("-inf"))
         key = _ordered_key(x)
-        valid = inside & (key > NEG_INF_KEY)
-        equal = valid & (key == prefix)
-        take = valid & ((key > prefix) | (equal & (equal_seen + _block_scan(equal, ROWS) <= remaining)))
-        take = tl.where(take_all, valid, take)
-        slot = written + _block_scan(take, ROWS) - 1
+        take, place, n_taken, n_equal = _block_picks(key, inside & (key > NEG_INF_KEY), thr, quota, ROWS)
+        slot = written + place
         pos = first + offs
         if MERGE:
             pos = tl.load(POS + t.to(tl.int64) * stride_x + offs, mask=take, other=-1)
         tl.store(out + slot, (pos - base).to(tl.int32), mask=take)
         if SPLIT:
             tl.store(out_x + slot, x, mask=take)
-        written += _block_count(take, ROWS)
-        equal_seen += _block_count(equal, ROWS)
+        written += n_taken
+        quota -= n_equal
     n_out = K
     if SPLIT:  # a chunk that starts past the row's length is never read by the merge
         n_out = tl.where(n > 0, K, 0)
@@ -223,12 +223,30 @@ def _block_scan(m, ROWS: tl.constexpr):
 
 
 @triton.jit
-def _block_count(m, ROWS: tl.constexpr):
-    """How many of the mask `m` are set (`_block_offsets`' shapes)."""
+def _block_sum(c, ROWS: tl.constexpr):
+    """The sum of the int32 block `c` (`_block_offsets`' shapes)."""
     if ROWS > 0:
-        return tl.sum(tl.sum(m.to(tl.int32), 1), 0)
+        return tl.sum(tl.sum(c, 1), 0)
     else:
-        return tl.sum(m.to(tl.int32), 0)
+        return tl.sum(c, 0)
+
+
+@triton.jit
+def _block_picks(key, valid, thr, quota, ROWS: tl.constexpr):
+    """A write block's picks among its `valid` keys: those above `thr`, then those equal to it while the `quota` of
+    ties still to take lasts (may be negative: none), earliest first. Returns (take, place: each pick's 0-based
+    place among the block's picks, how many it takes, how many equal `thr`). The above and equal counts go packed in
+    one int32 (16 bits each: blocks of at most 2^14 keys) through one prefix sum and one sum, where ranking the ties
+    and then placing the picks took two of each (a pick's place: the keys above before it and itself, plus the ties
+    taken before it, at most the quota)."""
+    packed = (valid & (key > thr)).to(tl.int32) + ((valid & (key == thr)).to(tl.int32) << 16)
+    inc = _block_scan(packed, ROWS)
+    tot = _block_sum(packed, ROWS)
+    q = tl.maximum(quota, 0)
+    ties = inc >> 16  # the equal keys up to and including each key
+    take = valid & ((key > thr) | ((key == thr) & (ties <= q)))
+    place = (inc & 0xFFFF) + tl.minimum(ties, q) - 1
+    return take, place, (tot & 0xFFFF) + tl.minimum(tot >> 16, q), tot >> 16
 
 
 @triton.jit
@@ -267,6 +285,7 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
     equal ones the row still takes once the chunks before it have taken theirs) written in position order at
     their place in the row's list, which the counts of the chunks before it give; chunk 0 also writes the -1
     padding past the row's picks. Chunks that start past the row's length count nothing and pick nothing."""
+    tl.static_assert(BLOCK <= 16384, "the count and write steps pack two block counts in 16 bits each")
     NPASS: tl.constexpr = (32 + DIGIT - 1) // DIGIT
     t = tl.program_id(0)
     c = tl.program_id(1)
@@ -310,8 +329,9 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
                 offs = start + offs0
                 key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
                 valid = (offs < m) & (key > NEG_INF_KEY)
-                gt += tl.sum((valid & (key > thr)).to(tl.int32), 0)
-                eq += tl.sum((valid & (key == thr)).to(tl.int32), 0)
+                tot = tl.sum((valid & (key > thr)).to(tl.int32) + ((valid & (key == thr)).to(tl.int32) << 16), 0)
+                gt += tot & 0xFFFF  # the two counts packed as in `_block_picks`: one sum
+                eq += tot >> 16
             tl.store(CNT + (t * n_chunks + c) * 2, gt)
             tl.store(CNT + (t * n_chunks + c) * 2 + 1, eq)
         else:
@@ -320,7 +340,7 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
             cnt_eq = tl.load(CNT + (t * n_chunks + cidx) * 2 + 1, mask=cidx < n_chunks, other=0)
             eq_before = tl.sum(tl.where(cidx < c, cnt_eq, 0), 0)
             written = tl.sum(tl.where(cidx < c, cnt_gt, 0), 0) + tl.minimum(rem, eq_before)
-            equal_seen = eq_before
+            quota = rem - eq_before  # the ties this chunk may still take
             base = 0
             if HAS_KS:
                 base = tl.load(KS + t)
@@ -328,13 +348,10 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
             for start in range(0, m, BLOCK):
                 offs = start + _block_offsets(BLOCK, ROWS)
                 key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
-                valid = (offs < m) & (key > NEG_INF_KEY)
-                equal = valid & (key == thr)
-                take = valid & ((key > thr) | (equal & (equal_seen + _block_scan(equal, ROWS) <= rem)))
-                slot = written + _block_scan(take, ROWS) - 1
-                tl.store(out + slot, (first + offs - base).to(tl.int32), mask=take)
-                written += _block_count(take, ROWS)
-                equal_seen += _block_count(equal, ROWS)
+                take, place, n_taken, n_equal = _block_picks(key, (offs < m) & (key > NEG_INF_KEY), thr, quota, ROWS)
+                tl.store(out + written + place, (first + offs - base).to(tl.int32), mask=take)
+                written += n_taken
+                quota -= n_equal
             if c == 0:
                 total = tl.sum(cnt_gt, 0) + tl.minimum(rem, tl.sum(cnt_eq, 0))
                 for start in range(0, K, OUT_BLOCK):
