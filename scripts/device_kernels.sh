@@ -88,8 +88,9 @@
 #   write's prefix sums over rows of 16 keys (`topk.SELECT_SCAN_ROWS`, round 29), against tl.histogram in every
 #   block, 1-128 rows, four score spreads (topk_sparse_h200.json); memcheck of each path (memcheck_topk.log)
 # ncu-topk: Nsight Compute of the one-program top-k select (1 and 128 rows of 32K standard-normal scores, one of a
-#   narrow spread; ncu_topk_*.txt, ncu_topk_sass_top_*.txt), and its block / warp configs timed
-#   (`topk_dist_probe.py --configs`, topk_configs_h200.json)
+#   narrow spread; NCU_TOPK_CASES="128_32768_agg ..." picks others: scripts/topk_ncu_case.py's arguments joined by
+#   _; ncu_topk_*.txt, ncu_topk_sass_top_*.txt), and its block / warp configs timed (`topk_dist_probe.py --configs`,
+#   topk_configs_h200.json; NCU_TOPK_CONFIGS=0 skips them)
 # racecheck-dq: compute-sanitizer racecheck and synccheck on the 130-token 128-head fp8 case (the dq kernel)
 # round21: the 64-128-head kernels at fp8 decode B128 with the dequantising-producer kernel (`mla_gluon_large` mode
 #   "dq", FlashMLA's sm_90 fp8 decode plan) checked and timed beside the key-split kernel and FlashMLA, its producer
@@ -285,12 +286,12 @@ for T, n in ((3, 5000), (2, 40000), (4, 70000)):
     for kw in ({'multi': False, 'sparse': 1}, {'multi': False}, {'multi': False, 'sparse': 4},
                {'multi': False, 'config': (4096, 8, 8)}, {'multi': True, 'sparse': 1}, {'multi': True},
                {'multi': True, 'sparse': 4}):
-        for rows in (0, 16):  # topk.SELECT_SCAN_ROWS: the write's prefix sums over the block or over rows of 16
-            topk.SELECT_SCAN_ROWS = rows
+        for rows, agg in ((0, False), (16, False), (16, True)):  # topk.SELECT_SCAN_ROWS, topk.SELECT_AGG
+            topk.SELECT_SCAN_ROWS, topk.SELECT_AGG = rows, agg
             ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base))
-print('topk memcheck cases equal to sparse=0:', ok, 'of 42')
-" > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 42" "$OUT/memcheck_topk.log" ;;
-    ncu-topk) for C in "1 32768" "128 32768" "1 32768 narrow"; do n=$(echo $C | tr ' ' _)
+print('topk memcheck cases equal to sparse=0:', ok, 'of 63')
+" > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 63" "$OUT/memcheck_topk.log" ;;
+    ncu-topk) for n in ${NCU_TOPK_CASES:-1_32768 128_32768 1_32768_narrow}; do C=$(echo $n | tr _ ' ')
              timeout 200 ncu -k regex:_topk_select_kernel --launch-skip 2 --launch-count 1 --set full -f -o /tmp/ncut_$n \
                python3 scripts/topk_ncu_case.py $C > /tmp/ncut_$n.log 2>&1; echo "ncu-topk $C rc=$?"; grep -a picks /tmp/ncut_$n.log
              ncu -i /tmp/ncut_$n.ncu-rep --page details > "$OUT/ncu_topk_$n.txt" 2>&1
@@ -298,8 +299,9 @@ print('topk memcheck cases equal to sparse=0:', ok, 'of 42')
              python3 scripts/ncu_sass_top.py /tmp/ncut_$n.csv 80 > "$OUT/ncu_topk_sass_top_$n.txt" 2>&1
              grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Registers Per|Achieved Occupancy" "$OUT/ncu_topk_$n.txt" | head -8
            done
-           timeout 200 python3 scripts/topk_dist_probe.py "$OUT/topk_configs_h200.json" --configs > "$OUT/topk_configs.log" 2>&1
-           echo "topk configs rc=$?"; tail -1 "$OUT/topk_configs.log" ;;
+           if [ "${NCU_TOPK_CONFIGS:-1}" != 0 ]; then
+             timeout 200 python3 scripts/topk_dist_probe.py "$OUT/topk_configs_h200.json" --configs > "$OUT/topk_configs.log" 2>&1
+             echo "topk configs rc=$?"; tail -1 "$OUT/topk_configs.log"; fi ;;
     round23b) timeout 300 python3 scripts/tail_probe.py "$OUT/pp_tail_h200.json" --formats bf16 > "$OUT/pp_tail.log" 2>&1
         echo "tail probe rc=$?"; tail -2 "$OUT/pp_tail.log"
         timeout 200 python3 -c "import sys; from glm5lib.kernels import checks, mla_gluon_large as m

@@ -67,12 +67,14 @@ SPARSE_SHAPES = [(1, 32768, 32768), (16, 32768, 32768), (64, 32768, 32768), (128
                  (1, WIDE, 131072), (16, 131072, 131072), (64, 131072, 131072), (64, WIDE, 131072)]
 # the select before round 28 first (every block by tl.histogram, the write's 1-D scans, 4096-key blocks on 8 warps);
 # round 29's v34 (4096-key blocks on 8 warps in every launch); the shipped select (`topk.select_config`: 8192-key
-# blocks on 16 warps where a launch's programs fit one wave); the rule before round 28 and as shipped
-BEFORE = {"sparse": 0, "scan_rows": 0, "config": (4096, 8, 8)}
+# blocks on 16 warps where a launch's programs fit one wave); with every pass counted by warp-aggregated adds
+# (`agg`: `topk.SELECT_AGG`), also on v34's config; the rule before round 28, as shipped and with the adds
+BEFORE = {"sparse": 0, "scan_rows": 0, "config": (4096, 8, 8), "agg": False}
 SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
                    ("select_v34", {"multi": False, "config": (4096, 8, 8)}),
-                   ("select_shipped", {"multi": False}),
-                   ("rule_before", BEFORE), ("rule_shipped", {})]
+                   ("select_shipped", {"multi": False}), ("select_agg", {"multi": False, "agg": True}),
+                   ("select_agg_v34", {"multi": False, "agg": True, "config": (4096, 8, 8)}),
+                   ("rule_before", BEFORE), ("rule_shipped", {}), ("rule_agg", {"agg": True})]
 
 
 # the default mode: the one-program select against 16 warps and the multi select's chunk sizes
@@ -103,18 +105,18 @@ if os.environ.get("GLM5LIB_TOPK_AB"):
     _spec.loader.exec_module(AB)
 
 
-def select(x, k, scan_rows: int | None = None, impl: str | None = None, **kw):
-    """`topk_select` with `topk.SELECT_SCAN_ROWS` set to `scan_rows` for the call (None: as it is); `impl` "ab":
-    the GLM5LIB_TOPK_AB module's instead."""
+def select(x, k, scan_rows: int | None = None, impl: str | None = None, agg: bool | None = None, **kw):
+    """`topk_select` with `topk.SELECT_SCAN_ROWS` set to `scan_rows` and `topk.SELECT_AGG` to `agg` for the call
+    (None: as they are); `impl` "ab": the GLM5LIB_TOPK_AB module's instead."""
     if impl == "ab":
         return AB.topk_select(x, k, **kw)
-    if scan_rows is None:
-        return topk_select(x, k, **kw)
-    keep, topk.SELECT_SCAN_ROWS = topk.SELECT_SCAN_ROWS, scan_rows
+    keep = topk.SELECT_SCAN_ROWS, topk.SELECT_AGG
+    topk.SELECT_SCAN_ROWS = keep[0] if scan_rows is None else scan_rows
+    topk.SELECT_AGG = keep[1] if agg is None else agg
     try:
         return topk_select(x, k, **kw)
     finally:
-        topk.SELECT_SCAN_ROWS = keep
+        topk.SELECT_SCAN_ROWS, topk.SELECT_AGG = keep
 
 
 def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:

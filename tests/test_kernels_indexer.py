@@ -122,7 +122,8 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
 # row split over programs for every pass (`multi`), with chunks of one block and of several blocks of 256; each of
 # the one-program and the multi select with the passes after the first counted by atomics in every block
 # (`sparse=1`) and by `tl.histogram` in every block (`sparse=0`); the write's prefix sums over rows of 16 or 4
-# adjacent keys (`scan_rows`: `topk.SELECT_SCAN_ROWS`), in both selects
+# adjacent keys (`scan_rows`: `topk.SELECT_SCAN_ROWS`), in both selects; every pass counted into global memory as
+# the warp-aggregated adds do (`agg`: `topk.SELECT_AGG`; the interpreter adds key by key)
 SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": {"multi": True, "chunk": 700},
                    "multi-blocks": {"multi": True, "chunk": 600, "config": (256, 4, 8)},
                    "atomics": {"sparse": 1, "config": (512, 4, 8)}, "histograms": {"sparse": 0},
@@ -130,7 +131,9 @@ SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": 
                    "multi-histograms": {"multi": True, "chunk": 600, "config": (256, 4, 8), "sparse": 0},
                    "rows16": {"scan_rows": 16}, "rows16-block256": {"scan_rows": 16, "config": (256, 4, 8)},
                    "rows4-atomics": {"scan_rows": 4, "sparse": 1, "config": (512, 4, 8)},
-                   "multi-rows16": {"multi": True, "chunk": 600, "config": (256, 4, 8), "scan_rows": 16}}
+                   "multi-rows16": {"multi": True, "chunk": 600, "config": (256, 4, 8), "scan_rows": 16},
+                   "agg": {"agg": True, "config": (512, 4, 8)},
+                   "multi-agg": {"multi": True, "chunk": 600, "config": (256, 4, 8), "agg": True}}
 
 
 @pytest.mark.parametrize("variant", SELECT_VARIANTS)
@@ -169,6 +172,8 @@ def test_topk_select_picks_like_a_stable_sort(monkeypatch, case, variant):
     kw = dict(SELECT_VARIANTS[variant])
     if "scan_rows" in kw:
         monkeypatch.setattr(topk, "SELECT_SCAN_ROWS", kw.pop("scan_rows"))
+    if "agg" in kw:
+        monkeypatch.setattr(topk, "SELECT_AGG", kw.pop("agg"))
     got = topk_select(x, k, lengths=lengths, ks=ks, **kw)
     assert got.shape == (x.shape[0], k) and got.dtype == torch.int32
     for t, want in enumerate(_stable_picks(x, k, lengths, ks)):
@@ -269,12 +274,15 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, block):
         assert all(v == -1 for v in row[len(w):])
     # the row split over programs for every pass (`multi`), at the same chunk boundaries
     assert torch.equal(topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, multi=True), one), case
-    # the write's prefix sums over rows of adjacent keys, in the split, the merge and the multi select
+    # the write's prefix sums over rows of adjacent keys, in the split, the merge and the multi select; and every
+    # pass counted into global memory (`topk.SELECT_AGG`)
     monkeypatch.setattr(topk, "SELECT_SCAN_ROWS", 16)
-    for kw in ({"sparse": 1}, {"multi": True}):
-        got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, config=None if block is None else (block, 4, 8),
-                          **kw)
-        assert torch.equal(got, one), (case, kw)
+    for agg in (False, True):
+        monkeypatch.setattr(topk, "SELECT_AGG", agg)
+        for kw in ({"sparse": 1}, {"multi": True}):
+            got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk,
+                              config=None if block is None else (block, 4, 8), **kw)
+            assert torch.equal(got, one), (case, kw, agg)
 
 
 def test_topk_select_splits_long_rows_by_default(monkeypatch):

@@ -282,21 +282,26 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     if form in REWRITTEN_DTYPE:  # the rewrite of bf16 q over fp8 keys, launched before the scores
         specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
-    from glm5lib.kernels.topk import (MULTI_CHUNKS_RANGE, SELECT_CONFIG, SELECT_CONFIG_WAVE, SELECT_SPARSE,
-                                      _multi_select_kernel, _topk_select_kernel, multi_counts_block, scan_rows)
+    from glm5lib.kernels.topk import (MULTI_CHUNKS_RANGE, SELECT_AGG, SELECT_CONFIG, SELECT_CONFIG_WAVE,
+                                      SELECT_SPARSE, _multi_select_kernel, _topk_select_kernel, multi_counts_block,
+                                      scan_rows)
     from glm5lib.model.spec import GLM5Config
 
     fn = _topk_select_kernel
     block, warps, digit = SELECT_CONFIG
     # one program per row: decode (row lengths), prefill (lengths and ks); split rows: the chunk launch, the merge;
-    # each in the config for several programs an SM and in the one for one wave (`topk.select_config`)
-    for (b, w, _), (tag, has_len, has_ks, split, merge) in itertools.product(
+    # each in the config for several programs an SM and in the one for one wave (`topk.select_config`); and the
+    # one-program and merge launches with every pass counted by warp-aggregated adds (`topk.SELECT_AGG`, its PTX)
+    for (b, w, _), (tag, has_len, has_ks, split, merge, agg) in list(itertools.product(
             (SELECT_CONFIG, SELECT_CONFIG_WAVE),
-            (("len", True, False, False, False), ("len+ks", True, True, False, False),
-             ("split:len", True, False, True, False), ("merge:len", True, False, False, True),
-             ("merge:len+ks", True, True, False, True))):
+            (("len", True, False, False, False, SELECT_AGG), ("len+ks", True, True, False, False, SELECT_AGG),
+             ("split:len", True, False, True, False, SELECT_AGG), ("merge:len", True, False, False, True, SELECT_AGG),
+             ("merge:len+ks", True, True, False, True, SELECT_AGG)))) + [
+            (SELECT_CONFIG_WAVE, ("len:agg", True, False, False, False, True)),
+            (SELECT_CONFIG, ("merge:len:agg", True, False, False, True, True))]:
         consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": b,
-                  "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE, "ROWS": scan_rows(b)}
+                  "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE, "ROWS": scan_rows(b), "AGG": agg,
+                  "ASM": True}
         types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "OUT_X": "*fp32" if split else "*i32",
                  "POS": "*i32", "HIST": "*i32"}
         specs.append(KernelSpec(f"topk_select[B{b}-w{w}-d{digit}:{tag}]", fn, _sig(fn, types, consts),
@@ -307,15 +312,17 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     # of `topk.multi_chunk` (1024 keys: 1024-score blocks; 4096 and up: `SELECT_CONFIG`'s block)
     fn = _multi_select_kernel
     width = GLM5Config.glm5().max_position_embeddings
-    for chunk in MULTI_CHUNKS_RANGE:
-        for mode in range(-(-32 // digit) + 2):
-            consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
-                      "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE,
-                      "ROWS": scan_rows(min(block, chunk))}
-            types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
-            specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
-                                    _sig(fn, types, consts), consts, warps, 3,
-                                    ("X", "LEN", "KS", "OUT", "HIST", "CNT", "stride_x", "stride_o")))
+    # (and the first two steps with the warp-aggregated adds)
+    for chunk, mode, agg in [(c, m, SELECT_AGG) for c in MULTI_CHUNKS_RANGE for m in range(-(-32 // digit) + 2)] + [
+            (MULTI_CHUNKS_RANGE[0], m, True) for m in (0, 1)]:
+        consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
+                  "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE,
+                  "ROWS": scan_rows(min(block, chunk)), "AGG": agg, "ASM": True}
+        types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
+        tag = f"step{mode}" + (":agg" if agg and not SELECT_AGG else "")
+        specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:{tag}]", fn,
+                                _sig(fn, types, consts), consts, warps, 3,
+                                ("X", "LEN", "KS", "OUT", "HIST", "CNT", "stride_x", "stride_o")))
 
     fn = _write_indexer_rows_kernel
     consts = {"D": INDEXER_DIM, "SB": INDEXER_FP8_ROW_BYTES - INDEXER_DIM}

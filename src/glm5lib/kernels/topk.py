@@ -65,8 +65,29 @@ def _radix_step(hist, bins, prefix, remaining, shift):
 
 
 @triton.jit
+def _warp_adds(COUNTS, digit, match, ASM: tl.constexpr):
+    """COUNTS[digit] += 1 for every key that matches, as one relaxed global add per distinct digit a warp holds at
+    each element instead of one per key (`match.any.sync` groups the lanes whose keys share a digit; the lowest lane
+    of a group adds the group's size), so a block costs a few instructions a key whatever its density: where
+    `tl.histogram` (Triton 3.6: 8 ballots and a popcount per bin a lane owns, for every key) or one add a key (the
+    keys of a run of ties all at one address) cost far more. Every lane of each warp runs the asm (the caller's loop
+    and branches are uniform across a program). ASM False (the interpreter, which runs no PTX): one add a key."""
+    if ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p, q; .reg .b32 m, lt, c;\n"
+            " match.any.sync.b32 m, $1, 0xffffffff;\n"
+            " mov.u32 lt, %lanemask_lt;\n and.b32 lt, lt, m;\n setp.eq.u32 p, lt, 0;\n"  # the group's lowest lane
+            " setp.ge.s32 q, $1, 0;\n and.pred p, p, q;\n"  # keys that do not match carry -1: no add
+            " popc.b32 c, m;\n @p red.relaxed.gpu.global.add.u32 [$2], c;\n mov.b32 $0, c; }",
+            "=r,r,l", [tl.where(match, digit, -1), COUNTS + tl.where(match, digit, 0)], dtype=tl.int32,
+            is_pure=False, pack=1)
+    else:
+        tl.atomic_add(COUNTS + digit, 1, mask=match, sem="relaxed")
+
+
+@triton.jit
 def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
-                  ONE_BIN: tl.constexpr = False):
+                  ONE_BIN: tl.constexpr = False, AGG: tl.constexpr = False, ASM: tl.constexpr = False):
     """`hist` plus one block's digit counts of the keys that `match`: by `tl.histogram` (Triton 3.6 lowers it to 8
     warp ballots and a popcount per bin a lane owns for every key, matching or not), or, with SPARSE > 0 and at most
     BLOCK / SPARSE of the block matching, by one relaxed atomic add per matching key into `COUNTS[digit]` (global
@@ -74,8 +95,11 @@ def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.co
     largest's match, a few percent of a row for spread scores, and their adds spread over many bins. A block of
     many matches (ties, a narrow spread) keeps the histogram: adds to one bin would queue at one address.
     ONE_BIN: a block whose matching keys all share one digit (a run of equal scores at the cut) adds their count
-    once (`_multi_select_kernel`: a row's programs all add into one row of counts)."""
-    if SPARSE > 0:
+    once (`_multi_select_kernel`: a row's programs all add into one row of counts). AGG: every block, whatever its
+    density and pass, by one add per digit a warp holds at an element (`_warp_adds`), `hist` unchanged."""
+    if AGG:
+        _warp_adds(COUNTS, digit, match, ASM)
+    elif SPARSE > 0:
         n_match = tl.sum(match.to(tl.int32), 0)
         if n_match * SPARSE <= BLOCK:
             if ONE_BIN:
@@ -97,12 +121,13 @@ def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.co
 def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N, K, chunk,
                         HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr, SPARSE: tl.constexpr,
-                        ROWS: tl.constexpr):
+                        ROWS: tl.constexpr, AGG: tl.constexpr = False, ASM: tl.constexpr = False):
     """Program t: row t's top-K into row t of OUT (see `topk_select`).
 
     SPARSE > 0: the passes after the first count a block's digits one atomic per matching key into the program's
     row of HIST (`[programs, 2^DIGIT]` int32, zeroed here and left zeroed) where at most BLOCK / SPARSE of its keys
-    match (`_count_digits`); 0: every block by `tl.histogram`.
+    match (`_count_digits`); 0: every block by `tl.histogram`. AGG: every pass counts every block into that row of
+    HIST by one add per digit a warp holds (`_warp_adds`; ASM: by PTX, else key by key), SPARSE aside.
 
     ROWS > 0: the write reads a block as BLOCK / ROWS rows of ROWS adjacent keys, so that the picks' places are
     in-row sums plus one scan of the row totals (`_block_scan`); 0: one 1-D prefix sum over the block.
@@ -140,7 +165,8 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
     remaining = K  # how many of the keys that match `prefix` are still to be taken
     n_valid = 0
     n_scan = tl.where(n > K, n, 0)  # no more keys than K: all finite ones are picked, no threshold needed
-    if SPARSE > 0:
+    GLOBAL: tl.constexpr = SPARSE > 0 or AGG  # counts go through HIST (from the second pass on, or all passes)
+    if GLOBAL:
         tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
         tl.debug_barrier()
     for r in tl.static_range((32 + DIGIT - 1) // DIGIT):
@@ -154,11 +180,11 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
             if r > 0:
                 match = match & ((key >> hi) == (prefix >> hi))
             digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
-            hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT)
-        if SPARSE > 0:
-            if r > 0:  # the atomics' counts join the block counts; the next pass's adds wait for the reads (every
-                # thread of a replicated count layout needs the exchange's result: none at 8 warps and 256 bins,
-                # the shipped config; more threads than bins are not checked on a GPU)
+            hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT, False, AGG, ASM)
+        if GLOBAL:
+            if (r > 0) or AGG:  # the adds' counts join the block counts; the next pass's adds wait for the reads
+                # (every thread of a replicated count layout needs the exchange's result: 16 warps hold 256 bins
+                # twice, the wave config, right on an H100 at every probe shape since v35)
                 tl.debug_barrier()
                 hist += tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
                 tl.debug_barrier()
@@ -273,7 +299,7 @@ def _row_threshold(HIST, t, PASSES: tl.constexpr, K, DIGIT: tl.constexpr):
 def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, chunk, n_chunks,
                          MODE: tl.constexpr, HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, BLOCK: tl.constexpr,
                          DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPARSE: tl.constexpr,
-                         ROWS: tl.constexpr):
+                         ROWS: tl.constexpr, AGG: tl.constexpr = False, ASM: tl.constexpr = False):
     """Program (t, c) of row t split over `n_chunks` programs of `chunk` keys each, one launch per step
     (`topk_select(..., multi=True)`): the radix select of `_topk_select_kernel` with its digit counts summed over
     the row's programs in global memory, so that every pass of a row runs on all of them.
@@ -311,7 +337,8 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
                 if MODE > 0:
                     match = match & ((key >> hi) == (prefix >> hi))
                 digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
-                hist = _count_digits(hist, counts, digit, match, SPARSE if MODE > 0 else 0, BLOCK, DIGIT, True)
+                hist = _count_digits(hist, counts, digit, match, SPARSE if MODE > 0 else 0, BLOCK, DIGIT, True, AGG,
+                                     ASM)
             bins = tl.arange(0, 1 << DIGIT)
             tl.atomic_add(counts + bins, hist, mask=hist != 0)
     elif MODE == NPASS and m == 0:  # nothing to count: no threshold needed
@@ -439,6 +466,11 @@ TOPK_FAST_TORCH_ABOVE = 6_000_000
 # normal and spread at 32K level; 2 (atomics from half a block matching) gained more at one row (standard normal
 # 32K 92.2 us) and lost at 128 rows (103.2, ties 108.8 against 102.8).
 SELECT_SPARSE = 4
+# Every radix pass counts every block by one add per digit a warp holds at an element (`_warp_adds`: `match.any`),
+# in both selects, instead of `tl.histogram` / an add a key by SELECT_SPARSE. Round 29: the two histogram passes were
+# half the one-program select's stall samples at 128 rows of 32K (outputs/bench/sweeps/
+# ncu_topk_sass_top_128_32768_h100_19717c6.txt). False until timed on a GPU.
+SELECT_AGG = False
 # The write reads a block as rows of SELECT_SCAN_ROWS adjacent keys (`_block_scan`: in-row sums and one scan of the
 # row totals, both selects); 0: one 1-D prefix sum a block. Round 29 (topk_sparse_h100_ffdad9d.json, H100, against
 # 0 with SELECT_SPARSE 8): 1.5-4.9 % faster at every one of the probe's 32 one-program / split shapes (standard
@@ -483,7 +515,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     if out is None:
         out = torch.empty(T, k, dtype=torch.int32, device=logits.device)
     elif out.shape[0] < T or out.shape[1] < k or out.dtype != torch.int32 or out.stride(-1) != 1:
-        raise ValueError(f"out must be int32 with at least [{T}, {k}] and contiguous rows, got {out.dtype} {tuple(out.shape)}")
+        raise ValueError(f"out must be int32 with at least [{T}, {k}] and contiguous rows, got {out.dtype} "
+                         f"{tuple(out.shape)}")
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be positive, got {chunk}")
     if T == 0 or k == 0:
@@ -512,13 +545,15 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         chunk = SELECT_CHUNK if n > SELECT_MAX_N else n
     n_chunks = triton.cdiv(n, chunk) if chunk < n else 1
     # each program's digit counts (`_count_digits`): zeroed and left zeroed by the kernel, so no memset launch
-    counts = torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse else dummy
+    agg, asm = bool(SELECT_AGG), not common.INTERPRETED
+    counts = torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse or agg else dummy
     if chunk >= n:
         b, w = launch_config(T)
         _SELECT((T,),
             logits, lens, ks_, out, dummy, dummy, counts, logits.stride(0), out.stride(0), n, k, 0,
             HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=b,
-            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(b), num_warps=w,
+            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(b), AGG=agg, ASM=asm,
+            num_warps=w,
         )
         return out
     kc = min(k, chunk)  # a chunk has at most `chunk` picks
@@ -530,14 +565,16 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     _SELECT((T, n_chunks),
         logits, lens, dummy, pos, val, dummy, counts, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False, BLOCK=split_block,
-        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(split_block), num_warps=w,
+        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(split_block), AGG=agg, ASM=asm,
+        num_warps=w,
     )
     b, w = launch_config(T)
     merge_block = min(b, triton.next_power_of_2(width))
     _SELECT((T,),
         val, lens, ks_, out, dummy, pos, counts, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True, BLOCK=merge_block,
-        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(merge_block), num_warps=w,
+        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(merge_block), AGG=agg, ASM=asm,
+        num_warps=w,
     )
     return out
 
@@ -620,7 +657,7 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
             MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=mblock, DIGIT=digit,
             CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse, ROWS=scan_rows(mblock),
-            num_warps=num_warps,
+            AGG=bool(SELECT_AGG), ASM=not common.INTERPRETED, num_warps=num_warps,
         )
     return out
 
