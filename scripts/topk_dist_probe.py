@@ -67,14 +67,13 @@ SPARSE_SHAPES = [(1, 32768, 32768), (16, 32768, 32768), (64, 32768, 32768), (128
                  (1, WIDE, 131072), (16, 131072, 131072), (64, 131072, 131072), (64, WIDE, 131072)]
 # the select before round 28 first (every block by tl.histogram, the write's 1-D scans, 4096-key blocks on 8 warps);
 # round 29's v34 (4096-key blocks on 8 warps in every launch); the shipped select (`topk.select_config`: 8192-key
-# blocks on 16 warps where a launch's programs fit one wave); with every pass counted by warp-aggregated adds
-# (`agg`: `topk.SELECT_AGG`), also on v34's config; the rule before round 28, as shipped and with the adds
-BEFORE = {"sparse": 0, "scan_rows": 0, "config": (4096, 8, 8), "agg": False}
+# blocks on 16 warps where a launch's programs fit one wave); v36 (`agg` 0: no warp-aggregated adds), as shipped
+# (`topk.SELECT_AGG`) and the adds from the second pass on (2); the rule before round 28, v36, shipped and 2
+BEFORE = {"sparse": 0, "scan_rows": 0, "config": (4096, 8, 8), "agg": 0}
 SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
-                   ("select_v34", {"multi": False, "config": (4096, 8, 8)}),
-                   ("select_shipped", {"multi": False}), ("select_agg", {"multi": False, "agg": True}),
-                   ("select_agg_v34", {"multi": False, "agg": True, "config": (4096, 8, 8)}),
-                   ("rule_before", BEFORE), ("rule_shipped", {}), ("rule_agg", {"agg": True})]
+                   ("select_v36", {"multi": False, "agg": 0}), ("select_shipped", {"multi": False}),
+                   ("select_agg2", {"multi": False, "agg": 2}),
+                   ("rule_before", BEFORE), ("rule_v36", {"agg": 0}), ("rule_shipped", {}), ("rule_agg2", {"agg": 2})]
 
 
 # the default mode: the one-program select against 16 warps and the multi select's chunk sizes
@@ -105,7 +104,7 @@ if os.environ.get("GLM5LIB_TOPK_AB"):
     _spec.loader.exec_module(AB)
 
 
-def select(x, k, scan_rows: int | None = None, impl: str | None = None, agg: bool | None = None, **kw):
+def select(x, k, scan_rows: int | None = None, impl: str | None = None, agg: int | None = None, **kw):
     """`topk_select` with `topk.SELECT_SCAN_ROWS` set to `scan_rows` and `topk.SELECT_AGG` to `agg` for the call
     (None: as they are); `impl` "ab": the GLM5LIB_TOPK_AB module's instead."""
     if impl == "ab":

@@ -291,14 +291,16 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     block, warps, digit = SELECT_CONFIG
     # one program per row: decode (row lengths), prefill (lengths and ks); split rows: the chunk launch, the merge;
     # each in the config for several programs an SM and in the one for one wave (`topk.select_config`); and the
-    # one-program and merge launches with every pass counted by warp-aggregated adds (`topk.SELECT_AGG`, its PTX)
+    # one-program and merge launches with each other way of counting digits (`topk.SELECT_AGG` 0-2, the PTX of
+    # its warp-aggregated adds)
+    others = [a for a in (0, 1, 2) if a != SELECT_AGG]
     for (b, w, _), (tag, has_len, has_ks, split, merge, agg) in list(itertools.product(
             (SELECT_CONFIG, SELECT_CONFIG_WAVE),
             (("len", True, False, False, False, SELECT_AGG), ("len+ks", True, True, False, False, SELECT_AGG),
              ("split:len", True, False, True, False, SELECT_AGG), ("merge:len", True, False, False, True, SELECT_AGG),
              ("merge:len+ks", True, True, False, True, SELECT_AGG)))) + [
-            (SELECT_CONFIG_WAVE, ("len:agg", True, False, False, False, True)),
-            (SELECT_CONFIG, ("merge:len:agg", True, False, False, True, True))]:
+            (SELECT_CONFIG_WAVE, (f"len:agg{a}", True, False, False, False, a)) for a in others] + [
+            (SELECT_CONFIG, (f"merge:len:agg{a}", True, False, False, True, a)) for a in others]:
         consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": b,
                   "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE, "ROWS": scan_rows(b), "AGG": agg,
                   "ASM": True}
@@ -312,17 +314,15 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
     # of `topk.multi_chunk` (1024 keys: 1024-score blocks; 4096 and up: `SELECT_CONFIG`'s block)
     fn = _multi_select_kernel
     width = GLM5Config.glm5().max_position_embeddings
-    # (and the first two steps with the warp-aggregated adds)
-    for chunk, mode, agg in [(c, m, SELECT_AGG) for c in MULTI_CHUNKS_RANGE for m in range(-(-32 // digit) + 2)] + [
-            (MULTI_CHUNKS_RANGE[0], m, True) for m in (0, 1)]:
-        consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
-                  "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE,
-                  "ROWS": scan_rows(min(block, chunk)), "AGG": agg, "ASM": True}
-        types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
-        tag = f"step{mode}" + (":agg" if agg and not SELECT_AGG else "")
-        specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:{tag}]", fn,
-                                _sig(fn, types, consts), consts, warps, 3,
-                                ("X", "LEN", "KS", "OUT", "HIST", "CNT", "stride_x", "stride_o")))
+    for chunk in MULTI_CHUNKS_RANGE:
+        for mode in range(-(-32 // digit) + 2):
+            consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
+                      "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE,
+                      "ROWS": scan_rows(min(block, chunk))}
+            types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
+            specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
+                                    _sig(fn, types, consts), consts, warps, 3,
+                                    ("X", "LEN", "KS", "OUT", "HIST", "CNT", "stride_x", "stride_o")))
 
     fn = _write_indexer_rows_kernel
     consts = {"D": INDEXER_DIM, "SB": INDEXER_FP8_ROW_BYTES - INDEXER_DIM}

@@ -121,13 +121,14 @@ def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.co
 def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N, K, chunk,
                         HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr, SPARSE: tl.constexpr,
-                        ROWS: tl.constexpr, AGG: tl.constexpr = False, ASM: tl.constexpr = False):
+                        ROWS: tl.constexpr, AGG: tl.constexpr = 0, ASM: tl.constexpr = False):
     """Program t: row t's top-K into row t of OUT (see `topk_select`).
 
     SPARSE > 0: the passes after the first count a block's digits one atomic per matching key into the program's
     row of HIST (`[programs, 2^DIGIT]` int32, zeroed here and left zeroed) where at most BLOCK / SPARSE of its keys
-    match (`_count_digits`); 0: every block by `tl.histogram`. AGG: every pass counts every block into that row of
-    HIST by one add per digit a warp holds (`_warp_adds`; ASM: by PTX, else key by key), SPARSE aside.
+    match (`_count_digits`); 0: every block by `tl.histogram`. AGG 1: every pass counts every block into that row of
+    HIST by one add per digit a warp holds (`_warp_adds`; ASM: by PTX, else key by key), SPARSE aside; 2: the same
+    from the second pass on, the first by `tl.histogram`.
 
     ROWS > 0: the write reads a block as BLOCK / ROWS rows of ROWS adjacent keys, so that the picks' places are
     in-row sums plus one scan of the row totals (`_block_scan`); 0: one 1-D prefix sum over the block.
@@ -165,7 +166,7 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
     remaining = K  # how many of the keys that match `prefix` are still to be taken
     n_valid = 0
     n_scan = tl.where(n > K, n, 0)  # no more keys than K: all finite ones are picked, no threshold needed
-    GLOBAL: tl.constexpr = SPARSE > 0 or AGG  # counts go through HIST (from the second pass on, or all passes)
+    GLOBAL: tl.constexpr = SPARSE > 0 or AGG > 0  # counts go through HIST (from the second pass on, or all passes)
     if GLOBAL:
         tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
         tl.debug_barrier()
@@ -180,9 +181,10 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
             if r > 0:
                 match = match & ((key >> hi) == (prefix >> hi))
             digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
-            hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT, False, AGG, ASM)
+            hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT, False,
+                                 (AGG == 1) or ((AGG == 2) and (r > 0)), ASM)
         if GLOBAL:
-            if (r > 0) or AGG:  # the adds' counts join the block counts; the next pass's adds wait for the reads
+            if (r > 0) or (AGG == 1):  # the adds' counts join the block counts; the next pass's adds wait for the reads
                 # (every thread of a replicated count layout needs the exchange's result: 16 warps hold 256 bins
                 # twice, the wave config, right on an H100 at every probe shape since v35)
                 tl.debug_barrier()
@@ -299,7 +301,7 @@ def _row_threshold(HIST, t, PASSES: tl.constexpr, K, DIGIT: tl.constexpr):
 def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, chunk, n_chunks,
                          MODE: tl.constexpr, HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, BLOCK: tl.constexpr,
                          DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPARSE: tl.constexpr,
-                         ROWS: tl.constexpr, AGG: tl.constexpr = False, ASM: tl.constexpr = False):
+                         ROWS: tl.constexpr):
     """Program (t, c) of row t split over `n_chunks` programs of `chunk` keys each, one launch per step
     (`topk_select(..., multi=True)`): the radix select of `_topk_select_kernel` with its digit counts summed over
     the row's programs in global memory, so that every pass of a row runs on all of them.
@@ -337,8 +339,7 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
                 if MODE > 0:
                     match = match & ((key >> hi) == (prefix >> hi))
                 digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
-                hist = _count_digits(hist, counts, digit, match, SPARSE if MODE > 0 else 0, BLOCK, DIGIT, True, AGG,
-                                     ASM)
+                hist = _count_digits(hist, counts, digit, match, SPARSE if MODE > 0 else 0, BLOCK, DIGIT, True)
             bins = tl.arange(0, 1 << DIGIT)
             tl.atomic_add(counts + bins, hist, mask=hist != 0)
     elif MODE == NPASS and m == 0:  # nothing to count: no threshold needed
@@ -466,11 +467,16 @@ TOPK_FAST_TORCH_ABOVE = 6_000_000
 # normal and spread at 32K level; 2 (atomics from half a block matching) gained more at one row (standard normal
 # 32K 92.2 us) and lost at 128 rows (103.2, ties 108.8 against 102.8).
 SELECT_SPARSE = 4
-# Every radix pass counts every block by one add per digit a warp holds at an element (`_warp_adds`: `match.any`),
-# in both selects, instead of `tl.histogram` / an add a key by SELECT_SPARSE. Round 29: the two histogram passes were
-# half the one-program select's stall samples at 128 rows of 32K (outputs/bench/sweeps/
-# ncu_topk_sass_top_128_32768_h100_19717c6.txt). False until timed on a GPU.
-SELECT_AGG = False
+# How the one-program / split / merge launches count digits (`_warp_adds`: one add per digit a warp holds at an
+# element, `match.any`): 1: every pass, every block; 2: the same from the second pass on, the first by `tl.histogram`;
+# 0: `tl.histogram`, or an add a key where a block is sparse (SELECT_SPARSE). The multi select keeps 0: its programs
+# share a row's counts, and at one decode row their adds queued at a few addresses (H100, 01285c0: 26.4 -> 53.3 us
+# at one 202752-wide row of spread scores, 26.5 -> 41.9 of ties). Round 29 (outputs/bench/sweeps/
+# topk_sparse_h100_01285c0.json; graph replay, top-k 2048), 1 against 0, one-program select at 1-128 rows of 32K:
+# standard-normal scores 90.9-91.5 -> 58.7-74.9 us, narrow 92.7-97.8 -> 57.2-62.9, ties 92.2-94.2 -> 56.1-68.4; 64 x
+# 128K 204.6 -> 159.6 (torch.topk 172.0); but scores spread over all 256 first-digit bins (about one add a key in
+# the first pass) 77.5 -> 75.2 at one row and 78.2 -> 101.2 at 128 rows (adds queue in L2).
+SELECT_AGG = 1
 # The write reads a block as rows of SELECT_SCAN_ROWS adjacent keys (`_block_scan`: in-row sums and one scan of the
 # row totals, both selects); 0: one 1-D prefix sum a block. Round 29 (topk_sparse_h100_ffdad9d.json, H100, against
 # 0 with SELECT_SPARSE 8): 1.5-4.9 % faster at every one of the probe's 32 one-program / split shapes (standard
@@ -545,7 +551,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         chunk = SELECT_CHUNK if n > SELECT_MAX_N else n
     n_chunks = triton.cdiv(n, chunk) if chunk < n else 1
     # each program's digit counts (`_count_digits`): zeroed and left zeroed by the kernel, so no memset launch
-    agg, asm = bool(SELECT_AGG), not common.INTERPRETED
+    agg, asm = int(SELECT_AGG), not common.INTERPRETED
     counts = torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse or agg else dummy
     if chunk >= n:
         b, w = launch_config(T)
@@ -657,7 +663,7 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
             MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=mblock, DIGIT=digit,
             CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse, ROWS=scan_rows(mblock),
-            AGG=bool(SELECT_AGG), ASM=not common.INTERPRETED, num_warps=num_warps,
+            num_warps=num_warps,
         )
     return out
 
