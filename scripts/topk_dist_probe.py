@@ -68,12 +68,13 @@ SPARSE_SHAPES = [(1, 32768, 32768), (16, 32768, 32768), (64, 32768, 32768), (128
 # the select before round 28 first (every block by tl.histogram, the write's 1-D scans, 4096-key blocks on 8 warps);
 # round 29's v34 (4096-key blocks on 8 warps in every launch); the shipped select (`topk.select_config`: 8192-key
 # blocks on 16 warps where a launch's programs fit one wave); v36 (`agg` 0: no warp-aggregated adds), as shipped
-# (`topk.SELECT_AGG`) and the adds from the second pass on (2); the rule before round 28, v36, shipped and 2
+# (`topk.SELECT_AGG`), the adds in every pass (1) and from the second pass on (2); the rule before round 28, v36,
+# shipped and 1
 BEFORE = {"sparse": 0, "scan_rows": 0, "config": (4096, 8, 8), "agg": 0}
 SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
                    ("select_v36", {"multi": False, "agg": 0}), ("select_shipped", {"multi": False}),
-                   ("select_agg2", {"multi": False, "agg": 2}),
-                   ("rule_before", BEFORE), ("rule_v36", {"agg": 0}), ("rule_shipped", {}), ("rule_agg2", {"agg": 2})]
+                   ("select_agg1", {"multi": False, "agg": 1}), ("select_agg2", {"multi": False, "agg": 2}),
+                   ("rule_before", BEFORE), ("rule_v36", {"agg": 0}), ("rule_shipped", {}), ("rule_agg1", {"agg": 1})]
 
 
 # the default mode: the one-program select against 16 warps and the multi select's chunk sizes

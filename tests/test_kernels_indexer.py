@@ -123,8 +123,9 @@ def _stable_picks(x: torch.Tensor, k: int, lengths=None, ks=None) -> list[list[i
 # the one-program and the multi select with the passes after the first counted by atomics in every block
 # (`sparse=1`) and by `tl.histogram` in every block (`sparse=0`); the write's prefix sums over rows of 16 or 4
 # adjacent keys (`scan_rows`: `topk.SELECT_SCAN_ROWS`), in both selects; every pass counted into global memory as
-# the warp-aggregated adds do, or from the second pass on (`agg` 1, 2: `topk.SELECT_AGG`; the interpreter adds key
-# by key), or not at all (0)
+# the warp-aggregated adds do, or from the second pass on, or in the first pass's first block only where its adds
+# were many (`agg` 1, 2, 3: `topk.SELECT_AGG`; the interpreter adds key by key, so 3 switches after a first block
+# there), or not at all (0)
 SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": {"multi": True, "chunk": 700},
                    "multi-blocks": {"multi": True, "chunk": 600, "config": (256, 4, 8)},
                    "atomics": {"sparse": 1, "config": (512, 4, 8)}, "histograms": {"sparse": 0},
@@ -134,7 +135,7 @@ SELECT_VARIANTS = {"shipped": {}, "block512": {"config": (512, 4, 8)}, "multi": 
                    "rows4-atomics": {"scan_rows": 4, "sparse": 1, "config": (512, 4, 8)},
                    "multi-rows16": {"multi": True, "chunk": 600, "config": (256, 4, 8), "scan_rows": 16},
                    "agg0": {"agg": 0, "config": (512, 4, 8)}, "agg1": {"agg": 1, "config": (512, 4, 8)},
-                   "agg2": {"agg": 2}}
+                   "agg2": {"agg": 2}, "agg3": {"agg": 3, "config": (512, 4, 8)}}
 
 
 @pytest.mark.parametrize("variant", SELECT_VARIANTS)
@@ -278,7 +279,7 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, block):
     # the write's prefix sums over rows of adjacent keys, in the split, the merge and the multi select; and every
     # pass counted into global memory (`topk.SELECT_AGG`)
     monkeypatch.setattr(topk, "SELECT_SCAN_ROWS", 16)
-    for agg in (0, 1, 2):
+    for agg in (0, 1, 2, 3):
         monkeypatch.setattr(topk, "SELECT_AGG", agg)
         for kw in ({"sparse": 1}, {"multi": True}):
             got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk,

@@ -71,18 +71,21 @@ def _warp_adds(COUNTS, digit, match, ASM: tl.constexpr):
     of a group adds the group's size), so a block costs a few instructions a key whatever its density: where
     `tl.histogram` (Triton 3.6: 8 ballots and a popcount per bin a lane owns, for every key) or one add a key (the
     keys of a run of ties all at one address) cost far more. Every lane of each warp runs the asm (the caller's loop
-    and branches are uniform across a program). ASM False (the interpreter, which runs no PTX): one add a key."""
+    and branches are uniform across a program). ASM False (the interpreter, which runs no PTX): one add a key.
+    Returns 1 where a key's lane added (a group's lowest), else 0."""
     if ASM:
-        tl.inline_asm_elementwise(
+        adds = tl.inline_asm_elementwise(
             "{ .reg .pred p, q; .reg .b32 m, lt, c;\n"
             " match.any.sync.b32 m, $1, 0xffffffff;\n"
             " mov.u32 lt, %lanemask_lt;\n and.b32 lt, lt, m;\n setp.eq.u32 p, lt, 0;\n"  # the group's lowest lane
             " setp.ge.s32 q, $1, 0;\n and.pred p, p, q;\n"  # keys that do not match carry -1: no add
-            " popc.b32 c, m;\n @p red.relaxed.gpu.global.add.u32 [$2], c;\n mov.b32 $0, c; }",
+            " popc.b32 c, m;\n @p red.relaxed.gpu.global.add.u32 [$2], c;\n selp.u32 $0, 1, 0, p; }",
             "=r,r,l", [tl.where(match, digit, -1), COUNTS + tl.where(match, digit, 0)], dtype=tl.int32,
             is_pure=False, pack=1)
+        return adds
     else:
         tl.atomic_add(COUNTS + digit, 1, mask=match, sem="relaxed")
+        return match.to(tl.int32)
 
 
 @triton.jit
@@ -128,7 +131,9 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
     row of HIST (`[programs, 2^DIGIT]` int32, zeroed here and left zeroed) where at most BLOCK / SPARSE of its keys
     match (`_count_digits`); 0: every block by `tl.histogram`. AGG 1: every pass counts every block into that row of
     HIST by one add per digit a warp holds (`_warp_adds`; ASM: by PTX, else key by key), SPARSE aside; 2: the same
-    from the second pass on, the first by `tl.histogram`.
+    from the second pass on, the first by `tl.histogram`; 3: as 1, but the first pass goes on by `tl.histogram` after
+    a first block that took more than one add for two of its keys (digits spread over many bins, whose adds queue in
+    L2 when many programs add at once).
 
     ROWS > 0: the write reads a block as BLOCK / ROWS rows of ROWS adjacent keys, so that the picks' places are
     in-row sums plus one scan of the row totals (`_block_scan`); 0: one 1-D prefix sum over the block.
@@ -174,6 +179,7 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
         hi = 32 - DIGIT * r  # bits above `hi` are settled in `prefix`
         shift = hi - DIGIT if hi > DIGIT else 0
         hist = tl.zeros([1 << DIGIT], tl.int32)
+        adds_ok = n_scan >= 0  # AGG 3's first pass: still counting by adds
         for start in range(0, n_scan, BLOCK):
             offs = start + offs0
             key = _ordered_key(tl.load(row + offs, mask=offs < n_scan, other=float("-inf")))
@@ -181,10 +187,19 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
             if r > 0:
                 match = match & ((key >> hi) == (prefix >> hi))
             digit = ((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32)
-            hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT, False,
-                                 (AGG == 1) or ((AGG == 2) and (r > 0)), ASM)
+            if (AGG == 3) and (r == 0):  # adds while the first block's were at most one for two keys
+                if adds_ok:
+                    added = _warp_adds(counts, digit, match, ASM)
+                    if start == 0:  # (a sum across the program: the first block only)
+                        adds = tl.sum(added + (match.to(tl.int32) << 16), 0)
+                        adds_ok = (adds & 0xFFFF) * 2 <= (adds >> 16)
+                else:
+                    hist += tl.histogram(digit, 1 << DIGIT, mask=match)
+            else:
+                hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT, False,
+                                     (AGG == 1) or ((AGG >= 2) and (r > 0)), ASM)
         if GLOBAL:
-            if (r > 0) or (AGG == 1):  # the adds' counts join the block counts; the next pass's adds wait for the reads
+            if (r > 0) or (AGG == 1) or (AGG == 3):  # the adds' counts join the block counts; the next pass's adds wait for the reads
                 # (every thread of a replicated count layout needs the exchange's result: 16 warps hold 256 bins
                 # twice, the wave config, right on an H100 at every probe shape since v35)
                 tl.debug_barrier()
@@ -476,7 +491,7 @@ SELECT_SPARSE = 4
 # standard-normal scores 90.9-91.5 -> 58.7-74.9 us, narrow 92.7-97.8 -> 57.2-62.9, ties 92.2-94.2 -> 56.1-68.4; 64 x
 # 128K 204.6 -> 159.6 (torch.topk 172.0); but scores spread over all 256 first-digit bins (about one add a key in
 # the first pass) 77.5 -> 75.2 at one row and 78.2 -> 101.2 at 128 rows (adds queue in L2).
-SELECT_AGG = 1
+SELECT_AGG = 3
 # The write reads a block as rows of SELECT_SCAN_ROWS adjacent keys (`_block_scan`: in-row sums and one scan of the
 # row totals, both selects); 0: one 1-D prefix sum a block. Round 29 (topk_sparse_h100_ffdad9d.json, H100, against
 # 0 with SELECT_SPARSE 8): 1.5-4.9 % faster at every one of the probe's 32 one-program / split shapes (standard
