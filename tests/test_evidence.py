@@ -518,6 +518,64 @@ def test_evidence_round29_wave_config():
     assert "ERROR SUMMARY: 0 errors" in log and "equal to sparse=0: 42 of 42" in log
 
 
+def test_evidence_round29_packed_write_and_warp_adds():
+    """NOTES round 29 v36-v39 (H100): the packed write 0.4-2.1 % faster than v35 in one process (19717c6), its loop
+    profile (the two histogram passes half the stall samples); the warp-aggregated adds in every pass (01285c0) much
+    faster over concentrated scores and slower over spread ones at 128 rows, and in the multi select at one row;
+    all four ways of counting in one run (41bf977), the shipped one (3) nowhere slower than v36 but by 0.8 us; memcheck
+    clean in every run."""
+    g = "_graph_us"
+
+    def span(rows, dist, v, n=32768):
+        xs = [r[v + g] for (d, T, nn, L), r in rows.items() if d == dist and nn == n]
+        return round(min(xs), 1), round(max(xs), 1)
+
+    rows = _sparse_rows("topk_sparse_h100_19717c6.json", "NVIDIA H100", "19717c6")
+    gains = [100 * (1 - r["select_shipped" + g] / r["select_ab" + g]) for r in rows.values()]
+    assert round(min(gains), 1) == 0.4 and round(max(gains), 1) == 2.1
+    assert span(rows, "randn", "select_ab") == (91.7, 92.6) and span(rows, "randn", "select_shipped") == (90.8, 91.8)
+    top = (BENCH / "sweeps" / "ncu_topk_sass_top_128_32768_h100_19717c6.txt").read_text()
+    loops = re.findall(r"^loop \S+: \d+ instructions, ([\d.]+) % of stall samples, (\d+) warp", top, re.M)
+    assert [float(p) for p, _ in loops][:5] == [25.7, 26.0, 11.6, 12.1, 19.1]
+    assert [round(int(n) / 1e5) / 10 for _, n in loops][:5] == [10.6, 10.5, 4.6, 4.6, 7.5]
+
+    rows = _sparse_rows("topk_sparse_h100_01285c0.json", "NVIDIA H100", "01285c0")
+    assert span(rows, "randn", "select_shipped") == (90.9, 91.5) and span(rows, "randn", "select_agg") == (58.7, 74.9)
+    assert span(rows, "narrow", "select_agg") == (57.2, 62.9) and span(rows, "ties", "select_agg") == (56.1, 68.4)
+    r = rows[("spread", 128, 32768, 32768)]
+    assert (round(r["select_shipped" + g], 1), round(r["select_agg" + g], 1)) == (78.2, 101.2)
+    for dist, want in (("spread", (26.4, 53.3)), ("ties", (26.5, 41.9))):  # the multi select at one decode row
+        r = rows[(dist, 1, 202752, 131072)]
+        assert (round(r["rule_shipped" + g], 1), round(r["rule_agg" + g], 1)) == want
+    top = (BENCH / "sweeps" / "ncu_topk_sass_top_128_32768_agg_h100_01285c0.txt").read_text()
+    loops = re.findall(r"^loop \S+: \d+ instructions, ([\d.]+) % of stall samples", top, re.M)
+    assert [float(p) for p in loops][:5] == [14.8, 26.9, 10.6, 10.5, 25.5]
+
+    rows = _sparse_rows("topk_sparse_h100_26d7a30.json", "NVIDIA H100", "26d7a30")
+    assert span(rows, "spread", "select_agg2") == (64.7, 65.5) and span(rows, "randn", "select_agg2") == (71.8, 86.2)
+
+    rows = _sparse_rows("topk_sparse_h100_41bf977.json", "NVIDIA H100", "41bf977")
+    table = {"randn": ((91.0, 91.8), (58.7, 74.6), (71.9, 85.4), (64.2, 79.1)),
+             "narrow": ((92.8, 97.6), (57.2, 63.4), (73.3, 79.4), (62.0, 68.0)),
+             "ties": ((92.5, 94.3), (56.3, 67.5), (70.8, 74.2), (62.0, 69.8)),
+             "spread": ((77.7, 78.5), (75.4, 101.4), (64.9, 65.7), (70.8, 76.5))}
+    for dist, want in table.items():
+        assert tuple(span(rows, dist, v) for v in ("select_v36", "select_agg1", "select_agg2", "select_shipped")) == \
+            want, dist
+    slower = [(k, r["select_shipped" + g] - r["select_v36" + g]) for k, r in rows.items()
+              if r["select_shipped" + g] > r["select_v36" + g]]
+    assert len(slower) == 1 and slower[0][0] == ("spread", 16, 131072, 131072) and round(slower[0][1], 1) == 0.8
+    gains = [100 * (1 - r["select_shipped" + g] / r["select_v36" + g]) for r in rows.values()]
+    assert round(max(gains)) == 38
+    extra = [r["select_shipped" + g] - r["select_agg1" + g] for (d, T, n, L), r in rows.items() if d != "spread"]
+    assert (round(min(extra), 1), round(max(extra), 1)) == (2.3, 7.5)
+    r = rows[("randn", 64, 131072, 131072)]
+    assert [round(r[v + g], 1) for v in ("select_shipped", "rule_shipped", "torch_topk")] == [166.4, 188.4, 159.5]
+    for name in ("19717c6", "01285c0", "26d7a30", "41bf977"):
+        log = (BENCH / "sweeps" / f"memcheck_topk_h100_{name}.log").read_text()
+        assert "ERROR SUMMARY: 0 errors" in log and re.search(r"equal to sparse=0: (\d+) of \1", log)
+
+
 def topk_multi_rule(T: int, n: int) -> bool:
     from glm5lib.kernels.topk import multi_rule
 

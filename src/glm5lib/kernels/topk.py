@@ -484,13 +484,20 @@ TOPK_FAST_TORCH_ABOVE = 6_000_000
 SELECT_SPARSE = 4
 # How the one-program / split / merge launches count digits (`_warp_adds`: one add per digit a warp holds at an
 # element, `match.any`): 1: every pass, every block; 2: the same from the second pass on, the first by `tl.histogram`;
-# 0: `tl.histogram`, or an add a key where a block is sparse (SELECT_SPARSE). The multi select keeps 0: its programs
-# share a row's counts, and at one decode row their adds queued at a few addresses (H100, 01285c0: 26.4 -> 53.3 us
-# at one 202752-wide row of spread scores, 26.5 -> 41.9 of ties). Round 29 (outputs/bench/sweeps/
-# topk_sparse_h100_01285c0.json; graph replay, top-k 2048), 1 against 0, one-program select at 1-128 rows of 32K:
-# standard-normal scores 90.9-91.5 -> 58.7-74.9 us, narrow 92.7-97.8 -> 57.2-62.9, ties 92.2-94.2 -> 56.1-68.4; 64 x
-# 128K 204.6 -> 159.6 (torch.topk 172.0); but scores spread over all 256 first-digit bins (about one add a key in
-# the first pass) 77.5 -> 75.2 at one row and 78.2 -> 101.2 at 128 rows (adds queue in L2).
+# 3: as 1, but the first pass goes on by `tl.histogram` after a first block whose adds were more than one for two
+# keys; 0: `tl.histogram`, or an add a key where a block is sparse (SELECT_SPARSE). The multi select keeps 0: its
+# programs share a row's counts, and at one decode row their adds queued at a few addresses (H100, 01285c0: 26.4 ->
+# 53.3 us at one 202752-wide row of spread scores, 26.5 -> 41.9 of ties). Round 29, H100, graph replay, top-k 2048,
+# one-program select at 1-128 rows of 32K keys (outputs/bench/sweeps/topk_sparse_h100_41bf977.json, all four in one
+# run):
+#   scores                   | 0 (v36)     | 1           | 2           | 3 (shipped) | torch.topk, 1 / 128 rows
+#   standard normal          | 91.0-91.8   | 58.7-74.6   | 71.9-85.4   | 64.2-79.1   | 54.4 / 111.4
+#   narrow (1 + 0.01 randn)  | 92.8-97.6   | 57.2-63.4   | 73.3-79.4   | 62.0-68.0   | 53.7 / 113.9
+#   ties (integers -8..7)    | 92.5-94.3   | 56.3-67.5   | 70.8-74.2   | 62.0-69.8   | 54.7 / 116.2
+#   spread over all 256 bins | 77.7-78.5   | 75.4-101.4  | 64.9-65.7   | 70.8-76.5   | 54.1 / 109.6
+# 1 is the fastest wherever a warp's keys share few first digits, as indexer scores do, but its first pass adds about
+# once a key where they do not (spread), and at 128 rows those adds queue in L2; 3 gives up 2.3-7.5 us of 1's gain
+# to be no slower than 0 at any of the probe's 32 shapes (the worst 84.4 against 83.7 us, spread at 16 x 128K).
 SELECT_AGG = 3
 # The write reads a block as rows of SELECT_SCAN_ROWS adjacent keys (`_block_scan`: in-row sums and one scan of the
 # row totals, both selects); 0: one 1-D prefix sum a block. Round 29 (topk_sparse_h100_ffdad9d.json, H100, against
