@@ -271,26 +271,37 @@ for r in rows:
     round28) timeout 400 python3 scripts/topk_dist_probe.py "$OUT/topk_sparse_h200.json" --sparse > "$OUT/topk_sparse.log" 2>&1
         echo "topk sparse rc=$?"; tail -1 "$OUT/topk_sparse.log"
         # memcheck: the one-program, split and multi selects with atomics in every block and by the default rule, in
-        # the wave config (these few rows) and the several-an-SM one
+        # the wave config (these few rows) and the several-an-SM one, with each way of counting digits (SELECT_AGG),
+        # and small k on split rows (merge blocks smaller than a program's threads: no adds there)
         timeout 150 compute-sanitizer --tool memcheck --print-limit 20 python3 -c "
 import torch
 import glm5lib.kernels.topk as topk
 from glm5lib.kernels.topk import topk_select
 g = torch.Generator(device='cuda').manual_seed(1)
-ok = 0
-for T, n in ((3, 5000), (2, 40000), (4, 70000)):
+ok = total = 0
+for T, n in ((3, 5000), (2, 40000), (4, 70000), (1, 40000)):
     x = torch.randn(T, n, generator=g, device='cuda')
     x[0, ::3] = 0.0
     L = torch.randint(n // 2, n + 1, (T,), generator=g, device='cuda', dtype=torch.int32)
+    topk.SELECT_SCAN_ROWS, topk.SELECT_AGG = 0, 0  # the base: histograms, 1-D scans, no adds
     base = topk_select(x, 2048, lengths=L, multi=False, sparse=0)
     for kw in ({'multi': False, 'sparse': 1}, {'multi': False}, {'multi': False, 'sparse': 4},
-               {'multi': False, 'config': (4096, 8, 8)}, {'multi': True, 'sparse': 1}, {'multi': True},
-               {'multi': True, 'sparse': 4}):
-        for rows, agg in ((0, 0), (16, 1), (16, 3)):  # topk.SELECT_SCAN_ROWS, topk.SELECT_AGG
+               {'multi': False, 'config': (4096, 8, 8)}):
+        for rows, agg in ((16, 0), (16, 1), (16, 2), (16, 3)):  # topk.SELECT_SCAN_ROWS, topk.SELECT_AGG
             topk.SELECT_SCAN_ROWS, topk.SELECT_AGG = rows, agg
-            ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base))
-print('topk memcheck cases equal to sparse=0:', ok, 'of 63')
-" > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|of 63" "$OUT/memcheck_topk.log" ;;
+            ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base)); total += 1
+    for kw in ({'multi': True, 'sparse': 1}, {'multi': True}, {'multi': True, 'sparse': 4}):  # no adds in multi
+        for rows in (0, 16):
+            topk.SELECT_SCAN_ROWS = rows
+            ok += bool(torch.equal(topk_select(x, 2048, lengths=L, **kw), base)); total += 1
+x = torch.randn(2, 40000, generator=g, device='cuda')  # small k on split rows: merge blocks below a thread a key
+topk.SELECT_AGG = 0
+base = topk_select(x, 64, multi=False, sparse=0)
+for agg in (1, 3):
+    topk.SELECT_AGG = agg
+    ok += bool(torch.equal(topk_select(x, 64, multi=False), base)); total += 1
+print('topk memcheck cases equal to sparse=0:', ok, 'of', total)
+" > "$OUT/memcheck_topk.log" 2>&1; echo "topk memcheck rc=$?"; grep -a "ERROR SUMMARY\|equal to" "$OUT/memcheck_topk.log" ;;
     ncu-topk) for n in ${NCU_TOPK_CASES:-1_32768 128_32768 1_32768_narrow}; do C=$(echo $n | tr _ ' ')
              timeout 200 ncu -k regex:_topk_select_kernel --launch-skip 2 --launch-count 1 --set full -f -o /tmp/ncut_$n \
                python3 scripts/topk_ncu_case.py $C > /tmp/ncut_$n.log 2>&1; echo "ncu-topk $C rc=$?"; grep -a picks /tmp/ncut_$n.log

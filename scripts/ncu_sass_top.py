@@ -60,8 +60,9 @@ def main(argv=None) -> int:
         for lo, hi in sorted(loops):
             body = [r for a, r in zip(at, rows) if lo <= a <= hi]
             executed = sum(num(r[inst]) for r in body) if inst else 0
-            print(f"loop {lo:#x}-{hi:#x}: {len(body)} instructions, {sum(num(r[samp]) for r in body) / total * 100:.1f} % "
-                  f"of stall samples, {executed:.0f} warp instructions executed")
+            share = sum(num(r[samp]) for r in body) / total * 100
+            print(f"loop {lo:#x}-{hi:#x}: {len(body)} instructions, {share:.1f} % of stall samples, "
+                  f"{executed:.0f} warp instructions executed")
     return 0
 
 

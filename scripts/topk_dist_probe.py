@@ -30,20 +30,19 @@ keys and of the decode path's 202752-wide rows read up to 32K and 128K, the sele
 chunks of 1024-8192 keys, and what `topk_select` takes by its rule (`topk.multi_rule`).
 
 `--sparse` (rounds 28-29): the variants of the select's counting, writing and launch configs against the select
-before round 28 (`BEFORE`: `tl.histogram` in every block), for the one-program / split select (`multi=False`) and for what
-`topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode path's 202752-wide rows, over
-four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in one first-digit bin, a
-block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to one address). Round 28
-(2b0a066, outputs/bench/sweeps/topk_sparse_h100_2b0a066.json) timed the atomics (`topk._count_digits`), a list of
-the candidates and the write ranking ties in one block (both removed since); round 29 the write's prefix sums over
-rows of 16 keys (`topk.SELECT_SCAN_ROWS`, `scan_rows` here) and the atomics from blocks of at most 1/4 or 1/2
-matching (ffdad9d, topk_sparse_h100_ffdad9d.json), then the launch config by program count (`topk.select_config`)
-against v34's one config (each run's variants are in its JSON's meta). Every variant's output checked against the select before's, whose set
-is checked against torch.topk's (not for `ties`: torch.topk breaks ties its own way); the rule's call also captured
-and replayed with new rows.
+before round 28 (`BEFORE`: `tl.histogram` in every block, 4096-key blocks on 8 warps: today's kernel with round
+28-29's changes switched off, so its time moves a little between versions), for the one-program / split select
+(`multi=False`) and for what `topk_select` takes by its rule, at 1-128 rows of 32K and 128K keys and the decode
+path's 202752-wide rows, over four spreads of the scores: `randn`, `spread`, `narrow` (1 + 0.01 randn: every key in
+one first-digit bin, a block's matches after the first pass many) and `ties` (integers -8..7: a few bins, adds to
+one address). Each run's variants are in its JSON's meta (round 28: atomics, a list of the candidates, ties ranked in
+one block; round 29: the write's scan over rows of 16 keys, `sparse=4`/`2`, the launch config by program count,
+warp-aggregated adds `agg` 0-3, another module's select beside this one). Every variant's output checked against
+the select before's, whose set is checked against torch.topk's (not for `ties`: torch.topk breaks ties its own way);
+the rule's call also captured and replayed with new rows.
 
 `--configs` (round 29): the one-program select's block of keys and warps a program (blocks of 2048-16384 keys, 4-16
-warps) beside the shipped (4096, 8), over `randn` and `narrow` scores.
+warps) beside the shipped choice (`topk.select_config`), over `randn` and `narrow` scores.
 """
 
 from __future__ import annotations
@@ -81,7 +80,7 @@ SPARSE_VARIANTS = [("select_before", {"multi": False, **BEFORE}),
 VARIANTS = [("shipped", {"multi": False}), ("warps16", {"config": (4096, 16, 8), "multi": False}),
             ("multi4096", {"multi": True, "chunk": 4096}), ("multi2048", {"multi": True, "chunk": 2048}),
             ("multi8192", {"multi": True, "chunk": 8192})]
-# `--configs`: the one-program select's (block, warps, digit bits) beside the shipped (4096, 8, 8)
+# `--configs`: the one-program select's (block, warps, digit bits) beside the shipped choice (`topk.select_config`)
 CONFIG_SHAPES = [(1, 32768, 32768), (128, 32768, 32768), (1, WIDE, 131072), (64, 131072, 131072)]
 CONFIG_VARIANTS = [("shipped", {"multi": False})] + [
     (f"b{b}_w{w}", {"multi": False, "config": (b, w, 8)})
@@ -197,7 +196,8 @@ def main(path: str, mode: str = "") -> None:
             print(json.dumps(row), flush=True)
     meta = {"commit": os.environ.get("GLM5LIB_COMMIT"), "device": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": __import__("triton").__version__,
-            "select_config": topk.SELECT_CONFIG, "variants": variants, "mode": mode or "dist", "repeats": REPEATS,
+            "select_config": topk.SELECT_CONFIG, "select_config_wave": topk.SELECT_CONFIG_WAVE,
+            "select_agg": topk.SELECT_AGG, "variants": variants, "mode": mode or "dist", "repeats": REPEATS,
             "select_sparse": topk.SELECT_SPARSE, "select_scan_rows": topk.SELECT_SCAN_ROWS,
             "ab_module": os.environ.get("GLM5LIB_TOPK_AB"),
             "seconds": time.time() - t0}

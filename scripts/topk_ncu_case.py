@@ -1,7 +1,7 @@
 """One top-k select launch for Nsight Compute: `topk_select` over `rows` rows of `n` scores (standard normal, or
 `narrow` = 1 + 0.01 randn), top-k 2048, the one-program select (`multi=False`, rows up to 32K keys), as shipped
-(`topk.SELECT_SPARSE`, `topk.SELECT_SCAN_ROWS`), with `agg` every pass counted by warp-aggregated adds
-(`topk.SELECT_AGG` 1), else none (0).
+(`topk.SELECT_SPARSE`, `topk.SELECT_SCAN_ROWS`, `topk.SELECT_AGG`), or with `agg` every pass counted by
+warp-aggregated adds (`topk.SELECT_AGG` 1). (Before round 29's v37, 19717c6 and earlier, "as shipped" had no adds.)
 
 `ncu -k regex:_topk_select_kernel --launch-skip 2 --launch-count 1 --set full python scripts/topk_ncu_case.py 1 32768`
 runs the select three times (the first two compile and warm up; ncu profiles the third) and checks its picks
@@ -29,7 +29,8 @@ if __name__ == "__main__":
     x = torch.randn(T, n, generator=g, device="cuda")
     if "narrow" in flags:
         x = 1 + 0.01 * x
-    topk.SELECT_AGG = 1 if "agg" in flags else 0
+    if "agg" in flags:  # round 29's v37 (01285c0): adds in every pass; without: as shipped
+        topk.SELECT_AGG = 1
     L = torch.full((T,), n, dtype=torch.int32, device="cuda")
     for _ in range(3):
         got = topk_select(x, 2048, lengths=L, multi=False)

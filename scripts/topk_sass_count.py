@@ -1,14 +1,15 @@
-"""Static SASS counts behind docs/kernels.md v33-v34 (no GPU): the one-program top-k select with every radix pass
+"""Static SASS counts behind docs/kernels.md v33-v39 (no GPU): the one-program top-k select with every radix pass
 counted by `tl.histogram` (`SPARSE=0`), with the later passes by atomics (`SPARSE=8`, round 28), with the write's
 prefix sums over rows of 16 keys as well (`ROWS=16`, round 29), and as shipped (`topk.SELECT_SPARSE`,
-`topk.SELECT_SCAN_ROWS`), and a toy
+`topk.SELECT_SCAN_ROWS`, with no warp-aggregated adds), the wave config's build per loop with each way of counting
+digits (`topk.SELECT_AGG` 0-3: round 29's v36-v39), and a toy
 kernel that loads a 4096-key block, scans a mask of it and stores by the scan, three ways: a 1-D `tl.cumsum` (the
 write's prefix sums), the block as 256 rows of 16 adjacent keys (in-row scans, one scan of the row totals), and no
 scan (the load and store alone).
 
 `TRITON_INTERPRET=0 PYTHONPATH=src python scripts/topk_sass_count.py [--arch 90]`. The GPUs run Triton 3.6: put a
 3.6 install first on PYTHONPATH to count what they run (outputs/bench/sweeps/topk_sass_triton36.txt at 686d2d2,
-round 28's select; topk_sass_v34_triton36.txt since).
+round 28's select; topk_sass_v34_triton36.txt at ffdad9d; topk_sass_v39_triton36.txt since).
 """
 
 from __future__ import annotations
@@ -16,6 +17,25 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+
+def loop_bodies(sass: str) -> list[tuple[int, dict]]:
+    """(instruction count, opcode counts without modifiers) of each loop in cuobjdump SASS, in address order: the
+    instructions from a backward branch's target to the branch."""
+    import re
+    from collections import Counter
+
+    ins = [(int(m.group(1), 16), m.group(2).strip()) for m in
+           (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", ln) for ln in sass.splitlines()) if m]
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"\bBRA\s+(?:`\(\.\w+\)\s*)?(0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
+            body = ins[at[int(m.group(1), 16)]:i + 1]
+            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for _, t in body)
+            loops.append((len(body), dict(ops)))
+    return loops
 
 
 def main(argv=None) -> int:
@@ -38,9 +58,20 @@ def main(argv=None) -> int:
 
     print(f"triton {triton.__version__}, sm_{arch}", flush=True)
     spec = next(s for s in shipped_kernels(arch) if s.name.endswith(":len]") and s.name.startswith("topk_select"))
-    for sparse, rows in ((0, 0), (8, 0), (8, 16), (topk.SELECT_SPARSE, topk.SELECT_SCAN_ROWS)):  # the last: shipped
-        spec.constexprs.update(SPARSE=sparse, ROWS=rows)
+    for sparse, rows in ((0, 0), (8, 0), (8, 16), (topk.SELECT_SPARSE, topk.SELECT_SCAN_ROWS)):  # the last: v36
+        spec.constexprs.update(SPARSE=sparse, ROWS=rows, AGG=0)
         print(line(f"{spec.name} SPARSE={sparse} ROWS={rows}", compile_spec(spec, arch).asm["cubin"]), flush=True)
+    # the wave config's build per loop (each radix pass, the write) with each way of counting digits (SELECT_AGG)
+    wave = next(s for s in shipped_kernels(arch) if s.name.endswith(":len]") and s.name.startswith(
+        f"topk_select[B{topk.SELECT_CONFIG_WAVE[0]}-"))
+    for agg in (0, 1, 2, 3):
+        wave.constexprs.update(AGG=agg)
+        cubin = compile_spec(wave, arch).asm["cubin"]
+        print(line(f"{wave.name} AGG={agg}", cubin), flush=True)
+        sass = cuobjdump(cubin, "-sass")
+        for n, ops in loop_bodies(sass):
+            print(f"  loop: {n} instructions; " + ", ".join(f"{op} {ops.get(op, 0)}" for op in
+                                                          ("BAR", "MATCH", "REDG", "VOTE", "POPC", "SHFL", "LDS")))
 
     @triton.jit
     def _scan_toy(X, O, n, BLOCK: tl.constexpr, MODE: tl.constexpr):

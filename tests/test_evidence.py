@@ -405,7 +405,7 @@ def test_evidence_round28_sparse_counts():
 
 def test_evidence_round29_round28_options_timed_and_scan_rows():
     """NOTES round 29: v33c's options timed at 2b0a066 (H100): the list gained only over `spread`, lost over `narrow`
-    and `ties`, the one-block tie ranking lost 24-26 % on 64 x 128K rows; v34 at ffdad9d (H100): the write's scan
+    and `ties`, the one-block tie ranking lost 23-26 % on 64 x 128K rows; v34 at ffdad9d (H100): the write's scan
     over rows of 16 keys 1.5-4.9 % faster at every one-program / split shape, `sparse=4` with it 1.5-11.3 % (narrow
     32K rows 101.1-102.5 us), `sparse=2` slower at 128 rows; the rule's multi select a little slower at one row and
     faster at 16-64; memcheck clean at both."""
@@ -571,6 +571,19 @@ def test_evidence_round29_packed_write_and_warp_adds():
     assert (round(min(extra), 1), round(max(extra), 1)) == (2.3, 7.5)
     r = rows[("randn", 64, 131072, 131072)]
     assert [round(r[v + g], 1) for v in ("select_shipped", "rule_shipped", "torch_topk")] == [166.4, 188.4, 159.5]
+    # the static counts (Triton 3.6, sm_90, the wave config): each loop by way of counting digits
+    text = (BENCH / "sweeps" / "topk_sass_v39_triton36.txt").read_text()
+    builds = {}
+    for part in re.split(r"^(?=topk_select\[B8192)", text, flags=re.M)[1:]:
+        head, *body = part.strip().splitlines()
+        loops = [re.match(r"\s+loop: (\d+) instructions; BAR (\d+), MATCH (\d+)", ln) for ln in body if "loop:" in ln]
+        builds[head.split(": ")[0]] = (int(re.search(r": (\d+) instructions", head).group(1)),
+                                       [tuple(int(v) for v in m.groups()) for m in loops])
+    agg0, agg1, agg3 = (builds[f"topk_select[B8192-w16-d8:len] AGG={a}"] for a in (0, 1, 3))
+    assert (agg0[0], agg1[0]) == (7703, 3354)
+    assert [n for n, _, _ in agg0[1][:5]] == [1299, 1519, 1515, 1499, 917] and agg0[1][4][1] == 15
+    assert [n for n, _, _ in agg1[1][:4]] == [394, 426, 426, 426] and all(b == 0 and m == 16 for _, b, m in agg1[1][:4])
+    assert agg3[1][0][0] == 1764
     for name in ("19717c6", "01285c0", "26d7a30", "41bf977"):
         log = (BENCH / "sweeps" / f"memcheck_topk_h100_{name}.log").read_text()
         assert "ERROR SUMMARY: 0 errors" in log and re.search(r"equal to sparse=0: (\d+) of \1", log)

@@ -279,12 +279,11 @@ def test_topk_select_split_rows_pick_like_one_program(monkeypatch, case, block):
     # the write's prefix sums over rows of adjacent keys, in the split, the merge and the multi select; and every
     # pass counted into global memory (`topk.SELECT_AGG`)
     monkeypatch.setattr(topk, "SELECT_SCAN_ROWS", 16)
-    for agg in (0, 1, 2, 3):
+    for agg, kw in ((0, {"sparse": 1}), (1, {}), (2, {}), (3, {}), (0, {"multi": True})):  # multi takes no adds
         monkeypatch.setattr(topk, "SELECT_AGG", agg)
-        for kw in ({"sparse": 1}, {"multi": True}):
-            got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk,
-                              config=None if block is None else (block, 4, 8), **kw)
-            assert torch.equal(got, one), (case, kw, agg)
+        got = topk_select(x, k, lengths=lengths, ks=ks, chunk=chunk, config=None if block is None else (block, 4, 8),
+                          **kw)
+        assert torch.equal(got, one), (case, kw, agg)
 
 
 def test_topk_select_splits_long_rows_by_default(monkeypatch):
@@ -327,8 +326,8 @@ def test_topk_select_scan_rows_and_bad_input(monkeypatch):
     assert [topk.scan_rows(b) for b in (4096, 32, 16, 8)] == [16, 16, 0, 0]
     launches = []
     prebound = topk._SELECT
-    monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (launches.append((tuple(grid), kw["BLOCK"], kw["ROWS"])),
-                                                                  prebound(grid, *a, **kw)))
+    monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (
+        launches.append((tuple(grid), kw["BLOCK"], kw["ROWS"])), prebound(grid, *a, **kw)))
     x = torch.randn(3, 700, generator=torch.Generator().manual_seed(2))
     got = topk.topk_select(x, 8, chunk=24, config=(64, 4, 8))  # split blocks of 32 keys, the merge's of 64
     assert [r.tolist() for r in got] == _stable_picks(x, 8)
@@ -340,6 +339,50 @@ def test_topk_select_scan_rows_and_bad_input(monkeypatch):
     assert topk.scan_rows(4096) == 0
     with pytest.raises(ValueError, match="sparse"):
         topk.topk_select(x, 64, sparse=-1)
+    for bad in ((32768, 8, 8), (3000, 8, 8), (4096, 6, 8), (4096, 8, 0)):
+        with pytest.raises(ValueError, match="config must be"):
+            topk.topk_select(x, 64, config=bad)
+
+
+def _first_digits(x: torch.Tensor) -> torch.Tensor:
+    """The first radix digit (top 8 bits of `topk._ordered_key`) of fp32 scores."""
+    b = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    b = torch.where(x == 0, torch.zeros_like(b), b)
+    return torch.where(b >= 2**31, (~b) & 0xFFFFFFFF, b | 2**31) >> 24
+
+
+@pytest.mark.parametrize("scores", ["few-digits", "many-digits"])
+def test_topk_select_first_pass_adds_or_switches(monkeypatch, scores):
+    """`topk.SELECT_AGG` 3 goes on by warp-aggregated adds after a first block that took at most one add for two keys
+    (few distinct first digits among 32 adjacent keys, the interpreter's warp), else by `tl.histogram`: on scores on
+    either side of that (their first block's adds a key checked here) the picks are the stable sort's, as with every
+    pass by adds (1) and by histogram (0), for one program a row and for split rows and their merge. Blocks with
+    fewer keys than a program's threads take no adds (each warp holding a copy would add)."""
+    import glm5lib.kernels.topk as topk
+
+    g = torch.Generator().manual_seed(12)
+    if scores == "few-digits":
+        x = torch.randint(-2, 3, (3, 1800), generator=g).float() * 1.5
+    else:
+        bits = torch.randint(-2**31, 2**31, (3, 1800), generator=g, dtype=torch.int64).to(torch.int32)
+        x = bits.view(torch.float32)
+        x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+    groups = _first_digits(x[:, :512]).reshape(3, 16, 32)
+    adds = [sum(len(set(gr.tolist())) for gr in row) / 512 for row in groups]  # the first block's adds a key
+    assert all(a <= 0.5 for a in adds) if scores == "few-digits" else all(a > 0.5 for a in adds)
+    want = _stable_picks(x, 300)
+    launches = []
+    prebound = topk._SELECT
+    monkeypatch.setattr(topk, "_SELECT", lambda grid, *a, **kw: (launches.append(kw["AGG"]), prebound(grid, *a, **kw)))
+    for agg in (3, 1, 0):
+        monkeypatch.setattr(topk, "SELECT_AGG", agg)
+        assert [r.tolist() for r in topk.topk_select(x, 300, config=(512, 4, 8))] == want, agg
+        assert [r.tolist() for r in topk.topk_select(x, 300, config=(512, 4, 8), chunk=600)] == want, agg  # split
+    assert launches == [3, 3, 3, 1, 1, 1, 0, 0, 0]
+    launches.clear()
+    monkeypatch.setattr(topk, "SELECT_AGG", 3)
+    assert [r.tolist() for r in topk.topk_select(x, 300, config=(64, 4, 8))] == want  # 64 keys on 128 threads
+    assert launches == [0]
 
 
 def test_topk_select_takes_the_wave_config_where_programs_fit_one_wave(monkeypatch):

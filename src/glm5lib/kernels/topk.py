@@ -6,9 +6,10 @@ bounds; `k` columns even when a row has fewer keys; positions made request-local
 - `topk_indices`: `torch.topk`. Ties at the cut are broken in an order that depends on the row length.
 - `topk_select`: a Triton radix select. Scores become order-preserving 32-bit keys; four passes of 8-bit digit
   counts find the k-th largest key exactly, and a last pass writes every position above it plus the earliest
-  positions equal to it, in ascending position order. The first pass counts with `tl.histogram`; the later ones
-  count the few keys whose earlier digits match by atomic adds (`_count_digits`); the write's prefix sums run over
-  rows of 16 adjacent keys (`SELECT_SCAN_ROWS`). The picked set is the one a stable
+  positions equal to it, in ascending position order. The passes count digits by one global add per digit a warp
+  holds (`_warp_adds`, `SELECT_AGG`; the multi select below: `tl.histogram` in the first pass, then an add a key
+  where few keys match, `_count_digits`); the write's prefix sums run over rows of 16 adjacent keys
+  (`SELECT_SCAN_ROWS`). The picked set is the one a stable
   descending sort would give (`paged.stable_topk`, the reference forward's tie-break: exact ties, common where
   ReLU zeroes whole rows, go to the earlier key), so it does not depend on how long the row is or what else is
   in the batch. Per-row `lengths` (read on the device) bound each row, so a fixed-shape launch serves any
@@ -71,8 +72,10 @@ def _warp_adds(COUNTS, digit, match, ASM: tl.constexpr):
     of a group adds the group's size), so a block costs a few instructions a key whatever its density: where
     `tl.histogram` (Triton 3.6: 8 ballots and a popcount per bin a lane owns, for every key) or one add a key (the
     keys of a run of ties all at one address) cost far more. Every lane of each warp runs the asm (the caller's loop
-    and branches are uniform across a program). ASM False (the interpreter, which runs no PTX): one add a key.
-    Returns 1 where a key's lane added (a group's lowest), else 0."""
+    and branches are uniform across a program; a block holds at least one key a thread, or warps would hold copies of
+    keys and each copy add: `topk_select` passes no AGG there). ASM False (the interpreter, which runs no PTX): the
+    same adds, 32 adjacent keys taken as a warp's lanes. Returns 1 where a key's lane added (a group's lowest), else
+    0."""
     if ASM:
         adds = tl.inline_asm_elementwise(
             "{ .reg .pred p, q; .reg .b32 m, lt, c;\n"
@@ -83,9 +86,15 @@ def _warp_adds(COUNTS, digit, match, ASM: tl.constexpr):
             "=r,r,l", [tl.where(match, digit, -1), COUNTS + tl.where(match, digit, 0)], dtype=tl.int32,
             is_pure=False, pack=1)
         return adds
-    else:
-        tl.atomic_add(COUNTS + digit, 1, mask=match, sem="relaxed")
-        return match.to(tl.int32)
+    else:  # the same adds with 32 adjacent keys as a warp's lanes (which lanes a warp holds changes no count)
+        BLOCK: tl.constexpr = digit.shape[0]
+        d = tl.reshape(tl.where(match, digit, -1), [BLOCK // 32, 32])
+        same = d[:, :, None] == d[:, None, :]  # lanes i and j hold one digit
+        lane = tl.arange(0, 32)
+        earlier = tl.max((same & (lane[None, None, :] < lane[None, :, None])).to(tl.int32), 2)
+        lead = (earlier == 0) & (d >= 0)  # the lowest lane of a group of matching keys
+        tl.atomic_add(COUNTS + tl.where(lead, d, 0), tl.sum(same.to(tl.int32), 2), mask=lead, sem="relaxed")
+        return tl.reshape(lead.to(tl.int32), [BLOCK])
 
 
 @triton.jit
@@ -199,9 +208,9 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
                 hist = _count_digits(hist, counts, digit, match, SPARSE if r > 0 else 0, BLOCK, DIGIT, False,
                                      (AGG == 1) or ((AGG >= 2) and (r > 0)), ASM)
         if GLOBAL:
-            if (r > 0) or (AGG == 1) or (AGG == 3):  # the adds' counts join the block counts; the next pass's adds wait for the reads
-                # (every thread of a replicated count layout needs the exchange's result: 16 warps hold 256 bins
-                # twice, the wave config, right on an H100 at every probe shape since v35)
+            if (r > 0) or (AGG == 1) or (AGG == 3):  # the adds' counts join the block counts; the next pass's adds
+                # wait for the reads (every thread of a replicated count layout needs the exchange's result: 16 warps
+                # hold 256 bins twice, the wave config, right on an H100 at every probe shape since v35)
                 tl.debug_barrier()
                 hist += tl.atomic_xchg(counts + bins, tl.zeros([1 << DIGIT], tl.int32), sem="relaxed")
                 tl.debug_barrier()
@@ -415,7 +424,8 @@ SELECT_CONFIG = (4096, 8, 8)
 # one-program select at 1 / 128 rows of 32K keys 99.5 / 100.1 -> 91.7 / 92.5 us (narrow scores 100.9 / 102.2 -> 93.6
 # / 99.0), one 202752-wide row read up to 128K (13 split programs and the merge) 100.4 -> 91.4; but 64 x 128K (512
 # split programs, several an SM) 213.7 -> 255.4, so only where the programs fit one wave. Blocks of 16384 on 16 warps:
-# 87.1 at one 32K row, 92.6 at 128; 4 warps a program or blocks of 2048: 12-37 % slower. The rule as shipped
+# 87.1 at one 32K row, 92.6 at 128; 4 warps a program or blocks of 2048: 12-37 % slower at 32K rows, 9-24 % at 64 x
+# 128K. The rule as shipped
 # (topk_sparse_h100_dbd95f9.json): 2.0-11.6 % faster than one config at all 32 one-program / split shapes of the
 # probe, 64 x 128K (the split's 512 programs on 8 warps, the merge's 64 on 16) 214.1 -> 207.9.
 SELECT_CONFIG_WAVE = (8192, 16, 8)
@@ -457,8 +467,9 @@ SELECT_CHUNK = 16384
 # a capture), for rows at least MULTI_MIN_N wide and at most MULTI_MAX_SCORES scores in the call
 # (rows up to SELECT_MAX_N, which one program a row takes otherwise) or MULTI_MAX_SCORES_LONG (longer rows, which
 # the 16K split takes otherwise), at `multi_chunk`'s chunk (T * N / 256 keys rounded up to a power of two, within
-# 1024-8192). The scores' spread does not move the select (standard normal against all 256 first-digit bins within
-# 0.5 %: Triton 3.6 counts digits with warp ballots). True / False force it, at any size.
+# 1024-8192). The scores' spread did not move the select then (standard normal against all 256 first-digit bins
+# within 0.5 %: Triton 3.6 counts digits with warp ballots; since round 29 the one-program select's adds do depend on
+# it, `SELECT_AGG`). True / False force it, at any size.
 SELECT_MULTI: bool | None = None
 MULTI_MIN_N = 32768
 MULTI_MAX_SCORES = 1 << 21
@@ -510,9 +521,9 @@ SELECT_SCAN_ROWS = 16
 # Round 28's two options, timed at 2b0a066 on an H100 (outputs/bench/sweeps/topk_sparse_h100_2b0a066.json) and
 # removed: the candidates listed once they fit 4096 (or 8192) for the later passes and the write gained only where
 # scores spread over all 256 first-digit bins (32K keys 89.8 -> 73.0 us) and lost elsewhere (standard normal 100.5
-# -> 102.2, a narrow spread 110.9 -> 132.4, ties up to 18 %): listing is a prefix sum over the row, and the later
+# -> 102.2, a narrow spread 110.9 -> 132.4, ties up to 20 %): listing is a prefix sum over the row, and the later
 # reads through the list are gathers; the write ranking ties in one block only was level at one program a row and
-# 24-26 % slower on the 64 x 128K split rows (230.0 -> 285.2 us).
+# 23-26 % slower on the 64 x 128K split rows (standard normal 230.0 -> 285.2 us).
 
 
 _SELECT = common.Prebound(_topk_select_kernel)
@@ -535,7 +546,10 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     seven launches (`_multi_select_kernel`; a workspace of `[T, 4, 256]` digit counts and `[T, chunks, 2]` pick
     counts); the same picks again. None: `_multi_default` (a CUDA-graph decode step's rows) unless `chunk` is given.
     `sparse`: the passes after the first count a block's digits key by key (atomics) where at most 1 / `sparse`
-    of it matches, 0: never (see `_count_digits`); None: `SELECT_SPARSE`. Same picks.
+    of it matches, 0: never (see `_count_digits`); None: `SELECT_SPARSE`; it applies where `SELECT_AGG` is 0 and in
+    the multi select (`SELECT_AGG` 1-3: warp-aggregated adds, `_warp_adds`). `config`: (keys a block, warps,
+    digit bits) for every launch; None: `select_config`'s for each one-program / split / merge launch, SELECT_CONFIG
+    for the multi select. Same picks.
     """
     if logits.dim() != 2 or logits.dtype != torch.float32:
         raise ValueError(f"logits must be fp32 [T, N], got {logits.dtype} {tuple(logits.shape)}")
@@ -552,6 +566,10 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     if logits.stride(-1) != 1:
         logits = logits.contiguous()
     block, num_warps, digit = SELECT_CONFIG if config is None else config
+    if config is not None and not (2 <= block <= 16384 and block & (block - 1) == 0 and num_warps > 0
+                                   and num_warps & (num_warps - 1) == 0 and 1 <= digit <= 16):
+        raise ValueError(f"config must be (block, warps, digit bits) with a power-of-two block of 2-16384 keys (the "
+                         f"write packs two counts in 16 bits), power-of-two warps and 1-16 bits, got {tuple(config)}")
     n_sms = common.num_sms(logits.device)
 
     def launch_config(programs: int) -> tuple[int, int]:
@@ -565,7 +583,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         multi = chunk is None and _multi_default(T, n, k, logits.device, lengths is not None, ks is not None)
     sparse = int(SELECT_SPARSE if sparse is None else sparse)
     if sparse < 0:
-        raise ValueError(f"sparse must be 0 (histograms only) or a positive divisor, got {sparse}")
+        raise ValueError(f"sparse must be 0 (histograms only) or a positive divisor (a block's matching share up to "
+                         f"which it counts by atomics, where SELECT_AGG is 0 and in the multi select), got {sparse}")
     if multi and n > 0:  # no columns: the one-program launch below writes the padding
         return _multi_select(logits, k, lens, ks_, out, chunk or multi_chunk(T, n), block, num_warps, digit,
                              lengths is not None, ks is not None, sparse)
@@ -573,14 +592,21 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         chunk = SELECT_CHUNK if n > SELECT_MAX_N else n
     n_chunks = triton.cdiv(n, chunk) if chunk < n else 1
     # each program's digit counts (`_count_digits`): zeroed and left zeroed by the kernel, so no memset launch
-    agg, asm = int(SELECT_AGG), not common.INTERPRETED
-    counts = torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse or agg else dummy
+    asm = not common.INTERPRETED
+
+    def agg_for(blk: int, w: int) -> int:
+        """SELECT_AGG for a launch of `blk`-key blocks on `w` warps: 0 where a block has fewer keys than the program
+        has threads (Triton then gives several warps copies of each key, and each copy's PTX would add)."""
+        return int(SELECT_AGG) if blk >= 32 * w else 0
+
+    counts = (torch.empty(T * n_chunks, 1 << digit, dtype=torch.int32, device=logits.device) if sparse or SELECT_AGG
+              else dummy)
     if chunk >= n:
         b, w = launch_config(T)
         _SELECT((T,),
             logits, lens, ks_, out, dummy, dummy, counts, logits.stride(0), out.stride(0), n, k, 0,
             HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=b,
-            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(b), AGG=agg, ASM=asm,
+            OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(b), AGG=agg_for(b, w), ASM=asm,
             num_warps=w,
         )
         return out
@@ -593,7 +619,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     _SELECT((T, n_chunks),
         logits, lens, dummy, pos, val, dummy, counts, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False, BLOCK=split_block,
-        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(split_block), AGG=agg, ASM=asm,
+        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(split_block), AGG=agg_for(split_block, w),
+        ASM=asm,
         num_warps=w,
     )
     b, w = launch_config(T)
@@ -601,7 +628,8 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     _SELECT((T,),
         val, lens, ks_, out, dummy, pos, counts, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True, BLOCK=merge_block,
-        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(merge_block), AGG=agg, ASM=asm,
+        OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(merge_block), AGG=agg_for(merge_block, w),
+        ASM=asm,
         num_warps=w,
     )
     return out
