@@ -425,9 +425,9 @@ SELECT_CONFIG = (4096, 8, 8)
 # / 99.0), one 202752-wide row read up to 128K (13 split programs and the merge) 100.4 -> 91.4; but 64 x 128K (512
 # split programs, several an SM) 213.7 -> 255.4, so only where the programs fit one wave. Blocks of 16384 on 16 warps:
 # 87.1 at one 32K row, 92.6 at 128; 4 warps a program or blocks of 2048: 12-37 % slower at 32K rows, 9-24 % at 64 x
-# 128K. The rule as shipped
-# (topk_sparse_h100_dbd95f9.json): 2.0-11.6 % faster than one config at all 32 one-program / split shapes of the
-# probe, 64 x 128K (the split's 512 programs on 8 warps, the merge's 64 on 16) 214.1 -> 207.9.
+# 128K. The rule as shipped (topk_sparse_h100_dbd95f9.json): 2.0-11.6 % faster than one config at all 32
+# one-program / split shapes of the probe, 64 x 128K (the split's 512 programs on 8 warps, the merge's 64 on 16)
+# 214.1 -> 207.9.
 SELECT_CONFIG_WAVE = (8192, 16, 8)
 # Rows longer than SELECT_MAX_N are split into chunks of SELECT_CHUNK keys, one program each, then merged by one
 # program per row over ceil(N / SELECT_CHUNK) * min(k, SELECT_CHUNK) candidates (16K at 128K keys, 26K at GLM-5's
@@ -620,8 +620,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         logits, lens, dummy, pos, val, dummy, counts, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False, BLOCK=split_block,
         OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(split_block), AGG=agg_for(split_block, w),
-        ASM=asm,
-        num_warps=w,
+        ASM=asm, num_warps=w,
     )
     b, w = launch_config(T)
     merge_block = min(b, triton.next_power_of_2(width))
@@ -629,8 +628,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         val, lens, ks_, out, dummy, pos, counts, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True, BLOCK=merge_block,
         OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(merge_block), AGG=agg_for(merge_block, w),
-        ASM=asm,
-        num_warps=w,
+        ASM=asm, num_warps=w,
     )
     return out
 
