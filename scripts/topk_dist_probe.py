@@ -135,10 +135,7 @@ def scores(dist: str, T: int, n: int, dev: str) -> torch.Tensor:
 
 def top_digit_bins(x: torch.Tensor) -> int:
     """How many of the 256 first-digit bins row 0's ordered keys fill (`topk._ordered_key`'s top 8 bits)."""
-    b = x[0].contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    b = torch.where(x[0] == 0, torch.zeros_like(b), b)
-    key = torch.where(b >= 2**31, (~b) & 0xFFFFFFFF, b | 2**31)
-    return int(torch.unique(key >> 24).numel())
+    return int(torch.unique(topk.ordered_keys(x[0]) >> 24).numel())
 
 
 def main(path: str, mode: str = "") -> None:

@@ -19,25 +19,6 @@ import os
 import sys
 
 
-def loop_bodies(sass: str) -> list[tuple[int, dict]]:
-    """(instruction count, opcode counts without modifiers) of each loop in cuobjdump SASS, in address order: the
-    instructions from a backward branch's target to the branch."""
-    import re
-    from collections import Counter
-
-    ins = [(int(m.group(1), 16), m.group(2).strip()) for m in
-           (re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", ln) for ln in sass.splitlines()) if m]
-    at = {a: i for i, (a, _) in enumerate(ins)}
-    loops = []
-    for i, (a, text) in enumerate(ins):
-        m = re.search(r"\bBRA\s+(?:`\(\.\w+\)\s*)?(0x[0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in at:
-            body = ins[at[int(m.group(1), 16)]:i + 1]
-            ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for _, t in body)
-            loops.append((len(body), dict(ops)))
-    return loops
-
-
 def main(argv=None) -> int:
     os.environ["TRITON_INTERPRET"] = "0"  # decided when Triton is first imported: here, not at module import
     import triton
@@ -45,7 +26,7 @@ def main(argv=None) -> int:
     from triton.backends.compiler import GPUTarget
 
     from glm5lib.kernels import topk
-    from glm5lib.kernels.compile_report import compile_spec, cuobjdump, sass_opcodes, shipped_kernels
+    from glm5lib.kernels.compile_report import compile_spec, cuobjdump, sass_loops, sass_opcodes, shipped_kernels
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", type=int, default=90)
@@ -69,7 +50,7 @@ def main(argv=None) -> int:
         cubin = compile_spec(wave, arch).asm["cubin"]
         print(line(f"{wave.name} AGG={agg}", cubin), flush=True)
         sass = cuobjdump(cubin, "-sass")
-        for n, ops in loop_bodies(sass):
+        for n, ops in sass_loops(sass, nops=True):
             print(f"  loop: {n} instructions; " + ", ".join(f"{op} {ops.get(op, 0)}" for op in
                                                           ("BAR", "MATCH", "REDG", "VOTE", "POPC", "SHFL", "LDS")))
 

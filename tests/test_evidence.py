@@ -409,6 +409,8 @@ def test_evidence_round29_round28_options_timed_and_scan_rows():
     over rows of 16 keys 1.5-4.9 % faster at every one-program / split shape, `sparse=4` with it 1.5-11.3 % (narrow
     32K rows 101.1-102.5 us), `sparse=2` slower at 128 rows; the rule's multi select a little slower at one row and
     faster at 16-64; memcheck clean at both."""
+    from glm5lib.kernels.topk import multi_rule
+
     g = "_graph_us"
 
     def span(rows, dist, v, n=32768):
@@ -456,7 +458,7 @@ def test_evidence_round29_round28_options_timed_and_scan_rows():
     # faster but for 16 x 32K standard normal and spread (level)
     one_row, more = [], []
     for (dist, T, n, L), r in rows.items():
-        if topk_multi_rule(T, n):
+        if multi_rule(T, n):
             gain = round(100 * (1 - r["rule_sparse4_rows16" + g] / r["rule_shipped" + g]), 1)
             (one_row if T == 1 else more).append(gain)
             if T == 16 and n == 32768 and dist in ("randn", "spread"):
@@ -550,6 +552,9 @@ def test_evidence_round29_packed_write_and_warp_adds():
     top = (BENCH / "sweeps" / "ncu_topk_sass_top_128_32768_agg_h100_01285c0.txt").read_text()
     loops = re.findall(r"^loop \S+: \d+ instructions, ([\d.]+) % of stall samples", top, re.M)
     assert [float(p) for p in loops][:5] == [14.8, 26.9, 10.6, 10.5, 25.5]
+    durations = [float(re.search(r"Duration\s+us\s+([\d.]+)", (BENCH / "sweeps" / f).read_text()).group(1)) for f in
+                 ("ncu_topk_128_32768_agg_h100_01285c0.txt", "ncu_topk_128_32768_h100_19717c6.txt")]
+    assert durations == [88.96, 118.66]  # the kernel under ncu, v37 against v36
 
     rows = _sparse_rows("topk_sparse_h100_26d7a30.json", "NVIDIA H100", "26d7a30")
     assert span(rows, "spread", "select_agg2") == (64.7, 65.5) and span(rows, "randn", "select_agg2") == (71.8, 86.2)
@@ -587,12 +592,6 @@ def test_evidence_round29_packed_write_and_warp_adds():
     for name in ("19717c6", "01285c0", "26d7a30", "41bf977"):
         log = (BENCH / "sweeps" / f"memcheck_topk_h100_{name}.log").read_text()
         assert "ERROR SUMMARY: 0 errors" in log and re.search(r"equal to sparse=0: (\d+) of \1", log)
-
-
-def topk_multi_rule(T: int, n: int) -> bool:
-    from glm5lib.kernels.topk import multi_rule
-
-    return multi_rule(T, n)
 
 
 def test_evidence_round28_sass_counts():

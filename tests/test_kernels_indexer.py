@@ -344,11 +344,17 @@ def test_topk_select_scan_rows_and_bad_input(monkeypatch):
             topk.topk_select(x, 64, config=bad)
 
 
-def _first_digits(x: torch.Tensor) -> torch.Tensor:
-    """The first radix digit (top 8 bits of `topk._ordered_key`) of fp32 scores."""
-    b = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    b = torch.where(x == 0, torch.zeros_like(b), b)
-    return torch.where(b >= 2**31, (~b) & 0xFFFFFFFF, b | 2**31) >> 24
+def test_topk_ordered_keys_sort_like_the_scores():
+    """`topk.ordered_keys` (the host twin of the kernels' `_ordered_key`): unsigned 32-bit keys in the scores'
+    order, -0.0 and +0.0 one key, -inf below every finite score."""
+    import glm5lib.kernels.topk as topk
+
+    x = torch.tensor([float("-inf"), -3e38, -1.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, 3e38])
+    keys = topk.ordered_keys(x).tolist()
+    assert keys[4] == keys[5] == 2**31 and all(0 <= k < 2**32 for k in keys)
+    assert keys[:5] == sorted(set(keys[:5])) and keys[5:] == sorted(set(keys[5:]))
+    y = torch.randn(1000, generator=torch.Generator().manual_seed(3)) * 10.0 ** torch.randint(-20, 20, (1000,)).float()
+    assert torch.equal(torch.argsort(topk.ordered_keys(y), stable=True), torch.argsort(y, stable=True))
 
 
 @pytest.mark.parametrize("scores", ["few-digits", "many-digits"])
@@ -367,7 +373,7 @@ def test_topk_select_first_pass_adds_or_switches(monkeypatch, scores):
         bits = torch.randint(-2**31, 2**31, (3, 1800), generator=g, dtype=torch.int64).to(torch.int32)
         x = bits.view(torch.float32)
         x = torch.where(torch.isfinite(x), x, torch.zeros_like(x))
-    groups = _first_digits(x[:, :512]).reshape(3, 16, 32)
+    groups = (topk.ordered_keys(x[:, :512]) >> 24).reshape(3, 16, 32)
     adds = [sum(len(set(gr.tolist())) for gr in row) / 512 for row in groups]  # the first block's adds a key
     assert all(a <= 0.5 for a in adds) if scores == "few-digits" else all(a > 0.5 for a in adds)
     want = _stable_picks(x, 300)

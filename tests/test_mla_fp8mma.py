@@ -521,6 +521,13 @@ def test_sass_loop_inner_takes_the_tile_loop_inside_a_loop_over_pieces():
     assert n_inner == 300 and "LDL" not in h_inner and "STL" not in h_inner and h_inner["F2FP"] == 298
     single = "\n".join(tile + [ins(end, "@P0 BRA 0x100")])  # one loop: inner or not, the same
     assert sass_loop(single, inner=True) == sass_loop(single)
+    # every loop in address order of its branch (`sass_loops`, the top-k select's per-pass counts): the spin loop,
+    # the tile loop, the outer loop
+    from glm5lib.kernels.compile_report import sass_loops
+
+    loops = sass_loops(sass, nops=True)
+    assert [n for n, _ in loops] == [3, 300, len(lines) - 1]
+    assert loops[1][1]["F2FP"] == 298 and loops[2][1]["LDL"] == loops[2][1]["STL"] == 1
 
 
 def test_ablation_pads_hold_the_whole_kernels_programs_per_sm():

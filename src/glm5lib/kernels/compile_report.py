@@ -61,14 +61,28 @@ def sass_loop(sass: str, nops: bool = False, inner: bool = False) -> tuple[int, 
     return len(body), n_all, _opcode_hist(body)
 
 
-def sass_loop_body(sass: str, nops: bool = False, inner: bool = False) -> tuple[list[str], int]:
-    """(the main loop's instruction texts, instructions in the kernel): `sass_loop`'s loop."""
-    ins = _sass_instructions(sass, nops)
+def _backward_branches(ins: list[tuple[int, str]]) -> list[tuple[int, int]]:
+    """(target, branch) addresses of every backward branch: the loops, in address order of their branches."""
     loops = []
     for addr, text in ins:
         m = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
         if m and int(m.group(1), 16) < addr:
             loops.append((int(m.group(1), 16), addr))
+    return loops
+
+
+def sass_loops(sass: str, nops: bool = False) -> list[tuple[int, dict]]:
+    """(instructions, {opcode: count} as `sass_opcodes` counts them) of every loop in `cuobjdump -sass` text, from a
+    backward branch's target to the branch, in address order."""
+    ins = _sass_instructions(sass, nops)
+    bodies = [[t for a, t in ins if lo <= a <= hi] for lo, hi in _backward_branches(ins)]
+    return [(len(b), _opcode_hist(b)) for b in bodies]
+
+
+def sass_loop_body(sass: str, nops: bool = False, inner: bool = False) -> tuple[list[str], int]:
+    """(the main loop's instruction texts, instructions in the kernel): `sass_loop`'s loop."""
+    ins = _sass_instructions(sass, nops)
+    loops = _backward_branches(ins)
     if inner:
         big = [lp for lp in loops if sum(lp[0] <= a <= lp[1] for a, _ in ins) >= 256]
         loops = [lp for lp in big if not any(o != lp and lp[0] <= o[0] and o[1] <= lp[1] for o in big)] or loops

@@ -55,6 +55,14 @@ def _ordered_key(x):
     return tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)
 
 
+def ordered_keys(x: torch.Tensor) -> torch.Tensor:
+    """`_ordered_key` on the host: fp32 scores -> int64 keys in [0, 2^32) whose order is the scores' order (-0.0 as
+    +0.0). For probes and tests (the first radix digit is `ordered_keys(x) >> 24`)."""
+    b = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    b = torch.where(x == 0, torch.zeros_like(b), b)
+    return torch.where(b >= 2**31, (~b) & 0xFFFFFFFF, b | 2**31)
+
+
 @triton.jit
 def _radix_step(hist, bins, prefix, remaining, shift):
     """One radix pass's verdict from its digit counts `hist` (of the keys that match `prefix`): the bin b holding the
