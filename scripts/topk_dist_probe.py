@@ -1,6 +1,6 @@
 """What the top-k select's time at a decode step's few rows is made of (CUDA GPU, one process).
 
-    PYTHONPATH=src python3 scripts/topk_dist_probe.py OUT.json [--sweep | --sparse | --configs]
+    PYTHONPATH=src python3 scripts/topk_dist_probe.py OUT.json [--sweep | --sparse | --configs | --rule]
 
 At one or a few rows `topk.topk_select` runs one program per row (or per 16K-key chunk, then one per row to merge),
 so the GPU is mostly idle and the select's time is its programs' latency: five scans of the row (four 8-bit radix
@@ -40,6 +40,10 @@ one block; round 29: the write's scan over rows of 16 keys, `sparse=4`/`2`, the 
 warp-aggregated adds `agg` 0-3, another module's select beside this one). Every variant's output checked against
 the select before's, whose set is checked against torch.topk's (not for `ties`: torch.topk breaks ties its own way);
 the rule's call also captured and replayed with new rows.
+
+`--rule` (round 30): where the multi select and the split's chunk widths pay after round 29's adds, for the rule
+(`topk.multi_rule`) and the split's chunk: 1-128 rows of 32K, 128K and 202752-wide rows read up to 128K, `randn`
+and `narrow` scores, the split at 8K-32K-key chunks and the multi select at 2048-8192 beside the rule.
 
 `--configs` (round 29): the one-program select's block of keys and warps a program (blocks of 2048-16384 keys, 4-16
 warps) beside the shipped choice (`topk.select_config`), over `randn` and `narrow` scores.
@@ -91,6 +95,17 @@ SWEEP_SHAPES = [(T, n, L) for T in (1, 4, 16, 32, 64, 128)
                 for n, L in ((32768, 32768), (131072, 131072), (WIDE, 32768), (WIDE, 131072))]
 SWEEP_VARIANTS = ([("shipped", {"multi": False}), ("rule", {})]
                   + [(f"multi{c}", {"multi": True, "chunk": c}) for c in (1024, 2048, 4096, 8192)])
+
+
+# `--rule` (round 30): the multi rule's and the split's chunk bounds after round 29's adds: 1-128 rows of 32K keys,
+# of 128K and of the decode path's 202752-wide rows read up to 128K, over `randn` and `narrow` scores; the one-program
+# / split select at chunks of 8K, 16K (`SELECT_CHUNK`) and 32K keys, the multi select at chunks of 2048-8192, and
+# what `topk_select` takes by its rule (a chunk at least as wide as the row: one program a row)
+RULE_SHAPES = [(T, n, L) for T in (1, 4, 16, 32, 48, 64, 96, 128)
+               for n, L in ((32768, 32768), (131072, 131072), (WIDE, 131072))]
+RULE_VARIANTS = ([("shipped", {"multi": False}), ("rule", {})]
+                 + [(f"split{c}", {"multi": False, "chunk": c}) for c in (8192, 16384, 32768)]
+                 + [(f"multi{c}", {"multi": True, "chunk": c}) for c in (2048, 4096, 8192)])
 
 
 # GLM5LIB_TOPK_AB=path/to/topk.py: another version of the module (e.g. `git show REV:src/glm5lib/kernels/topk.py`),
@@ -145,7 +160,8 @@ def main(path: str, mode: str = "") -> None:
     ab = [("select_ab", {"impl": "ab", "multi": False}), ("rule_ab", {"impl": "ab"})] if AB is not None else []
     shapes, dists, variants = {"--sweep": (SWEEP_SHAPES, ("randn",), SWEEP_VARIANTS),
                                "--sparse": (SPARSE_SHAPES, SPARSE_DISTS, SPARSE_VARIANTS),
-                               "--configs": (CONFIG_SHAPES, ("randn", "narrow"), CONFIG_VARIANTS)}.get(
+                               "--configs": (CONFIG_SHAPES, ("randn", "narrow"), CONFIG_VARIANTS),
+                               "--rule": (RULE_SHAPES, ("randn", "narrow"), RULE_VARIANTS)}.get(
         mode, (SHAPES, DISTS, VARIANTS))
     sparse = mode == "--sparse"
     variants = variants + ab
@@ -206,8 +222,8 @@ def main(path: str, mode: str = "") -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if len(args) not in (1, 2) or args[0].startswith("--") or args[1:] not in ([], ["--sweep"], ["--sparse"],
-                                                                                ["--configs"]):
-        sys.exit("usage: topk_dist_probe.py OUT.json [--sweep | --sparse | --configs]")
+                                                                                ["--configs"], ["--rule"]):
+        sys.exit("usage: topk_dist_probe.py OUT.json [--sweep | --sparse | --configs | --rule]")
     if not torch.cuda.is_available():
         sys.exit("topk_dist_probe: needs a CUDA GPU")
     main(args[0], mode=(args[1:] or [""])[0])

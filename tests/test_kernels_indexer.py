@@ -811,9 +811,9 @@ def test_paged_maxnreg_rule(monkeypatch):
 
 
 def test_topk_probe_variants_run_and_agree(monkeypatch):
-    """Every variant `scripts/topk_dist_probe.py` times (its default, `--sweep`, `--sparse` and `--configs` lists) is
-    a call `topk_select` accepts, and gives the stable sort's picks on small rows (on the CPU, through the
-    interpreter): a variant naming a removed option fails here, not on the GPU."""
+    """Every variant `scripts/topk_dist_probe.py` times (its default, `--sweep`, `--sparse`, `--configs` and
+    `--rule` lists) is a call `topk_select` accepts, and gives the stable sort's picks on small rows (on the CPU,
+    through the interpreter): a variant naming a removed option fails here, not on the GPU."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -827,7 +827,8 @@ def test_topk_probe_variants_run_and_agree(monkeypatch):
     x = torch.randn(2, 3000, generator=torch.Generator().manual_seed(9))
     lengths = torch.tensor([3000, 2500], dtype=torch.int32)
     want = _stable_picks(x, 64, lengths)
-    for name, kw in probe.VARIANTS + probe.SWEEP_VARIANTS + probe.SPARSE_VARIANTS + probe.CONFIG_VARIANTS:
+    variants = probe.VARIANTS + probe.SWEEP_VARIANTS + probe.SPARSE_VARIANTS + probe.CONFIG_VARIANTS
+    for name, kw in variants + probe.RULE_VARIANTS:
         kw = dict(kw)
         if "config" in kw:  # the probe's 16-warp config: the same picks at a small block
             kw["config"] = (512, 4, 8)
