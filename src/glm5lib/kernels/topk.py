@@ -244,9 +244,9 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
         pos = first + offs
         if MERGE:
             pos = tl.load(POS + t.to(tl.int64) * stride_x + offs, mask=take, other=-1)
-        tl.store(out + slot, (pos - base).to(tl.int32), mask=take)
+        _scatter(out + slot, (pos - base).to(tl.int32), take, ASM)
         if SPLIT:
-            tl.store(out_x + slot, x, mask=take)
+            _scatter(out_x + slot, x, take, ASM)
         written += n_taken
         quota -= n_equal
     n_out = K
@@ -258,6 +258,22 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
         tl.store(out + o, tl.full([OUT_BLOCK], -1, tl.int32), mask=pad)
         if SPLIT:
             tl.store(out_x + o, tl.full([OUT_BLOCK], float("-inf"), tl.float32), mask=pad)
+
+
+@triton.jit
+def _scatter(ptr, val, mask, ASM: tl.constexpr):
+    """`tl.store(ptr, val, mask=mask)` of 32-bit `val` (int32 or fp32) at data-dependent places, in the layout the
+    block already has. Triton's coalescing pass gives a store whose addresses it cannot prove contiguous a layout of
+    its own, and converts the pointers and masks to it through shared memory: 8192 64-bit pointers a write block, with
+    barriers (Triton 3.6, sm_90: the write loop's 15 `BAR` and 32 KB of shared memory in the wave config's build).
+    Inline PTX keeps the caller's layout. ASM False (the interpreter): `tl.store`."""
+    if ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p;\n setp.ne.b32 p, $2, 0;\n @p st.global.b32 [$1], $3;\n mov.u32 $0, 0; }",
+            "=r,l,r,r", [ptr, mask.to(tl.int32), val.to(tl.int32, bitcast=True)], dtype=tl.int32, is_pure=False,
+            pack=1)
+    else:
+        tl.store(ptr, val, mask=mask)
 
 
 @triton.jit
@@ -333,7 +349,7 @@ def _row_threshold(HIST, t, PASSES: tl.constexpr, K, DIGIT: tl.constexpr):
 def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, chunk, n_chunks,
                          MODE: tl.constexpr, HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, BLOCK: tl.constexpr,
                          DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPARSE: tl.constexpr,
-                         ROWS: tl.constexpr):
+                         ROWS: tl.constexpr, ASM: tl.constexpr = False):
     """Program (t, c) of row t split over `n_chunks` programs of `chunk` keys each, one launch per step
     (`topk_select(..., multi=True)`): the radix select of `_topk_select_kernel` with its digit counts summed over
     the row's programs in global memory, so that every pass of a row runs on all of them.
@@ -344,7 +360,8 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
     threshold and equal to it, into CNT[t, c]. MODE NPASS + 1: its picks (above the threshold, then the earliest
     equal ones the row still takes once the chunks before it have taken theirs) written in position order at
     their place in the row's list, which the counts of the chunks before it give; chunk 0 also writes the -1
-    padding past the row's picks. Chunks that start past the row's length count nothing and pick nothing."""
+    padding past the row's picks. Chunks that start past the row's length count nothing and pick nothing. ASM: the
+    picks stored by PTX (`_scatter`)."""
     tl.static_assert(BLOCK <= 16384, "the count and write steps pack two block counts in 16 bits each")
     NPASS: tl.constexpr = (32 + DIGIT - 1) // DIGIT
     t = tl.program_id(0)
@@ -409,7 +426,7 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
                 offs = start + _block_offsets(BLOCK, ROWS)
                 key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
                 take, place, n_taken, n_equal = _block_picks(key, (offs < m) & (key > NEG_INF_KEY), thr, quota, ROWS)
-                tl.store(out + written + place, (first + offs - base).to(tl.int32), mask=take)
+                _scatter(out + written + place, (first + offs - base).to(tl.int32), take, ASM)
                 written += n_taken
                 quota -= n_equal
             if c == 0:
@@ -719,7 +736,7 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
             MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=mblock, DIGIT=digit,
             CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse, ROWS=scan_rows(mblock),
-            num_warps=num_warps,
+            ASM=not common.INTERPRETED, num_warps=num_warps,
         )
     return out
 
