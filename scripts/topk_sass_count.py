@@ -9,7 +9,9 @@ scan (the load and store alone).
 
 `TRITON_INTERPRET=0 PYTHONPATH=src python scripts/topk_sass_count.py [--arch 90]`. The GPUs run Triton 3.6: put a
 3.6 install first on PYTHONPATH to count what they run (outputs/bench/sweeps/topk_sass_triton36.txt at 686d2d2,
-round 28's select; topk_sass_v34_triton36.txt at ffdad9d; topk_sass_v39_triton36.txt since).
+round 28's select; topk_sass_v34_triton36.txt at ffdad9d; topk_sass_v39_triton36.txt at ae57c33 (its write
+loops counted by round 30's script); topk_sass_v40_triton36.txt since, with the write loop of every shipped
+one-program / split / merge launch).
 """
 
 from __future__ import annotations
@@ -53,6 +55,16 @@ def main(argv=None) -> int:
         for n, ops in sass_loops(sass, nops=True):
             print(f"  loop: {n} instructions; " + ", ".join(f"{op} {ops.get(op, 0)}" for op in
                                                           ("BAR", "MATCH", "REDG", "VOTE", "POPC", "SHFL", "LDS")))
+
+    # the write loop of every shipped one-program / split / merge launch (round 30's v40: the picks stored by PTX in
+    # the block's layout, `topk._scatter`), with each build's shared memory
+    for spec in shipped_kernels(arch):
+        if spec.name.startswith("topk_select") and "agg" not in spec.name and not spec.name.endswith("+ks]"):
+            k = compile_spec(spec, arch)
+            n, ops = sass_loops(cuobjdump(k.asm["cubin"], "-sass"), nops=True)[4]  # the four radix passes, the write
+            print(f"{spec.name} write loop: {n} instructions; " + ", ".join(
+                f"{op} {ops.get(op, 0)}" for op in ("BAR", "STG", "LDS", "STS", "SHFL")) +
+                f"; shared memory {k.metadata.shared} bytes", flush=True)
 
     @triton.jit
     def _scan_toy(X, O, n, BLOCK: tl.constexpr, MODE: tl.constexpr):

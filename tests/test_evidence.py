@@ -581,7 +581,8 @@ def test_evidence_round29_packed_write_and_warp_adds():
     builds = {}
     for part in re.split(r"^(?=topk_select\[B8192)", text, flags=re.M)[1:]:
         head, *body = part.strip().splitlines()
-        loops = [re.match(r"\s+loop: (\d+) instructions; BAR (\d+), MATCH (\d+)", ln) for ln in body if "loop:" in ln]
+        loops = [re.match(r"\s+loop: (\d+) instructions; BAR (\d+), MATCH (\d+)", ln) for ln in body
+                 if ln.lstrip().startswith("loop:")]
         builds[head.split(": ")[0]] = (int(re.search(r": (\d+) instructions", head).group(1)),
                                        [tuple(int(v) for v in m.groups()) for m in loops])
     agg0, agg1, agg3 = (builds[f"topk_select[B8192-w16-d8:len] AGG={a}"] for a in (0, 1, 3))
@@ -592,6 +593,28 @@ def test_evidence_round29_packed_write_and_warp_adds():
     for name in ("19717c6", "01285c0", "26d7a30", "41bf977"):
         log = (BENCH / "sweeps" / f"memcheck_topk_h100_{name}.log").read_text()
         assert "ERROR SUMMARY: 0 errors" in log and re.search(r"equal to sparse=0: (\d+) of \1", log)
+
+
+def test_evidence_round30_write_loop_counts():
+    """NOTES round 30 (v40): the write loop of every shipped one-program / split / merge build (Triton 3.6, sm_90)
+    before and after its picks were stored by PTX in the block's layout: fewer instructions, barriers and
+    shared-memory reads in each, and a fraction of the shared memory."""
+    def writes(name):
+        text = (BENCH / "sweeps" / f"topk_sass_{name}_triton36.txt").read_text()
+        return {m.group(1): tuple(int(v) for v in m.groups()[1:]) for m in re.finditer(
+            r"^(topk_select\[\S+\]) write loop: (\d+) instructions; BAR (\d+), STG \d+, LDS (\d+), STS \d+, "
+            r"SHFL \d+; shared memory (\d+) bytes", text, flags=re.M)}
+
+    before, after = writes("v39"), writes("v40")
+    assert sorted(before) == sorted(after) and len(after) == 6
+    for build in after:
+        assert all(a < b for a, b in zip(after[build], before[build])), build
+    wave, split, merge = (f"topk_select[B8192-w16-d8:{t}]" for t in ("len", "split:len", "merge:len"))
+    assert [before[wave][:3], after[wave][:3]] == [(930, 15, 20), (795, 9, 11)]
+    assert [before[split][:3], after[split][:3]] == [(1434, 17, 75), (1216, 9, 23)]
+    assert [before[merge][:2], after[merge][:2]] == [(987, 23), (938, 9)]
+    assert (before[wave][3], after[wave][3]) == (32768, 2048)
+    assert (before["topk_select[B4096-w8-d8:len]"][3], after["topk_select[B4096-w8-d8:len]"][3]) == (16384, 1024)
 
 
 def test_evidence_round28_sass_counts():
