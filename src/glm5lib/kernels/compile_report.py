@@ -297,8 +297,8 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel
     from glm5lib.kernels.topk import (MULTI_CHUNKS_RANGE, SELECT_AGG, SELECT_CONFIG, SELECT_CONFIG_WAVE,
-                                      SELECT_SPARSE, _multi_select_kernel, _topk_select_kernel, multi_counts_block,
-                                      scan_rows)
+                                      SELECT_PTX_STORES, SELECT_SPARSE, _multi_select_kernel, _topk_select_kernel,
+                                      multi_counts_block, scan_rows)
     from glm5lib.model.spec import GLM5Config
 
     fn = _topk_select_kernel
@@ -317,7 +317,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
             (SELECT_CONFIG, (f"merge:len:agg{a}", True, False, False, True, a)) for a in others]:
         consts = {"HAS_LEN": has_len, "HAS_KS": has_ks, "SPLIT": split, "MERGE": merge, "BLOCK": b,
                   "OUT_BLOCK": 1024, "DIGIT": digit, "SPARSE": SELECT_SPARSE, "ROWS": scan_rows(b), "AGG": agg,
-                  "ASM": True}
+                  "ASM": True, "STORES": SELECT_PTX_STORES}
         types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "OUT_X": "*fp32" if split else "*i32",
                  "POS": "*i32", "HIST": "*i32"}
         specs.append(KernelSpec(f"topk_select[B{b}-w{w}-d{digit}:{tag}]", fn, _sig(fn, types, consts),
@@ -332,7 +332,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         for mode in range(-(-32 // digit) + 2):
             consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
                       "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE,
-                      "ROWS": scan_rows(min(block, chunk)), "ASM": True}
+                      "ROWS": scan_rows(min(block, chunk)), "ASM": SELECT_PTX_STORES}
             types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
             specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
                                     _sig(fn, types, consts), consts, warps, 3,

@@ -141,7 +141,8 @@ def _count_digits(hist, COUNTS, digit, match, SPARSE: tl.constexpr, BLOCK: tl.co
 def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N, K, chunk,
                         HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, SPLIT: tl.constexpr, MERGE: tl.constexpr,
                         BLOCK: tl.constexpr, OUT_BLOCK: tl.constexpr, DIGIT: tl.constexpr, SPARSE: tl.constexpr,
-                        ROWS: tl.constexpr, AGG: tl.constexpr = 0, ASM: tl.constexpr = False):
+                        ROWS: tl.constexpr, AGG: tl.constexpr = 0, ASM: tl.constexpr = False,
+                        STORES: tl.constexpr = False):
     """Program t: row t's top-K into row t of OUT (see `topk_select`).
 
     SPARSE > 0: the passes after the first count a block's digits one atomic per matching key into the program's
@@ -153,7 +154,8 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
     L2 when many programs add at once).
 
     ROWS > 0: the write reads a block as BLOCK / ROWS rows of ROWS adjacent keys, so that the picks' places are
-    in-row sums plus one scan of the row totals (`_block_scan`); 0: one 1-D prefix sum over the block.
+    in-row sums plus one scan of the row totals (`_block_scan`); 0: one 1-D prefix sum over the block. STORES: the
+    picks (and SPLIT's scores) stored by PTX in the block's layout (`_scatter`), else by `tl.store`.
 
     SPLIT (grid (T, C)): program (t, c) selects among positions [c * chunk, (c + 1) * chunk) of row t and writes
     its picks (row positions) to OUT[t, c * K:(c + 1) * K] and their scores to OUT_X there, -1 / -inf padded
@@ -244,9 +246,9 @@ def _topk_select_kernel(X, LEN, KS, OUT, OUT_X, POS, HIST, stride_x, stride_o, N
         pos = first + offs
         if MERGE:
             pos = tl.load(POS + t.to(tl.int64) * stride_x + offs, mask=take, other=-1)
-        _scatter(out + slot, (pos - base).to(tl.int32), take, ASM)
+        _scatter(out + slot, (pos - base).to(tl.int32), take, STORES)
         if SPLIT:
-            _scatter(out_x + slot, x, take, ASM)
+            _scatter(out_x + slot, x, take, STORES)
         written += n_taken
         quota -= n_equal
     n_out = K
@@ -543,6 +545,13 @@ SELECT_AGG = 3
 # outputs/bench/sweeps/topk_sass_v34_triton36.txt). With SELECT_SPARSE 4 the rule's multi select is 2-5 % faster at
 # 16-64 rows (level at 16 x 32K standard normal and spread) and 0.1-0.5 us slower at one row at 7 of 8 shapes.
 SELECT_SCAN_ROWS = 16
+# The write stores its picks by inline PTX in the layout the block already has (`_scatter`, every launch of both
+# selects on a GPU), not by `tl.store`, for which Triton 3.6 converts each block's pick pointers and masks to a
+# layout of its own through shared memory. Static (sm_90, outputs/bench/sweeps/topk_sass_v40_triton36.txt against
+# topk_sass_v39_triton36.txt): the wave build's write loop 930 -> 795 SASS instructions and 15 -> 9 barriers, the
+# split build's 1434 -> 1216 and 17 -> 9, the merge's 987 -> 938 and 23 -> 9; shared memory 32 KB -> 2 KB a program
+# in the wave config, 16 KB -> 1 KB in SELECT_CONFIG. False: `tl.store` (what round 29 ran).
+SELECT_PTX_STORES = True
 # Round 28's two options, timed at 2b0a066 on an H100 (outputs/bench/sweeps/topk_sparse_h100_2b0a066.json) and
 # removed: the candidates listed once they fit 4096 (or 8192) for the later passes and the write gained only where
 # scores spread over all 256 first-digit bins (32K keys 89.8 -> 73.0 us) and lost elsewhere (standard normal 100.5
@@ -618,6 +627,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
     n_chunks = triton.cdiv(n, chunk) if chunk < n else 1
     # each program's digit counts (`_count_digits`): zeroed and left zeroed by the kernel, so no memset launch
     asm = not common.INTERPRETED
+    stores = asm and SELECT_PTX_STORES
 
     def agg_for(blk: int, w: int) -> int:
         """SELECT_AGG for a launch of `blk`-key blocks on `w` warps: 0 where a block has fewer keys than the program
@@ -632,6 +642,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
             logits, lens, ks_, out, dummy, dummy, counts, logits.stride(0), out.stride(0), n, k, 0,
             HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=False, BLOCK=b,
             OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(b), AGG=agg_for(b, w), ASM=asm,
+            STORES=stores,
             num_warps=w,
         )
         return out
@@ -645,7 +656,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         logits, lens, dummy, pos, val, dummy, counts, logits.stride(0), width, n, kc, chunk,
         HAS_LEN=lengths is not None, HAS_KS=False, SPLIT=True, MERGE=False, BLOCK=split_block,
         OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(split_block), AGG=agg_for(split_block, w),
-        ASM=asm, num_warps=w,
+        ASM=asm, STORES=stores, num_warps=w,
     )
     b, w = launch_config(T)
     merge_block = min(b, triton.next_power_of_2(width))
@@ -653,7 +664,7 @@ def topk_select(logits: torch.Tensor, k: int = 2048, *, lengths: torch.Tensor | 
         val, lens, ks_, out, dummy, pos, counts, width, out.stride(0), width, k, chunk,
         HAS_LEN=lengths is not None, HAS_KS=ks is not None, SPLIT=False, MERGE=True, BLOCK=merge_block,
         OUT_BLOCK=1024, DIGIT=digit, SPARSE=sparse, ROWS=scan_rows(merge_block), AGG=agg_for(merge_block, w),
-        ASM=asm, num_warps=w,
+        ASM=asm, STORES=stores, num_warps=w,
     )
     return out
 
@@ -736,7 +747,7 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
             MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=mblock, DIGIT=digit,
             CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse, ROWS=scan_rows(mblock),
-            ASM=not common.INTERPRETED, num_warps=num_warps,
+            ASM=SELECT_PTX_STORES and not common.INTERPRETED, num_warps=num_warps,
         )
     return out
 
