@@ -101,7 +101,8 @@ SWEEP_VARIANTS = ([("shipped", {"multi": False}), ("rule", {})]
 # of 128K and of the decode path's 202752-wide rows read up to 128K, over `randn` and `narrow` scores; the one-program
 # / split select at chunks of 8K, 16K (`SELECT_CHUNK`) and 32K keys, the multi select at chunks of 2048-8192, and
 # what `topk_select` takes by its rule (a chunk at least as wide as the row: one program a row)
-RULE_SHAPES = [(T, n, L) for T in (1, 4, 16, 32, 48, 64, 96, 128)
+# (TOPK_RULE_ROWS="20 24 ...": other row counts, e.g. to check a fitted rule on batches it was not fitted to)
+RULE_SHAPES = [(T, n, L) for T in map(int, os.environ.get("TOPK_RULE_ROWS", "1 4 16 32 48 64 96 128").split())
                for n, L in ((32768, 32768), (131072, 131072), (WIDE, 131072))]
 RULE_VARIANTS = ([("shipped", {"multi": False}), ("rule", {})]
                  + [(f"split{c}", {"multi": False, "chunk": c}) for c in (8192, 16384, 32768)]
