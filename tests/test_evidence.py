@@ -595,6 +595,56 @@ def test_evidence_round29_packed_write_and_warp_adds():
         assert "ERROR SUMMARY: 0 errors" in log and re.search(r"equal to sparse=0: (\d+) of \1", log)
 
 
+def test_evidence_round30_ptx_stores_and_rule_bounds():
+    """NOTES round 30 / docs v40, against their H100 files: the PTX stores 5.7-8.9 % faster than v39 (timed beside
+    it) at every one-program / split shape with the same picks and a clean memcheck; the rule sweep's boundary
+    shapes (the multi select ahead at 32 rows of 32K and 16 of 202752, behind at 32 rows of 128K and 64 of 131072),
+    the refitted bounds taking the faster side there, and their choice within 1.20x of the fastest variant over the
+    sweep where round 29's bounds were 1.46x off."""
+    import math
+
+    from glm5lib.kernels import topk
+
+    sparse = json.loads((BENCH / "sweeps" / "topk_sparse_h100_139ee79.json").read_text())
+    assert sparse["meta"]["device"].startswith("NVIDIA H100") and sparse["meta"]["ab_module"].endswith("topk_v39.py")
+    g = "_graph_us"
+    gains = []
+    for r in sparse["rows"]:
+        assert all(v for k, v in r.items() if k.endswith("_equals_shipped")) and r["rule_graph_replay_equals_shipped"]
+        gains.append(100 * (1 - r["select_shipped" + g] / r["select_ab" + g]))
+    assert len(gains) == 32 and (round(min(gains), 1), round(max(gains), 1)) == (5.7, 8.9)
+    r32 = [r for r in sparse["rows"] if r["n"] == 32768 and r["dist"] == "randn"]
+    assert [round(f(r["select_shipped" + g] for r in r32), 1) for f in (min, max)] == [60.0, 73.6]
+    r = next(r for r in sparse["rows"] if (r["dist"], r["T"], r["n"]) == ("randn", 64, 131072))
+    assert [round(r[v + g], 1) for v in ("select_ab", "select_shipped", "torch_topk")] == [166.8, 156.4, 160.7]
+    for log in ("memcheck_topk_h100_139ee79.log", "memcheck_topk_h100_139ee79_b.log"):
+        text = (BENCH / "sweeps" / log).read_text()
+        assert "ERROR SUMMARY: 0 errors" in text and "equal to sparse=0: 90 of 90" in text
+
+    sweep = json.loads((BENCH / "sweeps" / "topk_rule_h100_139ee79.json").read_text())
+    rows = {(r["dist"], r["T"], r["n"]): r for r in sweep["rows"]}
+    assert len(rows) == 48 and all(all(v for k, v in r.items() if k.endswith("_equals_shipped")) for r in rows.values())
+    for dist in ("randn", "narrow"):  # the multi select (the rule then) against the one-program / 16K split select
+        assert rows[(dist, 32, 32768)]["rule" + g] < rows[(dist, 32, 32768)]["shipped" + g]
+        assert rows[(dist, 32, 131072)]["rule" + g] > rows[(dist, 32, 131072)]["shipped" + g]
+        assert rows[(dist, 64, 131072)]["rule" + g] > 1.1 * rows[(dist, 64, 131072)]["shipped" + g]
+    assert rows[("randn", 16, 202752)]["rule" + g] < rows[("randn", 16, 202752)]["shipped" + g]
+    assert topk.multi_rule(32, 32768) and not topk.multi_rule(48, 32768)
+    assert topk.multi_rule(16, 202752) and not topk.multi_rule(32, 131072) and not topk.multi_rule(64, 131072)
+    variants = ("shipped", "rule", "split8192", "split16384", "split32768", "multi2048", "multi4096", "multi8192")
+
+    def off(pick):  # the chosen path's time over the fastest variant's, per shape
+        return [r[("rule" if pick(T, n) else "shipped") + g] / min(r[v + g] for v in variants)
+                for (d, T, n), r in rows.items()]
+
+    new = off(topk.multi_rule)
+    old = off(lambda T, n: T * n <= (1 << 21 if n <= 32768 else 1 << 23))
+    assert all(rows[k]["rule_multi_in_graph"] == (k[1] * k[2] <= (1 << 21 if k[2] <= 32768 else 1 << 23))
+               for k in rows)  # the sweep ran round 29's bounds
+    assert (round(max(new), 2), round(max(old), 2)) == (1.2, 1.46)
+    assert round(math.exp(sum(map(math.log, new)) / 48), 2) == 1.03
+
+
 def test_evidence_round30_write_loop_counts():
     """NOTES round 30 (v40): the write loop of every shipped one-program / split / merge build (Triton 3.6, sm_90)
     before and after its picks were stored by PTX in the block's layout: fewer instructions, barriers and
