@@ -502,9 +502,9 @@ MULTI_MIN_N = 32768
 # Refitted in round 30 (H100, v40, outputs/bench/sweeps/topk_rule_h100_139ee79.json, graph replay, `randn` and
 # `narrow` scores at 1-128 rows): the multi select against the one-program / split select
 #   32K rows:  32 rows 42.8 / 45.0 us against 60.6 / 57.9; 48 rows 62.9 / 64.1 against 62.7 / 58.5;
-#              64 rows 63.6 / 66.9 against 66.0 / 58.5 (round 29's bound, 2^21 scores, took the multi select there)
-#   longer:    16 x 202752 (3.24M scores) 70.0 / 77.2 against 78.8 / 74.9; 32 x 131072 (4.19M) 98.7 / 106.7 against
-#              96.1 / 88.6; 64 x 131072 (2^23, round 29's bound) 179.1 / 194.3 against 155.9 / 146.0
+#              64 rows 63.6 / 66.9 against 66.1 / 58.4 (round 29's bound, 2^21 scores, took the multi select there)
+#   longer:    16 x 202752 (3.24M scores) 70.0 / 77.2 against 78.6 / 77.0; 32 x 131072 (4.19M) 98.7 / 106.7 against
+#              94.8 / 88.6; 64 x 131072 (2^23, round 29's bound) 179.1 / 194.3 against 155.1 / 145.9
 # so the bounds sit between those: 32 rows of 32K, and about the geometric mean of 3.24M and 4.19M.
 MULTI_MAX_SCORES = 1 << 20
 MULTI_MAX_SCORES_LONG = 3_700_000
