@@ -332,7 +332,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
         for mode in range(-(-32 // digit) + 2):
             consts = {"MODE": mode, "HAS_LEN": True, "HAS_KS": False, "BLOCK": min(block, chunk), "DIGIT": digit,
                       "CHUNKS": multi_counts_block(-(-width // chunk)), "OUT_BLOCK": 1024, "SPARSE": SELECT_SPARSE,
-                      "ROWS": scan_rows(min(block, chunk)), "ASM": SELECT_PTX_STORES}
+                      "ROWS": scan_rows(min(block, chunk)), "STORES": SELECT_PTX_STORES}
             types = {"X": "*fp32", "LEN": "*i32", "KS": "*i32", "OUT": "*i32", "HIST": "*i32", "CNT": "*i32"}
             specs.append(KernelSpec(f"topk_multi[B{consts['BLOCK']}-w{warps}-d{digit}:step{mode}]", fn,
                                     _sig(fn, types, consts), consts, warps, 3,

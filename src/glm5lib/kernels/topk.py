@@ -351,7 +351,7 @@ def _row_threshold(HIST, t, PASSES: tl.constexpr, K, DIGIT: tl.constexpr):
 def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, chunk, n_chunks,
                          MODE: tl.constexpr, HAS_LEN: tl.constexpr, HAS_KS: tl.constexpr, BLOCK: tl.constexpr,
                          DIGIT: tl.constexpr, CHUNKS: tl.constexpr, OUT_BLOCK: tl.constexpr, SPARSE: tl.constexpr,
-                         ROWS: tl.constexpr, ASM: tl.constexpr = False):
+                         ROWS: tl.constexpr, STORES: tl.constexpr = False):
     """Program (t, c) of row t split over `n_chunks` programs of `chunk` keys each, one launch per step
     (`topk_select(..., multi=True)`): the radix select of `_topk_select_kernel` with its digit counts summed over
     the row's programs in global memory, so that every pass of a row runs on all of them.
@@ -362,8 +362,8 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
     threshold and equal to it, into CNT[t, c]. MODE NPASS + 1: its picks (above the threshold, then the earliest
     equal ones the row still takes once the chunks before it have taken theirs) written in position order at
     their place in the row's list, which the counts of the chunks before it give; chunk 0 also writes the -1
-    padding past the row's picks. Chunks that start past the row's length count nothing and pick nothing. ASM: the
-    picks stored by PTX (`_scatter`)."""
+    padding past the row's picks. Chunks that start past the row's length count nothing and pick nothing. STORES:
+    the picks stored by PTX (`_scatter`), as in `_topk_select_kernel`."""
     tl.static_assert(BLOCK <= 16384, "the count and write steps pack two block counts in 16 bits each")
     NPASS: tl.constexpr = (32 + DIGIT - 1) // DIGIT
     t = tl.program_id(0)
@@ -428,7 +428,7 @@ def _multi_select_kernel(X, LEN, KS, OUT, HIST, CNT, stride_x, stride_o, N, K, c
                 offs = start + _block_offsets(BLOCK, ROWS)
                 key = _ordered_key(tl.load(row + offs, mask=offs < m, other=float("-inf")))
                 take, place, n_taken, n_equal = _block_picks(key, (offs < m) & (key > NEG_INF_KEY), thr, quota, ROWS)
-                _scatter(out + written + place, (first + offs - base).to(tl.int32), take, ASM)
+                _scatter(out + written + place, (first + offs - base).to(tl.int32), take, STORES)
                 written += n_taken
                 quota -= n_equal
             if c == 0:
@@ -754,7 +754,7 @@ def _multi_select(logits, k, lens, ks_, out, chunk, block, num_warps, digit, has
             logits, lens, ks_, out, hist, cnt, logits.stride(0), out.stride(0), n, k, chunk, n_chunks,
             MODE=mode, HAS_LEN=has_len, HAS_KS=has_ks, BLOCK=mblock, DIGIT=digit,
             CHUNKS=multi_counts_block(n_chunks), OUT_BLOCK=1024, SPARSE=sparse, ROWS=scan_rows(mblock),
-            ASM=SELECT_PTX_STORES and not common.INTERPRETED, num_warps=num_warps,
+            STORES=SELECT_PTX_STORES and not common.INTERPRETED, num_warps=num_warps,
         )
     return out
 
