@@ -648,6 +648,69 @@ def test_evidence_round30_ptx_stores_and_rule_bounds():
     assert round(math.exp(sum(map(math.log, new)) / 48), 2) == 1.03
 
 
+def test_evidence_round30_quoted_ranges_and_chunks():
+    """docs/kernels.md v40's table, README's round-30 sentence and the chunk sentences of docs v40, Next steps 3 and
+    NOTES v40b, against the H100 files: each quoted range is the files' min-max; 32K-key chunks against 16K (faster
+    at 64 rows of 128K-202752 and 32 rows of 131072, slower at 32 rows of 202752, 48 rows, 96 over `randn` and 1-16
+    rows of 202752, graph replay and eager), 16K-key chunks against one program at 48-64 rows of 32K (faster in graph
+    replay; eagerly slower over `randn`, faster over `narrow`), the columns timing one path within 5 % of each other,
+    and torch.topk against the select at 48-128 rows of 202752 (Next steps 3)."""
+    sparse = json.loads((BENCH / "sweeps" / "topk_sparse_h100_139ee79.json").read_text())["rows"]
+    g = "_graph_us"
+
+    def span(rows, key):
+        vals = [r[key + g] for r in rows]
+        return round(min(vals), 1), round(max(vals), 1)
+
+    r32 = [r for r in sparse if r["n"] == 32768]
+    groups = {"randn 32K": [r for r in r32 if r["dist"] == "randn"],
+              "others 32K": [r for r in r32 if r["dist"] != "randn"],
+              "one wide row": [r for r in sparse if r["T"] == 1 and r["n"] == 202752],
+              "64 x 128K": [r for r in sparse if r["T"] == 64 and r["n"] == 131072]}
+    quoted = {"randn 32K": ((64.2, 78.2), (60.0, 73.6), (54.6, 111.6)),
+              "others 32K": ((62.0, 76.7), (57.6, 72.1), (54.5, 115.3)),
+              "one wide row": ((68.7, 81.1), (62.7, 75.1), (63.3, 63.5)),
+              "64 x 128K": ((155.1, 173.9), (143.3, 163.1), (158.1, 176.6))}
+    for name, rows in groups.items():
+        got = tuple(span(rows, k) for k in ("select_ab", "select_shipped", "torch_topk"))
+        assert got == quoted[name], name
+    assert span(groups["64 x 128K"], "rule_shipped") == (179.7, 195.2)  # README: the multi select's 180-195
+
+    rows = {(r["dist"], r["T"], r["n"]): r for r in
+            json.loads((BENCH / "sweeps" / "topk_rule_h100_139ee79.json").read_text())["rows"]}
+
+    def chunk32(d, T, n, mode="graph"):  # 32K-key chunks' time over 16K-key chunks'
+        r = rows[(d, T, n)]
+        return r[f"split32768_{mode}_us"] / r[f"split16384_{mode}_us"]
+
+    dists = ("randn", "narrow")
+    gains = [1 - chunk32(d, 64, n) for d in dists for n in (131072, 202752)]
+    assert 0.06 < min(gains) and max(gains) < 0.09
+    assert all(0.02 < 1 - chunk32(d, 32, 131072) < 0.04 for d in dists)
+    assert all(1.05 < chunk32(d, 32, 202752) < 1.08 for d in dists)
+    assert all(1.01 < chunk32(d, 48, n) < 1.05 for d in dists for n in (131072, 202752))
+    assert all(1.03 < chunk32("randn", 96, n) < 1.05 for n in (131072, 202752))
+    losses = [chunk32(d, T, 202752) for d in dists for T in (1, 4, 16)]  # graph replay 13-26 %, eager slower too
+    assert (round(min(losses) - 1, 2), round(max(losses) - 1, 2)) == (0.13, 0.26)
+    assert all(chunk32(d, T, 202752, "eager") > 1.05 for d in dists for T in (1, 4, 16))
+    for d in dists:  # 16K-key chunks against one program a row (`shipped` at 32K rows)
+        for T in (48, 64):
+            r = rows[(d, T, 32768)]
+            assert 0.15 <= 1 - r["split16384" + g] / r["shipped" + g] < 0.165
+            assert (r["split16384_eager_us"] > r["shipped_eager_us"]) == (d == "randn")  # eagerly: not settled
+    same = [r[("split32768" if n == 32768 else "split16384") + g] / r["shipped" + g] for (d, T, n), r in rows.items()]
+    assert max(abs(v - 1) for v in same) < 0.05
+    # Next steps 3: torch.topk against the select at 48-64 rows of 202752 read to 128K
+    torch_vs = {(d, T): (round(r["torch_topk" + g], 1), round(r["shipped" + g], 1))
+                for (d, T, n), r in rows.items() if n == 202752 and T in (48, 64)}
+    assert torch_vs[("randn", 48)] == (120.7, 144.8) and torch_vs[("narrow", 48)] == (122.6, 128.9)
+    assert torch_vs[("randn", 64)] == (158.8, 165.5)
+    wide64 = {r["dist"]: (round(r["torch_topk" + g], 1), round(r["select_shipped" + g], 1))
+              for r in sparse if r["T"] == 64 and r["n"] == 202752}
+    assert wide64["randn"] == (163.7, 166.8) and wide64["spread"] == (162.0, 166.9)
+    assert all(r["torch_topk" + g] > r["shipped" + g] for (d, T, n), r in rows.items() if n == 202752 and T >= 96)
+
+
 def test_evidence_round30_write_loop_counts():
     """NOTES round 30 (v40): the write loop of every shipped one-program / split / merge build (Triton 3.6, sm_90)
     before and after its picks were stored by PTX in the block's layout: fewer instructions, barriers and
