@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [checks-small-fp8mma] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [memcheck-topk]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [round31] [memcheck-topk]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -89,6 +89,8 @@
 #   block, 1-128 rows, four score spreads (topk_sparse_h200.json); memcheck of each path (memcheck_topk.log)
 # round30: the multi rule's and the split's chunk bounds after round 29's adds (`topk_dist_probe.py --rule`,
 #   topk_rule_h200.json), then memcheck-topk
+# round31: the early refill's copy modes side by side (scripts/refill_rows_probe.py; refill_rows_h200.json), then
+#   memcheck, racecheck and synccheck of the shipped fp8-cache build on scripts/fp8mma_sanitize_case.py's cases
 # memcheck-topk: memcheck of the one-program, split and multi selects with each way of counting (memcheck_topk.log)
 # ncu-topk: Nsight Compute of the one-program top-k select (1 and 128 rows of 32K standard-normal scores, one of a
 #   narrow spread; NCU_TOPK_CASES="128_32768_agg ..." picks others: scripts/topk_ncu_case.py's arguments joined by
@@ -275,6 +277,12 @@ for r in rows:
         echo "topk sparse rc=$?"; tail -1 "$OUT/topk_sparse.log"; bash "$0" memcheck-topk ;;
     round30) timeout 400 python3 scripts/topk_dist_probe.py "$OUT/topk_rule_h200.json" --rule > "$OUT/topk_rule.log" 2>&1
         echo "topk rule rc=$?"; tail -1 "$OUT/topk_rule.log"; bash "$0" memcheck-topk ;;
+    round31) timeout 300 python3 scripts/refill_rows_probe.py "$OUT/refill_rows_h200.json" > "$OUT/refill_rows.log" 2>&1
+        echo "refill rows probe rc=$?"; grep -a "^{" "$OUT/refill_rows.log" | cut -c1-400
+        for tool in memcheck racecheck synccheck; do  # the shipped build (REFILL_ROWS 1) on the sanitizer's cases
+          timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/fp8mma_sanitize_case.py \
+            --configs 0,1,1,0,0,8,2,1,0,0,3 > "$OUT/${tool}_refill_rows.log" 2>&1; echo "$tool rc=$?"
+          tail -2 "$OUT/${tool}_refill_rows.log"; done ;;
     memcheck-topk)
         # memcheck: the one-program, split and multi selects with atomics in every block and by the default rule, in
         # the wave config (these few rows) and the several-an-SM one, with each way of counting digits (SELECT_AGG),

@@ -320,12 +320,12 @@ def test_early_refill_rule_and_its_copies():
     assert fm.refill_mode(1, 0, 2, 1) == 0 and fm.refill_mode(0, 1, 1, 1) == 0
     assert [fm.refill_mode(2, 0, 1, s) for s in (1, 2, 8)] == [1, 0, 0] and fm.refill_mode(2, 0, 2, 1) == 0
     assert fm.CONFIG_BY_CLASS["big"].refill == 2 and fm.CONFIG_BY_CLASS["small"].refill == 0
-    # each warp's latent copy of a chunk is the value columns it read in its P V product (LV's warp basis: warp 1
-    # reads the chunk's columns 64-127), so that no warp overwrites bytes the other may still read
+    # mode 0: each warp's latent copy of a chunk is the value columns it read in its P V product (LV's warp basis:
+    # warp 1 reads the chunk's columns 64-127), so that no warp overwrites bytes the other may still read
     import inspect
     import re
 
-    L = fm._refill_layout(2)
+    L = fm._refill_layout(2, 0)
     words_a_warp = L.size_per_thread[1] * L.threads_per_warp[1]
     assert L.warps_per_cta == [1, 2] and L.order == [1, 0] and 4 * words_a_warp * 2 == 128
     src = inspect.getsource(fm._sparse_mla_fp8mma_kernel.fn)
@@ -333,6 +333,44 @@ def test_early_refill_rule_and_its_copies():
     assert wbv and wbv[0][1].strip() == f"[[0, {4 * words_a_warp}]]", wbv
     # the copies are whole 16-byte units with every row's chunk covered once: 8 rows x 4 units a warp's instruction
     assert L.size_per_thread == [1, 4] and L.threads_per_warp[0] * L.threads_per_warp[1] == 32
+    # mode 1 (shipped): a row's whole 128-byte chunk by 8 threads of one warp, 4 rows an instruction, the warps along
+    # the rows; its copies come after a barrier of their own
+    R = fm._refill_layout(2, 1)
+    assert R.size_per_thread == [1, 4] and R.threads_per_warp == [4, 8] and R.warps_per_cta == [2, 1]
+    assert 4 * R.size_per_thread[1] * R.threads_per_warp[1] == 128
+    assert fm.REFILL_ROWS == 1 and fm.REFILL_ROWS_MODES == (0, 1)
+    body = inspect.getsource(fm._refill_chunk.fn)
+    assert re.search(r"if ROWS:\n(\s*#.*\n)*\s*_barrier\(\)", body), body
+    with pytest.raises(ValueError, match="copy mode"):
+        fm.set_refill_rows(2)
+
+
+_REFILL_ROWS_SCRIPT = """
+import json
+from glm5lib.kernels import mla_gluon_fp8mma as m
+from glm5lib.kernels.compile_report import cuobjdump, sass_loop
+for arch in (89, 90, 120):
+    for rows in (0, 1):
+        k = m.aot_compile(arch, 1, **m.config_kwargs(m.CONFIG_BY_CLASS["big"]), split=False, rows=rows)
+        n, _, hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True, inner=True)
+        print(json.dumps({"arch": arch, "rows": rows, "n": n, "bar": hist.get("BAR", 0),
+                          "ldgsts": hist.get("LDGSTS", 0), "shared": k.metadata.shared}), flush=True)
+"""
+
+
+def test_refill_rows_builds_keep_the_tile_loops_barriers_and_copies():
+    # the shipped 1-8-head prefill build (one split, early refill, balanced schedule) with both copy modes, compiled
+    # for sm_89 / sm_90 / sm_120 (child process, interpreter off): the explicit barrier before each chunk's copies in
+    # mode 1 adds none to the tile loop (the compiler's shared-memory barrier analysis had one there already, since
+    # the chunk's allocation was read before), and the loop issues as many 16-byte copies in either mode (the same
+    # bytes, grouped by rows instead of by halves); a loop without barriers or copies would fail the counts
+    rows = {(r["arch"], r["rows"]): r for r in compile_rows(_REFILL_ROWS_SCRIPT, timeout=900)}
+    for arch in (89, 90, 120):
+        a, b = rows[arch, 0], rows[arch, 1]
+        assert a["bar"] == b["bar"] >= 6, (a, b)  # the ring's, P^T's and one a latent chunk
+        assert a["ldgsts"] == b["ldgsts"] >= 4 * 8, (a, b)  # 8 copies a thread a chunk, plus the rope's and scales'
+        assert a["shared"] == b["shared"]
+        assert abs(a["n"] - b["n"]) <= 0.02 * a["n"], (a, b)
 
 
 def test_configs_name_their_builds():

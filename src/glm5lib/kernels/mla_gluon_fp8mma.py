@@ -144,6 +144,17 @@ SCHEDS = (0, 1)
 # kernel's own is inferred from this, not measured. Set it with `set_pdl_trigger` (the launch plans are cached)
 PDL_TRIGGERS = (1, 2)
 PDL_TRIGGER = 2
+# how the early refill (`REFILLS` 1) copies a latent chunk of the next tile's rows. 0: each warp the half of every
+# row's 128 bytes that it read in its P V product (words 16 w..16 w + 15), 4 threads a 64-byte piece, so a warp's
+# copy instruction reads 8 rows' 64-byte pieces; a row starts every 656 bytes, so 3 in 8 of those pieces straddle two
+# 128-byte lines. 1: each row's whole 128 bytes by 8 threads of one warp, the warps along the rows (4 rows' 128-byte
+# pieces an instruction), after a barrier that ends both warps' reads of the chunk (the compiler had put one there
+# anyway: its shared-memory barrier analysis tracks whole allocations). The kernel's gathers alone, which copy whole
+# tiles, took 1103 us at s_q 4096 with 64-byte pieces (`row_threads` 4) and 934 with 128-byte ones (8) on the H200
+# (`sweeps/fp8mma_ablate_h200_6e4488e.json`); the early refill had kept the 64-byte pieces. Set it with
+# `set_refill_rows` (the launch plans are cached)
+REFILL_ROWS_MODES = (0, 1)
+REFILL_ROWS = 1
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
 # heads the two groups sit side by side (4 warps), each widening every K and V byte of the tile for its own 8 heads.
 # 4: all 8 G heads in one group of four warps over 64-key tiles (each warp one m16 tile of S for 16 keys and every
@@ -602,10 +613,16 @@ if HAVE_GLUON:
                      gl.where(vs, idx_s, 0).to(gl.int64) * stride_kv, rope, scs, 0, LR, LS)
 
     @gluon.jit
-    def _refill_chunk(KV, idx, N_ROWS, stride_kv, latc, c: gl.constexpr, LC: gl.constexpr):
+    def _refill_chunk(KV, idx, N_ROWS, stride_kv, latc, c: gl.constexpr, LC: gl.constexpr, ROWS: gl.constexpr):
         """The early refill's latent copy of chunk c (`REFILLS`) into latc[c] (the slot as four [BN, 32]-word
-        allocations, one a chunk): idx in `SliceLayout(1, LC)`, warp w copying words 16 w..16 w + 15 of each row, the
-        value columns 64 w..64 w + 63 that it read in its P V product of the chunk. Invalid rows are masked copies of row 0."""
+        allocations, one a chunk): idx in `SliceLayout(1, LC)` (`_refill_layout`). ROWS 0: warp w copies words
+        16 w..16 w + 15 of each row, the value columns 64 w..64 w + 63 that it read in its P V product of the chunk;
+        ROWS 1 (`REFILL_ROWS`): each row's 128 bytes by one warp, the warps along the rows, after a barrier that
+        ends every warp's reads of the chunk. Invalid rows are masked copies of row 0."""
+        if ROWS:
+            # the other warps' P V reads of this chunk end here (Triton's shared-memory barrier analysis inserts the
+            # same barrier by itself, since it tracks whole allocations; written out, the copies do not rely on it)
+            _barrier()
         v = (idx >= 0) & (idx < N_ROWS)
         w_off = gl.multiple_of(gl.where(v, idx, 0).to(gl.int64) * stride_kv // 4, 4)
         offs_w = gl.arange(0, 32, layout=gl.SliceLayout(0, LC))
@@ -613,9 +630,13 @@ if HAVE_GLUON:
                     offs_w[None, :], mask=v[:, None])
 
     @triton.constexpr_function
-    def _refill_layout(NW):
-        """`_refill_chunk`'s layout: [BN, 32] words of a chunk, 16 bytes a copy, 4 threads a 64-byte row half, the
-        warps along the halves (as `_pv_chunk`'s V loads split the value columns)."""
+    def _refill_layout(NW, ROWS=0):
+        """`_refill_chunk`'s layout: [BN, 32] words of a chunk, 16 bytes a copy. ROWS 0: 4 threads a 64-byte row
+        half, the warps along the halves (as `_pv_chunk`'s V loads split the value columns): a warp's instruction
+        copies 8 rows' 64-byte pieces. ROWS 1: 8 threads a row's 128 bytes, the warps along the rows: 4 rows' 128-byte
+        pieces an instruction (`REFILL_ROWS`)."""
+        if ROWS:
+            return gl.BlockedLayout([1, 4], [4, 8], [NW, 1], [1, 0])
         return gl.BlockedLayout([1, 4], [8, 4], [1, NW], [1, 0])
 
     @triton.constexpr_function
@@ -916,7 +937,7 @@ if HAVE_GLUON:
                DB16: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LVP: gl.constexpr, LW: gl.constexpr,
                LR: gl.constexpr, LS: gl.constexpr, LQ: gl.constexpr, LC: gl.constexpr, IR: gl.constexpr,
                IC: gl.constexpr, WM: gl.constexpr, WIDEN: gl.constexpr, WG: gl.constexpr = 0,
-               DAK: gl.constexpr = None, zero_wg=None):
+               DAK: gl.constexpr = None, zero_wg=None, ROWS: gl.constexpr = 0):
         """The kernel's loop: n_tiles tiles of the index list at idx_row from position k_start (the list ends at
         k_end), each gathered, scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev),
         which it returns with the index tiles read ahead (nxt_w, nxt_k). The balanced schedule passes the whole
@@ -1039,19 +1060,19 @@ if HAVE_GLUON:
                              0 < WIDEN)
             if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
                 _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC)
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC, ROWS)
             acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS, WM,
                              1 < WIDEN)
             if EARLY:
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC)
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 1, LC, ROWS)
             acc2 = _pv_chunk(_chunk(t8, 2, EARLY), pb, ps2 * fe, acc2, LV, LVP, DA, P_TERMS, WM,
                              2 < WIDEN)
             if EARLY:
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC)
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 2, LC, ROWS)
             acc3 = _pv_chunk(_chunk(t8, 3, EARLY), pb, ps3 * fe, acc3, LV, LVP, DA, P_TERMS, WM,
                              3 < WIDEN)
             if EARLY:
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC)
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC, ROWS)
                 cp.commit_group()
         return m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k
 
@@ -1064,6 +1085,7 @@ if HAVE_GLUON:
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
         WM: gl.constexpr = 2, WIDEN: gl.constexpr = 0, WG: gl.constexpr = 0, PDL: gl.constexpr = 0,
+        ROWS: gl.constexpr = 0,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
@@ -1075,7 +1097,8 @@ if HAVE_GLUON:
         in one group of 4 warps, 64-key tiles, fp16 products: each K and V byte widened by one warp only). WIDEN:
         `WIDENS` (latent chunks widened by integer instructions; their accumulators' 2^-8 undone by `_out_scale`).
         PDL (launches whose partials are merged, on sm_90+; `common.pdl`): let the merge launch once every program
-        has triggered, first thing (1) or after its tile loop (2; `PDL_TRIGGER`); 0 (or False): no trigger."""
+        has triggered, first thing (1) or after its tile loop (2; `PDL_TRIGGER`); 0 (or False): no trigger. ROWS:
+        the early refill's copies of a latent chunk (`REFILL_ROWS`)."""
         gl.static_assert(PDL == 0 or PDL == 1 or PDL == 2, "PDL: 0, or where the trigger sits (PDL_TRIGGERS)")
         if PDL == 1:
             tl.extra.cuda.gdc_launch_dependents()
@@ -1145,7 +1168,7 @@ if HAVE_GLUON:
         # the early refill (`REFILLS`; the launcher takes it for one slot at 1-8 heads only): the next tile's index
         # tiles in the layouts of its rope / scale copies (IR) and of its latent chunk copies (IC)
         EARLY: gl.constexpr = REFILL == 1 and not COMPUTE_ALONE
-        LC: gl.constexpr = _refill_layout(NW)
+        LC: gl.constexpr = _refill_layout(NW, ROWS)
         IR: gl.constexpr = gl.SliceLayout(1, LR)
         IC: gl.constexpr = gl.SliceLayout(1, LC)
 
@@ -1222,7 +1245,7 @@ if HAVE_GLUON:
                          _tile_idx(idx_row, k_start, k_end, BN, gl.SliceLayout(0, LS)), N_ROWS, stride_kv, rope, scs,
                          LR, LS)
             for c in gl.static_range(4):
-                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC)
+                _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC, ROWS)
             cp.commit_group()
 
         zero = gl.full([BN, HN], 0.0, gl.float32, MMA)
@@ -1241,7 +1264,8 @@ if HAVE_GLUON:
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
                     gl.to_tensor(0), DBG, tk, sp,
                     NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg)
+                    DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg,
+                    ROWS)
                 # the token done (b = NT, a = 0), or this program's piece of it: the tail (slot 1) of boundary
                 # p - 1 (a > 0) or the head (slot 0) of boundary p
                 l_i = gl.sum(l_acc, axis=0)
@@ -1282,7 +1306,7 @@ if HAVE_GLUON:
             KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
             sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
             t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg)
+            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg, ROWS)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
         cp.wait_group(0)
@@ -1492,6 +1516,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
               PAD=0, BALANCED=flat, WM=wm, WIDEN=widen, WG=wgmma_of(wgmma, wm, G, _arch(dev)),
               # a merge follows (`merge_pieces` / `mla.merge_splits`): where the programs trigger it
               PDL=PDL_TRIGGER if (splits > 1 or flat) and common.pdl(dev) else 0,
+              ROWS=REFILL_ROWS if refill == 1 else 0,
               num_warps=num_warps_of(G, wm), **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
@@ -1507,6 +1532,15 @@ def set_pdl_trigger(where: int) -> None:
     if where not in PDL_TRIGGERS:
         raise ValueError(f"the PDL trigger's place must be one of {PDL_TRIGGERS}, got {where!r}")
     PDL_TRIGGER = where
+    clear_plans()
+
+
+def set_refill_rows(rows: int) -> None:
+    """How the early refill copies a latent chunk from now on (`REFILL_ROWS_MODES`); the cached plans are dropped."""
+    global REFILL_ROWS
+    if rows not in REFILL_ROWS_MODES:
+        raise ValueError(f"the early refill's copy mode must be one of {REFILL_ROWS_MODES}, got {rows!r}")
+    REFILL_ROWS = rows
     clear_plans()
 
 
@@ -1681,13 +1715,14 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
                 pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched,
                 key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen, wgmma: int = DEFAULT.wgmma,
-                pdl: int | None = None):
+                pdl: int | None = None, rows: int | None = None):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch
     with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`; widen: `WIDENS`;
     wgmma: `WGMMAS`; pdl: the PDL constexpr (0, or where the trigger sits: `PDL_TRIGGERS`; None: as launched,
-    `PDL_TRIGGER` for a build whose partials are merged on sm_90+ while `common.PDL` is: GLM5LIB_PDL=1)."""
+    `PDL_TRIGGER` for a build whose partials are merged on sm_90+ while `common.PDL` is: GLM5LIB_PDL=1); rows: the
+    early refill's copies (`REFILL_ROWS_MODES`; None: `REFILL_ROWS` where the build refills early, as launched)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1711,6 +1746,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
               "WIDEN": widen, "WG": wgmma_of(wgmma, wm, G, arch)}
     consts["PDL"] = (PDL_TRIGGER if common.PDL and (split or consts["BALANCED"]) and arch >= 90 else 0) \
         if pdl is None else pdl
+    consts["ROWS"] = (REFILL_ROWS if mode == 1 else 0) if rows is None else rows
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1779,7 +1815,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 
 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
-           "PDL_TRIGGERS", "set_pdl_trigger",
+           "PDL_TRIGGERS", "set_pdl_trigger", "REFILL_ROWS_MODES", "set_refill_rows",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
            "DECODE_K4_FILL", "DECODE_K4_WAVES",
