@@ -90,7 +90,7 @@
 # round30: the multi rule's and the split's chunk bounds after round 29's adds (`topk_dist_probe.py --rule`,
 #   topk_rule_h200.json), then memcheck-topk
 # round31: the early refill's copy modes side by side (scripts/refill_rows_probe.py; refill_rows_h200.json), then
-#   memcheck, racecheck and synccheck of the shipped fp8-cache build on scripts/fp8mma_sanitize_case.py's cases
+#   racecheck, memcheck and synccheck of the shipped fp8-cache build under modes 1 and 2 (fp8mma_sanitize_case.py)
 # memcheck-topk: memcheck of the one-program, split and multi selects with each way of counting (memcheck_topk.log)
 # ncu-topk: Nsight Compute of the one-program top-k select (1 and 128 rows of 32K standard-normal scores, one of a
 #   narrow spread; NCU_TOPK_CASES="128_32768_agg ..." picks others: scripts/topk_ncu_case.py's arguments joined by
@@ -279,10 +279,13 @@ for r in rows:
         echo "topk rule rc=$?"; tail -1 "$OUT/topk_rule.log"; bash "$0" memcheck-topk ;;
     round31) timeout 300 python3 scripts/refill_rows_probe.py "$OUT/refill_rows_h200.json" > "$OUT/refill_rows.log" 2>&1
         echo "refill rows probe rc=$?"; grep -a "^{" "$OUT/refill_rows.log" | cut -c1-400
-        for tool in memcheck racecheck synccheck; do  # the shipped build (REFILL_ROWS 1) on the sanitizer's cases
-          timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 scripts/fp8mma_sanitize_case.py \
-            --configs 0,1,1,0,0,8,2,1,0,0,3 > "$OUT/${tool}_refill_rows.log" 2>&1; echo "$tool rc=$?"
-          tail -2 "$OUT/${tool}_refill_rows.log"; done ;;
+        for run in racecheck:1 racecheck:2 memcheck:2 synccheck:2 memcheck:1; do tool=${run%:*}; m=${run#*:}
+          timeout 100 compute-sanitizer --tool $tool --print-limit 20 python3 -c "import sys; sys.path.insert(0, 'scripts')
+from glm5lib.kernels import mla_gluon_fp8mma as fm
+import fp8mma_sanitize_case as c
+fm.set_refill_rows($m)
+sys.exit(c.main(['--configs', '0,1,1,0,0,8,2,1,0,0,3']))" > "$OUT/${tool}_refill_rows$m.log" 2>&1; echo "$tool mode $m rc=$?"
+          tail -2 "$OUT/${tool}_refill_rows$m.log"; done ;;
     memcheck-topk)
         # memcheck: the one-program, split and multi selects with atomics in every block and by the default rule, in
         # the wave config (these few rows) and the several-an-SM one, with each way of counting digits (SELECT_AGG),

@@ -338,11 +338,11 @@ def test_early_refill_rule_and_its_copies():
     R = fm._refill_layout(2, 1)
     assert R.size_per_thread == [1, 4] and R.threads_per_warp == [4, 8] and R.warps_per_cta == [2, 1]
     assert 4 * R.size_per_thread[1] * R.threads_per_warp[1] == 128
-    assert fm.REFILL_ROWS == 1 and fm.REFILL_ROWS_MODES == (0, 1)
+    assert fm.REFILL_ROWS in (1, 2) and fm.REFILL_ROWS_MODES == (0, 1, 2)
     body = inspect.getsource(fm._refill_chunk.fn)
     assert re.search(r"if ROWS:\n(\s*#.*\n)*\s*_barrier\(\)", body), body
     with pytest.raises(ValueError, match="copy mode"):
-        fm.set_refill_rows(2)
+        fm.set_refill_rows(3)
 
 
 _REFILL_ROWS_SCRIPT = """
@@ -350,7 +350,7 @@ import json
 from glm5lib.kernels import mla_gluon_fp8mma as m
 from glm5lib.kernels.compile_report import cuobjdump, sass_loop
 for arch in (89, 90, 120):
-    for rows in (0, 1):
+    for rows in (0, 1, 2):
         k = m.aot_compile(arch, 1, **m.config_kwargs(m.CONFIG_BY_CLASS["big"]), split=False, rows=rows)
         n, _, hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True, inner=True)
         print(json.dumps({"arch": arch, "rows": rows, "n": n, "bar": hist.get("BAR", 0),
@@ -359,17 +359,19 @@ for arch in (89, 90, 120):
 
 
 def test_refill_rows_builds_keep_the_tile_loops_barriers_and_copies():
-    # the shipped 1-8-head prefill build (one split, early refill, balanced schedule) with both copy modes, compiled
+    # the shipped 1-8-head prefill build (one split, early refill, balanced schedule) with each copy mode, compiled
     # for sm_89 / sm_90 / sm_120 (child process, interpreter off): the explicit barrier before each chunk's copies in
-    # mode 1 adds none to the tile loop (the compiler's shared-memory barrier analysis had one there already, since
-    # the chunk's allocation was read before), and the loop issues as many 16-byte copies in either mode (the same
-    # bytes, grouped by rows instead of by halves); a loop without barriers or copies would fail the counts
+    # modes 1 and 2 adds none to the tile loop (the compiler's shared-memory barrier analysis had one there already,
+    # since the chunk's allocation was read before), modes 0 and 1 issue as many copies (the same bytes, grouped by
+    # rows instead of by halves), and mode 2 three fewer a thread (a row's four 4-byte scale copies become one of 16
+    # bytes, one row a thread); a loop without barriers or copies, or a mode not taken, would fail the counts
     rows = {(r["arch"], r["rows"]): r for r in compile_rows(_REFILL_ROWS_SCRIPT, timeout=900)}
     for arch in (89, 90, 120):
-        a, b = rows[arch, 0], rows[arch, 1]
-        assert a["bar"] == b["bar"] >= 6, (a, b)  # the ring's, P^T's and one a latent chunk
-        assert a["ldgsts"] == b["ldgsts"] >= 4 * 8, (a, b)  # 8 copies a thread a chunk, plus the rope's and scales'
-        assert a["shared"] == b["shared"]
+        a, b, c = rows[arch, 0], rows[arch, 1], rows[arch, 2]
+        assert a["bar"] == b["bar"] == c["bar"] >= 6, (a, b, c)  # the ring's, P^T's and one a latent chunk
+        assert a["ldgsts"] == b["ldgsts"] >= 4 * 8 + 4, (a, b)  # 8 a thread a chunk, the rope's and 4 scales'
+        assert c["ldgsts"] == b["ldgsts"] - 3, (b, c)
+        assert a["shared"] == b["shared"] == c["shared"]
         assert abs(a["n"] - b["n"]) <= 0.02 * a["n"], (a, b)
 
 

@@ -152,8 +152,12 @@ PDL_TRIGGER = 2
 # anyway: its shared-memory barrier analysis tracks whole allocations). The kernel's gathers alone, which copy whole
 # tiles, took 1103 us at s_q 4096 with 64-byte pieces (`row_threads` 4) and 934 with 128-byte ones (8) on the H200
 # (`sweeps/fp8mma_ablate_h200_6e4488e.json`); the early refill had kept the 64-byte pieces. Set it with
-# `set_refill_rows` (the launch plans are cached)
-REFILL_ROWS_MODES = (0, 1)
+# `set_refill_rows` (the launch plans are cached). 2: as 1, and the rows' scales (16 bytes at byte 512 of a row) one
+# 16-byte copy a row into a [key, chunk] slot instead of four 4-byte copies into [chunk, key], where each of the
+# program's threads owns one row of the tile (64 keys, two warps: the 1-8-head prefill); the readers sum a [BN, 1]
+# column loaded in the products' layout (`_scale`). Per 64-key tile the copies then touch about 480 + 120 + 64
+# 128-byte lines (latent, rope, scales) instead of 480 + 120 + 256 (mode 1) or 704 + 120 + 256 (mode 0)
+REFILL_ROWS_MODES = (0, 1, 2)
 REFILL_ROWS = 1
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
 # heads the two groups sit side by side (4 warps), each widening every K and V byte of the tile for its own 8 heads.
@@ -589,28 +593,47 @@ if HAVE_GLUON:
                      gl.convert_layout(rb, gl.SliceLayout(0, LS)), rope, scs, slot, LR, LS)
 
     @gluon.jit
-    def _gather_tail(KV, v, rb, vs, rbs, rope, scs, slot, LR: gl.constexpr, LS: gl.constexpr):
+    def _gather_tail(KV, v, rb, vs, rbs, rope, scs, slot, LR: gl.constexpr, LS: gl.constexpr, SR: gl.constexpr = False):
         """cp.async the rope part and the scales of a tile's rows into ring slot `slot` (v: valid, rb: byte offsets,
-        as `_gather` makes them; vs, rbs: the same in `SliceLayout(0, LS)`, the scale copies' layout)."""
+        as `_gather` makes them; vs, rbs: the same in the scale copies' layout, `SliceLayout(0, LS)`). The scales land
+        as [chunk, key], one 4-byte copy each, or, SR (`REFILL_ROWS` 2), as [key, chunk], a row's 16 bytes in one copy
+        (LS then a [BN, 4] layout and vs, rbs in its `SliceLayout(1, LS)`)."""
         vr = gl.convert_layout(v, gl.SliceLayout(1, LR))
         h_off = gl.multiple_of(gl.convert_layout(rb, gl.SliceLayout(1, LR)) // 2 + 264, 8)
         offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
         _async_copy(rope.index(slot), KV.to(gl.pointer_type(gl.bfloat16), bitcast=True) + h_off[:, None] +
                     offs_r[None, :], mask=vr[:, None])
-        f_off = rbs // 4 + 128
-        offs_c = gl.arange(0, 4, layout=gl.SliceLayout(1, LS))
-        _async_copy(scs.index(slot), KV.to(gl.pointer_type(gl.float32), bitcast=True) + f_off[None, :] +
-                    offs_c[:, None], mask=vs[None, :])
+        if SR:
+            f_off = gl.multiple_of(rbs // 4 + 128, 4)
+            offs_c = gl.arange(0, 4, layout=gl.SliceLayout(0, LS))
+            _async_copy(scs.index(slot), KV.to(gl.pointer_type(gl.float32), bitcast=True) + f_off[:, None] +
+                        offs_c[None, :], mask=vs[:, None])
+        else:
+            f_off = rbs // 4 + 128
+            offs_c = gl.arange(0, 4, layout=gl.SliceLayout(1, LS))
+            _async_copy(scs.index(slot), KV.to(gl.pointer_type(gl.float32), bitcast=True) + f_off[None, :] +
+                        offs_c[:, None], mask=vs[None, :])
 
     @gluon.jit
-    def _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR: gl.constexpr, LS: gl.constexpr):
+    def _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR: gl.constexpr, LS: gl.constexpr,
+                     SR: gl.constexpr = False):
         """The early refill's rope and scale copies (`_gather_tail`) from row ids loaded in each copy's layout
-        (idx_r: `SliceLayout(1, LR)`, idx_s: `SliceLayout(0, LS)`): no vector crosses warps through shared memory,
-        where `_gather`'s conversions cost three barriers a tile."""
+        (idx_r: `SliceLayout(1, LR)`, idx_s: the scale copies', `SliceLayout(0, LS)`, or `SliceLayout(1, LS)` where
+        SR): no vector crosses warps through shared memory, where `_gather`'s conversions cost three barriers a tile."""
         v = (idx_r >= 0) & (idx_r < N_ROWS)
         vs = (idx_s >= 0) & (idx_s < N_ROWS)
         _gather_tail(KV, v, gl.where(v, idx_r, 0).to(gl.int64) * stride_kv, vs,
-                     gl.where(vs, idx_s, 0).to(gl.int64) * stride_kv, rope, scs, 0, LR, LS)
+                     gl.where(vs, idx_s, 0).to(gl.int64) * stride_kv, rope, scs, 0, LR, LS, SR)
+
+    @gluon.jit
+    def _scale(scs, sc_c, slot, c: gl.constexpr, P: gl.constexpr, SR: gl.constexpr):
+        """The row scales of latent chunk c of ring slot `slot`'s keys, in `SliceLayout(1, P)`: from sc_c (the scales
+        as [slot, chunk, key], chunk c of slot s at row 4 s + c), or, SR, from scs as [slot, key, chunk] through a
+        [BN, 1] column loaded in P and summed over its one column (no element moves between threads)."""
+        if SR:
+            return gl.sum(scs.index(slot).slice(c, 1, 1).load(P), axis=1)
+        else:
+            return sc_c.index(4 * slot + c).load(gl.SliceLayout(1, P))
 
     @gluon.jit
     def _refill_chunk(KV, idx, N_ROWS, stride_kv, latc, c: gl.constexpr, LC: gl.constexpr, ROWS: gl.constexpr):
@@ -937,7 +960,7 @@ if HAVE_GLUON:
                DB16: gl.constexpr, LK: gl.constexpr, LV: gl.constexpr, LVP: gl.constexpr, LW: gl.constexpr,
                LR: gl.constexpr, LS: gl.constexpr, LQ: gl.constexpr, LC: gl.constexpr, IR: gl.constexpr,
                IC: gl.constexpr, WM: gl.constexpr, WIDEN: gl.constexpr, WG: gl.constexpr = 0,
-               DAK: gl.constexpr = None, zero_wg=None, ROWS: gl.constexpr = 0):
+               DAK: gl.constexpr = None, zero_wg=None, ROWS: gl.constexpr = 0, SR: gl.constexpr = False):
         """The kernel's loop: n_tiles tiles of the index list at idx_row from position k_start (the list ends at
         k_end), each gathered, scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev),
         which it returns with the index tiles read ahead (nxt_w, nxt_k). The balanced schedule passes the whole
@@ -975,7 +998,7 @@ if HAVE_GLUON:
                         pend, k = warpgroup_mma_wait(1, deps=[pend, k])  # chunk c - 1's product done
                     else:
                         pend, k = warpgroup_mma_wait(0, deps=[pend, k])
-                    s_c = sc_c.index(4 * slot + c - 1).load(KEYS)
+                    s_c = _scale(scs, sc_c, slot, c - 1, MMA, SR)
                     if c - 1 < WIDEN:
                         s_c = s_c * 256.0
                     s = s + gl.convert_layout(pend, MMA, assert_trivial=True) * s_c[:, None]
@@ -984,7 +1007,7 @@ if HAVE_GLUON:
                         k = k_c
             else:
                 for c in gl.static_range(4):
-                    s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, sc_c.index(4 * slot + c).load(KEYS), s, zero, LK,
+                    s = _scores_chunk(_chunk(t8, c, EARLY), q_s, c, _scale(scs, sc_c, slot, c, MMA, SR), s, zero, LK,
                                       DAK if WG else DA, DB, Q_TERMS, WIDEN, WG, zero_wg)
             if WG:
                 s = gl.convert_layout(warpgroup_mma(
@@ -1006,17 +1029,17 @@ if HAVE_GLUON:
             p_s.store(gl.permute(p, [1, 0]))
             # one P factor 2^e per tile for the four chunks; the accumulators move to it (and to the new max) only
             # when either changed
-            ps0 = sc_c.index(4 * slot + 0).load(PKEYS)
-            ps1 = sc_c.index(4 * slot + 1).load(PKEYS)
-            ps2 = sc_c.index(4 * slot + 2).load(PKEYS)
-            ps3 = sc_c.index(4 * slot + 3).load(PKEYS)
+            ps0 = _scale(scs, sc_c, slot, 0, DB, SR)
+            ps1 = _scale(scs, sc_c, slot, 1, DB, SR)
+            ps2 = _scale(scs, sc_c, slot, 2, DB, SR)
+            ps3 = _scale(scs, sc_c, slot, 3, DB, SR)
             # e is in [-120, 126] for any row scale; e - e_prev stays in `_pow2`'s range while consecutive tiles'
             # largest scales are within 2^+-120 of each other (vLLM's are amax / 448 of bf16 rows)
             e = _exp_to_max(gl.max(gl.maximum(gl.maximum(ps0, ps1), gl.maximum(ps2, ps3)), axis=0))
             _barrier()  # P^T and the maxima are read after every warp's are in; rewritten after the next tile's first
             if EARLY:  # the next tile's row ids (loaded here, used behind the first P V chunk: fewer registers in S)
                 idx_r = _tile_idx(idx_row, k_n, k_end, BN, IR)
-                idx_s = _tile_idx(idx_row, k_n, k_end, BN, gl.SliceLayout(0, LS))
+                idx_s = _tile_idx(idx_row, k_n, k_end, BN, gl.SliceLayout(1 if SR else 0, LS))
                 idx_c = _tile_idx(idx_row, k_n, k_end, BN, IC)
             mw0 = m_s.slice(0, HN).load(HEADS)
             mw1 = m_s.slice(HN, HN).load(HEADS)
@@ -1059,7 +1082,7 @@ if HAVE_GLUON:
             acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS, WM,
                              0 < WIDEN)
             if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
-                _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS)
+                _refill_tail(KV, idx_r, idx_s, N_ROWS, stride_kv, rope, scs, LR, LS, SR)
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 0, LC, ROWS)
             acc1 = _pv_chunk(_chunk(t8, 1, EARLY), pb, ps1 * fe, acc1, LV, LVP, DA, P_TERMS, WM,
                              1 < WIDEN)
@@ -1163,11 +1186,13 @@ if HAVE_GLUON:
         # the gather (`_gather`): latent words, rope and scales of a row over `Config.row_threads` threads
         LW: gl.constexpr = _gather_layouts(NW, TPR)[0]
         LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
-        LS: gl.constexpr = _gather_layouts(NW, TPR)[2]
-        LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
-        # the early refill (`REFILLS`; the launcher takes it for one slot at 1-8 heads only): the next tile's index
-        # tiles in the layouts of its rope / scale copies (IR) and of its latent chunk copies (IC)
+        # the early refill (`REFILLS`; the launcher takes it for one slot at 1-8 heads only) copies the scales as a
+        # row's 16 bytes at once where ROWS is 2 (`REFILL_ROWS`) and each thread has one row of the tile (SR)
         EARLY: gl.constexpr = REFILL == 1 and not COMPUTE_ALONE
+        SR: gl.constexpr = EARLY and ROWS == 2 and BN == 32 * NW
+        LS: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [NW, 1], [1, 0]) if SR else _gather_layouts(NW, TPR)[2]
+        LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
+        # the early refill's next index tiles in the layouts of its rope copies (IR) and of its latent chunk copies (IC)
         LC: gl.constexpr = _refill_layout(NW, ROWS)
         IR: gl.constexpr = gl.SliceLayout(1, LR)
         IC: gl.constexpr = gl.SliceLayout(1, LC)
@@ -1191,8 +1216,12 @@ if HAVE_GLUON:
         rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, DR], SW16)
         FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         FLAT2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        scs = gl.allocate_shared_memory(gl.float32, [NBUF, 4, BN], FLAT2)  # the rows' scales as [slot, chunk, key]
-        sc_c = _as(scs, gl.float32, [NBUF * 4, BN], FLAT1)  # the same bytes: chunk c of slot s at 4 s + c
+        if SR:
+            scs = gl.allocate_shared_memory(gl.float32, [NBUF, BN, 4], FLAT2)  # the rows' scales as [slot, key, chunk]
+            sc_c = scs  # (not read: `_scale` reads scs)
+        else:
+            scs = gl.allocate_shared_memory(gl.float32, [NBUF, 4, BN], FLAT2)  # the rows' scales as [slot, chunk, key]
+            sc_c = _as(scs, gl.float32, [NBUF * 4, BN], FLAT1)  # the same bytes: chunk c of slot s at 4 s + c
         # q's e4m3 terms (or its fp16 copy), columns in the products' order
         if WG:  # the wgmma's B operand layout (128-byte swizzle), one tile a chunk
             SHQ: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -1242,8 +1271,8 @@ if HAVE_GLUON:
         if EARLY:  # tile 0 whole; from then on the slot is refilled piece by piece inside the loop
             idx_c = _tile_idx(idx_row, k_start, k_end, BN, IC)
             _refill_tail(KV, _tile_idx(idx_row, k_start, k_end, BN, IR),
-                         _tile_idx(idx_row, k_start, k_end, BN, gl.SliceLayout(0, LS)), N_ROWS, stride_kv, rope, scs,
-                         LR, LS)
+                         _tile_idx(idx_row, k_start, k_end, BN, gl.SliceLayout(1 if SR else 0, LS)), N_ROWS,
+                         stride_kv, rope, scs, LR, LS, SR)
             for c in gl.static_range(4):
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC, ROWS)
             cp.commit_group()
@@ -1265,7 +1294,7 @@ if HAVE_GLUON:
                     gl.to_tensor(0), DBG, tk, sp,
                     NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
                     DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg,
-                    ROWS)
+                    ROWS, SR)
                 # the token done (b = NT, a = 0), or this program's piece of it: the tail (slot 1) of boundary
                 # p - 1 (a > 0) or the head (slot 0) of boundary p
                 l_i = gl.sum(l_acc, axis=0)
@@ -1306,7 +1335,7 @@ if HAVE_GLUON:
             KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
             sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
             t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
-            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg, ROWS)
+            DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg, ROWS, SR)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
         cp.wait_group(0)
