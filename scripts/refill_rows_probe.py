@@ -5,11 +5,12 @@
 
 The 1-8-head prefill over an fp8_ds_mla cache refills its one ring slot chunk by chunk behind each P V product
 (`REFILLS`). Mode 0 copies each row's chunk as two 64-byte halves, one per warp; mode 1 copies it as one 128-byte
-piece, the warps along the rows; mode 2 also copies a row's four scales at once. The shipped route (`mla.sparse_mla`, eager, as `glm5lib bench` times the prefill)
-is timed under each mode in turn, `--reps` rounds of (0, 1, 2), so that drift of the clock or the L2 falls on each; the
-modes copy the same bytes (the scales into another order), so their outputs must be bit-equal, and the first 64 tokens'
-outputs are checked against the fp32 reference. FlashMLA's bf16 prefill (padded to 64 heads, when `.vendor` holds its
-library) is timed before and after each token count's rounds: the ratio the issue's target asks for, and its drift.
+piece, the warps along the rows; mode 2 also copies a row's four scales at once. The shipped route
+(`mla.sparse_mla`, eager, as `glm5lib bench` times the prefill) is timed under each mode in turn, `--reps` rounds
+of (0, 1, 2), so that drift of the clock or the L2 falls on each; the modes copy the same bytes (the scales into
+another order), so their outputs must be bit-equal, and the first 64 tokens' outputs are checked against the fp32
+reference. FlashMLA's bf16 prefill (padded to 64 heads, when `.vendor` holds its library) is timed before and after
+each token count's rounds: the ratio the issue's target asks for, and its drift.
 One 32K-token sequence, random distinct top-k 2048 rows per token.
 """
 
