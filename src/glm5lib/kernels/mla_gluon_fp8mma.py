@@ -158,7 +158,7 @@ PDL_TRIGGER = 2
 # column loaded in the products' layout (`_scale`). Per 64-key tile the copies then touch about 480 + 120 + 64
 # 128-byte lines (latent, rope, scales) instead of 480 + 120 + 256 (mode 1) or 704 + 120 + 256 (mode 0)
 REFILL_ROWS_MODES = (0, 1, 2)
-REFILL_ROWS = 1
+REFILL_ROWS = 2
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
 # heads the two groups sit side by side (4 warps), each widening every K and V byte of the tile for its own 8 heads.
 # 4: all 8 G heads in one group of four warps over 64-key tiles (each warp one m16 tile of S for 16 keys and every
