@@ -2532,3 +2532,91 @@ def test_evidence_round26_bf16_decode_issue_rate():
     assert mla.pick_num_splits(128, 1, 2048, 32, 132, 2, True) == 2  # 256 programs: 2 an SM, 1024 keys (32 tiles) each
     per_scheduler = 2 * 4 * 32 * row["sass_loop"] / 4 / (run["us"] * 1e-6 * 1.98e9)
     assert round(per_scheduler, 2) == 0.16
+
+
+def test_evidence_round31_refill_rows():
+    """NOTES round 31 / docs v41-v42, against their H100 files: the early refill's three copy modes timed in turn with
+    bit-equal outputs (mode 1 3-6 % faster than mode 0; mode 2 another 4 % at 528 tokens and level from 2112), the
+    FlashMLA ratios of the docs' table, the second machine's probe, the sanitizer logs of modes 1 and 2, the case
+    matrix with mode 2 shipped, and the two `glm5lib bench` runs at fc1f348 (8-head fp8 prefill 1.59x and 1.61x,
+    1250.0 and 1219.4 us against 1308-1318 us in the four earlier H100 benches)."""
+    def probe(name):
+        d = load(f"sweeps/refill_rows_{name}.json")
+        assert d["meta"]["gpu"].startswith("NVIDIA H100") and d["meta"]["flashmla"] == "loaded"
+        for r in d["rows"]:
+            rel = {r[f"rows{m}_rel"] for m in (0, 1, 2)}  # the first 64 tokens against fp32, one value: bit-equal
+            assert r["bit_equal"] and len(rel) == 1 and 1.6e-3 < rel.pop() < 1.7e-3, r["T"]
+        return {r["T"]: r for r in d["rows"]}
+
+    def med(r):
+        return [round(r[f"rows{m}_us_median"], 1) for m in (0, 1, 2)]
+
+    def ratio(r):
+        fl = (r["flashmla_us_before"] + r["flashmla_us_after"]) / 2
+        return round(fl / r["rows0_us_median"], 2), round(fl / r["rows2_us_median"], 2)
+
+    a = probe("h100_071443f")
+    assert {T: med(r) for T, r in a.items()} == {528: [184.0, 178.2, 170.6], 2112: [687.9, 654.7, 656.6],
+                                                 4096: [1328.2, 1262.0, 1258.8], 8192: [2631.1, 2475.3, 2462.9]}
+    assert {T: ratio(r) for T, r in a.items()} == {528: (1.5, 1.61), 2112: (1.54, 1.62), 4096: (1.54, 1.62),
+                                                   8192: (1.58, 1.69)}
+    one = [1 - r["rows1_us_median"] / r["rows0_us_median"] for r in a.values()]
+    assert 0.03 < min(one) and max(one) < 0.06
+    two = {T: 1 - r["rows2_us_median"] / r["rows1_us_median"] for T, r in a.items()}
+    assert 0.04 < two[528] < 0.045 and all(-0.004 < two[T] < 0.006 for T in (2112, 4096, 8192))
+    b = probe("h100_fc1f348")
+    assert {T: med(r) for T, r in b.items()} == {528: [184.0, 176.7, 168.7], 4096: [1321.6, 1229.0, 1222.1]}
+    assert {T: ratio(r) for T, r in b.items()} == {528: (1.5, 1.64), 4096: (1.53, 1.65)}
+    for run in ("racecheck_refill_rows1", "racecheck_refill_rows2", "memcheck_refill_rows1", "memcheck_refill_rows2",
+                "synccheck_refill_rows2"):
+        log = (BENCH / "sweeps" / f"{run}_h100_071443f.log").read_text()
+        assert "4/4 launches match the fp32 reference" in log
+        assert ("RACECHECK SUMMARY: 0 hazards" if run.startswith("race") else "ERROR SUMMARY: 0 errors") in log
+    cases = load("sweeps/checks_h100_full_fc1f348.json")
+    assert len(cases) == 131 and all(r["ok"] for r in cases)
+
+    def h8_prefill(log):  # the 8-head fp8 prefill row's us and the FlashMLA rows of 8 heads, in the bench log
+        text = (BENCH / "sweeps" / log).read_text()
+        ours = re.findall(r"prefill +triton +T4096 +H8 +k2048 +fp8_ds_mla +([\d.]+) us", text)
+        flash = re.findall(r"prefill +flashmla\(h_pad=64\) +T4096 +H8 +k2048 +bf16 +([\d.]+) us", text)
+        return [float(x) for x in ours], [float(x) for x in flash]
+
+    assert h8_prefill("bench_h100_fc1f348.log") == ([1250.0], [2136.7, 1992.2])
+    assert h8_prefill("bench_h100_fc1f348_b.log") == ([1219.4], [2086.5, 1969.1])
+    before = [h8_prefill(f"bench_h100_{c}.log")[0][0] for c in ("18bdc50", "1e053bb", "59e3fa7", "68aed99")]
+    assert (min(before), max(before)) == (1308.0, 1317.5)
+    for name, met, value in (("fc1f348", 10, 1.59), ("fc1f348_b", 11, 1.61)):
+        bench_run = load(f"sweeps/bench_h100_{name}.json")
+        targets = {t["target"]: t for t in bench_run["targets"]}
+        assert bench_run["meta"]["commit"][:7] == "fc1f348" and sum(t["met"] for t in targets.values()) == met
+        t = targets["prefill fp8_ds_mla H8: speed-up vs FlashMLA bf16 padded to 64 (time)"]
+        assert round(t["value"], 2) == value and t["met"] == (value >= 1.6)
+
+
+def test_evidence_round31_topk_rule_held_out():
+    """NOTES round 31: round 30's refitted top-k bounds at row counts held out from their fit (20-56 rows, H100,
+    every variant's picks equal): the rule's choice within 1.23x of the fastest variant (geometric mean 1.07x, against
+    1.20x and 1.03x on the run it was fitted to); its two wrong sides, the select at 20-24 rows of 202752 read to 128K
+    (the multi select 12-18 % faster over `randn`) and the multi select at 28 rows of 131072 (slower than the select)."""
+    import math
+
+    from glm5lib.kernels import topk
+
+    d = load("sweeps/topk_rule_heldout_h100_071443f.json")
+    assert d["meta"]["device"].startswith("NVIDIA H100") and d["meta"]["mode"] == "--rule"
+    rows = {(r["dist"], r["T"], r["n"]): r for r in d["rows"]}
+    assert {k[1] for k in rows} == {20, 24, 28, 40, 56} and len(rows) == 30
+    variants = ("shipped", "split8192", "split16384", "split32768", "multi2048", "multi4096", "multi8192")
+    off = []
+    for (dist, T, n), r in rows.items():
+        assert all(r[v + "_equals_shipped"] for v in variants[1:]) and r["rule_graph_replay_equals_shipped"]
+        assert r["rule_multi_in_graph"] == topk.multi_rule(T, n)  # the bounds this run judged are the shipped ones
+        off.append(r["rule_graph_us"] / min(r[v + "_graph_us"] for v in variants))
+    assert round(max(off), 2) == 1.23 and round(math.exp(sum(map(math.log, off)) / len(off)), 2) == 1.07
+    for T in (20, 24):
+        r = rows[("randn", T, 202752)]
+        assert not r["rule_multi_in_graph"]
+        assert 0.12 < 1 - r["multi8192_graph_us"] / r["rule_graph_us"] < 0.19
+    for dist in ("randn", "narrow"):
+        r = rows[(dist, 28, 131072)]
+        assert r["rule_multi_in_graph"] and r["rule_graph_us"] > r["shipped_graph_us"]

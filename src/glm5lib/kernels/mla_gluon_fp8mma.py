@@ -106,9 +106,8 @@ ROW_THREADS = (0, 2, 4, 8, 16, 32)
 # how the one-slot ring (1-8 heads, `ring_slots`) is refilled. 0: the next tile whole, gathered and waited for before
 # it is computed, so a program's own gathers never overlap its products (only other programs' on the SM do).
 # 1 ("early"): each part as soon as its bytes are read for the last time: the rope part and the scales once the P^T
-# exchange has ended S, and each 128-column latent chunk behind its P V product, the half of it a warp read by that
-# warp (the value columns are split between the two warps; the other warp's reads of them, in S, ended at the P^T
-# barrier); the next tile is waited for at the top of its iteration. The slot is then four allocations, one a chunk,
+# exchange has ended S, and each 128-column latent chunk behind its P V product (which warp copies which bytes:
+# `REFILL_ROWS`); the next tile is waited for at the top of its iteration. The slot is then four allocations, one a chunk,
 # so that the compiler's shared-memory barrier analysis, which tracks whole allocations, inserts one barrier a chunk
 # (before its refill) and none between a chunk's refill and the next chunk's reads. 2 ("plan"): early where a program
 # owns a token's whole top-k list (one split: 64-key tiles under `tile_keys`' rule), whole where the list is split.
@@ -156,7 +155,10 @@ PDL_TRIGGER = 2
 # 16-byte copy a row into a [key, chunk] slot instead of four 4-byte copies into [chunk, key], where each of the
 # program's threads owns one row of the tile (64 keys, two warps: the 1-8-head prefill); the readers sum a [BN, 1]
 # column loaded in the products' layout (`_scale`). Per 64-key tile the copies then touch about 480 + 120 + 64
-# 128-byte lines (latent, rope, scales) instead of 480 + 120 + 256 (mode 1) or 704 + 120 + 256 (mode 0)
+# 128-byte lines (latent, rope, scales) instead of 480 + 120 + 256 (mode 1) or 704 + 120 + 256 (mode 0).
+# H100, the shipped 8-head prefill over 32K keys, modes 0 / 1 / 2 in turn in one process, bit-equal outputs
+# (`sweeps/refill_rows_h100_071443f.json`, `scripts/refill_rows_probe.py`): 528 tokens 184.0 / 178.2 / 170.6 us,
+# 2112 687.9 / 654.7 / 656.6, 4096 1328.2 / 1262.0 / 1258.8, 8192 2631.1 / 2475.3 / 2462.9; 2 ships
 REFILL_ROWS_MODES = (0, 1, 2)
 REFILL_ROWS = 2
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
