@@ -68,7 +68,7 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
     # both shared-memory classes, the Gluon kernels sm_90 takes for 17-128 heads and its fp8-cache kernel for 1-16
     # (and its 99 KB build, taken on sm_89 / sm_120 with GLM5LIB_FP8MMA=1)
     assert len(cov["shipped"]) == len(evidence.CONFIGS) + 4 == len(evidence.shipped_configs())
-    h100 = {"h100_full_matrix", "h100_sanitizer", "h100_bench"}
+    h100 = {"h100_full_matrix", "h100_full_matrix_r31", "h100_sanitizer", "h100_bench"}
     small8 = {"h100_full_matrix_smem_small_fp8mma", "h100_sanitizer_smem_small_fp8mma"}
     for key, s in cov["shipped"].items():
         ran = set(s["covered_by"])
@@ -91,6 +91,10 @@ def test_evidence_every_shipped_config_ran_the_matrix_and_the_sanitizer_on_the_h
         assert {"h200_full_matrix", "h200_sanitizer"} <= set(cov["shipped"][key]["covered_by"]), key
     only_h100 = [k for k, s in cov["shipped"].items() if not set(s["covered_by"]) - h100 - small8 - {"h200_bench"}]
     assert only_h100 == ["small-fp8mma/fp8_ds_mla/small"], only_h100
+    # round 31's early-refill copies (REFILL_ROWS 2) ran the matrix on an H100 only, under the same config name
+    m31 = cov["pieces"]["h100_full_matrix_r31"]
+    assert m31["commit"] == "fc1f348" and m31["recorded"] and m31["passed"] == m31["cases"] == 131
+    assert "h100_full_matrix_r31" in cov["shipped"]["small-fp8mma/fp8_ds_mla/big"]["covered_by"]
     mh, sh = cov["pieces"]["h100_full_matrix"], cov["pieces"]["h100_sanitizer"]
     assert (mh["commit"], sh["commit"]) == ("a815ef4", "a815ef4") and mh["passed"] == mh["cases"] == 131
     for old in ("f6a643d", "59e3fa7", "e6bb2f0", "6f7cc40", "18bdc50", "68aed99"):  # rounds 19-25's

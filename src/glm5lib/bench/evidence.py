@@ -27,6 +27,12 @@ runs are under `outputs/bench/sweeps/` with their commit in the name (97dc8b8: r
 KB build (sm_89 / sm_120 with GLM5LIB_FP8MMA=1; round 26's fp16-product one) ran the matrix and memcheck on an H100
 with that class forced ("h100_*_smem_small_fp8mma").
 
+Round 31 changed the fp8-cache kernel's 1-8-head prefill build under the same config name: its early refill copies
+whole 128-byte row pieces and a row's scales at once (`mla_gluon_fp8mma.REFILL_ROWS`, v41-v42). The H200 pieces ran
+the code before it; "h100_full_matrix_r31" (the matrix at fc1f348 on an H100) ran the new one, and its sanitizer runs
+(racecheck, memcheck, synccheck of `scripts/fp8mma_sanitize_case.py`'s cases) are
+`outputs/bench/sweeps/*_refill_rows{1,2}_h100_071443f.log`.
+
 `coverage(root)` reads the files and reports, per piece: cases, passes, and the config names it ran; and per
 shipped config of both classes: which pieces ran that exact config. The notebook prints it instead of prose.
 """
@@ -67,6 +73,8 @@ FULL_MATRIX_SMALL_FP8MMA = "outputs/bench/sweeps/checks_h100_full_small_fp8mma_8
 SANITIZER_SMALL_FP8MMA = "outputs/bench/sweeps/sanitizer_h100_small_fp8mma_89cb5a4.log"
 SMALL_FP8MMA_COMMIT = "89cb5a4"
 BENCH_H100 = "outputs/bench/sweeps/bench_h100_18bdc50.json"
+FULL_MATRIX_H100_R31 = "outputs/bench/sweeps/checks_h100_full_fc1f348.json"  # after v41-v42 (REFILL_ROWS 2)
+R31_COMMIT = "fc1f348"
 H100_COMMIT = "a815ef4"  # the matrix of round 24's shipped configs and plans on an H100 (sm_90)
 H100_SANITIZER_COMMIT = "a815ef4"  # its compute-sanitizer memcheck (the same configs)
 SANITIZER_COMMIT = "6eaff6f"  # compute-sanitizer (the sm_89/sm_120 class forced: SMALL_COMMIT)
@@ -207,6 +215,7 @@ def coverage(root: str | Path | None = None) -> dict:
                "h200_full_matrix_r8": (FULL_MATRIX_R8, lambda p: _matrix(p, SMEM, R8_COMMIT, R8_FP8MMA_MAX_H)),
                "h200_sanitizer_r8": (SANITIZER_R8, lambda p: _sanitizer(p, SMEM, R8_COMMIT, R8_FP8MMA_MAX_H)),
                "h100_full_matrix": (FULL_MATRIX_H100, lambda p: _matrix(p, SMEM, H100_COMMIT)),
+               "h100_full_matrix_r31": (FULL_MATRIX_H100_R31, lambda p: _matrix(p, SMEM, R31_COMMIT)),
                "h100_full_matrix_smem_small_fp8mma": (FULL_MATRIX_SMALL_FP8MMA,
                                                       lambda p: _matrix(p, "small", SMALL_FP8MMA_COMMIT)),
                "h100_sanitizer_smem_small_fp8mma": (SANITIZER_SMALL_FP8MMA,
