@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [checks-small-fp8mma] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [round31] [round31b] [memcheck-topk]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [round31] [round31b] [round31c] [memcheck-topk]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -92,6 +92,7 @@
 # round31: the early refill's copy modes side by side (scripts/refill_rows_probe.py; refill_rows_h200.json), then
 #   racecheck, memcheck and synccheck of the shipped fp8-cache build under modes 1 and 2 (fp8mma_sanitize_case.py)
 # round31b: the top-k rule's bounds (refitted in round 30) at row counts held out from their fit (TOPK_RULE_ROWS)
+# round31c: the 8-head prefill's parts alone, each early-refill copy mode's copies among them (refill_rows_probe.py --ablate)
 # memcheck-topk: memcheck of the one-program, split and multi selects with each way of counting (memcheck_topk.log)
 # ncu-topk: Nsight Compute of the one-program top-k select (1 and 128 rows of 32K standard-normal scores, one of a
 #   narrow spread; NCU_TOPK_CASES="128_32768_agg ..." picks others: scripts/topk_ncu_case.py's arguments joined by
@@ -287,6 +288,8 @@ import fp8mma_sanitize_case as c
 fm.set_refill_rows($m)
 sys.exit(c.main(['--configs', '0,1,1,0,0,8,2,1,0,0,3']))" > "$OUT/${tool}_refill_rows$m.log" 2>&1; echo "$tool mode $m rc=$?"
           tail -2 "$OUT/${tool}_refill_rows$m.log"; done ;;
+    round31c) timeout 300 python3 scripts/refill_rows_probe.py "$OUT/refill_ablate_h200.json" --tokens 4096 --reps 1 \
+          --ablate > "$OUT/refill_ablate.log" 2>&1; echo "refill ablate rc=$?"; grep -a "^{" "$OUT/refill_ablate.log" ;;
     round31b) TOPK_RULE_ROWS="20 24 28 40 56" timeout 300 python3 scripts/topk_dist_probe.py "$OUT/topk_rule_heldout_h200.json" \
           --rule > "$OUT/topk_rule_heldout.log" 2>&1; echo "topk rule held out rc=$?"; tail -1 "$OUT/topk_rule_heldout.log" ;;
     memcheck-topk)

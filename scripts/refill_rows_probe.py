@@ -1,7 +1,7 @@
 """The early refill's copy modes side by side (`mla_gluon_fp8mma.REFILL_ROWS_MODES`; GPU, one process).
 
 `PYTHONPATH=src python scripts/refill_rows_probe.py OUT.json [--heads 8] [--tokens 528,2112,4096,8192] [--reps 3]
-[--no-flashmla]`
+[--no-flashmla] [--ablate]`
 
 The 1-8-head prefill over an fp8_ds_mla cache refills its one ring slot chunk by chunk behind each P V product
 (`REFILLS`). Mode 0 copies each row's chunk as two 64-byte halves, one per warp; mode 1 copies it as one 128-byte
@@ -10,7 +10,10 @@ piece, the warps along the rows; mode 2 also copies a row's four scales at once.
 of (0, 1, 2), so that drift of the clock or the L2 falls on each; the modes copy the same bytes (the scales into
 another order), so their outputs must be bit-equal, and the first 64 tokens' outputs are checked against the fp32
 reference. FlashMLA's bf16 prefill (padded to 64 heads, when `.vendor` holds its library) is timed before and after
-each token count's rounds: the ratio the issue's target asks for, and its drift.
+each token count's rounds: the ratio the issue's target asks for, and its drift. `--ablate` adds the parts alone
+(`mla_gluon_fp8mma.ablate_launch`): each mode's early-refill copies with nothing computed ("refill"; mode 0's copies
+have no barriers of their own, the kernel's came from its reads, so there they run between one barrier a tile), the
+whole-tile gathers and the compute alone as round 13 took them apart, and the whole kernel on the one-a-token grid.
 One 32K-token sequence, random distinct top-k 2048 rows per token.
 """
 
@@ -38,6 +41,9 @@ def main() -> None:
     ap.add_argument("--tokens", default="528,2112,4096,8192")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--no-flashmla", action="store_true")
+    ap.add_argument("--ablate", action="store_true",
+                    help="also the parts alone (`ablate_launch`): each mode's early-refill copies (\"refill\"), the "
+                         "whole-tile gathers, the compute, and the whole kernel on the one-a-token grid")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("refill_rows_probe: needs a CUDA GPU")
@@ -78,6 +84,16 @@ def main() -> None:
                 row[f"rows{m}_us"] = times[m]
                 row[f"rows{m}_us_median"] = statistics.median(times[m])
                 row[f"rows{m}_rel"] = float((o[:64].float() - ref).norm() / ref.norm())
+            if a.ablate:
+                out = torch.empty(T, H, naive.D_NOPE, device=dev, dtype=torch.bfloat16)
+                for m in fm.REFILL_ROWS_MODES:
+                    fm.set_refill_rows(m)
+                    row[f"refill{m}_alone_us"] = 1e3 * bk._median_ms(
+                        lambda: fm.ablate_launch(q, cache, idx, bk.SM_SCALE, fm.REFILL_ABLATION, out=out))
+                fm.set_refill_rows(shipped)
+                for part in fm.ABLATIONS:
+                    row[f"{part}_alone_us"] = 1e3 * bk._median_ms(
+                        lambda: fm.ablate_launch(q, cache, idx, bk.SM_SCALE, part, out=out))
             base_o, base_lse = outs[fm.REFILL_ROWS_MODES[0]]
             row["bit_equal"] = all(torch.equal(outs[m][0], base_o) and torch.equal(outs[m][1], base_lse)
                                    for m in fm.REFILL_ROWS_MODES)

@@ -355,6 +355,13 @@ for arch in (89, 90, 120):
         n, _, hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True, inner=True)
         print(json.dumps({"arch": arch, "rows": rows, "n": n, "bar": hist.get("BAR", 0),
                           "ldgsts": hist.get("LDGSTS", 0), "shared": k.metadata.shared}), flush=True)
+cfg = m.CONFIG_BY_CLASS["big"]._replace(sched=0)  # the measurement's grid: one program a token
+for rows in (0, 1, 2):
+    m.REFILL_ROWS = rows
+    k = m.aot_compile_part(90, m.REFILL_ABLATION, 1, cfg, split=False)
+    hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True)[2]
+    print(json.dumps({"part": "refill", "rows": rows, "bar": hist.get("BAR", 0), "ldgsts": hist.get("LDGSTS", 0),
+                      "shared": k.metadata.shared}), flush=True)
 """
 
 
@@ -365,7 +372,15 @@ def test_refill_rows_builds_keep_the_tile_loops_barriers_and_copies():
     # since the chunk's allocation was read before), modes 0 and 1 issue as many copies (the same bytes, grouped by
     # rows instead of by halves), and mode 2 three fewer a thread (a row's four 4-byte scale copies become one of 16
     # bytes, one row a thread); a loop without barriers or copies, or a mode not taken, would fail the counts
-    rows = {(r["arch"], r["rows"]): r for r in compile_rows(_REFILL_ROWS_SCRIPT, timeout=900)}
+    out = compile_rows(_REFILL_ROWS_SCRIPT, timeout=900)
+    rows = {(r["arch"], r["rows"]): r for r in out if "arch" in r}
+    # the measurement of the copies alone (`ablate_launch`'s "refill") issues the kernel's copies of a tile in each
+    # mode, its barriers only in modes 1-2 (mode 0's came from the kernel's reads), and holds 4 programs an SM
+    alone = {r["rows"]: r for r in out if r.get("part") == "refill"}
+    for mode, r in alone.items():
+        assert r["ldgsts"] == rows[90, mode]["ldgsts"], (mode, r)
+        assert r["bar"] == (2 if mode == 0 else 5), (mode, r)  # a tile's wait (2 in mode 0), or 1 + 4 chunks
+        assert fm.SMEM_PER_SM["big"] // (r["shared"] + 2048) == 4, r
     for arch in (89, 90, 120):
         a, b, c = rows[arch, 0], rows[arch, 1], rows[arch, 2]
         assert a["bar"] == b["bar"] == c["bar"] >= 6, (a, b, c)  # the ring's, P^T's and one a latent chunk

@@ -1401,6 +1401,54 @@ if HAVE_GLUON:
         cp.wait_group(0)
 
 
+    @gluon.jit
+    def _refill_alone_kernel(KV, IDX, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPLIT, NW: gl.constexpr,
+                             BN: gl.constexpr, TPR: gl.constexpr, ROWS: gl.constexpr, PAD: gl.constexpr):
+        """A measurement (`ablate_launch`'s "refill"): the early refill's own copies (`REFILLS` 1, one ring slot) with
+        nothing computed, on the kernel's grid: each tile waited for, then the next one copied into the slot as
+        `_tiles` copies it (rope and scales, then the four latent chunks, each behind its barrier), in `REFILL_ROWS`
+        mode ROWS; PAD as `_gathers_alone_kernel`'s. The layouts and allocations are the kernel's for that mode."""
+        CH: gl.constexpr = 128
+        SR: gl.constexpr = ROWS == 2 and BN == 32 * NW
+        LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
+        LS: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [NW, 1], [1, 0]) if SR else _gather_layouts(NW, TPR)[2]
+        LC: gl.constexpr = _refill_layout(NW, ROWS)
+        IR: gl.constexpr = gl.SliceLayout(1, LR)
+        IS: gl.constexpr = gl.SliceLayout(1 if SR else 0, LS)
+        IC: gl.constexpr = gl.SliceLayout(1, LC)
+        SW32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
+        SW16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+        FLAT2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        lat = (gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32),
+               gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32),
+               gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32),
+               gl.allocate_shared_memory(gl.int32, [BN, CH // 4], SW32))
+        rope = gl.allocate_shared_memory(gl.bfloat16, [1, BN, 64], SW16)
+        if SR:
+            scs = gl.allocate_shared_memory(gl.float32, [1, BN, 4], FLAT2)
+        else:
+            scs = gl.allocate_shared_memory(gl.float32, [1, 4, BN], FLAT2)
+        _occupancy_pad(PAD, NW)
+        t = gl.program_id(0)
+        sp = gl.program_id(1)
+        k_start = sp * KEYS_PER_SPLIT
+        k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
+        idx_row = IDX + t.to(gl.int64) * stride_it
+        for i in range(gl.cdiv(k_end - k_start, BN) + 1):  # tile 0's copies, then each tile's successor's
+            k0 = k_start + i * BN
+            if i > 0:
+                cp.wait_group(0)
+                _barrier()
+            if k0 < k_end:
+                _refill_tail(KV, _tile_idx(idx_row, k0, k_end, BN, IR), _tile_idx(idx_row, k0, k_end, BN, IS), N_ROWS,
+                             stride_kv, rope, scs, LR, LS, SR)
+                idx_c = _tile_idx(idx_row, k0, k_end, BN, IC)
+                for c in gl.static_range(4):
+                    _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, c, LC, ROWS)
+                cp.commit_group()
+        cp.wait_group(0)
+
+
 SMEM_PER_SM = {"big": 228 * 1024, "small": 100 * 1024}  # sm_90 / sm_89-sm_120 class, per SM (1 KB per block reserved)
 
 
@@ -1672,6 +1720,7 @@ def sparse_mla_fp8mma(q, kv_cache, indices, sm_scale, *, num_splits=None, nbuf=D
 
 
 ABLATIONS = ("whole", "gathers", "compute")
+REFILL_ABLATION = "refill"  # the early refill's own copies alone (`_refill_alone_kernel`); builds that refill early
 
 
 def pad_words(own_bytes: int, per_sm: int, smem: str = "big") -> int:
@@ -1696,10 +1745,12 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
       programs per SM held at the whole kernel's by a shared-memory pad.
     The split merge runs after each part, as after the kernel, so that differences are the kernel's. A build that
     refills its slot early (`REFILLS`) is taken apart on the whole-refill schedule: its gathers and compute alone are
-    those of the same build with refill 0 (the same bytes and products); only "whole" differs. Every part, "whole"
+    those of the same build with refill 0 (the same bytes and products); only "whole" differs. `REFILL_ABLATION`
+    ("refill", where the build refills early at this shape): its own copies alone, in the copy layouts of today's
+    `REFILL_ROWS` (`_refill_alone_kernel`), padded to the whole kernel's programs per SM. Every part, "whole"
     included, runs on the one-program-a-token grid whatever the build's `sched`."""
-    if part not in ABLATIONS:
-        raise ValueError(f"part must be one of {ABLATIONS}, got {part!r}")
+    if part not in ABLATIONS + (REFILL_ABLATION,):
+        raise ValueError(f"part must be one of {ABLATIONS + (REFILL_ABLATION,)}, got {part!r}")
     c = Config(*cfg)
     check_terms(c.q_terms, c.p_terms)
     check_block_n(c.block_n)
@@ -1730,6 +1781,14 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
             q, kv_cache, indices, out, lse, part_buf, q.stride(0), q.stride(1), stride_kv, indices.stride(0),
             out.stride(0), out.stride(1), H, H, topk, n_rows, keys_per_split, T, float(sm_scale) * LOG2E,
             **dict(kw, COMPUTE_ALONE=True, PAD=pad))
+    elif part == REFILL_ABLATION:
+        if not kw["REFILL"]:
+            raise ValueError(f"part {REFILL_ABLATION!r} takes a build that refills its slot early at this shape "
+                             f"(`refill_mode`), not {config_name(c)} at {T} tokens")
+        pad = pad_words(bn * (D_NOPE + 2 * D_ROPE + 16), per_sm, smem)
+        _refill_alone_kernel[(T, splits)](kv_cache, indices, stride_kv, indices.stride(0), topk, n_rows,
+                                          keys_per_split, NW=kw["num_warps"], BN=bn, TPR=kw["TPR"],
+                                          ROWS=REFILL_ROWS, PAD=pad, num_warps=kw["num_warps"])
     else:
         ring = nbuf * bn * (D_NOPE + 2 * D_ROPE + 16)
         pad = pad_words(ring, per_sm, smem)
@@ -1791,7 +1850,8 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
 
 def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool = True):
     """`aot_compile` for the measurement builds of `ablate_launch` ("gathers": `_gathers_alone_kernel` with its pad;
-    "compute": the kernel's compute-alone build with its pad), on sm_90's shared-memory class."""
+    "compute": the kernel's compute-alone build with its pad; "refill": `_refill_alone_kernel`), on sm_90's
+    shared-memory class."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1805,8 +1865,17 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
         return aot_compile(arch, G, c.nbuf, c.q_terms, c.p_terms, split, maxnreg=c.maxnreg, block_n=c.block_n,
                            row_threads=c.row_threads, compute_alone=True, pad=pad, refill=c.refill,
                            key_warps=c.key_warps, widen=c.widen, wgmma=c.wgmma)
+    if part == REFILL_ABLATION:  # the early refill's copies alone, in today's `REFILL_ROWS` mode
+        nw = num_warps_of(G, wm)
+        consts = {"NW": nw, "BN": bn, "TPR": c.row_threads, "ROWS": REFILL_ROWS,
+                  "PAD": pad_words(bn * (D_NOPE + 2 * D_ROPE + 16), per_sm)}
+        fn = _refill_alone_kernel
+        sig = {a: ("constexpr" if a in consts else {"KV": "*u8", "IDX": "*i32"}.get(a, "i32")) for a in fn.arg_names}
+        attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("KV", "IDX", "stride_kv", "stride_it")}
+        return triton.compile(GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs),
+                              target=GPUTarget("cuda", arch, 32), options={"num_warps": nw})
     if part != "gathers":
-        raise ValueError(f"part must be 'gathers' or 'compute', got {part!r}")
+        raise ValueError(f"part must be 'gathers', 'compute' or {REFILL_ABLATION!r}, got {part!r}")
     nbuf = ring_slots(c.nbuf, G, wm)
     fn = _gathers_alone_kernel
     nw = num_warps_of(G, wm)
@@ -1845,7 +1914,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
     return row
 
 
-__all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "Config", "ring_slots", "CONFIGS", "DEFAULT",
+__all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "REFILL_ABLATION", "Config", "ring_slots", "CONFIGS", "DEFAULT",
            "PDL_TRIGGERS", "set_pdl_trigger", "REFILL_ROWS_MODES", "set_refill_rows",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
