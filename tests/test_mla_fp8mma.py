@@ -379,7 +379,7 @@ def test_refill_rows_builds_keep_the_tile_loops_barriers_and_copies():
     alone = {r["rows"]: r for r in out if r.get("part") == "refill"}
     for mode, r in alone.items():
         assert r["ldgsts"] == rows[90, mode]["ldgsts"], (mode, r)
-        assert r["bar"] == (2 if mode == 0 else 5), (mode, r)  # a tile's wait (2 in mode 0), or 1 + 4 chunks
+        assert r["bar"] == (2 if mode == 0 else 5), (mode, r)  # the wait's, then the compiler's one or one a chunk
         assert fm.SMEM_PER_SM["big"] // (r["shared"] + 2048) == 4, r
     for arch in (89, 90, 120):
         a, b, c = rows[arch, 0], rows[arch, 1], rows[arch, 2]
