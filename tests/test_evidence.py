@@ -2600,8 +2600,9 @@ def test_evidence_round31_refill_rows():
 def test_evidence_round31_topk_rule_held_out():
     """NOTES round 31: round 30's refitted top-k bounds at row counts held out from their fit (20-56 rows, H100,
     every variant's picks equal): the rule's choice within 1.23x of the fastest variant (geometric mean 1.07x, against
-    1.20x and 1.03x on the run it was fitted to); its two wrong sides, the select at 20-24 rows of 202752 read to 128K
-    (the multi select 12-18 % faster over `randn`) and the multi select at 28 rows of 131072 (slower than the select)."""
+    1.20x and 1.03x on the run it was fitted to), the worst where a split chunk wins (40-56 rows of 32K); the multi
+    bound's two wrong sides, the select at 20-24 rows of 202752 read to 128K (the multi select 12-18 % faster over
+    `randn`) and the multi select at 28 rows of 131072 (slower than the select)."""
     import math
 
     from glm5lib.kernels import topk
@@ -2617,6 +2618,10 @@ def test_evidence_round31_topk_rule_held_out():
         assert r["rule_multi_in_graph"] == topk.multi_rule(T, n)  # the bounds this run judged are the shipped ones
         off.append(r["rule_graph_us"] / min(r[v + "_graph_us"] for v in variants))
     assert round(max(off), 2) == 1.23 and round(math.exp(sum(map(math.log, off)) / len(off)), 2) == 1.07
+    chunks = {(d, T, n): r["shipped_graph_us"] / min(r["split16384_graph_us"], r["split32768_graph_us"])
+              for (d, T, n), r in rows.items()}  # the split's chunk rule: a chunk against one program a row
+    assert all(1.16 < chunks[(d, T, 32768)] < 1.23 for d, T in (("randn", 56), ("narrow", 40), ("narrow", 56)))
+    assert 1.1 < chunks[("narrow", 56, 131072)] < 1.12
     for T in (20, 24):
         r = rows[("randn", T, 202752)]
         assert not r["rule_multi_in_graph"]

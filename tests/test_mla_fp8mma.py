@@ -223,7 +223,7 @@ def test_v_rows_and_their_inverse(v_rows, d_rows, warps, offsets):
     # the NVMMA layout over `warps` warps along M: warp w holds rows 16 w + {0..15} (+ 32 or 64 per repeat), the
     # operand thread with lane // 4 = g rows g + {0, 8} of each m16 tile: contiguous bytes of each of its keys
     # (8 at two key warps, 4 at four), and warp w the chunk's columns 128 / warps * w onwards (what its early refill
-    # copies)
+    # copied in `REFILL_ROWS` mode 0)
     n = len(offsets)
     for g in range(8):
         for warp in range(warps):
@@ -333,16 +333,43 @@ def test_early_refill_rule_and_its_copies():
     assert wbv and wbv[0][1].strip() == f"[[0, {4 * words_a_warp}]]", wbv
     # the copies are whole 16-byte units with every row's chunk covered once: 8 rows x 4 units a warp's instruction
     assert L.size_per_thread == [1, 4] and L.threads_per_warp[0] * L.threads_per_warp[1] == 32
-    # mode 1 (shipped): a row's whole 128-byte chunk by 8 threads of one warp, 4 rows an instruction, the warps along
-    # the rows; its copies come after a barrier of their own
+    # modes 1 and 2 (2 ships): a row's whole 128-byte chunk by 8 threads of one warp, 4 rows an instruction, the warps
+    # along the rows; their copies come after a barrier of their own
     R = fm._refill_layout(2, 1)
     assert R.size_per_thread == [1, 4] and R.threads_per_warp == [4, 8] and R.warps_per_cta == [2, 1]
     assert 4 * R.size_per_thread[1] * R.threads_per_warp[1] == 128
-    assert fm.REFILL_ROWS in (1, 2) and fm.REFILL_ROWS_MODES == (0, 1, 2)
+    assert fm.REFILL_ROWS == 2 and fm.REFILL_ROWS_MODES == (0, 1, 2)
     body = inspect.getsource(fm._refill_chunk.fn)
     assert re.search(r"if ROWS:\n(\s*#.*\n)*\s*_barrier\(\)", body), body
     with pytest.raises(ValueError, match="copy mode"):
         fm.set_refill_rows(3)
+
+
+def test_launch_plans_take_the_refill_rows_mode(monkeypatch):
+    # the launcher passes `REFILL_ROWS` to the builds that refill early (a prefill's one-split plan at 8 heads) and 0
+    # elsewhere (a decode batch's split plan), and `set_refill_rows` drops the cached plans, so the next call takes
+    # the new mode (the plan is host work: an H200's 132 SMs and shared memory, no GPU needed)
+    monkeypatch.setattr(fm, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(mla, "smem_class", lambda dev: "big")
+    fm.clear_plans()
+    c = fm.DEFAULT
+
+    def plan(T, decode=False):
+        return fm._launch_plan(T, 8, 2048, "cpu", None, c.nbuf, c.q_terms, c.p_terms, c.maxnreg, c.block_n,
+                               c.row_threads, c.refill, c.sched, None, 2048, None, c.key_warps, c.widen, c.wgmma,
+                               decode)
+
+    try:
+        for mode in (2, 1, 0):
+            fm.set_refill_rows(mode)
+            splits, _, grid, kw, _ = plan(4096)
+            assert (splits, grid, kw["REFILL"], kw["ROWS"]) == (1, (528,), 1, mode)
+            splits, _, _, kw, _ = plan(128, decode=True)
+            assert splits > 1 and kw["REFILL"] == 0 and kw["ROWS"] == 0
+    finally:
+        fm.set_refill_rows(2)
+        monkeypatch.undo()
+        fm.clear_plans()
 
 
 _REFILL_ROWS_SCRIPT = """
@@ -354,7 +381,10 @@ for arch in (89, 90, 120):
         k = m.aot_compile(arch, 1, **m.config_kwargs(m.CONFIG_BY_CLASS["big"]), split=False, rows=rows)
         n, _, hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True, inner=True)
         print(json.dumps({"arch": arch, "rows": rows, "n": n, "bar": hist.get("BAR", 0),
-                          "ldgsts": hist.get("LDGSTS", 0), "shared": k.metadata.shared}), flush=True)
+                          "ldgsts": hist.get("LDGSTS", 0), "shared": k.metadata.shared,
+                          "halves": "threadsPerWarp = [8, 4], warpsPerCTA = [1, 2]" in k.asm["ttgir"],
+                          "row_copies": "threadsPerWarp = [4, 8], warpsPerCTA = [2, 1]" in k.asm["ttgir"]}),
+              flush=True)
 cfg = m.CONFIG_BY_CLASS["big"]._replace(sched=0)  # the measurement's grid: one program a token
 for rows in (0, 1, 2):
     m.REFILL_ROWS = rows
@@ -377,12 +407,15 @@ def test_refill_rows_builds_keep_the_tile_loops_barriers_and_copies():
     # the measurement of the copies alone (`ablate_launch`'s "refill") issues the kernel's copies of a tile in each
     # mode, its barriers only in modes 1-2 (mode 0's came from the kernel's reads), and holds 4 programs an SM
     alone = {r["rows"]: r for r in out if r.get("part") == "refill"}
+    assert set(alone) == {0, 1, 2}
     for mode, r in alone.items():
         assert r["ldgsts"] == rows[90, mode]["ldgsts"], (mode, r)
         assert r["bar"] == (2 if mode == 0 else 5), (mode, r)  # the wait's, then the compiler's one or one a chunk
         assert fm.SMEM_PER_SM["big"] // (r["shared"] + 2048) == 4, r
     for arch in (89, 90, 120):
         a, b, c = rows[arch, 0], rows[arch, 1], rows[arch, 2]
+        # the copy layout each mode takes (TTGIR): mode 0's halves by warp, modes 1-2's rows by warp
+        assert a["halves"] and not b["halves"] and not c["halves"] and b["row_copies"] and c["row_copies"], arch
         assert a["bar"] == b["bar"] == c["bar"] >= 6, (a, b, c)  # the ring's, P^T's and one a latent chunk
         assert a["ldgsts"] == b["ldgsts"] >= 4 * 8 + 4, (a, b)  # 8 a thread a chunk, the rope's and 4 scales'
         assert c["ldgsts"] == b["ldgsts"] - 3, (b, c)

@@ -107,10 +107,11 @@ ROW_THREADS = (0, 2, 4, 8, 16, 32)
 # it is computed, so a program's own gathers never overlap its products (only other programs' on the SM do).
 # 1 ("early"): each part as soon as its bytes are read for the last time: the rope part and the scales once the P^T
 # exchange has ended S, and each 128-column latent chunk behind its P V product (which warp copies which bytes:
-# `REFILL_ROWS`); the next tile is waited for at the top of its iteration. The slot is then four allocations, one a chunk,
-# so that the compiler's shared-memory barrier analysis, which tracks whole allocations, inserts one barrier a chunk
-# (before its refill) and none between a chunk's refill and the next chunk's reads. 2 ("plan"): early where a program
-# owns a token's whole top-k list (one split: 64-key tiles under `tile_keys`' rule), whole where the list is split.
+# `REFILL_ROWS`); the next tile is waited for at the top of its iteration. The slot is then four allocations, one a
+# chunk, so that the compiler's shared-memory barrier analysis, which tracks whole allocations, inserts one barrier a
+# chunk (before its refill) and none between a chunk's refill and the next chunk's reads. 2 ("plan"): early where a
+# program owns a token's whole top-k list (one split: 64-key tiles under `tile_keys`' rule), whole where the list is
+# split.
 # H200, 8 heads, the fp16-product build (`sweeps/fp8mma_refill_h200_e6da82b.json`, `..._8457230.json`): prefill
 # s_q 4096 1372 -> 1275 us, 1373 -> 1277 (-7 %); decode B128 81.4 -> 84.0, 80.7 -> 83.2 us and B32 28.9 -> 32.6,
 # 28.7 -> 31.8 (slower: 32-key tiles from HBM); the 99 KB class's e4m3 build over 32-key tiles slower in both
@@ -1080,7 +1081,7 @@ if HAVE_GLUON:
                 gl.arange(0, BN, layout=PKEYS), gl.convert_layout(g0, PH), gl.convert_layout(g1, PH),
                 gl.convert_layout(g2, PH), gl.convert_layout(g3, PH), WM)
             fe = _pow2(e)
-            # (early refill: behind each chunk's product the next tile's chunk, each warp the columns it read)
+            # (early refill: behind each chunk's product the next tile's copy of that chunk, `REFILL_ROWS`)
             acc0 = _pv_chunk(_chunk(t8, 0, EARLY), pb, ps0 * fe, acc0, LV, LVP, DA, P_TERMS, WM,
                              0 < WIDEN)
             if EARLY:  # S has read the rope part and the scales (ps0-ps3 above) before the barrier
@@ -1914,7 +1915,8 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
     return row
 
 
-__all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "REFILL_ABLATION", "Config", "ring_slots", "CONFIGS", "DEFAULT",
+__all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "REFILL_ABLATION", "Config", "ring_slots",
+           "CONFIGS", "DEFAULT",
            "PDL_TRIGGERS", "set_pdl_trigger", "REFILL_ROWS_MODES", "set_refill_rows",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
