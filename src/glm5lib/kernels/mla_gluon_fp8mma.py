@@ -1193,6 +1193,7 @@ if HAVE_GLUON:
         # row's 16 bytes at once where ROWS is 2 (`REFILL_ROWS`) and each thread has one row of the tile (SR)
         EARLY: gl.constexpr = REFILL == 1 and not COMPUTE_ALONE
         SR: gl.constexpr = EARLY and ROWS == 2 and BN == 32 * NW
+        gl.static_assert(not (SR and DEBUG), "the DEBUG record reads the scales as [chunk, key]")
         LS: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [NW, 1], [1, 0]) if SR else _gather_layouts(NW, TPR)[2]
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
         # the early refill's next index tiles in the layouts of its rope copies (IR) and of its latent chunk copies (IC)
@@ -1867,6 +1868,9 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
                            row_threads=c.row_threads, compute_alone=True, pad=pad, refill=c.refill,
                            key_warps=c.key_warps, widen=c.widen, wgmma=c.wgmma)
     if part == REFILL_ABLATION:  # the early refill's copies alone, in today's `REFILL_ROWS` mode
+        if not refill_mode(c.refill, c.nbuf, G, 2 if split else 1, wm):
+            raise ValueError(f"part {REFILL_ABLATION!r} takes a build that refills early; {config_name(c)} refills "
+                             f"whole tiles {'when split' if split else 'at one split'}")
         nw = num_warps_of(G, wm)
         consts = {"NW": nw, "BN": bn, "TPR": c.row_threads, "ROWS": REFILL_ROWS,
                   "PAD": pad_words(bn * (D_NOPE + 2 * D_ROPE + 16), per_sm)}
