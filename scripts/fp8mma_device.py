@@ -186,9 +186,7 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
         if time.time() > deadline:
             rows.append({"kind": "prefill", "H": H, "error": "skipped: time budget"})
             continue
-        kv = torch.randn(32768, naive.D_QK, device="cuda", dtype=torch.bfloat16)
-        cache = naive.quantize_fp8_ds_mla(kv)
-        kvb = naive.dequantize_fp8_ds_mla(cache).to(torch.bfloat16)
+        cache, kvb = bk.fp8_ds_mla_rows(32768)
         q = torch.randn(4096, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
         idx = bk._rand_indices(4096, 32768, TOPK)
         out = torch.empty(4096, H, naive.D_NOPE, device="cuda", dtype=torch.bfloat16)
@@ -202,12 +200,12 @@ def run_timing(cfgs, ceil, rows, broken, deadline, have_fm):
             res[cn + "_us"] = 1e3 * bk._median_ms(lambda: fm.sparse_mla_fp8mma(
                 q, cache, idx, SM_SCALE, **fm.config_kwargs(cfg), out=out))
         if have_fm:
-            qp = torch.cat([q, torch.zeros(4096, 64 - H, naive.D_QK, device="cuda", dtype=q.dtype)], 1)
+            qp = bk.pad_heads(q, 64)
             res["flashmla_bf16_us"] = 1e3 * bk._median_ms(lambda: bk.flashmla_prefill(qp, kvb.unsqueeze(1),
                                                                                      idx.unsqueeze(1)))
         rows.append(res)
         print(json.dumps(res), flush=True)
-        del kv, kvb, cache, q, idx, out
+        del kvb, cache, q, idx, out
         torch.cuda.empty_cache()
 
 

@@ -6,7 +6,8 @@ branch of the kernel), by opcode. What docs/kernels.md v14 quotes for the fp16- 
 CONFIG as the fields of `mla_gluon_fp8mma.Config` in order, `nbuf,q_terms,p_terms[,maxnreg[,block_n[,row_threads[,
 refill[,sched[,key_warps[,widen[,wgmma]]]]]]]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`);
 --no-split counts the build a program owning a token's whole top-k list takes (prefill), the balanced schedule's
-tile loop inside its loop over pieces where the config takes that schedule; --smem adds the shared-memory bytes a warp
+tile loop inside its loop over pieces where the config takes that schedule; --refill-rows M builds the early refill's
+copy mode M (`REFILL_ROWS`) and prints its loop's copies and barriers; --smem adds the shared-memory bytes a warp
 moves in one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The
 H200 runs Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
 """
@@ -47,7 +48,12 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--no-split", action="store_true", help="the build without splits (a token's whole list)")
     ap.add_argument("--smem", action="store_true", help="also the shared-memory bytes a warp moves in one tile")
+    ap.add_argument("--refill-rows", type=int, choices=fm.REFILL_ROWS_MODES,
+                    help="the early refill's copy mode to build (`REFILL_ROWS`; default: the shipped one), and a line "
+                         "of the loop's copies (LDGSTS) and barriers for it")
     a = ap.parse_args(argv)
+    if a.refill_rows is not None:
+        fm.set_refill_rows(a.refill_rows)
     split = not a.no_split
     print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, {'split' if split else 'one-split'} build; "
           f"loop = one tile of the keys and warps each line names (`tile_keys`, `key_warps_of`), counts a warp's")
@@ -68,6 +74,9 @@ def main(argv=None) -> int:
         keys = fm.tile_keys(cfg.block_n, 2 if split else 1, wm)
         print(f"{fm.config_name(cfg)}: {n} instructions in the loop (BAR {ops['BAR']}, F2F* {conv}, {keys}-key tile, "
               f"{fm.num_warps_of(G, wm)} warps); {top}")
+        if a.refill_rows is not None:
+            print(f"  early refill copy mode {fm.REFILL_ROWS}: LDGSTS {ops['LDGSTS']}, BAR {ops['BAR']}, "
+                  f"LDS {ops['LDS']}")
         if a.smem:
             from glm5lib.kernels.compile_report import sass_loop_body, smem_bytes
 

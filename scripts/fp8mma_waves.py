@@ -44,9 +44,7 @@ def main() -> None:
     dev = torch.device("cuda")
     H = a.heads
     fm_err = None if a.no_flashmla else bk.load_flashmla()
-    kv = torch.randn(S_KV, naive.D_QK, device=dev, dtype=torch.bfloat16)
-    cache = naive.quantize_fp8_ds_mla(kv)
-    kv = naive.dequantize_fp8_ds_mla(cache).to(torch.bfloat16)
+    cache, kv = bk.fp8_ds_mla_rows(S_KV, dev)
     cfgs = [fm.Config(*[int(x) for x in c.split(",")]) for c in a.configs]
     G = fm.head_groups(H)
     slots = fm.programs_per_sm(G, fm.DEFAULT.nbuf, fm.DEFAULT.q_terms) * torch.cuda.get_device_properties(dev).multi_processor_count
@@ -86,7 +84,7 @@ def main() -> None:
             except Exception as exc:
                 row[f"balanced-{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         if fm_err is None and not a.no_flashmla:
-            qp = torch.cat([q, torch.zeros(T, 64 - H, naive.D_QK, device=dev, dtype=q.dtype)], 1)
+            qp = bk.pad_heads(q, 64)
             row["flashmla_us"] = 1e3 * bk._median_ms(lambda: bk.flashmla_prefill(qp, kv.unsqueeze(1), idx.unsqueeze(1)))
             del qp
         row["shipped_us_per_token"] = row["shipped_us"] / T

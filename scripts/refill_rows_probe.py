@@ -50,9 +50,7 @@ def main() -> None:
     dev = torch.device("cuda")
     H = a.heads
     fm_err = None if a.no_flashmla else bk.load_flashmla()
-    kv = torch.randn(S_KV, naive.D_QK, device=dev, dtype=torch.bfloat16)
-    cache = naive.quantize_fp8_ds_mla(kv)
-    kv = naive.dequantize_fp8_ds_mla(cache).to(torch.bfloat16)
+    cache, kv = bk.fp8_ds_mla_rows(S_KV, dev)
     shipped = fm.REFILL_ROWS
     rows = []
     try:
@@ -64,7 +62,7 @@ def main() -> None:
             row = {"T": T, "H": H}
             qp = None
             if fm_err is None and not a.no_flashmla:
-                qp = torch.cat([q, torch.zeros(T, 64 - H, naive.D_QK, device=dev, dtype=q.dtype)], 1)
+                qp = bk.pad_heads(q, 64)
 
                 def flash():
                     return bk.flashmla_prefill(qp, kv.unsqueeze(1), idx.unsqueeze(1))

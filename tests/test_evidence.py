@@ -2629,3 +2629,22 @@ def test_evidence_round31_topk_rule_held_out():
     for dist in ("randn", "narrow"):
         r = rows[(dist, 28, 131072)]
         assert r["rule_multi_in_graph"] and r["rule_graph_us"] > r["shipped_graph_us"]
+
+
+def test_evidence_round31_static_counts():
+    """docs/kernels.md v41-v42's table and NOTES round 31: the one-split 8-head build's tile loop in each early-refill
+    copy mode under Triton 3.6 (`scripts/fp8mma_sass_count.py --no-split --refill-rows M`: 1959 / 1955 / 1906
+    instructions, `LDGSTS` 44 / 44 / 41, `LDS` 169 / 167 / 141, `BAR` 6), and under CI's Triton 3.9 the one-a-token
+    build's loop spills (2 / 5 / 4: mode 2 within the spill test's bound of 4, mode 1 not)."""
+    text = (BENCH / "sweeps" / "fp8mma_refill_rows_sass.txt").read_text()
+    loops = [int(m[1]) for m in re.finditer(r"^fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan-wgplan: (\d+) instructions in "
+                                            r"the loop \(BAR 6,", text, re.M)]
+    copies = {int(m[1]): tuple(int(v) for v in m.groups()[1:]) for m in re.finditer(
+        r"^  early refill copy mode (\d): LDGSTS (\d+), BAR (\d+), LDS (\d+)$", text, re.M)}
+    assert text.count("triton 3.6.0, sm_90, 8 heads, one-split build") == 3
+    assert loops == [1959, 1955, 1906]
+    assert copies == {0: (44, 6, 169), 1: (44, 6, 167), 2: (41, 6, 141)}
+    spills = {int(m[1]): int(m[2]) for m in re.finditer(
+        r"^triton 3\.9\.0 sm_90 fp8mma-nbufG-f16-nplan-t8-eplan-kplan-wgplan one-split, refill rows mode (\d): "
+        r"regs 255, stack \d+ B, loop spills (\d+)$", text, re.M)}
+    assert spills == {0: 2, 1: 5, 2: 4}

@@ -429,3 +429,16 @@ def test_decode_case_quantizes_in_chunks_that_give_the_bytes_of_one_pass(monkeyp
     torch.manual_seed(0)  # the same random rows, quantized in one pass
     flat = torch.cat([torch.randn(min(70, 320 - a), naive.D_QK, dtype=torch.bfloat16) for a in range(0, 320, 70)])
     assert torch.equal(cache.view(320, -1), naive.quantize_fp8_ds_mla(flat))
+
+
+def test_fp8_rows_and_padded_heads_feed_flashmla_the_same_values():
+    from glm5lib.kernels import naive
+
+    cache, rows = bench.fp8_ds_mla_rows(16, "cpu")
+    assert cache.dtype == torch.uint8 and cache.shape[0] == 16 and rows.dtype == torch.bfloat16
+    # the bf16 rows hold the cache's values exactly (what FlashMLA reads beside our kernels' fp8 reads)
+    assert torch.equal(rows.float(), naive.dequantize_fp8_ds_mla(cache).float()) and rows.abs().sum() > 0
+    q = torch.randn(3, 8, naive.D_QK, dtype=torch.bfloat16)
+    qp = bench.pad_heads(q, 64)
+    assert qp.shape == (3, 64, naive.D_QK) and torch.equal(qp[:, :8], q) and not qp[:, 8:].any()
+    assert bench.pad_heads(qp, 64) is qp

@@ -144,6 +144,19 @@ def flashmla_prefill(q, kv3, idx3):
 # ----------------------------------------------------------------------------------------------------------
 
 
+def fp8_ds_mla_rows(s_kv: int, device="cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8_ds_mla cache of s_kv random rows, the same values in bf16): our kernels read the cache, FlashMLA's sparse
+    prefill (bf16 rows only) the bf16 rows, which hold the dequantized values exactly."""
+    cache = naive.quantize_fp8_ds_mla(torch.randn(s_kv, naive.D_QK, device=device, dtype=torch.bfloat16))
+    return cache, naive.dequantize_fp8_ds_mla(cache).to(torch.bfloat16)
+
+
+def pad_heads(q: torch.Tensor, h_pad: int) -> torch.Tensor:
+    """q [T, H, D] with zero heads appended up to h_pad (FlashMLA's head counts: 64 or 128); q itself if H = h_pad."""
+    T, H, D = q.shape
+    return q if H == h_pad else torch.cat([q, q.new_zeros(T, h_pad - H, D)], 1)
+
+
 def _rand_indices(T: int, ctx: int, topk: int, row_base: torch.Tensor | None = None) -> torch.Tensor:
     """Distinct uniform random positions in [0, ctx) per token (+ row_base[t]), int32 [T, topk]."""
     idx = torch.rand(T, ctx, device="cuda").argsort(dim=1)[:, :topk].to(torch.int32)
@@ -385,12 +398,10 @@ def bench_prefill_case(H, ceil, s_q=4096, s_kv=32768, topk=TOPK, flashmla=True, 
     exact in bf16), same indices; its row is marked `baseline_for: "fp8_ds_mla"`."""
     rows = []
     fp8 = kv_format == "fp8_ds_mla"
-    kv = torch.randn(s_kv, naive.D_QK, device="cuda", dtype=torch.bfloat16)
     if fp8:
-        cache = naive.quantize_fp8_ds_mla(kv)
-        kv = naive.dequantize_fp8_ds_mla(cache).to(torch.bfloat16)  # FlashMLA's input: the same values in bf16
+        cache, kv = fp8_ds_mla_rows(s_kv)  # FlashMLA's input: the same values in bf16
     else:
-        cache = kv
+        cache = kv = torch.randn(s_kv, naive.D_QK, device="cuda", dtype=torch.bfloat16)
     q = torch.randn(s_q, H, naive.D_QK, device="cuda", dtype=torch.bfloat16)
     idx = _rand_indices(s_q, s_kv, topk)
     flops = sparse_mla_flops(s_q, H, topk)
@@ -440,7 +451,7 @@ def bench_prefill_case(H, ceil, s_q=4096, s_kv=32768, topk=TOPK, flashmla=True, 
             rows.append({"kind": "prefill-sweep", "impl": f"triton:{cfg.name}", "H": H, "error": f"{type(exc).__name__}: {str(exc)[:200]}"})
     if flashmla:
         h_pad = max(64, H)
-        qp = q if h_pad == H else torch.cat([q, torch.zeros(s_q, h_pad - H, naive.D_QK, device="cuda", dtype=q.dtype)], 1)
+        qp = pad_heads(q, h_pad)
         extra = {"baseline_for": kv_format} if fp8 else {}
         try:
             res = flashmla_prefill(qp, kv.unsqueeze(1), idx.unsqueeze(1))
