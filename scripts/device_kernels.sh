@@ -93,6 +93,10 @@
 #   racecheck, memcheck and synccheck of the shipped fp8-cache build under modes 1 and 2 (fp8mma_sanitize_case.py)
 # round31b: the top-k rule's bounds (refitted in round 30) at row counts held out from their fit (TOPK_RULE_ROWS)
 # round31c: the 8-head prefill's parts alone, each early-refill copy mode's copies among them (refill_rows_probe.py --ablate)
+# round32: the whole-tile gathers' scale-copy modes side by side at decode (8 / 16 heads, B32 / B128) and the 16-head
+#   prefill, with each mode's gathers alone (scripts/gather_scales_probe.py --ablate; gather_scales_h200.json), then
+#   memcheck, racecheck and synccheck under mode 1 on fp8mma_sanitize_case.py's cases with 16 heads (--h16);
+#   round32b: the case matrix under mode 1 (checks_full_gather_scales1.json)
 # memcheck-topk: memcheck of the one-program, split and multi selects with each way of counting (memcheck_topk.log)
 # ncu-topk: Nsight Compute of the one-program top-k select (1 and 128 rows of 32K standard-normal scores, one of a
 #   narrow spread; NCU_TOPK_CASES="128_32768_agg ..." picks others: scripts/topk_ncu_case.py's arguments joined by
@@ -290,6 +294,20 @@ sys.exit(c.main(['--configs', '0,1,1,0,0,8,2,1,0,0,3']))" > "$OUT/${tool}_refill
           tail -2 "$OUT/${tool}_refill_rows$m.log"; done ;;
     round31c) timeout 300 python3 scripts/refill_rows_probe.py "$OUT/refill_ablate_h200.json" --tokens 4096 --reps 1 \
           --ablate > "$OUT/refill_ablate.log" 2>&1; echo "refill ablate rc=$?"; grep -a "^{" "$OUT/refill_ablate.log" ;;
+    round32) timeout 300 python3 scripts/gather_scales_probe.py "$OUT/gather_scales_h200.json" --ablate \
+          > "$OUT/gather_scales.log" 2>&1; echo "gather scales probe rc=$?"; grep -a "^{" "$OUT/gather_scales.log" | cut -c1-600
+        for tool in memcheck racecheck synccheck; do
+          timeout 100 compute-sanitizer --tool $tool --print-limit 20 python3 -c "import sys; sys.path.insert(0, 'scripts')
+from glm5lib.kernels import mla_gluon_fp8mma as fm
+import fp8mma_sanitize_case as c
+fm.set_gather_scales(1)
+sys.exit(c.main(['--h16']))" > "$OUT/${tool}_gather_scales1.log" 2>&1; echo "$tool mode 1 rc=$?"
+          tail -2 "$OUT/${tool}_gather_scales1.log"; done ;;
+    round32b) timeout 200 python3 -c "import sys
+from glm5lib.kernels import checks, mla_gluon_fp8mma as fm
+fm.set_gather_scales(1)
+sys.exit(checks.main(['--profile', 'full', '--json', '$OUT/checks_full_gather_scales1.json']))" \
+          > "$OUT/checks_full_gather_scales1.log" 2>&1; echo "checks mode 1 rc=$?"; tail -3 "$OUT/checks_full_gather_scales1.log" ;;
     round31b) TOPK_RULE_ROWS="20 24 28 40 56" timeout 300 python3 scripts/topk_dist_probe.py "$OUT/topk_rule_heldout_h200.json" \
           --rule > "$OUT/topk_rule_heldout.log" 2>&1; echo "topk rule held out rc=$?"; tail -1 "$OUT/topk_rule_heldout.log" ;;
     memcheck-topk)

@@ -5,10 +5,12 @@ rows) so that a wrong result fails here too:
 8 heads over 40 tokens at one split (64-key tiles: the prefill build) and at 4 splits (32-key tiles: the decode
 build), top-k 2048 with invalid and out-of-range indices, 5 tokens of 6 heads over top-k 300 (a tile past the
 list's end), and the balanced schedule (`SCHEDS`) over 40 tokens of top-k 512 on 16 programs (20 tiles a program,
-8 a token: most program boundaries cut a token). Small on purpose: the sanitizer runs each launch serially.
+8 a token: most program boundaries cut a token). `--h16` adds 16 heads over 40 tokens at one split (the 9-16-head
+prefill build: four key warps, two ring slots) and at 4 splits (the 16-head decode build: two head groups side by
+side). Small on purpose: the sanitizer runs each launch serially.
 
-`PYTHONPATH=src compute-sanitizer --tool racecheck python scripts/fp8mma_sanitize_case.py [--configs 0,1,1,0,0,8,1 ...]`
-(default: the shipped big-class build and every `REFILLS` mode of it)
+`PYTHONPATH=src compute-sanitizer --tool racecheck python scripts/fp8mma_sanitize_case.py [--h16]
+[--configs 0,1,1,0,0,8,1 ...]` (default: the shipped big-class build and every `REFILLS` mode of it)
 """
 
 from __future__ import annotations
@@ -35,14 +37,19 @@ def main(argv=None) -> int:
     big = fm.CONFIG_BY_CLASS["big"]
     cfgs = [big._replace(refill=r) for r in fm.REFILLS]
     if "--configs" in argv:
-        cfgs = [fm.Config(*(int(x) for x in a.split(","))) for a in argv[argv.index("--configs") + 1:]
-                if not a.startswith("--")]
+        cfgs = []
+        for a in argv[argv.index("--configs") + 1:]:
+            if a.startswith("--"):
+                break
+            cfgs.append(fm.Config(*(int(x) for x in a.split(","))))
+    cases = [(40, 8, 2048, 1, None), (40, 8, 2048, 4, None), (5, 6, 300, None, None), (40, 8, 512, 1, 16)]
+    if "--h16" in argv:
+        cases += [(40, 16, 2048, 1, None), (40, 16, 2048, 4, None)]
     g = torch.Generator().manual_seed(0)
     n_rows = 4096
     cache = naive.quantize_fp8_ds_mla(torch.randn(n_rows, naive.D_QK, generator=g)).cuda()
     bad = total = 0
-    for T, H, topk, splits, programs in ((40, 8, 2048, 1, None), (40, 8, 2048, 4, None), (5, 6, 300, None, None),
-                                         (40, 8, 512, 1, 16)):
+    for T, H, topk, splits, programs in cases:
         q = torch.randn(T, H, naive.D_QK, generator=g).to(torch.bfloat16).cuda()
         idx = make_indices(T, topk, n_rows, "mixed", g, torch.device("cuda"))
         ro, rlse = naive.sparse_mla_ref_chunked(q, cache, idx, SM_SCALE, kv_format="fp8_ds_mla", chunk=32)

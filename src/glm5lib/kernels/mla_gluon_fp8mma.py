@@ -162,6 +162,19 @@ PDL_TRIGGER = 2
 # 2112 687.9 / 654.7 / 656.6, 4096 1328.2 / 1262.0 / 1258.8, 8192 2631.1 / 2475.3 / 2462.9; 2 ships
 REFILL_ROWS_MODES = (0, 1, 2)
 REFILL_ROWS = 2
+# how the whole-tile gathers (`_gather`: every build's ring but the early refill's, so the split decode at 1-16
+# heads, the 9-16-head prefill and the 99 KB class) copy a row's four fp32 scales (bytes 512-527 of the row). 0: into
+# [slot, chunk, key], one 4-byte copy each, so each copy instruction reads 32 rows' lines for 4 bytes each (256 line
+# requests a 64-key tile, beside about 480 for the latent bytes at 8 threads a row and 120 for the rope), with the
+# row ids carried from the latent copies' layout into the scale copies' through shared memory (a conversion and its
+# barrier a tile). 1: into [slot, key, chunk], a row's 16 bytes over 32 NW / BN threads (`_scale_rows_layout`: one
+# 16-byte copy a row at two warps over 64 keys, two 8-byte ones at four warps, four 4-byte ones at four warps over
+# 32 keys), a row's scales never straddling a line (they start 16 bytes into a 16-byte aligned place: a row starts
+# every 656 bytes): 64 line requests a 64-key tile; the row ids read ahead in that layout as the latent copies' are,
+# so nothing is converted; `_scale` reads them as `REFILL_ROWS` 2 has them. Set it with `set_gather_scales` (the
+# launch plans are cached)
+GATHER_SCALES_MODES = (0, 1)
+GATHER_SCALES = 0
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
 # heads the two groups sit side by side (4 warps), each widening every K and V byte of the tile for its own 8 heads.
 # 4: all 8 G heads in one group of four warps over 64-key tiles (each warp one m16 tile of S for 16 keys and every
@@ -581,26 +594,32 @@ if HAVE_GLUON:
         return ((e + 127) << 23).to(gl.float32, bitcast=True)
 
     @gluon.jit
-    def _gather(KV, idx, N_ROWS, stride_kv, lat, rope, scs, slot, LW: gl.constexpr, LR: gl.constexpr,
-                LS: gl.constexpr):
-        """cp.async one tile's rows into ring slot `slot`: the 512 e4m3 bytes as int32 words (LW: `Config.row_threads`
-        threads a row, 16 bytes each), the bf16 rope part (LR) and the 4 fp32 scales into scs[slot] as [chunk, key]
-        (LS: one 4-byte copy a scale). Invalid rows are masked copies of row 0 (zero-filled)."""
+    def _gather(KV, idx, idx_s, N_ROWS, stride_kv, lat, rope, scs, slot, LW: gl.constexpr, LR: gl.constexpr,
+                LS: gl.constexpr, SR: gl.constexpr):
+        """cp.async one tile's rows into ring slot `slot`: the 512 e4m3 bytes as int32 words (idx in
+        `SliceLayout(1, LW)`, LW: `Config.row_threads` threads a row, 16 bytes each), the bf16 rope part (LR) and the
+        4 fp32 scales into scs[slot] as [chunk, key] (LS: one 4-byte copy a scale, the row ids converted from idx), or,
+        SR (`GATHER_SCALES` 1), as [key, chunk] (LS: `_scale_rows_layout`, the row ids idx_s, read in
+        `SliceLayout(1, LS)`; without SR idx_s is not read). Invalid rows are masked copies of row 0 (zero-filled)."""
         v = (idx >= 0) & (idx < N_ROWS)
         rb = gl.where(v, idx, 0).to(gl.int64) * stride_kv  # bytes
         w_off = gl.multiple_of(rb // 4, 4)
         offs_w = gl.arange(0, 128, layout=gl.SliceLayout(0, LW))
         _async_copy(lat.index(slot), KV.to(gl.pointer_type(gl.int32), bitcast=True) + w_off[:, None] + offs_w[None, :],
                     mask=v[:, None])
-        _gather_tail(KV, v, rb, gl.convert_layout(v, gl.SliceLayout(0, LS)),
-                     gl.convert_layout(rb, gl.SliceLayout(0, LS)), rope, scs, slot, LR, LS)
+        if SR:
+            vs = (idx_s >= 0) & (idx_s < N_ROWS)
+            _gather_tail(KV, v, rb, vs, gl.where(vs, idx_s, 0).to(gl.int64) * stride_kv, rope, scs, slot, LR, LS, SR)
+        else:
+            _gather_tail(KV, v, rb, gl.convert_layout(v, gl.SliceLayout(0, LS)),
+                         gl.convert_layout(rb, gl.SliceLayout(0, LS)), rope, scs, slot, LR, LS)
 
     @gluon.jit
     def _gather_tail(KV, v, rb, vs, rbs, rope, scs, slot, LR: gl.constexpr, LS: gl.constexpr, SR: gl.constexpr = False):
         """cp.async the rope part and the scales of a tile's rows into ring slot `slot` (v: valid, rb: byte offsets,
         as `_gather` makes them; vs, rbs: the same in the scale copies' layout, `SliceLayout(0, LS)`). The scales land
-        as [chunk, key], one 4-byte copy each, or, SR (`REFILL_ROWS` 2), as [key, chunk], a row's 16 bytes in one copy
-        (LS then a [BN, 4] layout and vs, rbs in its `SliceLayout(1, LS)`)."""
+        as [chunk, key], one 4-byte copy each, or, SR (`REFILL_ROWS` 2, `GATHER_SCALES` 1), as [key, chunk], a row's
+        16 bytes in one to four copies (LS then `_scale_rows_layout` and vs, rbs in its `SliceLayout(1, LS)`)."""
         vr = gl.convert_layout(v, gl.SliceLayout(1, LR))
         h_off = gl.multiple_of(gl.convert_layout(rb, gl.SliceLayout(1, LR)) // 2 + 264, 8)
         offs_r = gl.arange(0, 64, layout=gl.SliceLayout(0, LR))
@@ -666,6 +685,15 @@ if HAVE_GLUON:
         return gl.BlockedLayout([1, 4], [8, 4], [1, NW], [1, 0])
 
     @triton.constexpr_function
+    def _scale_rows_layout(NW, BN):
+        """The scale copies' layout where a row's four scales land as [key, chunk] (`REFILL_ROWS` 2,
+        `GATHER_SCALES` 1): [BN, 4] fp32 over the NW warps' threads, 32 NW / BN threads a row (1, 2 or 4), each
+        copying 16, 8 or 4 contiguous bytes; the warps along the rows, no thread holding another's element."""
+        tpr = 32 * NW // BN
+        assert tpr in (1, 2, 4) and tpr * BN == 32 * NW, f"no scale-row layout for {NW} warps over {BN} keys"
+        return gl.BlockedLayout([1, 4 // tpr], [32 // tpr, tpr], [NW, 1], [1, 0])
+
+    @triton.constexpr_function
     def _gather_layouts(NW, TPR):
         """The gather's register layouts for NW warps and TPR threads a row (0: one a warp): [BN, 128] latent int32
         words over TPR threads a row, 16 bytes each; [BN, 64] bf16 rope over up to 8; [4 chunks, BN] fp32 scales, one
@@ -679,20 +707,31 @@ if HAVE_GLUON:
     @gluon.jit
     def _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF: gl.constexpr,
                     BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr,
-                    ALL_SLOTS: gl.constexpr):
+                    ALL_SLOTS: gl.constexpr, SR: gl.constexpr):
         """The ring's first NBUF - 1 tiles in flight before the loop (ALL_SLOTS, the compute-alone measurement: every
-        slot, landed); returns the index tile of the loop's first gather (`_ring_step`)."""
+        slot, landed); returns the index tiles of the loop's first gather (`_ring_step`): in the latent copies' layout
+        and, SR, in the scale copies' (`_gather`; without SR the first again)."""
         IW: gl.constexpr = gl.SliceLayout(1, LW)
-        for j in gl.static_range(NBUF - 1):
-            _gather(KV, _tile_idx(idx_row, k_start + j * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope, scs, j, LW,
-                    LR, LS)
+        IS: gl.constexpr = gl.SliceLayout(1, LS)
+        NG: gl.constexpr = NBUF if ALL_SLOTS else NBUF - 1
+        for j in gl.static_range(NG):
+            k0 = k_start + j * BN
+            if SR:
+                idx_s = _tile_idx(idx_row, k0, k_end, BN, IS)
+            else:
+                idx_s = 0
+            _gather(KV, _tile_idx(idx_row, k0, k_end, BN, IW), idx_s, N_ROWS, stride_kv, lat, rope, scs, j, LW, LR,
+                    LS, SR)
             cp.commit_group()
         if ALL_SLOTS:
-            _gather(KV, _tile_idx(idx_row, k_start + (NBUF - 1) * BN, k_end, BN, IW), N_ROWS, stride_kv, lat, rope,
-                    scs, NBUF - 1, LW, LR, LS)
-            cp.commit_group()
             cp.wait_group(0)
-        return _tile_idx(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, IW)
+        k0 = k_start + (NBUF - 1 if NBUF > 1 else 0) * BN
+        nxt_w = _tile_idx(idx_row, k0, k_end, BN, IW)
+        if SR:
+            nxt_s = _tile_idx(idx_row, k0, k_end, BN, IS)
+        else:
+            nxt_s = nxt_w
+        return nxt_w, nxt_s
 
     @gluon.jit
     def _occupancy_pad(PAD: gl.constexpr, NW: gl.constexpr):
@@ -704,20 +743,27 @@ if HAVE_GLUON:
             pad.slice(0, 32 * NW).store(gl.full([32 * NW], 0, gl.int32, gl.BlockedLayout([1], [32], [NW], [0])))
 
     @gluon.jit
-    def _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF: gl.constexpr,
-                   BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr, GATHER: gl.constexpr):
+    def _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs,
+                   NBUF: gl.constexpr, BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr,
+                   GATHER: gl.constexpr, SR: gl.constexpr):
         """The gather ring's step before tile i is computed, as the kernel and `_gathers_alone_kernel` take it: tile
-        i's rows landed in slot i % NBUF and every warp past the barrier; returns the index tile of the next gather.
-        GATHER False (compute alone) keeps the barriers and copies nothing."""
+        i's rows landed in slot i % NBUF and every warp past the barrier; returns the index tiles of the next gather
+        (`_ring_start`'s two). GATHER False (compute alone) keeps the barriers and copies nothing."""
         IW: gl.constexpr = gl.SliceLayout(1, LW)
+        IS: gl.constexpr = gl.SliceLayout(1, LS)
         if NBUF == 1:
             # one slot (1-8 heads on sm_90, the 99 KB class: more programs per SM instead): the last tile's reads are
             # done, then tile i is gathered and waited for
             _barrier()
             if GATHER:
-                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, scs, 0, LW, LR, LS)
+                _gather(KV, nxt_w, nxt_s, N_ROWS, stride_kv, lat, rope, scs, 0, LW, LR, LS, SR)
                 cp.commit_group()
-            nxt_w = _tile_idx(idx_row, k_start + (i + 1) * BN, k_end, BN, IW)
+            k_n = k_start + (i + 1) * BN
+            nxt_w = _tile_idx(idx_row, k_n, k_end, BN, IW)
+            if SR:
+                nxt_s = _tile_idx(idx_row, k_n, k_end, BN, IS)
+            else:
+                nxt_s = nxt_w
             if GATHER:
                 cp.wait_group(0)
             _barrier()
@@ -728,10 +774,15 @@ if HAVE_GLUON:
                 cp.wait_group(NBUF - 2)
             _barrier()
             if GATHER:
-                _gather(KV, nxt_w, N_ROWS, stride_kv, lat, rope, scs, (i + NBUF - 1) % NBUF, LW, LR, LS)
+                _gather(KV, nxt_w, nxt_s, N_ROWS, stride_kv, lat, rope, scs, (i + NBUF - 1) % NBUF, LW, LR, LS, SR)
                 cp.commit_group()
-            nxt_w = _tile_idx(idx_row, k_start + (i + NBUF) * BN, k_end, BN, IW)
-        return nxt_w
+            k_n = k_start + (i + NBUF) * BN
+            nxt_w = _tile_idx(idx_row, k_n, k_end, BN, IW)
+            if SR:
+                nxt_s = _tile_idx(idx_row, k_n, k_end, BN, IS)
+            else:
+                nxt_s = nxt_w
+        return nxt_w, nxt_s
 
     @gluon.jit
     def _chunk(tile, c: gl.constexpr, CM: gl.constexpr):
@@ -954,7 +1005,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _tiles(KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale,
-               lat, lat8, rope, scs, sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero,
+               lat, lat8, rope, scs, sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_s, nxt_k, inv_sigma, zero,
                m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG, t, sp,
                NBUF: gl.constexpr, BN: gl.constexpr, HN: gl.constexpr, Q_TERMS: gl.constexpr,
                P_TERMS: gl.constexpr, EARLY: gl.constexpr, COMPUTE_ALONE: gl.constexpr, DEBUG: gl.constexpr,
@@ -966,8 +1017,8 @@ if HAVE_GLUON:
                DAK: gl.constexpr = None, zero_wg=None, ROWS: gl.constexpr = 0, SR: gl.constexpr = False):
         """The kernel's loop: n_tiles tiles of the index list at idx_row from position k_start (the list ends at
         k_end), each gathered, scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev),
-        which it returns with the index tiles read ahead (nxt_w, nxt_k). The balanced schedule passes the whole
-        index array as one list (`balanced_mode`: rows of top-k a whole number of tiles, back to back), so that the
+        which it returns with the index tiles read ahead (nxt_w, nxt_s: `_ring_step`'s; nxt_k). The balanced
+        schedule passes the whole index array as one list (`balanced_mode`: rows of top-k a whole number of tiles, back to back), so that the
         read-ahead and early refill of a piece's last tile fetch the next token's first tile."""
         CH: gl.constexpr = 128
         for i in range(n_tiles):
@@ -978,8 +1029,8 @@ if HAVE_GLUON:
                 cp.wait_group(0)
                 _barrier()
             else:
-                nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF,
-                                   BN, LW, LR, LS, not COMPUTE_ALONE)
+                nxt_w, nxt_s = _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope,
+                                          scs, NBUF, BN, LW, LR, LS, not COMPUTE_ALONE, SR)
             slot = i % NBUF
             valid = (nxt_k >= 0) & (nxt_k < N_ROWS)
             nxt_k = _tile_idx(idx_row, k_n, k_end, BN, KEYS)
@@ -987,7 +1038,7 @@ if HAVE_GLUON:
             if DEBUG:  # the e4m3 builds only (the launcher refuses debug with fp16 products)
                 if i == 0:
                     _debug_dump(DBG, t, sp, t8, q_s, LK, LV, DA8, DB8, MMA, LQ, HN, zero, Q_TERMS,
-                                sc_c.index(4 * slot).load(KEYS), inv_sigma)
+                                _scale(scs, sc_c, slot, 0, MMA, SR), inv_sigma)
             s = zero
             if WG == 2:  # each chunk's wgmma in flight while the next chunk's K is loaded and widened
                 k = gl.convert_layout(_k_logical16(_widen(_chunk(t8, 0, EARLY).load(LK), 0 < WIDEN)), DAK,
@@ -1100,7 +1151,7 @@ if HAVE_GLUON:
             if EARLY:
                 _refill_chunk(KV, idx_c, N_ROWS, stride_kv, lat, 3, LC, ROWS)
                 cp.commit_group()
-        return m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k
+        return m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_s, nxt_k
 
     @gluon.jit
     def _sparse_mla_fp8mma_kernel(
@@ -1111,7 +1162,7 @@ if HAVE_GLUON:
         BN: gl.constexpr, TPR: gl.constexpr, REFILL: gl.constexpr = 0, DBG=None, DEBUG: gl.constexpr = 0,
         COMPUTE_ALONE: gl.constexpr = False, PAD: gl.constexpr = 0, BALANCED: gl.constexpr = False,
         WM: gl.constexpr = 2, WIDEN: gl.constexpr = 0, WG: gl.constexpr = 0, PDL: gl.constexpr = 0,
-        ROWS: gl.constexpr = 0,
+        ROWS: gl.constexpr = 0, GSCALES: gl.constexpr = 0,
     ):
         """One program: token t, split sp of its top-k list, all heads (module docstring). REFILL: `REFILLS`.
         COMPUTE_ALONE (a measurement, wrong outputs): every tile read from the ring slots gathered before the loop;
@@ -1124,7 +1175,8 @@ if HAVE_GLUON:
         `WIDENS` (latent chunks widened by integer instructions; their accumulators' 2^-8 undone by `_out_scale`).
         PDL (launches whose partials are merged, on sm_90+; `common.pdl`): let the merge launch once every program
         has triggered, first thing (1) or after its tile loop (2; `PDL_TRIGGER`); 0 (or False): no trigger. ROWS:
-        the early refill's copies of a latent chunk (`REFILL_ROWS`)."""
+        the early refill's copies of a latent chunk (`REFILL_ROWS`); GSCALES: the whole-tile gathers' scale copies
+        (`GATHER_SCALES`)."""
         gl.static_assert(PDL == 0 or PDL == 1 or PDL == 2, "PDL: 0, or where the trigger sits (PDL_TRIGGERS)")
         if PDL == 1:
             tl.extra.cuda.gdc_launch_dependents()
@@ -1189,12 +1241,12 @@ if HAVE_GLUON:
         # the gather (`_gather`): latent words, rope and scales of a row over `Config.row_threads` threads
         LW: gl.constexpr = _gather_layouts(NW, TPR)[0]
         LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
-        # the early refill (`REFILLS`; the launcher takes it for one slot at 1-8 heads only) copies the scales as a
-        # row's 16 bytes at once where ROWS is 2 (`REFILL_ROWS`) and each thread has one row of the tile (SR)
+        # the scales land as [key, chunk] (SR): in the early refill (`REFILLS`; the launcher takes it for one slot at
+        # 1-8 heads only) where ROWS is 2 (`REFILL_ROWS`) and each thread has one row of the tile, in the whole-tile
+        # gathers where GSCALES is 1 (`GATHER_SCALES`); an early build's compute alone reads them as the build does
         EARLY: gl.constexpr = REFILL == 1 and not COMPUTE_ALONE
-        SR: gl.constexpr = EARLY and ROWS == 2 and BN == 32 * NW
-        gl.static_assert(not (SR and DEBUG), "the DEBUG record reads the scales as [chunk, key]")
-        LS: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [NW, 1], [1, 0]) if SR else _gather_layouts(NW, TPR)[2]
+        SR: gl.constexpr = (ROWS == 2 and BN == 32 * NW) if REFILL == 1 else GSCALES == 1
+        LS: gl.constexpr = _scale_rows_layout(NW, BN) if SR else _gather_layouts(NW, TPR)[2]
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
         # the early refill's next index tiles in the layouts of its rope copies (IR) and of its latent chunk copies (IC)
         LC: gl.constexpr = _refill_layout(NW, ROWS)
@@ -1269,8 +1321,8 @@ if HAVE_GLUON:
         idx_row = IDX if BALANCED else IDX + t.to(gl.int64) * stride_it
         # index tiles are read one iteration before they are used: the next gather's, and the next tile's key ids
         # (compute alone: every slot gathered here, and the loop gathers nothing)
-        nxt_w = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS,
-                            COMPUTE_ALONE)
+        nxt_w, nxt_s = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR,
+                                   LS, COMPUTE_ALONE, SR)
         nxt_k = _tile_idx(idx_row, k_start, k_end, BN, KEYS)
         if EARLY:  # tile 0 whole; from then on the slot is refilled piece by piece inside the loop
             idx_c = _tile_idx(idx_row, k_start, k_end, BN, IC)
@@ -1289,9 +1341,9 @@ if HAVE_GLUON:
                 b = gl.where(tk == t_last, j_last, NT)
                 inv_sigma = _load_q(Q, tk, stride_qt, stride_qh, H, q_s, qr_s, DBG, sp, HN, LQ, HEADS, Q_TERMS, DEBUG,
                                     WG)
-                m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k = _tiles(
+                m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_s, nxt_k = _tiles(
                     KV, IDX, (tk * NT + a) * BN, k_end, b - a, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
-                    sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero,
+                    sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_s, nxt_k, inv_sigma, zero,
                     gl.full([HN], float("-inf"), gl.float32, HEADS), gl.full([BN, HN], 0.0, gl.float32, MMA),
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
                     gl.full([CH, HN], 0.0, gl.float32, MMA), gl.full([CH, HN], 0.0, gl.float32, MMA),
@@ -1335,10 +1387,10 @@ if HAVE_GLUON:
         acc2 = gl.full([CH, HN], 0.0, gl.float32, MMA)
         acc3 = gl.full([CH, HN], 0.0, gl.float32, MMA)
         e_prev = 0  # exponent of the P factor the accumulators hold (2^e: the tile's largest scale brought to 448)
-        m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_k = _tiles(
+        m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, nxt_w, nxt_s, nxt_k = _tiles(
             KV, idx_row, k_start, k_end, n_tiles, N_ROWS, stride_kv, qk_scale, lat, lat8, rope, scs,
-            sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev, DBG,
-            t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
+            sc_c, q_s, qr_s, p_s, m_s, nxt_w, nxt_s, nxt_k, inv_sigma, zero, m_i, l_acc, acc0, acc1, acc2, acc3, e_prev,
+            DBG, t, sp, NBUF, BN, HN, Q_TERMS, P_TERMS, EARLY, COMPUTE_ALONE, DEBUG, MMA, KEYS, HEADS, PKEYS, DA, DB,
             DA8, DB8, DA16, DB16, LK, LV, LVP, LW, LR, LS, LQ, LC, IR, IC, WM, WIDEN, WG, DAK, zero_wg, ROWS, SR)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
@@ -1369,35 +1421,39 @@ if HAVE_GLUON:
     @gluon.jit
     def _gathers_alone_kernel(KV, IDX, stride_kv, stride_it, TOPK, N_ROWS, KEYS_PER_SPLIT, NW: gl.constexpr,
                               NBUF: gl.constexpr, BN: gl.constexpr, TPR: gl.constexpr, PAD: gl.constexpr,
-                              PDL: gl.constexpr = 0):
+                              PDL: gl.constexpr = 0, GSCALES: gl.constexpr = 0):
         """A measurement (`ablate_launch`): the kernel's gathers with nothing computed, on its grid, ring and
-        `_ring_step` schedule, its NW warps' share of each row; PAD int32 words of shared memory (0: none, else a
-        power of two) hold the programs per SM at the whole kernel's; PDL as the kernel's (its merge follows): the
-        trigger first (1) or after the loop (2)."""
+        `_ring_step` schedule, its NW warps' share of each row, its scale copies (GSCALES: `GATHER_SCALES`); PAD int32
+        words of shared memory (0: none, else a power of two) hold the programs per SM at the whole kernel's; PDL as
+        the kernel's (its merge follows): the trigger first (1) or after the loop (2)."""
         gl.static_assert(PDL == 0 or PDL == 1 or PDL == 2, "PDL: 0, or where the trigger sits (PDL_TRIGGERS)")
         if PDL == 1:
             tl.extra.cuda.gdc_launch_dependents()
         CH: gl.constexpr = 128
         LW: gl.constexpr = _gather_layouts(NW, TPR)[0]
         LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
-        LS: gl.constexpr = _gather_layouts(NW, TPR)[2]
+        SR: gl.constexpr = GSCALES == 1
+        LS: gl.constexpr = _scale_rows_layout(NW, BN) if SR else _gather_layouts(NW, TPR)[2]
         SW32: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
         SW16: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        FLAT1: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
         lat = gl.allocate_shared_memory(gl.int32, [NBUF, BN, CH], SW32)
         rope = gl.allocate_shared_memory(gl.bfloat16, [NBUF, BN, 64], SW16)
         FLAT2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-        scs = gl.allocate_shared_memory(gl.float32, [NBUF, 4, BN], FLAT2)
+        if SR:
+            scs = gl.allocate_shared_memory(gl.float32, [NBUF, BN, 4], FLAT2)
+        else:
+            scs = gl.allocate_shared_memory(gl.float32, [NBUF, 4, BN], FLAT2)
         _occupancy_pad(PAD, NW)
         t = gl.program_id(0)
         sp = gl.program_id(1)
         k_start = sp * KEYS_PER_SPLIT
         k_end = gl.minimum(TOPK, k_start + KEYS_PER_SPLIT)
         idx_row = IDX + t.to(gl.int64) * stride_it
-        nxt_w = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR, LS, False)
+        nxt_w, nxt_s = _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW, LR,
+                                   LS, False, SR)
         for i in range(gl.cdiv(k_end - k_start, BN)):
-            nxt_w = _ring_step(KV, idx_row, nxt_w, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF, BN, LW,
-                               LR, LS, True)
+            nxt_w, nxt_s = _ring_step(KV, idx_row, nxt_w, nxt_s, i, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs,
+                                      NBUF, BN, LW, LR, LS, True, SR)
         if PDL == 2:
             tl.extra.cuda.gdc_launch_dependents()
         cp.wait_group(0)
@@ -1413,7 +1469,7 @@ if HAVE_GLUON:
         CH: gl.constexpr = 128
         SR: gl.constexpr = ROWS == 2 and BN == 32 * NW
         LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
-        LS: gl.constexpr = gl.BlockedLayout([1, 4], [32, 1], [NW, 1], [1, 0]) if SR else _gather_layouts(NW, TPR)[2]
+        LS: gl.constexpr = _scale_rows_layout(NW, BN) if SR else _gather_layouts(NW, TPR)[2]
         LC: gl.constexpr = _refill_layout(NW, ROWS)
         IR: gl.constexpr = gl.SliceLayout(1, LR)
         IS: gl.constexpr = gl.SliceLayout(1 if SR else 0, LS)
@@ -1597,7 +1653,7 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
               PAD=0, BALANCED=flat, WM=wm, WIDEN=widen, WG=wgmma_of(wgmma, wm, G, _arch(dev)),
               # a merge follows (`merge_pieces` / `mla.merge_splits`): where the programs trigger it
               PDL=PDL_TRIGGER if (splits > 1 or flat) and common.pdl(dev) else 0,
-              ROWS=REFILL_ROWS if refill == 1 else 0,
+              ROWS=REFILL_ROWS if refill == 1 else 0, GSCALES=GATHER_SCALES,
               num_warps=num_warps_of(G, wm), **({"maxnreg": maxnreg} if maxnreg else {}))
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
@@ -1613,6 +1669,16 @@ def set_pdl_trigger(where: int) -> None:
     if where not in PDL_TRIGGERS:
         raise ValueError(f"the PDL trigger's place must be one of {PDL_TRIGGERS}, got {where!r}")
     PDL_TRIGGER = where
+    clear_plans()
+
+
+def set_gather_scales(mode: int) -> None:
+    """How the whole-tile gathers copy a row's scales from now on (`GATHER_SCALES_MODES`); the cached plans are
+    dropped."""
+    global GATHER_SCALES
+    if mode not in GATHER_SCALES_MODES:
+        raise ValueError(f"the whole-tile gathers' scale-copy mode must be one of {GATHER_SCALES_MODES}, got {mode!r}")
+    GATHER_SCALES = mode
     clear_plans()
 
 
@@ -1796,7 +1862,8 @@ def ablate_launch(q, kv_cache, indices, sm_scale, part: str, cfg=DEFAULT, out=No
         pad = pad_words(ring, per_sm, smem)
         _gathers_alone_kernel[(T, splits)](kv_cache, indices, stride_kv, indices.stride(0), topk, n_rows,
                                            keys_per_split, NW=kw["num_warps"], NBUF=nbuf, BN=bn, TPR=kw["TPR"],
-                                           PAD=pad, PDL=kw["PDL"], num_warps=kw["num_warps"])
+                                           PAD=pad, PDL=kw["PDL"], GSCALES=kw["GSCALES"],
+                                           num_warps=kw["num_warps"])
     if splits > 1:
         mla.merge_splits(part_buf, out, lse, splits)
     return out, lse
@@ -1807,14 +1874,15 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
                 block_n: int = DEFAULT.block_n, row_threads: int = DEFAULT.row_threads, compute_alone: bool = False,
                 pad: int = 0, refill: int = DEFAULT.refill, sched: int = DEFAULT.sched,
                 key_warps: int = DEFAULT.key_warps, widen: int = DEFAULT.widen, wgmma: int = DEFAULT.wgmma,
-                pdl: int | None = None, rows: int | None = None):
+                pdl: int | None = None, rows: int | None = None, gscales: int | None = None):
     """Compile the kernel for `sm_<arch>` without a GPU (`triton.compile` on a `GluonASTSource`); block_n 0: the
     tile `tile_keys` gives a split build (32 keys) or one without splits (64); compute_alone, pad: the kernel's
     COMPUTE_ALONE and PAD (`aot_compile_part`); sched 1 compiles the balanced schedule (`SCHEDS`) where a launch
     with more tokens than slots would take it (no split, early refill); key_warps: `KEY_WARPS`; widen: `WIDENS`;
     wgmma: `WGMMAS`; pdl: the PDL constexpr (0, or where the trigger sits: `PDL_TRIGGERS`; None: as launched,
     `PDL_TRIGGER` for a build whose partials are merged on sm_90+ while `common.PDL` is: GLM5LIB_PDL=1); rows: the
-    early refill's copies (`REFILL_ROWS_MODES`; None: `REFILL_ROWS` where the build refills early, as launched)."""
+    early refill's copies (`REFILL_ROWS_MODES`; None: `REFILL_ROWS` where the build refills early, as launched);
+    gscales: the whole-tile gathers' scale copies (`GATHER_SCALES_MODES`; None: `GATHER_SCALES`, as launched)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -1839,6 +1907,7 @@ def aot_compile(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int = 
     consts["PDL"] = (PDL_TRIGGER if common.PDL and (split or consts["BALANCED"]) and arch >= 90 else 0) \
         if pdl is None else pdl
     consts["ROWS"] = (REFILL_ROWS if mode == 1 else 0) if rows is None else rows
+    consts["GSCALES"] = GATHER_SCALES if gscales is None else gscales
     types = {"Q": "*bf16", "KV": "*u8", "IDX": "*i32", "O": "*bf16", "LSE": "*fp32", "PART": "*fp32",
              "qk_scale": "fp32", "DBG": "*u8"}
     sig = {a: ("constexpr" if a in consts else types.get(a, "i32")) for a in fn.arg_names}
@@ -1886,7 +1955,7 @@ def aot_compile_part(arch: int, part: str, G: int = 1, cfg=DEFAULT, split: bool 
     nw = num_warps_of(G, wm)
     consts = {"NW": nw, "NBUF": nbuf, "BN": bn, "TPR": c.row_threads,
               "PAD": pad_words(nbuf * bn * (D_NOPE + 2 * D_ROPE + 16), per_sm),
-              "PDL": PDL_TRIGGER if common.PDL and split and arch >= 90 else 0}
+              "PDL": PDL_TRIGGER if common.PDL and split and arch >= 90 else 0, "GSCALES": GATHER_SCALES}
     sig = {a: ("constexpr" if a in consts else {"KV": "*u8", "IDX": "*i32"}.get(a, "i32")) for a in fn.arg_names}
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ("KV", "IDX", "stride_kv", "stride_it")}
     return triton.compile(GluonASTSource(fn, sig, {(fn.arg_names.index(k),): v for k, v in consts.items()}, attrs),
@@ -1921,7 +1990,8 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "REFILL_ABLATION", "Config", "ring_slots",
            "CONFIGS", "DEFAULT",
-           "PDL_TRIGGERS", "set_pdl_trigger", "REFILL_ROWS_MODES", "set_refill_rows",
+           "PDL_TRIGGERS", "set_pdl_trigger", "REFILL_ROWS_MODES", "set_refill_rows", "GATHER_SCALES_MODES",
+           "set_gather_scales",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
            "DECODE_K4_FILL", "DECODE_K4_WAVES",
