@@ -423,6 +423,107 @@ def test_refill_rows_builds_keep_the_tile_loops_barriers_and_copies():
         assert abs(a["n"] - b["n"]) <= 0.02 * a["n"], (a, b)
 
 
+def test_scale_rows_layout_gives_each_row_its_16_bytes_once():
+    # `GATHER_SCALES` 1 and `REFILL_ROWS` 2: [BN, 4] fp32 scales over a program's 32 NW threads, each row's 16 bytes
+    # by 32 NW / BN threads of one warp, each thread a contiguous piece; every element held by exactly one thread
+    # (a duplicate would copy the same bytes twice, from two threads); enumerated from the layout's parameters
+    for NW, BN in ((2, 64), (2, 32), (4, 64), (4, 32)):
+        L = fm._scale_rows_layout(NW, BN)
+        assert L.order == [1, 0] and L.warps_per_cta == [NW, 1] and L.size_per_thread[0] == 1
+        spt, (tpw0, tpw1) = L.size_per_thread[1], L.threads_per_warp
+        seen = {}
+        for w in range(NW):
+            for lane in range(32):
+                r = w * tpw0 + lane // tpw1
+                for c in range((lane % tpw1) * spt, (lane % tpw1 + 1) * spt):
+                    seen.setdefault((r, c), []).append((w, lane))
+        assert sorted(seen) == [(r, c) for r in range(BN) for c in range(4)], (NW, BN)
+        assert all(len(v) == 1 for v in seen.values()), (NW, BN)
+        assert 4 * spt * tpw1 == 16 and 4 * spt in (4, 8, 16)  # a row's 16 bytes in 1, 2 or 4 copies
+    for NW, BN in ((2, 128), (4, 16)):  # more rows than threads, or more than 4 threads a row
+        with pytest.raises(AssertionError, match="scale-row layout"):
+            fm._scale_rows_layout(NW, BN)
+    assert fm.GATHER_SCALES_MODES == (0, 1) and fm.GATHER_SCALES in fm.GATHER_SCALES_MODES
+    with pytest.raises(ValueError, match="scale-copy mode"):
+        fm.set_gather_scales(2)
+
+
+def test_launch_plans_take_the_gather_scales_mode(monkeypatch):
+    # every plan passes `GATHER_SCALES` (the kernel applies it where the ring is filled whole; an early build's
+    # scales follow `REFILL_ROWS`), and `set_gather_scales` drops the cached plans
+    monkeypatch.setattr(fm, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(mla, "smem_class", lambda dev: "big")
+    fm.clear_plans()
+    c = fm.DEFAULT
+    shipped = fm.GATHER_SCALES
+
+    def plan(T, H, decode):
+        return fm._launch_plan(T, H, 2048, "cpu", None, c.nbuf, c.q_terms, c.p_terms, c.maxnreg, c.block_n,
+                               c.row_threads, c.refill, c.sched, None, 2048, None, c.key_warps, c.widen, c.wgmma,
+                               decode)[3]
+
+    try:
+        for mode in (1, 0, 1):
+            fm.set_gather_scales(mode)
+            for T, H, decode in ((128, 8, True), (32, 16, True), (4096, 16, False), (4096, 8, False)):
+                assert plan(T, H, decode)["GSCALES"] == mode, (mode, T, H)
+    finally:
+        fm.set_gather_scales(shipped)
+        monkeypatch.undo()
+        fm.clear_plans()
+
+
+_GATHER_SCALES_SCRIPT = """
+import json
+from glm5lib.kernels import mla_gluon_fp8mma as m
+from glm5lib.kernels.compile_report import cuobjdump, sass_loop
+big, small = m.CONFIG_BY_CLASS["big"], m.CONFIG_BY_CLASS["small"]
+# the split decode at 8 heads (four key warps, 64-key tiles) and 16 (two head groups, 32-key tiles), the 16-head
+# prefill (four key warps), the 8-head prefill (early refill: not a whole-tile build), the 99 KB class's decode
+builds = [(90, "dec8", big, 1, True), (90, "dec16", big, 2, True), (90, "pre16", big, 2, False),
+          (90, "pre8", big, 1, False), (89, "small8", small, 1, True), (120, "small16", small, 2, True)]
+for arch, name, cfg, G, split in builds:
+    for g in (0, 1):
+        k = m.aot_compile(arch, G, **m.config_kwargs(cfg), split=split, gscales=g)
+        n, _, hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True, inner=True)
+        print(json.dumps({"arch": arch, "build": name, "g": g, "n": n, "bar": hist.get("BAR", 0),
+                          "ldgsts": hist.get("LDGSTS", 0), "shared": k.metadata.shared,
+                          "layouts": [t for t in ("[32, 1]", "[16, 2]", "[8, 4]")
+                                      if "sizePerThread = [1, %d], threadsPerWarp = %s" % (4 // int(t[-2]), t)
+                                      in k.asm["ttgir"]]}), flush=True)
+for g in (0, 1):
+    m.GATHER_SCALES = g
+    k = m.aot_compile_part(90, "gathers", 1, big, split=True)
+    n, _, hist = sass_loop(cuobjdump(k.asm["cubin"], "-sass"), nops=True)
+    print(json.dumps({"part": "gathers", "g": g, "bar": hist.get("BAR", 0), "ldgsts": hist.get("LDGSTS", 0),
+                      "shared": k.metadata.shared}), flush=True)
+"""
+
+
+def test_gather_scales_builds_drop_the_row_id_conversion():
+    # the whole-tile builds compiled in each `GATHER_SCALES` mode (child process, interpreter off; sm_90 and the
+    # 99 KB class's sm_89 / sm_120): mode 1 reads the scale copies' row ids in their own layout, so the conversion's
+    # shared-memory round trip and its 3 barriers leave the tile loop, and copies a row's scales in 1-4 copies a row
+    # (one copy instruction fewer a thread where 2 threads share a row, as many where 4 do); its [BN, 4] copy layout
+    # is in the TTGIR. The early-refill build (8-head prefill) does not gather whole tiles: the same SASS either way.
+    # The measurement of the gathers alone (`ablate_launch`'s "gathers") copies as the kernel does in each mode.
+    out = compile_rows(_GATHER_SCALES_SCRIPT, timeout=900)
+    rows = {(r["build"], r["g"]): r for r in out if "build" in r}
+    per_row = {"dec8": 2, "dec16": 4, "pre16": 2, "small8": 2, "small16": 4}  # threads a row's scales
+    for name, tpr in per_row.items():
+        a, b = rows[name, 0], rows[name, 1]
+        assert b["bar"] == a["bar"] - 3 >= 1, (a, b)
+        assert b["ldgsts"] == a["ldgsts"] - (1 if tpr == 2 else 0), (a, b)
+        assert b["shared"] <= a["shared"] and b["n"] < a["n"], (a, b)
+        assert a["layouts"] == [] and b["layouts"] == [{1: "[32, 1]", 2: "[16, 2]", 4: "[8, 4]"}[tpr]], (a, b)
+    a, b = rows["pre8", 0], rows["pre8", 1]
+    assert (a["n"], a["bar"], a["ldgsts"], a["shared"]) == (b["n"], b["bar"], b["ldgsts"], b["shared"])
+    parts = {r["g"]: r for r in out if r.get("part") == "gathers"}
+    for g in (0, 1):
+        assert parts[g]["ldgsts"] == rows["dec8", g]["ldgsts"], parts
+    assert parts[1]["bar"] == parts[0]["bar"] - 3, parts
+
+
 def test_configs_name_their_builds():
     assert fm.config_name(fm.Config(0, 1, 1)) == "fp8mma-nbufG-f16"
     assert fm.config_name((2, 2, 2)) == "fp8mma-nbuf2-q2-p2"
