@@ -7,7 +7,8 @@ CONFIG as the fields of `mla_gluon_fp8mma.Config` in order, `nbuf,q_terms,p_term
 refill[,sched[,key_warps[,widen[,wgmma]]]]]]]]` (default: the shipped sm_90 build and the e4m3 build `2,2,2`);
 --no-split counts the build a program owning a token's whole top-k list takes (prefill), the balanced schedule's
 tile loop inside its loop over pieces where the config takes that schedule; --refill-rows M builds the early refill's
-copy mode M (`REFILL_ROWS`) and prints its loop's copies and barriers; --smem adds the shared-memory bytes a warp
+copy mode M (`REFILL_ROWS`) and prints its loop's copies and barriers; --gather-scales M the same for the whole-tile
+gathers' scale-copy mode M (`GATHER_SCALES`: the split decode and the 9-16-head prefill); --smem adds the shared-memory bytes a warp
 moves in one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The
 H200 runs Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
 """
@@ -51,9 +52,14 @@ def main(argv=None) -> int:
     ap.add_argument("--refill-rows", type=int, choices=fm.REFILL_ROWS_MODES,
                     help="the early refill's copy mode to build (`REFILL_ROWS`; default: the shipped one), and a line "
                          "of the loop's copies (LDGSTS) and barriers for it")
+    ap.add_argument("--gather-scales", type=int, choices=fm.GATHER_SCALES_MODES,
+                    help="the whole-tile gathers' scale-copy mode to build (`GATHER_SCALES`; default: the shipped "
+                         "one), and a line of the loop's copies, barriers and shared-memory loads for it")
     a = ap.parse_args(argv)
     if a.refill_rows is not None:
         fm.set_refill_rows(a.refill_rows)
+    if a.gather_scales is not None:
+        fm.set_gather_scales(a.gather_scales)
     split = not a.no_split
     print(f"triton {triton.__version__}, sm_{a.arch}, {a.heads} heads, {'split' if split else 'one-split'} build; "
           f"loop = one tile of the keys and warps each line names (`tile_keys`, `key_warps_of`), counts a warp's")
@@ -77,6 +83,9 @@ def main(argv=None) -> int:
         if a.refill_rows is not None:
             print(f"  early refill copy mode {fm.REFILL_ROWS}: LDGSTS {ops['LDGSTS']}, BAR {ops['BAR']}, "
                   f"LDS {ops['LDS']}")
+        if a.gather_scales is not None:
+            print(f"  whole-tile gathers' scale-copy mode {fm.GATHER_SCALES}: LDGSTS {ops['LDGSTS']}, BAR {ops['BAR']}, "
+                  f"LDS {ops['LDS']}, STS {ops['STS']}")
         if a.smem:
             from glm5lib.kernels.compile_report import sass_loop_body, smem_bytes
 
