@@ -2648,3 +2648,24 @@ def test_evidence_round31_static_counts():
         r"^triton 3\.9\.0 sm_90 fp8mma-nbufG-f16-nplan-t8-eplan-kplan-wgplan one-split, refill rows mode (\d): "
         r"regs 255, stack \d+ B, loop spills (\d+)$", text, re.M)}
     assert spills == {0: 2, 1: 5, 2: 4}
+
+
+def test_evidence_round32_static_counts():
+    """NOTES round 32 / docs v43: the whole-tile builds' tile loops in each `GATHER_SCALES` mode under Triton 3.6 (the
+    device's; `scripts/fp8mma_sass_count.py --gather-scales M`): 8-head decode 1213 -> 1171 instructions, `BAR` 6 -> 3,
+    `LDS` 141 -> 113, `LDGSTS` 22 -> 21; 16-head decode 962 -> 949, `BAR` 8 -> 5, `LDS` 88 -> 69; 16-head prefill 1619
+    -> 1584, `BAR` 6 -> 3, `LDS` 153 -> 131; under CI's Triton 3.9 the same 3 barriers fewer."""
+    text = (BENCH / "sweeps" / "fp8mma_gather_scales_sass.txt").read_text()
+    runs = re.findall(r"^triton (3\.\d)\.0, sm_90, (\d+) heads, (split|one-split) build;.*\n"
+                      r"fp8mma-nbufG-f16-nplan-t8-eplan-b-kplan-wgplan: (\d+) instructions in the loop .*\n"
+                      r"  whole-tile gathers' scale-copy mode (\d): LDGSTS (\d+), BAR (\d+), LDS (\d+), STS \d+$",
+                      text, re.M)
+    got = {(v, int(h), s, int(m)): (int(n), int(ld), int(bar), int(lds)) for v, h, s, n, m, ld, bar, lds in runs}
+    assert len(got) == 12
+    assert {k[:3]: (got[k[:3] + (0,)], got[k[:3] + (1,)]) for k in got if k[0] == "3.6"} == {
+        ("3.6", 8, "split"): ((1213, 22, 6, 141), (1171, 21, 3, 113)),
+        ("3.6", 16, "split"): ((962, 11, 8, 88), (949, 11, 5, 69)),
+        ("3.6", 16, "one-split"): ((1619, 22, 6, 153), (1584, 21, 3, 131))}
+    for v, h, s, m in got:
+        if m == 1:
+            assert got[v, h, s, 1][2] == got[v, h, s, 0][2] - 3 and got[v, h, s, 1][0] < got[v, h, s, 0][0]
