@@ -301,7 +301,7 @@ sys.exit(c.main(['--configs', '0,1,1,0,0,8,2,1,0,0,3']))" > "$OUT/${tool}_refill
 from glm5lib.kernels import mla_gluon_fp8mma as fm
 import fp8mma_sanitize_case as c
 fm.set_gather_scales(1)
-sys.exit(c.main(['--h16']))" > "$OUT/${tool}_gather_scales1.log" 2>&1; echo "$tool mode 1 rc=$?"
+sys.exit(c.main(['--h16', '--configs', '0,1,1,0,0,8,2,1,0,0,3']))" > "$OUT/${tool}_gather_scales1.log" 2>&1; echo "$tool mode 1 rc=$?"
           tail -2 "$OUT/${tool}_gather_scales1.log"; done ;;
     round32b) timeout 200 python3 -c "import sys
 from glm5lib.kernels import checks, mla_gluon_fp8mma as fm
