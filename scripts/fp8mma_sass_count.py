@@ -8,8 +8,8 @@ refill[,sched[,key_warps[,widen[,wgmma]]]]]]]]` (default: the shipped sm_90 buil
 --no-split counts the build a program owning a token's whole top-k list takes (prefill), the balanced schedule's
 tile loop inside its loop over pieces where the config takes that schedule; --refill-rows M builds the early refill's
 copy mode M (`REFILL_ROWS`) and prints its loop's copies and barriers; --gather-scales M the same for the whole-tile
-gathers' scale-copy mode M (`GATHER_SCALES`: the split decode and the 9-16-head prefill); --smem adds the shared-memory bytes a warp
-moves in one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The
+gathers' scale-copy mode M (`GATHER_SCALES`: the split decode and the 9-16-head prefill); --smem adds the
+shared-memory bytes a warp moves in one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The
 H200 runs Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
 """
 
@@ -84,8 +84,8 @@ def main(argv=None) -> int:
             print(f"  early refill copy mode {fm.REFILL_ROWS}: LDGSTS {ops['LDGSTS']}, BAR {ops['BAR']}, "
                   f"LDS {ops['LDS']}")
         if a.gather_scales is not None:
-            print(f"  whole-tile gathers' scale-copy mode {fm.GATHER_SCALES}: LDGSTS {ops['LDGSTS']}, BAR {ops['BAR']}, "
-                  f"LDS {ops['LDS']}, STS {ops['STS']}")
+            print(f"  whole-tile gathers' scale-copy mode {fm.GATHER_SCALES}: LDGSTS {ops['LDGSTS']}, "
+                  f"BAR {ops['BAR']}, LDS {ops['LDS']}, STS {ops['STS']}")
         if a.smem:
             from glm5lib.kernels.compile_report import sass_loop_body, smem_bytes
 

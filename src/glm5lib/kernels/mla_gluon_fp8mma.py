@@ -1018,8 +1018,9 @@ if HAVE_GLUON:
         """The kernel's loop: n_tiles tiles of the index list at idx_row from position k_start (the list ends at
         k_end), each gathered, scored and attended into the online-softmax state (m_i, l_acc, acc0-acc3, e_prev),
         which it returns with the index tiles read ahead (nxt_w, nxt_s: `_ring_step`'s; nxt_k). The balanced
-        schedule passes the whole index array as one list (`balanced_mode`: rows of top-k a whole number of tiles, back to back), so that the
-        read-ahead and early refill of a piece's last tile fetch the next token's first tile."""
+        schedule passes the whole index array as one list (`balanced_mode`: rows of top-k a whole number of tiles,
+        back to back), so that the read-ahead and early refill of a piece's last tile fetch the next token's first
+        tile."""
         CH: gl.constexpr = 128
         for i in range(n_tiles):
             k_n = k_start + (i + 1) * BN  # the tile after this one (the early refill's and the key ids' next)
