@@ -9,8 +9,8 @@ refill[,sched[,key_warps[,widen[,wgmma]]]]]]]]` (default: the shipped sm_90 buil
 tile loop inside its loop over pieces where the config takes that schedule; --refill-rows M builds the early refill's
 copy mode M (`REFILL_ROWS`) and prints its loop's copies and barriers; --gather-scales M the same for the whole-tile
 gathers' scale-copy mode M (`GATHER_SCALES`: the split decode and the 9-16-head prefill); --smem adds the
-shared-memory bytes a warp moves in one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written, by instruction and width). The
-H200 runs Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
+shared-memory bytes a warp moves in one tile (`compile_report.smem_bytes`: LDS / LDSM read, STS / LDGSTS written,
+by instruction and width). The H200 runs Triton 3.6: put a 3.6 install first on PYTHONPATH to count what it runs.
 """
 
 from __future__ import annotations
