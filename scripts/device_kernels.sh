@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [checks-small-fp8mma] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [round31] [round31b] [round31c] [memcheck-topk]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [round31] [round31b] [round31c] [round32] [round32b] [memcheck-topk]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)

@@ -166,13 +166,13 @@ REFILL_ROWS = 2
 # heads, the 9-16-head prefill and the 99 KB class) copy a row's four fp32 scales (bytes 512-527 of the row). 0: into
 # [slot, chunk, key], one 4-byte copy each, so each copy instruction reads 32 rows' lines for 4 bytes each (256 line
 # requests a 64-key tile, beside about 480 for the latent bytes at 8 threads a row and 120 for the rope), with the
-# row ids carried from the latent copies' layout into the scale copies' through shared memory (a conversion and its
-# barrier a tile). 1: into [slot, key, chunk], a row's 16 bytes over 32 NW / BN threads (`_scale_rows_layout`: one
-# 16-byte copy a row at two warps over 64 keys, two 8-byte ones at four warps, four 4-byte ones at four warps over
-# 32 keys), a row's scales never straddling a line (they start 16 bytes into a 16-byte aligned place: a row starts
-# every 656 bytes): 64 line requests a 64-key tile; the row ids read ahead in that layout as the latent copies' are,
-# so nothing is converted; `_scale` reads them as `REFILL_ROWS` 2 has them. Set it with `set_gather_scales` (the
-# launch plans are cached)
+# row ids (their validity and byte offsets: two conversions, 3 barriers a tile) carried from the latent copies'
+# layout into the scale copies' through shared memory. 1: into [slot, key, chunk], a row's 16 bytes over 32 NW / BN
+# threads (`_scale_rows_layout`: one 16-byte copy a row at two warps over 64 keys, two 8-byte ones at four warps,
+# four 4-byte ones at four warps over 32 keys), a row's scales never straddling a line (16-byte aligned: rows start
+# every 656 = 41 x 16 bytes, the scales at byte 512): 64 line requests a 64-key tile; the row ids read ahead in that
+# layout as the latent copies' are, so nothing is converted; `_scale` reads them as `REFILL_ROWS` 2 has them. Set it
+# with `set_gather_scales` (the launch plans are cached)
 GATHER_SCALES_MODES = (0, 1)
 GATHER_SCALES = 0
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
@@ -1244,9 +1244,10 @@ if HAVE_GLUON:
         LR: gl.constexpr = _gather_layouts(NW, TPR)[1]
         # the scales land as [key, chunk] (SR): in the early refill (`REFILLS`; the launcher takes it for one slot at
         # 1-8 heads only) where ROWS is 2 (`REFILL_ROWS`) and each thread has one row of the tile, in the whole-tile
-        # gathers where GSCALES is 1 (`GATHER_SCALES`); an early build's compute alone reads them as the build does
+        # gathers where GSCALES is 1 (`GATHER_SCALES`); an early build's compute alone gathers whole tiles, as its
+        # gathers alone and the same build with refill 0 do (`ablate_launch`)
         EARLY: gl.constexpr = REFILL == 1 and not COMPUTE_ALONE
-        SR: gl.constexpr = (ROWS == 2 and BN == 32 * NW) if REFILL == 1 else GSCALES == 1
+        SR: gl.constexpr = (ROWS == 2 and BN == 32 * NW) if EARLY else GSCALES == 1
         LS: gl.constexpr = _scale_rows_layout(NW, BN) if SR else _gather_layouts(NW, TPR)[2]
         LQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])  # q rows
         # the early refill's next index tiles in the layouts of its rope copies (IR) and of its latent chunk copies (IC)
