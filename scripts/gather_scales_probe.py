@@ -36,7 +36,7 @@ from glm5lib.bench import kernels as bk
 from glm5lib.kernels import mla, mla_gluon_fp8mma as fm, naive
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from large_small_batch_probe import case_inputs, flashmla_padded, write_rows  # noqa: E402
+from large_small_batch_probe import as_replayed, case_inputs, flashmla_padded, write_rows  # noqa: E402
 
 CASES = "dec8:32,dec8:128,dec16:32,dec16:128,pre16:4096"
 ORDER = (0, 1, 1, 0)
@@ -76,13 +76,7 @@ def run_case(decode: bool, H: int, T: int, reps: int, flash: bool, ablate: bool)
     def checked() -> tuple[torch.Tensor, torch.Tensor]:
         out.fill_(float("nan"))
         if decode:  # as replayed: captured (eagerly, few tokens go to another kernel: `mla.FP8MMA_MIN_T`)
-            call(idx_sets[0])
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                o, lse = call(idx_sets[0])
-            out.fill_(float("nan"))
-            g.replay()
-            torch.cuda.synchronize()
+            o, lse = as_replayed(lambda: call(idx_sets[0]), out)
         else:
             o, lse = call(idx_sets[0])
         return o.clone(), lse.clone()

@@ -37,6 +37,21 @@ def case_inputs(fmt: str, H: int, T: int, decode: bool, prefill_sets: int = 1):
     return q, cache, [bk._rand_indices(T, 32768, bk.TOPK) for _ in range(prefill_sets)]
 
 
+def as_replayed(call, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`call()`'s (out, lse) as a captured decode step gives them: called once (compiled and planned outside the
+    capture), captured in a CUDA graph and replayed into `out` filled with NaN first, so a launch that writes nothing
+    shows. The dispatcher routes captured calls as vLLM's graphs run them (eagerly, fewer than
+    `mla.FP8MMA_MIN_T` tokens go to the Triton kernel)."""
+    call()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o, lse = call()
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    return o, lse
+
+
 def eager_us(fn, calls: int = EAGER_CALLS) -> float:
     """Wall time a call of `calls` back-to-back eager calls (host and GPU; the queue never drains between them)."""
     fn()

@@ -39,7 +39,7 @@ import triton  # noqa: E402  (after glm5lib.kernels: the interpreter switch)
 import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from large_small_batch_probe import case_inputs, eager_us, flashmla_padded, write_rows  # noqa: E402
+from large_small_batch_probe import as_replayed, case_inputs, eager_us, flashmla_padded, write_rows  # noqa: E402
 
 # (format, heads, tokens, decode): the Triton split kernel (bf16 at 8 heads), the fp8-cache kernel's splits
 # (fp8 at 8-16 heads) and its balanced prefill (600 tokens: cut tokens, `merge_pieces`), the dq kernel's split
@@ -145,13 +145,7 @@ def run_case(fmt: str, H: int, T: int, decode: bool, flash: bool) -> tuple[list,
         # the Triton kernel (until c066fea this check ran the call eagerly, so 8 tokens were checked on that kernel)
         out.fill_(float("nan"))
         if decode:
-            call(idx_sets[0])
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                o, lse = call(idx_sets[0])
-            out.fill_(float("nan"))
-            g.replay()
-            torch.cuda.synchronize()
+            o, lse = as_replayed(lambda: call(idx_sets[0]), out)
         else:
             o, lse = call(idx_sets[0])
         rel = float((o.float() - ro).norm() / ro.norm())

@@ -345,31 +345,38 @@ def test_early_refill_rule_and_its_copies():
         fm.set_refill_rows(3)
 
 
-def test_launch_plans_take_the_refill_rows_mode(monkeypatch):
-    # the launcher passes `REFILL_ROWS` to the builds that refill early (a prefill's one-split plan at 8 heads) and 0
-    # elsewhere (a decode batch's split plan), and `set_refill_rows` drops the cached plans, so the next call takes
-    # the new mode (the plan is host work: an H200's 132 SMs and shared memory, no GPU needed)
+@pytest.fixture
+def h200_plan(monkeypatch):
+    """`_launch_plan` of the shipped config for top-k 2048 rows back to back, as an H200 (132 SMs, the big
+    shared-memory class) would plan it: host work, no GPU; the cached plans are dropped before and after."""
     monkeypatch.setattr(fm, "num_sms", lambda dev: 132)
     monkeypatch.setattr(mla, "smem_class", lambda dev: "big")
     fm.clear_plans()
     c = fm.DEFAULT
 
-    def plan(T, decode=False):
-        return fm._launch_plan(T, 8, 2048, "cpu", None, c.nbuf, c.q_terms, c.p_terms, c.maxnreg, c.block_n,
+    def plan(T, H=8, decode=False):
+        return fm._launch_plan(T, H, 2048, "cpu", None, c.nbuf, c.q_terms, c.p_terms, c.maxnreg, c.block_n,
                                c.row_threads, c.refill, c.sched, None, 2048, None, c.key_warps, c.widen, c.wgmma,
                                decode)
 
+    yield plan
+    monkeypatch.undo()
+    fm.clear_plans()
+
+
+def test_launch_plans_take_the_refill_rows_mode(h200_plan):
+    # the launcher passes `REFILL_ROWS` to the builds that refill early (a prefill's one-split plan at 8 heads) and 0
+    # elsewhere (a decode batch's split plan), and `set_refill_rows` drops the cached plans, so the next call takes
+    # the new mode
     try:
         for mode in (2, 1, 0):
             fm.set_refill_rows(mode)
-            splits, _, grid, kw, _ = plan(4096)
+            splits, _, grid, kw, _ = h200_plan(4096)
             assert (splits, grid, kw["REFILL"], kw["ROWS"]) == (1, (528,), 1, mode)
-            splits, _, _, kw, _ = plan(128, decode=True)
+            splits, _, _, kw, _ = h200_plan(128, decode=True)
             assert splits > 1 and kw["REFILL"] == 0 and kw["ROWS"] == 0
     finally:
         fm.set_refill_rows(2)
-        monkeypatch.undo()
-        fm.clear_plans()
 
 
 _REFILL_ROWS_SCRIPT = """
@@ -448,29 +455,17 @@ def test_scale_rows_layout_gives_each_row_its_16_bytes_once():
         fm.set_gather_scales(2)
 
 
-def test_launch_plans_take_the_gather_scales_mode(monkeypatch):
+def test_launch_plans_take_the_gather_scales_mode(h200_plan):
     # every plan passes `GATHER_SCALES` (the kernel applies it where the ring is filled whole; an early build's
     # scales follow `REFILL_ROWS`), and `set_gather_scales` drops the cached plans
-    monkeypatch.setattr(fm, "num_sms", lambda dev: 132)
-    monkeypatch.setattr(mla, "smem_class", lambda dev: "big")
-    fm.clear_plans()
-    c = fm.DEFAULT
     shipped = fm.GATHER_SCALES
-
-    def plan(T, H, decode):
-        return fm._launch_plan(T, H, 2048, "cpu", None, c.nbuf, c.q_terms, c.p_terms, c.maxnreg, c.block_n,
-                               c.row_threads, c.refill, c.sched, None, 2048, None, c.key_warps, c.widen, c.wgmma,
-                               decode)[3]
-
     try:
         for mode in (1, 0, 1):
             fm.set_gather_scales(mode)
             for T, H, decode in ((128, 8, True), (32, 16, True), (4096, 16, False), (4096, 8, False)):
-                assert plan(T, H, decode)["GSCALES"] == mode, (mode, T, H)
+                assert h200_plan(T, H, decode)[3]["GSCALES"] == mode, (mode, T, H)
     finally:
         fm.set_gather_scales(shipped)
-        monkeypatch.undo()
-        fm.clear_plans()
 
 
 _GATHER_SCALES_SCRIPT = """

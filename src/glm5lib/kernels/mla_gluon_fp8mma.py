@@ -705,33 +705,31 @@ if HAVE_GLUON:
                 gl.BlockedLayout([4 // NW, 1], [1, 32], [NW, 1], [1, 0]))
 
     @gluon.jit
+    def _idx_pair(idx_row, k0, k_end, BN: gl.constexpr, LW: gl.constexpr, LS: gl.constexpr, SR: gl.constexpr):
+        """The index tile at list position k0 in the latent copies' layout and, SR, again in the scale copies'
+        (`_gather`'s idx and idx_s; without SR the first twice, since `_gather` then converts it)."""
+        idx_w = _tile_idx(idx_row, k0, k_end, BN, gl.SliceLayout(1, LW))
+        if SR:
+            idx_s = _tile_idx(idx_row, k0, k_end, BN, gl.SliceLayout(1, LS))
+        else:
+            idx_s = idx_w
+        return idx_w, idx_s
+
+    @gluon.jit
     def _ring_start(KV, idx_row, k_start, k_end, N_ROWS, stride_kv, lat, rope, scs, NBUF: gl.constexpr,
                     BN: gl.constexpr, LW: gl.constexpr, LR: gl.constexpr, LS: gl.constexpr,
                     ALL_SLOTS: gl.constexpr, SR: gl.constexpr):
         """The ring's first NBUF - 1 tiles in flight before the loop (ALL_SLOTS, the compute-alone measurement: every
         slot, landed); returns the index tiles of the loop's first gather (`_ring_step`): in the latent copies' layout
         and, SR, in the scale copies' (`_gather`; without SR the first again)."""
-        IW: gl.constexpr = gl.SliceLayout(1, LW)
-        IS: gl.constexpr = gl.SliceLayout(1, LS)
         NG: gl.constexpr = NBUF if ALL_SLOTS else NBUF - 1
         for j in gl.static_range(NG):
-            k0 = k_start + j * BN
-            if SR:
-                idx_s = _tile_idx(idx_row, k0, k_end, BN, IS)
-            else:
-                idx_s = 0
-            _gather(KV, _tile_idx(idx_row, k0, k_end, BN, IW), idx_s, N_ROWS, stride_kv, lat, rope, scs, j, LW, LR,
-                    LS, SR)
+            idx_w, idx_s = _idx_pair(idx_row, k_start + j * BN, k_end, BN, LW, LS, SR)
+            _gather(KV, idx_w, idx_s, N_ROWS, stride_kv, lat, rope, scs, j, LW, LR, LS, SR)
             cp.commit_group()
         if ALL_SLOTS:
             cp.wait_group(0)
-        k0 = k_start + (NBUF - 1 if NBUF > 1 else 0) * BN
-        nxt_w = _tile_idx(idx_row, k0, k_end, BN, IW)
-        if SR:
-            nxt_s = _tile_idx(idx_row, k0, k_end, BN, IS)
-        else:
-            nxt_s = nxt_w
-        return nxt_w, nxt_s
+        return _idx_pair(idx_row, k_start + (NBUF - 1 if NBUF > 1 else 0) * BN, k_end, BN, LW, LS, SR)
 
     @gluon.jit
     def _occupancy_pad(PAD: gl.constexpr, NW: gl.constexpr):
@@ -749,8 +747,6 @@ if HAVE_GLUON:
         """The gather ring's step before tile i is computed, as the kernel and `_gathers_alone_kernel` take it: tile
         i's rows landed in slot i % NBUF and every warp past the barrier; returns the index tiles of the next gather
         (`_ring_start`'s two). GATHER False (compute alone) keeps the barriers and copies nothing."""
-        IW: gl.constexpr = gl.SliceLayout(1, LW)
-        IS: gl.constexpr = gl.SliceLayout(1, LS)
         if NBUF == 1:
             # one slot (1-8 heads on sm_90, the 99 KB class: more programs per SM instead): the last tile's reads are
             # done, then tile i is gathered and waited for
@@ -758,12 +754,7 @@ if HAVE_GLUON:
             if GATHER:
                 _gather(KV, nxt_w, nxt_s, N_ROWS, stride_kv, lat, rope, scs, 0, LW, LR, LS, SR)
                 cp.commit_group()
-            k_n = k_start + (i + 1) * BN
-            nxt_w = _tile_idx(idx_row, k_n, k_end, BN, IW)
-            if SR:
-                nxt_s = _tile_idx(idx_row, k_n, k_end, BN, IS)
-            else:
-                nxt_s = nxt_w
+            nxt_w, nxt_s = _idx_pair(idx_row, k_start + (i + 1) * BN, k_end, BN, LW, LS, SR)
             if GATHER:
                 cp.wait_group(0)
             _barrier()
@@ -776,12 +767,7 @@ if HAVE_GLUON:
             if GATHER:
                 _gather(KV, nxt_w, nxt_s, N_ROWS, stride_kv, lat, rope, scs, (i + NBUF - 1) % NBUF, LW, LR, LS, SR)
                 cp.commit_group()
-            k_n = k_start + (i + NBUF) * BN
-            nxt_w = _tile_idx(idx_row, k_n, k_end, BN, IW)
-            if SR:
-                nxt_s = _tile_idx(idx_row, k_n, k_end, BN, IS)
-            else:
-                nxt_s = nxt_w
+            nxt_w, nxt_s = _idx_pair(idx_row, k_start + (i + NBUF) * BN, k_end, BN, LW, LS, SR)
         return nxt_w, nxt_s
 
     @gluon.jit
@@ -1665,32 +1651,28 @@ def clear_plans() -> None:
     _launch_plan.cache_clear()
 
 
-def set_pdl_trigger(where: int) -> None:
-    """Where the programs trigger their merge under PDL from now on (`PDL_TRIGGERS`); the cached plans are dropped."""
-    global PDL_TRIGGER
-    if where not in PDL_TRIGGERS:
-        raise ValueError(f"the PDL trigger's place must be one of {PDL_TRIGGERS}, got {where!r}")
-    PDL_TRIGGER = where
+def _set_knob(name: str, value: int, modes: tuple, what: str) -> None:
+    """Module setting `name` to value (one of modes, else a ValueError naming `what`); the cached launch plans, which
+    hold it as a constexpr, are dropped."""
+    if value not in modes:
+        raise ValueError(f"{what} must be one of {modes}, got {value!r}")
+    globals()[name] = value
     clear_plans()
+
+
+def set_pdl_trigger(where: int) -> None:
+    """Where the programs trigger their merge under PDL from now on (`PDL_TRIGGERS`)."""
+    _set_knob("PDL_TRIGGER", where, PDL_TRIGGERS, "the PDL trigger's place")
 
 
 def set_gather_scales(mode: int) -> None:
-    """How the whole-tile gathers copy a row's scales from now on (`GATHER_SCALES_MODES`); the cached plans are
-    dropped."""
-    global GATHER_SCALES
-    if mode not in GATHER_SCALES_MODES:
-        raise ValueError(f"the whole-tile gathers' scale-copy mode must be one of {GATHER_SCALES_MODES}, got {mode!r}")
-    GATHER_SCALES = mode
-    clear_plans()
+    """How the whole-tile gathers copy a row's scales from now on (`GATHER_SCALES_MODES`)."""
+    _set_knob("GATHER_SCALES", mode, GATHER_SCALES_MODES, "the whole-tile gathers' scale-copy mode")
 
 
 def set_refill_rows(rows: int) -> None:
-    """How the early refill copies a latent chunk from now on (`REFILL_ROWS_MODES`); the cached plans are dropped."""
-    global REFILL_ROWS
-    if rows not in REFILL_ROWS_MODES:
-        raise ValueError(f"the early refill's copy mode must be one of {REFILL_ROWS_MODES}, got {rows!r}")
-    REFILL_ROWS = rows
-    clear_plans()
+    """How the early refill copies a latent chunk from now on (`REFILL_ROWS_MODES`)."""
+    _set_knob("REFILL_ROWS", rows, REFILL_ROWS_MODES, "the early refill's copy mode")
 
 
 def _arch(dev: torch.device) -> int:
