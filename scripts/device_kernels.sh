@@ -303,6 +303,22 @@ import fp8mma_sanitize_case as c
 fm.set_gather_scales(1)
 sys.exit(c.main(['--h16', '--configs', '0,1,1,0,0,8,2,1,0,0,3']))" > "$OUT/${tool}_gather_scales1.log" 2>&1; echo "$tool mode 1 rc=$?"
           tail -2 "$OUT/${tool}_gather_scales1.log"; done ;;
+    round33) # v43 across batch sizes and token counts (the 8-head prefill, an early-refill build, as the control: same
+        # SASS in both modes), then Nsight Compute on the shipped 16-head prefill (issue slots, stalls, SASS lines)
+        timeout 330 python3 scripts/gather_scales_probe.py "$OUT/gather_scales_wide_h200.json" --cases \
+          dec8:8,dec8:64,dec8:256,dec8:512,dec16:8,dec16:64,dec16:256,dec16:512,pre16:528,pre16:2112,pre16:8192,pre8:4096 \
+          > "$OUT/gather_scales_wide.log" 2>&1; echo "gather scales wide rc=$?"
+        grep -a "^{" "$OUT/gather_scales_wide.log" | python3 -c "import json, sys
+for r in map(json.loads, sys.stdin):
+    print(r['decode'], r['H'], r['T'], round(r['mode0_us_median'], 2), round(r['mode1_us_median'], 2),
+          round(r['speedup_1_vs_0'], 4), r['bit_equal'], r['ok'])"
+        timeout 200 ncu -k regex:_sparse_mla_fp8mma --launch-skip 2 --launch-count 1 --set full -f -o /tmp/ncu33 \
+          python3 scripts/fp8mma_ncu_case.py prefill 16 > /tmp/ncu33.log 2>&1; echo "ncu prefill 16 rc=$?"
+        ncu -i /tmp/ncu33.ncu-rep --page details > "$OUT/ncu_fp8mma_prefill_h16_gscales1.txt" 2>&1
+        ncu -i /tmp/ncu33.ncu-rep --page source --print-source sass --csv > /tmp/ncu33.csv 2>&1
+        python3 scripts/ncu_sass_top.py /tmp/ncu33.csv 60 > "$OUT/ncu_fp8mma_prefill_h16_gscales1_sass_top.txt" 2>&1
+        grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Issued Warp|No Eligible|Active Warps Per" \
+          "$OUT/ncu_fp8mma_prefill_h16_gscales1.txt" | head -12 ;;
     round32b) timeout 200 python3 -c "import sys
 from glm5lib.kernels import checks, mla_gluon_fp8mma as fm
 fm.set_gather_scales(1)
