@@ -56,6 +56,13 @@ _BALANCED_STACK = 64
 _BALANCED_LOOP_SPILLS = 8
 
 
+# the split build over 64-key tiles at two key warps (a measurement config: the shipped plan splits over 32-key tiles)
+# under `GATHER_SCALES` 1 on sm_90: this Triton (3.9) gives it 255 registers, 16 B of stack and 1 spill instruction in
+# its tile loop (243 registers, none, in mode 0); Triton 3.6, what the H200 runs, 249 registers and no stack in mode 1
+# (252 in mode 0). Counted in round 33 with `compile_stats`
+_SPLIT64_LOOP_SPILLS = {("fp8mma-nbufG-f16-n64", 90, True): 1}
+
+
 def _base(name: str) -> str:
     """A config name without its S-product and key-warps suffixes (`config_name`: "-wg", "-wga", "-wgplan"; "-k4",
     "-kplan")."""
@@ -100,7 +107,8 @@ def test_shipped_configs_spill_nothing_and_fit(stats):
         if "-r" not in r["config"]:  # builds without a register cap spill nothing in their main loop (the 64-key
             # build of 16 heads keeps 16 bytes on the stack outside it; an early-refill build at most 4 instructions)
             allowed = (_BALANCED_LOOP_SPILLS if _balanced(r) else
-                       4 if _base(r["config"]).endswith(("-e", "-eplan", "-e-b", "-eplan-b")) else 0)
+                       4 if _base(r["config"]).endswith(("-e", "-eplan", "-e-b", "-eplan-b")) else
+                       _SPLIT64_LOOP_SPILLS.get((r["config"], r["arch"], r["split"]), 0))
             assert not r["local"] and r.get("loop_spills", 0) <= allowed, f"{_key(r)} spills in its loop"
             assert r["stack"] <= (_BALANCED_STACK if _balanced(r) else 32 if allowed else 16), \
                 f"{_key(r)}: {r['stack']} B of stack"
