@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [checks-small-fp8mma] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [round31] [round31b] [round31c] [round32] [round32b] [memcheck-topk]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [round31] [round31b] [round31c] [round32] [round32b] [round33] [round33-ncu] [memcheck-topk]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -97,6 +97,9 @@
 #   prefill, with each mode's gathers alone (scripts/gather_scales_probe.py --ablate; gather_scales_h200.json), then
 #   memcheck, racecheck and synccheck under mode 1 on fp8mma_sanitize_case.py's cases with 16 heads (--h16);
 #   round32b: the case matrix under mode 1 (checks_full_gather_scales1.json)
+# round33: the same A/B (no ablation) at decode B8-B512 and the 16-head prefill at 528-8192 tokens, the 8-head prefill
+#   (an early-refill build, the same SASS in both modes) as the control (gather_scales_wide_h200.json);
+#   round33-ncu: Nsight Compute on the shipped 16-head prefill (ncu_fp8mma_prefill_h16_gscales1*.txt)
 # memcheck-topk: memcheck of the one-program, split and multi selects with each way of counting (memcheck_topk.log)
 # ncu-topk: Nsight Compute of the one-program top-k select (1 and 128 rows of 32K standard-normal scores, one of a
 #   narrow spread; NCU_TOPK_CASES="128_32768_agg ..." picks others: scripts/topk_ncu_case.py's arguments joined by
@@ -303,15 +306,15 @@ import fp8mma_sanitize_case as c
 fm.set_gather_scales(1)
 sys.exit(c.main(['--h16', '--configs', '0,1,1,0,0,8,2,1,0,0,3']))" > "$OUT/${tool}_gather_scales1.log" 2>&1; echo "$tool mode 1 rc=$?"
           tail -2 "$OUT/${tool}_gather_scales1.log"; done ;;
-    round33) # v43 across batch sizes and token counts (the 8-head prefill, an early-refill build, as the control: same
-        # SASS in both modes), then Nsight Compute on the shipped 16-head prefill (issue slots, stalls, SASS lines)
-        timeout 330 python3 scripts/gather_scales_probe.py "$OUT/gather_scales_wide_h200.json" --cases \
-          dec8:8,dec8:64,dec8:256,dec8:512,dec16:8,dec16:64,dec16:256,dec16:512,pre16:528,pre16:2112,pre16:8192,pre8:4096 \
+    round33) # v43 across batch sizes and token counts (the 8-head prefill, an early-refill build, as the control)
+        C=dec8:8,dec8:64,dec8:256,dec8:512,dec16:8,dec16:64,dec16:256,dec16:512,pre16:528,pre16:2112,pre16:8192,pre8:4096
+        timeout 330 python3 scripts/gather_scales_probe.py "$OUT/gather_scales_wide_h200.json" --cases $C \
           > "$OUT/gather_scales_wide.log" 2>&1; echo "gather scales wide rc=$?"
         grep -a "^{" "$OUT/gather_scales_wide.log" | python3 -c "import json, sys
 for r in map(json.loads, sys.stdin):
     print(r['decode'], r['H'], r['T'], round(r['mode0_us_median'], 2), round(r['mode1_us_median'], 2),
-          round(r['speedup_1_vs_0'], 4), r['bit_equal'], r['ok'])"
+          round(r['speedup_1_vs_0'], 4), r['bit_equal'], r['ok'])" ;;
+    round33-ncu) # the shipped 16-head prefill under Nsight Compute (issue slots, stalls, SASS lines)
         timeout 200 ncu -k regex:_sparse_mla_fp8mma --launch-skip 2 --launch-count 1 --set full -f -o /tmp/ncu33 \
           python3 scripts/fp8mma_ncu_case.py prefill 16 > /tmp/ncu33.log 2>&1; echo "ncu prefill 16 rc=$?"
         ncu -i /tmp/ncu33.ncu-rep --page details > "$OUT/ncu_fp8mma_prefill_h16_gscales1.txt" 2>&1

@@ -172,8 +172,8 @@ REFILL_ROWS = 2
 # four 4-byte ones at four warps over 32 keys), a row's scales never straddling a line (16-byte aligned: rows start
 # every 656 = 41 x 16 bytes, the scales at byte 512): 64 line requests a 64-key tile; the row ids read ahead in that
 # layout as the latent copies' are, so nothing is converted; `_scale` reads them as `REFILL_ROWS` 2 has them. 1 is
-# shipped since round 33: bit-equal to 0, sanitizers clean, the case matrix passing, and 0.1-4 % faster on an H100
-# (the 16-head prefill 4 %; docs/kernels.md v43). Set it with `set_gather_scales` (the launch plans are cached)
+# shipped since round 33: bit-equal to 0, sanitizers clean, the case matrix passing, faster or level on an H100 (up
+# to 4 %, the 16-head prefill; docs/kernels.md v43). Set it with `set_gather_scales` (the launch plans are cached)
 GATHER_SCALES_MODES = (0, 1)
 GATHER_SCALES = 1
 # warps along a tile's keys (S) and along the value rows (O^T). 2: a head group of 8 heads is two warps, and at 9-16
