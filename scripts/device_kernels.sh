@@ -98,7 +98,8 @@
 #   memcheck, racecheck and synccheck under mode 1 on fp8mma_sanitize_case.py's cases with 16 heads (--h16);
 #   round32b: the case matrix under mode 1 (checks_full_gather_scales1.json)
 # round33: the same A/B (no ablation) at decode B8-B512 and the 16-head prefill at 528-8192 tokens, the 8-head prefill
-#   (an early-refill build, the same SASS in both modes) as the control (gather_scales_wide_h200.json);
+#   (an early-refill build, the same SASS in both modes) as the control (gather_scales_wide_h200.json; ROUND33_CASES
+#   replaces the case list);
 #   round33-ncu: Nsight Compute on the shipped 16-head prefill (ncu_fp8mma_prefill_h16_gscales1*.txt)
 # memcheck-topk: memcheck of the one-program, split and multi selects with each way of counting (memcheck_topk.log)
 # ncu-topk: Nsight Compute of the one-program top-k select (1 and 128 rows of 32K standard-normal scores, one of a
@@ -307,7 +308,7 @@ fm.set_gather_scales(1)
 sys.exit(c.main(['--h16', '--configs', '0,1,1,0,0,8,2,1,0,0,3']))" > "$OUT/${tool}_gather_scales1.log" 2>&1; echo "$tool mode 1 rc=$?"
           tail -2 "$OUT/${tool}_gather_scales1.log"; done ;;
     round33) # v43 across batch sizes and token counts (the 8-head prefill, an early-refill build, as the control)
-        C=dec8:8,dec8:64,dec8:256,dec8:512,dec16:8,dec16:64,dec16:256,dec16:512,pre16:528,pre16:2112,pre16:8192,pre8:4096
+        C=${ROUND33_CASES:-dec8:8,dec8:64,dec8:256,dec8:512,dec16:8,dec16:64,dec16:256,dec16:512,pre16:528,pre16:2112,pre16:8192,pre8:4096}
         timeout 330 python3 scripts/gather_scales_probe.py "$OUT/gather_scales_wide_h200.json" --cases $C \
           > "$OUT/gather_scales_wide.log" 2>&1; echo "gather scales wide rc=$?"
         grep -a "^{" "$OUT/gather_scales_wide.log" | python3 -c "import json, sys
