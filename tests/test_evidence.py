@@ -2735,3 +2735,48 @@ def test_evidence_round31c_refill_alone():
     assert (round(r["flashmla_us_before"], 1), round(r["flashmla_us_after"], 1)) == (1994.3, 2007.4)
     fl = (r["flashmla_us_before"] + r["flashmla_us_after"]) / 2
     assert round(fl / r["rows2_us_median"], 2) == 1.64
+
+
+def test_evidence_round33_gather_scales_wide_and_ncu():
+    """NOTES round 33 / docs v43: mode 1 (shipped at 284b7ff) against mode 0 at decode B8-B512 and the 16-head prefill
+    at 528-8192 tokens, the 8-head prefill (an early-refill build) as the control: bit-equal, never slower, the gains
+    of the table; and the Nsight Compute profile of the 16-head prefill beside c757078's."""
+    got = {}
+    for part in ("a", "b"):
+        d = load(f"sweeps/gather_scales_wide_h100_284b7ff_{part}.json")
+        assert d["meta"]["gpu"].startswith("NVIDIA H100") and d["meta"]["shipped_gather_scales"] == 1
+        assert d["meta"]["commit"][:7] == "284b7ff" and d["meta"]["order"] == [0, 1, 1, 0]
+        for r in d["rows"]:
+            assert r["ok"] and r["bit_equal"] and r["mode0_rel"] == r["mode1_rel"] < 1.7e-3
+            assert r["whole_tile_build"] == (r["decode"] or r["H"] > 8)  # the control refills early
+            assert all(statistics.median(r[f"mode{m}_us"]) == r[f"mode{m}_us_median"] for m in (0, 1))
+            got["dec" if r["decode"] else "pre", r["H"], r["T"]] = (
+                round(r["mode0_us_median"], 2), round(r["mode1_us_median"], 2),
+                round(100 * (r["mode0_us_median"] / r["mode1_us_median"] - 1), 1))
+    assert got == {("dec", 8, 8): (16.55, 16.37, 1.1), ("dec", 8, 64): (56.23, 55.7, 1.0),
+                   ("dec", 8, 256): (152.06, 151.97, 0.1), ("dec", 8, 512): (282.61, 281.02, 0.6),
+                   ("dec", 16, 8): (21.1, 20.53, 2.8), ("dec", 16, 64): (58.78, 57.51, 2.2),
+                   ("dec", 16, 256): (165.94, 162.67, 2.0), ("dec", 16, 512): (310.22, 306.95, 1.1),
+                   ("pre", 16, 528): (285.54, 273.78, 4.3), ("pre", 16, 2112): (1072.38, 1039.91, 3.1),
+                   ("pre", 16, 8192): (4112.45, 3977.5, 3.4), ("pre", 8, 4096): (1255.98, 1257.29, -0.1)}
+
+    def ncu(name):
+        text = (BENCH / "sweeps" / name).read_text()
+        pick = {"Duration": r"Duration +ms +([\d.]+)", "busy": r"Issue Slots Busy +% +([\d.]+)",
+                "warps": r"Active Warps Per Scheduler +warp +([\d.]+)", "none": r"No Eligible +% +([\d.]+)"}
+        return {k: float(re.search(v, text)[1]) for k, v in pick.items()}
+
+    assert ncu("ncu_fp8mma_prefill_h16_gscales1_h100_284b7ff.txt") == {
+        "Duration": 2.59, "busy": 42.62, "warps": 1.96, "none": 56.52}
+    assert ncu("ncu_fp8mma_prefill_h16_k4_wg_h100_c757078.txt") == {
+        "Duration": 2.86, "busy": 39.66, "warps": 1.97, "none": 58.99}
+
+    def by_opcode(name):
+        line = next(ln for ln in (BENCH / "sweeps" / name).read_text().splitlines() if ln.startswith("per opcode:"))
+        return {op: float(v) for op, v in re.findall(r"(\w+) ([\d.]+) %", line)}
+
+    new = by_opcode("ncu_fp8mma_prefill_h16_gscales1_sass_top_h100_284b7ff.txt")
+    old = by_opcode("ncu_fp8mma_prefill_h16_k4_wg_sass_top_h100_c757078.txt")
+    assert (old["WARPGROUP"], new["WARPGROUP"]) == (8.0, 3.0) and (old["IMAD"], new["IMAD"]) == (6.9, 3.2)
+    assert (old["F2FP"], new["F2FP"]) == (15.8, 20.6) and max(new, key=new.get) == "F2FP"
+    assert old["STS"] == 2.2 and "STS" not in new

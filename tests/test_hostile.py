@@ -372,6 +372,36 @@ def test_sigterm_during_export_leaves_nothing(base, tmp_path):
     assert list(out_dir.iterdir()) == []
 
 
+def test_error_raised_while_a_termination_unwinds_reports_the_termination(monkeypatch, capsys):
+    """A write interrupted by SIGTERM may fail on its way out (a CI run of the export above once ended with "cannot
+    write (Bad file descriptor)", exit 2, its clean-up done): once the signal has arrived, the exit is the
+    termination's, whatever error the unwinding raised. Without a signal the same error is reported as itself."""
+    import argparse
+
+    import glm5lib.cli as cli
+    from glm5lib import files
+    from glm5lib.errors import UserError
+
+    def interrupted(args):
+        try:
+            files._raise_terminated(signal.SIGTERM, None)  # what the handler does when the signal arrives
+        except files.Terminated:
+            raise UserError("out/hf: cannot write (Bad file descriptor)") from None
+
+    def failing(args):
+        raise UserError("out/hf: cannot write (Bad file descriptor)")
+
+    for func, rc, line in ((interrupted, 128 + signal.SIGTERM, "error: terminated by SIGTERM"),
+                           (failing, 2, "error: out/hf: cannot write (Bad file descriptor)")):
+        parser = argparse.ArgumentParser()
+        parser.set_defaults(func=func)
+        monkeypatch.setattr(cli, "build_parser", lambda argv, p=parser: p)
+        before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        assert cli.main([]) == rc
+        assert capsys.readouterr().err.strip() == line
+        assert {sig: signal.getsignal(sig) for sig in before} == before  # the handlers are given back
+
+
 def test_case_timeout_is_not_swallowed():
     """The corpus's hang detector itself: an alarm inside the CLI surfaces as CaseTimeout."""
     import glm5lib.cli as cli

@@ -9,7 +9,7 @@ import signal
 import sys
 
 from glm5lib.errors import UserError
-from glm5lib.files import Terminated, handle_termination
+from glm5lib.files import Terminated, handle_termination, termination_signal
 
 # Sub-command -> module exposing `register_cli(subparsers)`. Order is the order of `glm5lib --help`.
 # Only the module of the command being run is imported, so `glm5lib gguf ...` does not pay for torch/vLLM.
@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except UserError as exc:
+        sig = termination_signal()
+        if sig is not None:  # raised while the termination unwound (an interrupted write's own error): report that
+            print(f"error: terminated by {signal.Signals(sig).name}", file=sys.stderr)
+            return 128 + sig
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:  # `glm5lib ... | head`: the reader left; not an error of ours

@@ -9,7 +9,9 @@ an output may not be one of the inputs; the result is written under a temporary 
 when complete, with the permissions the user's umask gives (`output_mode`).
 
 Signals: `handle_termination()` makes SIGTERM and SIGHUP raise `Terminated` (a KeyboardInterrupt) in the main
-thread, so the clean-up that runs on Ctrl-C also runs for `kill`, `timeout` and a closed terminal.
+thread, so the clean-up that runs on Ctrl-C also runs for `kill`, `timeout` and a closed terminal. Once one has
+arrived, `termination_signal()` names it, so that an error the interrupted write raises on its way out (e.g. a
+file closed under it: EBADF) is reported as the termination it is (`glm5lib.cli.main`).
 """
 
 from __future__ import annotations
@@ -161,15 +163,27 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+_received: int | None = None  # the termination signal that arrived since `handle_termination`, if any
+
+
 def _raise_terminated(signum: int, frame: Any) -> None:
+    global _received
     # Further SIGTERM/SIGHUP are ignored while the clean-up runs (Ctrl-C still works; SIGKILL always does).
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    _received = signum
     raise Terminated(signum)
+
+
+def termination_signal() -> int | None:
+    """The SIGTERM / SIGHUP that arrived since `handle_termination` was last called, or None."""
+    return _received
 
 
 def handle_termination() -> None:
     """Route SIGTERM and SIGHUP to `Terminated` in the main thread (no-op elsewhere, where signals cannot be set)."""
+    global _received
+    _received = None
     try:
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) in (signal.SIG_DFL, None):
