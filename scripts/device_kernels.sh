@@ -309,7 +309,7 @@ sys.exit(c.main(['--h16', '--configs', '0,1,1,0,0,8,2,1,0,0,3']))" > "$OUT/${too
           tail -2 "$OUT/${tool}_gather_scales1.log"; done ;;
     round33) # v43 across batch sizes and token counts (the 8-head prefill, an early-refill build, as the control)
         C=${ROUND33_CASES:-dec8:8,dec8:64,dec8:256,dec8:512,dec16:8,dec16:64,dec16:256,dec16:512,pre16:528,pre16:2112,pre16:8192,pre8:4096}
-        timeout 330 python3 scripts/gather_scales_probe.py "$OUT/gather_scales_wide_h200.json" --cases $C \
+        timeout 330 python3 scripts/gather_scales_probe.py "$OUT/gather_scales_wide_h200.json" --cases "$C" \
           > "$OUT/gather_scales_wide.log" 2>&1; echo "gather scales wide rc=$?"
         grep -a "^{" "$OUT/gather_scales_wide.log" | python3 -c "import json, sys
 for r in map(json.loads, sys.stdin):

@@ -367,15 +367,15 @@ def test_sigterm_during_export_leaves_nothing(base, tmp_path):
         return any((p / "tokenizer.json").exists() for p in _temp_entries(out_dir) if p.is_dir())
 
     r = _kill_mid_write(["map", "export", "-q", str(gguf), str(out_dir / "hf")], out_dir, signal.SIGTERM, started)
-    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    assert r.returncode == 128 + signal.SIGTERM, (r.stderr, sorted(p.name for p in out_dir.iterdir()))
     assert "Traceback" not in r.stderr and r.stderr.strip().splitlines()[-1] == "error: terminated by SIGTERM"
     assert list(out_dir.iterdir()) == []
 
 
 def test_error_raised_while_a_termination_unwinds_reports_the_termination(monkeypatch, capsys):
     """A write interrupted by SIGTERM may fail on its way out (a CI run of the export above once ended with "cannot
-    write (Bad file descriptor)", exit 2, its clean-up done): once the signal has arrived, the exit is the
-    termination's, whatever error the unwinding raised. Without a signal the same error is reported as itself."""
+    write (Bad file descriptor)", exit 2): once the signal has arrived, the exit is the termination's, whatever error
+    the unwinding raised. Without a signal the same error is reported as itself."""
     import argparse
 
     import glm5lib.cli as cli
@@ -391,7 +391,14 @@ def test_error_raised_while_a_termination_unwinds_reports_the_termination(monkey
     def failing(args):
         raise UserError("out/hf: cannot write (Bad file descriptor)")
 
+    def interrupted_raw(args):  # an error no command turned into a UserError (e.g. from a `finally`)
+        try:
+            files._raise_terminated(signal.SIGHUP, None)
+        except files.Terminated:
+            raise OSError(9, "Bad file descriptor") from None
+
     for func, rc, line in ((interrupted, 128 + signal.SIGTERM, "error: terminated by SIGTERM"),
+                           (interrupted_raw, 128 + signal.SIGHUP, "error: terminated by SIGHUP"),
                            (failing, 2, "error: out/hf: cannot write (Bad file descriptor)")):
         parser = argparse.ArgumentParser()
         parser.set_defaults(func=func)

@@ -49,27 +49,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     handle_termination()  # kill/timeout/hang-up clean up like Ctrl-C: no temporary output is left behind
+    # an error raised after SIGTERM / SIGHUP arrived (while the termination unwound: e.g. an interrupted write's own
+    # EBADF) is reported as the termination it is, whatever its type
     try:
         rc = args.func(args)
     except UserError as exc:
-        sig = termination_signal()
-        if sig is not None:  # raised while the termination unwound (an interrupted write's own error): report that
-            print(f"error: terminated by {signal.Signals(sig).name}", file=sys.stderr)
-            return 128 + sig
+        if termination_signal() is not None:
+            return _terminated(termination_signal())
         print(f"error: {exc}", file=sys.stderr)
         return exc.exit_code
     except BrokenPipeError:  # `glm5lib ... | head`: the reader left; not an error of ours
+        if termination_signal() is not None:
+            return _terminated(termination_signal())
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Terminated as exc:
-        print(f"error: terminated by {signal.Signals(exc.signum).name}", file=sys.stderr)
-        return 128 + exc.signum
+        return _terminated(exc.signum)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception:
+        if termination_signal() is not None:
+            return _terminated(termination_signal())
+        raise
     finally:
         _restore(saved)
     return int(rc or 0)
+
+
+def _terminated(signum: int) -> int:
+    print(f"error: terminated by {signal.Signals(signum).name}", file=sys.stderr)
+    return 128 + signum
 
 
 def _restore(saved: dict) -> None:

@@ -168,10 +168,10 @@ _received: int | None = None  # the termination signal that arrived since `handl
 
 def _raise_terminated(signum: int, frame: Any) -> None:
     global _received
+    _received = signum
     # Further SIGTERM/SIGHUP are ignored while the clean-up runs (Ctrl-C still works; SIGKILL always does).
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    _received = signum
     raise Terminated(signum)
 
 
