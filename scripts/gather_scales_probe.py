@@ -83,13 +83,10 @@ def run_case(decode: bool, H: int, T: int, reps: int, flash: bool, ablate: bool)
 
     times = {m: [] for m in fm.GATHER_SCALES_MODES}
     outs = {}
-    c = fm.DEFAULT
     for _ in range(reps):
         for m in ORDER:
             fm.set_gather_scales(m)
-            kw = fm._launch_plan(T, H, bk.TOPK, "cuda", q.device.index, c.nbuf, c.q_terms, c.p_terms, c.maxnreg,
-                                 c.block_n, c.row_threads, c.refill, c.sched, None, idx_sets[0].stride(0), None,
-                                 c.key_warps, c.widen, c.wgmma, decode)[3]
+            kw = fm.config_plan(fm.DEFAULT, T, H, bk.TOPK, "cuda", q.device.index, idx_sets[0].stride(0), decode)[3]
             whole = kw["REFILL"] != 1  # the build fills its ring a whole tile at a time: the mode applies
             row.setdefault("whole_tile_build", whole)
             row.setdefault("plan_gscales", []).append(kw["GSCALES"])

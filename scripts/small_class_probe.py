@@ -48,9 +48,7 @@ BUILDS = {"fp8mma-e4m3": SMALL, "fp8mma-f16": fm.CONFIG_BY_CLASS["small"],
 def per_sm_small(cfg, T: int, H: int, decode: bool) -> tuple[int, int, dict]:
     """The 99 KB class's programs an SM for this build's plan of the shape (`mla.force_smem_class("small")` on)."""
     G = fm.head_groups(H)
-    splits, _, _, kw, _ = fm._launch_plan(T, H, bk.TOPK, "cuda", torch.cuda.current_device(), cfg.nbuf, cfg.q_terms,
-                                          cfg.p_terms, cfg.maxnreg, cfg.block_n, cfg.row_threads, cfg.refill,
-                                          cfg.sched, None, bk.TOPK, None, cfg.key_warps, cfg.widen, cfg.wgmma, decode)
+    splits, _, _, kw, _ = fm.config_plan(cfg, T, H, bk.TOPK, "cuda", torch.cuda.current_device(), bk.TOPK, decode)
     kw = dict(kw, smem_estimate=fm.smem_bytes_estimate(G, cfg.nbuf, cfg.q_terms, kw["BN"], kw["WM"]))
     return fm.programs_per_sm(G, cfg.nbuf, cfg.q_terms, "small", cfg.maxnreg, kw["BN"], kw["WM"]), splits, kw
 

@@ -361,12 +361,9 @@ def h200_plan(monkeypatch):
     monkeypatch.setattr(fm, "num_sms", lambda dev: 132)
     monkeypatch.setattr(mla, "smem_class", lambda dev: "big")
     fm.clear_plans()
-    c = fm.DEFAULT
 
     def plan(T, H=8, decode=False):
-        return fm._launch_plan(T, H, 2048, "cpu", None, c.nbuf, c.q_terms, c.p_terms, c.maxnreg, c.block_n,
-                               c.row_threads, c.refill, c.sched, None, 2048, None, c.key_warps, c.widen, c.wgmma,
-                               decode)
+        return fm.config_plan(fm.DEFAULT, T, H, 2048, "cpu", None, 2048, decode)
 
     yield plan
     monkeypatch.undo()

@@ -49,28 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     handle_termination()  # kill/timeout/hang-up clean up like Ctrl-C: no temporary output is left behind
-    # an error raised after SIGTERM / SIGHUP arrived (while the termination unwound: e.g. an interrupted write's own
-    # EBADF) is reported as the termination it is, whatever its type
     try:
         rc = args.func(args)
-    except UserError as exc:
-        if termination_signal() is not None:
-            return _terminated(termination_signal())
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except BrokenPipeError:  # `glm5lib ... | head`: the reader left; not an error of ours
-        if termination_signal() is not None:
-            return _terminated(termination_signal())
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
     except Terminated as exc:
         return _terminated(exc.signum)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except Exception:
+    except Exception as exc:
+        # raised while a SIGTERM / SIGHUP unwound (e.g. an interrupted write's own EBADF): the termination it is
         if termination_signal() is not None:
             return _terminated(termination_signal())
+        if isinstance(exc, UserError):
+            print(f"error: {exc}", file=sys.stderr)
+            return exc.exit_code
+        if isinstance(exc, BrokenPipeError):  # `glm5lib ... | head`: the reader left; not an error of ours
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         raise
     finally:
         _restore(saved)

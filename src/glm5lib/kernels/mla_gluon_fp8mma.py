@@ -1647,6 +1647,15 @@ def _launch_plan(T: int, H: int, topk: int, dev_type: str, dev_index: int | None
     return splits, keys_per_split, ((slots,) if flat else (T, splits)), kw, tuple(kw.values())
 
 
+def config_plan(cfg: Config, T: int, H: int, topk: int, dev_type: str, dev_index: int | None, idx_stride: int,
+                decode: bool = False) -> tuple[int, int, tuple, dict, tuple]:
+    """`_launch_plan` for a `Config`'s build as `sparse_mla_fp8mma` plans it unforced (the split plan's splits, one
+    program a token or the balanced schedule by its rule): what the probes and tests ask of a shipped build."""
+    return _launch_plan(T, H, topk, dev_type, dev_index, cfg.nbuf, cfg.q_terms, cfg.p_terms, cfg.maxnreg, cfg.block_n,
+                        cfg.row_threads, cfg.refill, cfg.sched, None, idx_stride, None, cfg.key_warps, cfg.widen,
+                        cfg.wgmma, decode)
+
+
 def clear_plans() -> None:
     """Forget the cached launch plans (`mla.set_pdl`)."""
     _launch_plan.cache_clear()
@@ -1976,7 +1985,7 @@ def compile_stats(arch: int, G: int = 1, nbuf: int = DEFAULT.nbuf, q_terms: int 
 __all__ = ["sparse_mla_fp8mma", "ablate_launch", "ABLATIONS", "REFILL_ABLATION", "Config", "ring_slots",
            "CONFIGS", "DEFAULT",
            "PDL_TRIGGERS", "set_pdl_trigger", "REFILL_ROWS_MODES", "set_refill_rows", "GATHER_SCALES_MODES",
-           "set_gather_scales",
+           "set_gather_scales", "config_plan",
            "config_name", "config_kwargs", "check_terms", "check_block_n", "check_row_threads", "check_refill",
            "refill_mode", "REFILLS", "check_sched", "balanced_mode", "KEY_WARPS", "key_warps_of", "num_warps_of",
            "DECODE_K4_FILL", "DECODE_K4_WAVES",
