@@ -2,7 +2,7 @@
 # Runs on the lent H200 (device tool): correctness matrix, compute-sanitizer, benchmarks. Logs under $OUT.
 # usage: scripts/device_kernels.sh [checks] [checks-small] [checks-small-fp8mma] [sanitize] [sanitize-indexer] [racecheck] [sanitize-small] [harness]
 #   [racecheck-fp8mma] [harness-graphs] [bench] [bench-targets] [bounds] [gather] [bench-sweep] [prefill-fp8-sweep] [bench-indexer] [topk-sweep]
-#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [round31] [round31b] [round31c] [round32] [round32b] [round33] [round33-ncu] [memcheck-topk]
+#   [topk-long] [tune] [verify] [compile] [fp8mma] [batches] [widen] [round19] [round19b] [sanitize-wgmma] [ncu16] [round20] [round20b] [round20c] [round20d] [racecheck-k4] [round21] [round21b] [racecheck-dq] [round21c] [round22] [round22b] [round22c] [round23] [round23b] [round23c] [round24] [round24b] [round25] [round26] [round26b] [round27] [round27b] [round28] [round30] [round31] [round31b] [round31c] [round32] [round32b] [round33] [round33-ncu] [round34] [memcheck-topk]
 # harness: the kernels through the vLLM backend's call path (paged caches, block tables, top-k 2048; no vLLM needed)
 # harness-graphs: a 3-layer decode step captured in a CUDA graph vs eager, per-layer times, sparse_mla vs FlashMLA at batch 1
 # harness-swfp8: the same with the sm_80 software fp8 path (GLM5LIB_FP8_SOFTWARE=1: what an A100 runs)
@@ -101,6 +101,9 @@
 #   (an early-refill build, the same SASS in both modes) as the control (gather_scales_wide_h200.json; ROUND33_CASES
 #   replaces the case list);
 #   round33-ncu: Nsight Compute on the shipped 16-head prefill (ncu_fp8mma_prefill_h16_gscales1*.txt)
+# round34: bf16 q over fp8 keys in each form (two e4m3 terms, the sm_90 rule from round 34) against the top-2048 of
+#   bf16 q and of the fp32 q it was rounded from (scripts/indexer_form_topk.py --fp32-q;
+#   indexer_form_topk_fp32q_h200.json), then memcheck of every paged-indexer form (sanitizer_indexer_h200.log)
 # memcheck-topk: memcheck of the one-program, split and multi selects with each way of counting (memcheck_topk.log)
 # ncu-topk: Nsight Compute of the one-program top-k select (1 and 128 rows of 32K standard-normal scores, one of a
 #   narrow spread; NCU_TOPK_CASES="128_32768_agg ..." picks others: scripts/topk_ncu_case.py's arguments joined by
@@ -323,6 +326,11 @@ for r in map(json.loads, sys.stdin):
         python3 scripts/ncu_sass_top.py /tmp/ncu33.csv 60 > "$OUT/ncu_fp8mma_prefill_h16_gscales1_sass_top.txt" 2>&1
         grep -E "Duration|Warp Cycles Per Issued|Issue Slots Busy|Issued Warp|No Eligible|Active Warps Per" \
           "$OUT/ncu_fp8mma_prefill_h16_gscales1.txt" | head -12 ;;
+    round34) # the indexer's q forms against bf16 q's and fp32 q's top-k at B128 ctx 32K, each as the rule launches it
+        timeout 200 python3 scripts/indexer_form_topk.py "$OUT/indexer_form_topk_fp32q_h200.json" --fp32-q \
+          > "$OUT/indexer_form_topk.log" 2>&1; echo "form topk rc=$?"; cat "$OUT/indexer_form_topk.log" | cut -c1-400
+        timeout 300 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/indexer_sanitize_case.py \
+          > "$OUT/sanitizer_indexer_h200.log" 2>&1; echo "sanitize indexer rc=$?"; tail -2 "$OUT/sanitizer_indexer_h200.log" ;;
     round32b) timeout 200 python3 -c "import sys
 from glm5lib.kernels import checks, mla_gluon_fp8mma as fm
 fm.set_gather_scales(1)

@@ -1,8 +1,8 @@
 """Paged indexer launches for `compute-sanitizer --tool memcheck` (GPU): bf16 q over fp8 keys in each rewrite
 (`indexer.PAGED_Q_FORM`: fp16 by a prepass or inside the scores kernel, two e4m3 terms) and as it is (a bf16 dot),
 fp8 q, and bf16 q over bf16 keys; 32 and 24 index heads (a masked head tile), both launch grids, one tile and four
-tiles a program besides the rule's count (`indexer.PAGED_TILES`: 8 over bf16 keys on the H200, so a program's
-tiles run past the row's end), contexts that end inside a tile, and a padding request.
+tiles a program besides the rule's count (`indexer.PAGED_TILES`: 8 over bf16 keys on the H200 and 4 for two e4m3
+terms, so a program's tiles run past the row's end), contexts that end inside a tile, and a padding request.
 Each launch is compared with `naive.indexer_logits_ref` (bf16 tolerance), so a wrong result fails here too.
 
 `PYTHONPATH=src compute-sanitizer --tool memcheck python scripts/indexer_sanitize_case.py`
@@ -54,7 +54,8 @@ def main() -> int:
                                                                                              rtol=1e-3, atol=1e-3)
                     bad += not ok
                     total += 1
-                    how = " loop" if loop else f" {ix.paged_tiles(kwk['k_format'], q.device)} tiles a program"
+                    launched = ix.paged_q_form(qq.dtype, kwk["k_format"], q.device)
+                    how = " loop" if loop else f" {ix.paged_tiles(kwk['k_format'], q.device, launched)} tiles a program"
                     print(f"indexer paged H{HI} {label}{how}: {'ok' if ok else 'FAILED'}", flush=True)
     print(f"{total - bad}/{total} indexer launches match the reference")
     return 1 if bad else 0

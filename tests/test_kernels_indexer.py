@@ -631,11 +631,27 @@ def test_paged_dot_layout_follows_q_dtype(monkeypatch, forced):
 
 
 def test_paged_q_form_rule(monkeypatch):
-    """bf16 q over fp8 keys is rewritten (into PAGED_Q_FORM; "e4m3x2" falls back to "f16" without hardware e4m3),
-    nothing else is unless PAGED_Q_REWRITE forces it (never fp8 q or bf16 keys); a bad form is refused."""
+    """bf16 q over fp8 keys is rewritten: by the rule (PAGED_Q_FORM None) into two e4m3 terms on sm_90, where that
+    was timed, and into fp16 on other GPUs and off a GPU; PAGED_Q_FORM forces a form ("e4m3x2" falls back to "f16"
+    without hardware e4m3); nothing else is rewritten unless PAGED_Q_REWRITE forces it (never fp8 q or bf16 keys);
+    a bad form is refused."""
     import glm5lib.kernels.indexer as ix
 
-    assert ix.paged_q_form(torch.bfloat16, "fp8") == ix.PAGED_Q_FORM == "f16"
+    assert ix.PAGED_Q_FORM is None and ix.paged_q_form(torch.bfloat16, "fp8") == "f16"
+    cap = {"value": (9, 0)}
+    monkeypatch.setattr(ix, "capability", lambda dev: cap["value"])
+    monkeypatch.setattr(ix, "fp8_hw", lambda dev: dev.type == "cuda" and cap["value"] >= (8, 9))
+    gpu = torch.device("cuda", 0)
+    assert ix.paged_q_form(torch.bfloat16, "fp8", gpu) == "e4m3x2"
+    assert ix.paged_q_form(torch.bfloat16, "fp8", torch.device("cpu")) == "f16"
+    for other in ((8, 0), (8, 9), (10, 0), (12, 0)):  # not timed there (sm_80 has no hardware e4m3 at all)
+        cap["value"] = other
+        assert ix.paged_q_form(torch.bfloat16, "fp8", gpu) == "f16", other
+    cap["value"] = (9, 0)
+    assert ix.paged_q_form(torch.float16, "fp8", gpu) is None and ix.paged_q_form(torch.bfloat16, "bf16", gpu) is None
+    monkeypatch.setattr(ix, "PAGED_Q_FORM", "f16")  # the exact form, forced
+    assert ix.paged_q_form(torch.bfloat16, "fp8", gpu) == "f16"
+    monkeypatch.setattr(ix, "PAGED_Q_FORM", None)
     assert ix.paged_q_form(torch.float16, "fp8") is None and ix.paged_q_form(torch.float32, "fp8") is None
     assert ix.paged_q_form(torch.bfloat16, "bf16") is None and ix.paged_q_form(torch.float8_e4m3fn, "fp8") is None
     monkeypatch.setattr(ix, "PAGED_Q_REWRITE", True)
@@ -643,6 +659,7 @@ def test_paged_q_form_rule(monkeypatch):
     assert ix.paged_q_form(torch.bfloat16, "bf16") is None
     monkeypatch.setattr(ix, "PAGED_Q_FORM", "e4m3x2")
     monkeypatch.setattr(ix, "fp8_hw", lambda dev: dev.type == "cuda")
+    cap["value"] = (12, 0)
     assert ix.paged_q_form(torch.bfloat16, "fp8", torch.device("cuda")) == "e4m3x2"
     assert ix.paged_q_form(torch.bfloat16, "fp8", torch.device("cpu")) == "f16"
     monkeypatch.setattr(ix, "PAGED_Q_FORM", "fp4")
@@ -726,18 +743,20 @@ def test_rewrite_q_e4m3x2_terms():
 
 
 def test_paged_tiles_rule(monkeypatch):
-    """Tiles a program: 8 over bf16 keys on sm_90 with the tile it was timed with, 1 over fp8 or fp16 keys, on
-    other GPUs, off a GPU and for another tile; PAGED_TILES overrides; the compile report and the launch take that
-    count."""
+    """Tiles a program: 8 over bf16 keys and 4 for q rewritten into two e4m3 terms on sm_90 with the tile they were
+    timed with, 1 over fp8 keys otherwise (fp16 q, fp8 q, the fp16 rewrite) or fp16 keys, on other GPUs, off a GPU
+    and for another tile; PAGED_TILES overrides; the compile report and the launch take that count."""
     import glm5lib.kernels.indexer as ix
 
     gpu = torch.device("cuda", 0)
     cap = {"value": (9, 0)}
     monkeypatch.setattr(ix, "capability", lambda dev: cap["value"])
     assert ix.paged_tiles("bf16", gpu) == 8 and ix.paged_tiles("fp8", gpu) == 1 and ix.paged_tiles("fp16", gpu) == 1
+    assert ix.paged_tiles("fp8", gpu, "e4m3x2") == 4 and ix.paged_tiles("fp8", gpu, "f16") == 1
     assert ix.paged_tiles("bf16", torch.device("cpu")) == 1
+    assert ix.paged_tiles("fp8", torch.device("cpu"), "e4m3x2") == 1
     cap["value"] = (12, 0)
-    assert ix.paged_tiles("bf16", gpu) == 1  # not measured there
+    assert ix.paged_tiles("bf16", gpu) == 1 and ix.paged_tiles("fp8", gpu, "e4m3x2") == 1  # not measured there
     cap["value"] = (9, 0)
     monkeypatch.setitem(ix.INDEXER_CONFIGS, "paged", (0, 64, 4, 2))
     assert ix.paged_tiles("bf16", gpu) == 1
@@ -751,6 +770,12 @@ def test_paged_tiles_rule(monkeypatch):
     # (capped) and on the looping grid
     spec = indexer_paged_spec(90, torch.bfloat16, False, False)
     assert spec.constexprs["MULTI"] and "TILES" not in spec.constexprs and spec.maxnreg is None and "-t8-" in spec.name
+    # bf16 q over fp8 keys on sm_90: the rule's two e4m3 terms, 4 tiles, uncapped; fp16 rewrite, one tile on sm_89
+    spec = indexer_paged_spec(90, torch.bfloat16, True, False)
+    assert spec.constexprs["Q_TERMS"] == 2 and spec.constexprs["MULTI"] and spec.maxnreg is None, spec.name
+    assert "-t4-" in spec.name and spec.name.endswith(":fp8:e4m3x2]"), spec.name
+    spec = indexer_paged_spec(89, torch.bfloat16, True, False)
+    assert spec.constexprs["Q_TERMS"] == 1 and spec.constexprs["TILES"] == 1 and spec.name.endswith(":fp8:f16]")
     for one in (indexer_paged_spec(90, torch.float8_e4m3fn, True, False), indexer_paged_spec(90, torch.bfloat16, False, True),
                 indexer_paged_spec(89, torch.bfloat16, False, False)):
         assert not one.constexprs["MULTI"] and one.constexprs["TILES"] == 1, one.name

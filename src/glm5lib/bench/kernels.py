@@ -524,7 +524,7 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
     """The paged indexer's decode alternatives, each checked against the reference and timed (`bench_indexer`):
     - tiles in both dot layouts (heads as M; "-keysM") and the looping grid (`row_bound_only`, what CUDA-graph
       decode launches) per SM count with the shipped tile, without register caps; bf16 q over fp8 keys rewritten
-      by the rule ("f16:"), fp8 q ("q8:");
+      into the rule's form ("f16:" or "e4m3x2:", `indexer.paged_q_form`), fp8 q ("q8:");
     - fp8 keys: bf16 q scored as it is ("q-bf16") and in each `indexer.Q_FORMS` rewrite, both layouts, no cap
       ("e4m3x2" only with hardware e4m3);
     - fp8 keys: register caps 80 and 96 on the keys-as-M forms and fp8 q (`indexer.PAGED_MAXNREG`);
@@ -549,8 +549,8 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
         except Exception as exc:
             rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
 
-    shipped = ix.INDEXER_CONFIGS["paged"]
-    qs = [("f16:" if fp8 else "", q, w, r)] + ([("q8:", fp8q[0], fp8q[1], fp8q[2])] if fp8q else [])
+    shipped, kept_form = ix.INDEXER_CONFIGS["paged"], ix.PAGED_Q_FORM
+    qs = [(f"{ix.paged_q_form(q.dtype, fmt, q.device)}:" if fp8 else "", q, w, r)] + ([("q8:", fp8q[0], fp8q[1], fp8q[2])] if fp8q else [])
     runs = ([(c, None, km) for km in (False, True) for c in SWEEP_INDEXER_PAGED]
             + [(shipped, p, None) for p in (8, 32)])
     loop_programs = ix.PAGED_LOOP_PROGRAMS_PER_SM
@@ -580,7 +580,7 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
             for maxnreg in (0, cap) if caps and cap else (0,):
                 ix.PAGED_MAXNREG = maxnreg
                 time_row(f"triton:q-{label}-t{per}-s{stages}" + (f"-r{maxnreg}" if maxnreg else ""), qq, ww, ref)
-    ix.INDEXER_CONFIGS["paged"], ix.PAGED_TILES, ix.PAGED_Q_FORM, ix.PAGED_MAXNREG = shipped, 1, "f16", 0
+    ix.INDEXER_CONFIGS["paged"], ix.PAGED_TILES, ix.PAGED_Q_FORM, ix.PAGED_MAXNREG = shipped, 1, kept_form, 0
     if not fp8:
         return rows
     forms = [f for f in ix.Q_FORMS if hw or f != "e4m3x2"]

@@ -199,7 +199,7 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
 
     fmt = "fp8" if fp8 else "bf16"
     if form is _RULE:
-        form = q_form_rule(q_dtype, fmt, arch >= 89)
+        form = q_form_rule(q_dtype, fmt, arch >= 89, divmod(arch, 10))
     launched = REWRITTEN_DTYPE.get(form, q_dtype)
     _, bn, nw, ns = INDEXER_CONFIGS["paged"]
     fn = _indexer_paged_kernel
@@ -209,7 +209,7 @@ def indexer_paged_spec(arch: int, q_dtype, fp8: bool, loop: bool, keys_m: bool |
     consts = {"KV_FP8": fp8, "FP8_HW": arch >= 89, "BLOCK_HI": 32, "BLOCK_N": bn, "D": INDEXER_DIM,
               "TILE_LOOP": loop, "KEYS_M": paged_keys_m(launched, fmt, form) if keys_m is None else keys_m,
               "F16_DOT": form == "f16-kernel", "Q_TERMS": 2 if form == "e4m3x2" else 1}
-    per = 1 if loop else tiles_for(fmt, divmod(arch, 10))
+    per = 1 if loop else tiles_for(fmt, divmod(arch, 10), form)
     consts["MULTI"] = per > 1
     if per == 1:  # Triton specialises an integer argument of 1 as a constant: so does the report
         consts["TILES"] = 1
@@ -292,7 +292,7 @@ def shipped_kernels(arch: int) -> list[KernelSpec]:
             specs.append(indexer_paged_spec(arch, qdt, fp8, loop))
     from glm5lib.kernels.indexer import REWRITTEN_DTYPE, q_form_rule
 
-    form = q_form_rule(torch.bfloat16, "fp8", fp8_hw)
+    form = q_form_rule(torch.bfloat16, "fp8", fp8_hw, divmod(arch, 10))
     if form in REWRITTEN_DTYPE:  # the rewrite of bf16 q over fp8 keys, launched before the scores
         specs.append(indexer_prep_spec(form))
     from glm5lib.kernels.rows import _physical_rows_kernel, _quantize_write_indexer_kernel, _write_indexer_rows_kernel

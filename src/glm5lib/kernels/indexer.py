@@ -45,11 +45,14 @@ PAGED_LOOP_PROGRAMS_PER_SM = 32
 # H200, the shipped tile, B 128, ctx 32K (outputs/bench/sweeps/indexer_tiles_h200_1d31ed4.json; the earlier
 # builds: indexer_tiles_h200_f593c87.json, a15190a.json): bf16 keys 8 tiles 284 us against 310 for one (83 -> 90 %
 # of copy); over fp8 keys the shipped forms gain nothing: fp16 q 208 us at 4-8 tiles (1 stage, cap 96) against
-# 208, fp8 q 166 (4 tiles, cap 80) against 165; two e4m3 terms, not a default, 185 against 190. So the rule takes
-# 8 for bf16 keys on sm_90, with the tile it was timed with (`SM90_TIMED_TILE`, as the caps), and 1
-# elsewhere (`paged_tiles`); None: that rule; a number: that count.
+# 208, fp8 q 166 (4 tiles, cap 80) against 165; two e4m3 terms 185 against 190. The H200 run of 6eaff6f
+# (outputs/bench/bench_h200.json, its `indexer-decode-sweep` rows) again: two e4m3 terms, uncapped, 185.8 us at 4
+# tiles and 185.1 at 8 against 191.5 at one; an H100 level (221.5 at 4, 220.6 at one;
+# outputs/bench/sweeps/bench_h100_d1e47e4_gscales1.json). So the rule takes 8 for bf16 keys and 4 for q rewritten
+# into two e4m3 terms on sm_90, with the tile it was timed with (`SM90_TIMED_TILE`, as the caps), and 1 elsewhere
+# (`paged_tiles`); None: that rule; a number: that count.
 PAGED_TILES: int | None = None
-TILES_SM90 = {"bf16": 8}
+TILES_SM90 = {"bf16": 8, "e4m3x2": 4}  # by key format, or by q form where q is rewritten
 # The paged kernel's dot layout. Keys as M (`[BLOCK_N, 128] x [128, Hi]`, the head sum along rows) when q is fp8:
 # the fp8 MMA then takes the key tile as it sits in shared memory (K-contiguous) and only the small q tile as the
 # transposed operand; so too when q is rewritten over fp8 keys (`PAGED_Q_FORM`) or is fp16 there (timed on sm_90,
@@ -84,14 +87,21 @@ SM90_TIMED_TILE = (0, 128, 4, 2)  # `INDEXER_CONFIGS["paged"]` when the sm_90 ca
 # - "f16-kernel": the same rescale inside every program of the scores kernel (a 128-wide max per head per tile);
 # - "e4m3x2": the prepass writes q as two e4m3 terms per head under one power of two (`_rows_to_e4m3`: the second
 #   is the first's rounding error, e4m3's exponent keeping it to 4 bits) and the inverse into the weight; the scores
-#   kernel accumulates two fp8 dots on the keys' bytes as they are into one accumulator. Not exact: within ~1e-4
-#   of the bf16 dot's scores (bf16's own rounding of q is ~1e-3; one term, vLLM's fp8 q, 9e-3). sm_89+ only
-#   (elsewhere "f16").
+#   kernel accumulates two fp8 dots on the keys' bytes as they are into one accumulator. The two terms hold a bf16
+#   value's 8 significant bits unless it lies more than 2^14 below its head's largest (e4m3 subnormals): on the
+#   CPU, in fp64, within 1e-6 of the bf16 dot's scores (scripts/indexer_q_forms_topk.py). On sm_90 the fp8
+#   products accumulate in the tensor cores' own precision: within ~1.6e-4 there (H200 and H100, the bench's
+#   `rel_err`), against bf16's own rounding of q at ~1.7e-3 and vLLM's fp8 q (one term) at ~2.7e-2.
+#   sm_89+ only (elsewhere "f16").
+# PAGED_Q_FORM None is the rule (`q_form_rule`): "e4m3x2" on sm_90, where it was timed (H200 185.8 us at the rule's
+# 4 tiles against 209.3 for "f16" under its cap, 73 against 65 % of copy; an H100 221.5 against 230.4), "f16"
+# elsewhere (sm_89 / sm_120 not timed). "f16" keeps the scores those of the bf16 dot on every GPU.
 # PAGED_Q_REWRITE: None is the rule (bf16 q over fp8 keys only); True / False force it for any non-fp8 q over fp8
 # keys (tests run it on the interpreter's fp32 q; the benchmark sweep times every form). The ragged (prefill)
 # kernel converts each key tile once for all heads and queries and keeps bf16.
 PAGED_Q_REWRITE: bool | None = None
-PAGED_Q_FORM = "f16"
+PAGED_Q_FORM: str | None = None
+Q_FORM_SM90 = "e4m3x2"
 Q_FORMS = ("f16", "f16-kernel", "e4m3x2")
 REWRITTEN_DTYPE = {"f16": torch.float16, "e4m3x2": torch.float8_e4m3fn}  # the forms the prepass writes
 
@@ -107,32 +117,36 @@ def paged_keys_m(q_dtype: torch.dtype, k_format: str = "bf16", form: str | None 
 def paged_q_form(q_dtype: torch.dtype, k_format: str, device: torch.device | None = None) -> str | None:
     """Into what the paged launch rewrites q of this dtype over keys of this format (a `Q_FORMS` entry, see
     PAGED_Q_FORM), or None: scored as it is. "e4m3x2" becomes "f16" on a device without hardware e4m3."""
-    return q_form_rule(q_dtype, k_format, device is None or fp8_hw(device))
+    cap = capability(device) if device is not None and device.type == "cuda" else None
+    return q_form_rule(q_dtype, k_format, device is None or fp8_hw(device), cap)
 
 
-def q_form_rule(q_dtype: torch.dtype, k_format: str, e4m3_hw: bool) -> str | None:
-    """`paged_q_form`'s rule for a GPU with (or without) hardware e4m3."""
+def q_form_rule(q_dtype: torch.dtype, k_format: str, e4m3_hw: bool, cap=None) -> str | None:
+    """`paged_q_form`'s rule for a GPU of compute capability `cap` (None: not a GPU) with (or without) hardware
+    e4m3."""
     if k_format != "fp8" or q_dtype == torch.float8_e4m3fn:
         return None
     if not (q_dtype == torch.bfloat16 if PAGED_Q_REWRITE is None else PAGED_Q_REWRITE):
         return None
-    if PAGED_Q_FORM not in Q_FORMS:
-        raise ValueError(f"indexer.PAGED_Q_FORM must be one of {Q_FORMS}, got {PAGED_Q_FORM!r}")
-    return "f16" if PAGED_Q_FORM == "e4m3x2" and not e4m3_hw else PAGED_Q_FORM
+    form = PAGED_Q_FORM if PAGED_Q_FORM is not None else (Q_FORM_SM90 if cap == (9, 0) else "f16")
+    if form not in Q_FORMS:
+        raise ValueError(f"indexer.PAGED_Q_FORM must be one of {Q_FORMS} or None, got {form!r}")
+    return "f16" if form == "e4m3x2" and not e4m3_hw else form
 
 
-def paged_tiles(k_format: str, device: torch.device) -> int:
-    """Tiles a program of a paged launch without `row_bound_only` scores over keys of `k_format` (see PAGED_TILES)."""
-    return tiles_for(k_format, capability(device) if device.type == "cuda" else None)
+def paged_tiles(k_format: str, device: torch.device, form: str | None = None) -> int:
+    """Tiles a program of a paged launch without `row_bound_only` scores over keys of `k_format`, q rewritten into
+    `form` (`paged_q_form`) or not (see PAGED_TILES)."""
+    return tiles_for(k_format, capability(device) if device.type == "cuda" else None, form)
 
 
-def tiles_for(k_format: str, cap) -> int:
+def tiles_for(k_format: str, cap, form: str | None = None) -> int:
     """`paged_tiles` for a GPU of compute capability `cap` (None: not a GPU): PAGED_TILES if set, else the rule."""
     if PAGED_TILES is not None:
         return max(1, int(PAGED_TILES))
     if cap != (9, 0) or tuple(INDEXER_CONFIGS["paged"]) != SM90_TIMED_TILE:
         return 1
-    return TILES_SM90.get(k_format, 1)
+    return TILES_SM90.get(form or k_format, 1)
 
 
 def paged_maxnreg(q_dtype: torch.dtype, k_format: str, keys_m: bool, q_terms: int, loop: bool,
@@ -441,7 +455,8 @@ def indexer_logits(
     q: `[T, Hi, 128]` bf16/fp16 (fp32 under the interpreter), or float8_e4m3fn with fp8 keys: then the key bytes
     feed an fp8 tensor-core dot as they are (no conversion, twice the bf16 rate) and the caller folds q's
     per-(token, head) scale into `weights`, as vLLM's DeepGEMM path does. Paged, bf16 q over fp8 keys is first
-    rewritten by a launch of its own into two new tensors (`PAGED_Q_FORM`; exact by default). weights: `[T, Hi]`
+    rewritten by a launch of its own into two new tensors (`PAGED_Q_FORM`: exact as fp16, or on sm_90 two e4m3
+    terms, within ~1.6e-4 of the bf16 dot's scores there). weights: `[T, Hi]`
     fp32 (keep fp32: bf16 weights flip near-tied top-k picks). `scale` multiplies `q . k` (GLM-5: 128^-0.5; fold
     32^-0.5 into weights).
     Ragged: `k_cache` `[N, 128]` or fp8 `[N, 132]` uint8; `ks`/`ke` int32 `[T]` (defaults 0 / N) -> `[T, N]`.
@@ -513,11 +528,11 @@ def indexer_logits(
     per = 1
     if row_bound_only:  # enough programs per row to fill the GPU a few times over, each looping over its tiles
         grid = (T, max(1, min(tiles, triton.cdiv(PAGED_LOOP_PROGRAMS_PER_SM * num_sms(dev), T))))
-    else:
-        per = paged_tiles(k_format, dev)
+    form = paged_q_form(q.dtype, k_format, dev)
+    if not row_bound_only:
+        per = paged_tiles(k_format, dev, form)
         grid = (T, triton.cdiv(tiles, per))
     block_table = block_table.to(torch.int32)
-    form = paged_q_form(q.dtype, k_format, dev)
     q_terms = 1
     if form in REWRITTEN_DTYPE:  # rewritten by the prepass: the scores kernel takes that q as it is
         q, weights = rewrite_q(q, weights, form)
