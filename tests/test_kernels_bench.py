@@ -395,6 +395,25 @@ def test_indexer_decode_sweep_rows_and_knobs_restored(monkeypatch):
     assert len(names) == len(set(names)) == 2 * 2 + 2 * 2 + 2 * 4 + 2 * 3 + 3 * 2 + 3
     assert max(r["rel_err"] for r in rows if "e4m3x2" not in r["impl"] and "q8" not in r["impl"]) < 1e-5
     assert knobs() == before
+    # where the rule's form is two e4m3 terms (sm_90), the grid rows run in it and, beside it, in the exact fp16 form
+    monkeypatch.setattr(ix, "PAGED_Q_FORM", "e4m3x2")
+    before = knobs()
+    forms, real = [], ix.rewrite_q
+    monkeypatch.setattr(ix, "rewrite_q", lambda qq, ww, form: forms.append(form) or real(qq, ww, form))
+    with bk._indexer_knobs():
+        rows = bk._indexer_decode_sweep("fp8", q, w, ref, (q8, w * amax, ref8), cache, out, kw, 2, 4, 64, 1.0, 1.0,
+                                        None)
+    monkeypatch.setattr(ix, "rewrite_q", real)
+    err = {r["impl"]: r["rel_err"] for r in rows if "error" not in r and r["ok"]}
+    assert len(err) == len(rows) == len(names) + 2 + 2  # fp16 rows beside them: 2 layouts, 2 looping grids
+    grids = ("N128-w4-s2", "N128-w4-s2-keysM", "N128-w4-s2-loop8", "N128-w4-s2-loop32")
+    for grid in grids:  # bf16 values: both forms carry them exactly on the interpreter (fp32 products)
+        assert max(err[f"triton:f16:{grid}"], err[f"triton:e4m3x2:{grid}"]) < 1e-5, grid
+    # each grid row rewrote q in the form its name says (one checked call a row: the timing is stubbed)
+    assert forms[: 2 * len(grids)] == ["e4m3x2", "f16"] * len(grids), forms
+    assert knobs() == before
+    monkeypatch.setattr(ix, "PAGED_Q_FORM", None)
+    before = knobs()
     import glm5lib.kernels.common as common
 
     monkeypatch.setattr(common, "fp8_hw", lambda dev: False)

@@ -524,7 +524,8 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
     """The paged indexer's decode alternatives, each checked against the reference and timed (`bench_indexer`):
     - tiles in both dot layouts (heads as M; "-keysM") and the looping grid (`row_bound_only`, what CUDA-graph
       decode launches) per SM count with the shipped tile, without register caps; bf16 q over fp8 keys rewritten
-      into the rule's form ("f16:" or "e4m3x2:", `indexer.paged_q_form`), fp8 q ("q8:");
+      into the rule's form ("e4m3x2:" on sm_90, `indexer.paged_q_form`) and, where that is not the exact one, into
+      fp16 too ("f16:"), fp8 q ("q8:");
     - fp8 keys: bf16 q scored as it is ("q-bf16") and in each `indexer.Q_FORMS` rewrite, both layouts, no cap
       ("e4m3x2" only with hardware e4m3);
     - fp8 keys: register caps 80 and 96 on the keys-as-M forms and fp8 q (`indexer.PAGED_MAXNREG`);
@@ -550,7 +551,10 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
             rows.append({"kind": "indexer-decode-sweep", "impl": name, "error": str(exc)[:200]})
 
     shipped, kept_form = ix.INDEXER_CONFIGS["paged"], ix.PAGED_Q_FORM
-    qs = [(f"{ix.paged_q_form(q.dtype, fmt, q.device)}:" if fp8 else "", q, w, r)] + ([("q8:", fp8q[0], fp8q[1], fp8q[2])] if fp8q else [])
+    rule_form = ix.paged_q_form(q.dtype, fmt, q.device) if fp8 else None
+    qs = [(f"{rule_form}:" if fp8 else "", q, w, r, kept_form)]  # (tag, q, weights, reference, PAGED_Q_FORM)
+    qs += [("f16:", q, w, r, "f16")] if rule_form not in (None, "f16") else []
+    qs += [("q8:", fp8q[0], fp8q[1], fp8q[2], kept_form)] if fp8q else []
     runs = ([(c, None, km) for km in (False, True) for c in SWEEP_INDEXER_PAGED]
             + [(shipped, p, None) for p in (8, 32)])
     loop_programs = ix.PAGED_LOOP_PROGRAMS_PER_SM
@@ -560,11 +564,12 @@ def _indexer_decode_sweep(fmt, q, w, r, fp8q, cache, o, kw, B, HI, ctx, flops, b
         ix.INDEXER_CONFIGS["paged"] = cfg
         ix.PAGED_LOOP_PROGRAMS_PER_SM = loop or loop_programs
         ix.PAGED_KEYS_M = keys_m
-        for tag, qq, ww, ref in qs:
+        for tag, qq, ww, ref, form in qs:
+            ix.PAGED_Q_FORM = form
             name = (f"triton:{tag}N{cfg[1]}-w{cfg[2]}-s{cfg[3]}" + (f"-loop{loop}" if loop else "")
                     + ("-keysM" if keys_m else ""))
             time_row(name, qq, ww, ref, row_bound_only=loop is not None)
-    ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM = shipped, loop_programs
+    ix.INDEXER_CONFIGS["paged"], ix.PAGED_LOOP_PROGRAMS_PER_SM, ix.PAGED_Q_FORM = shipped, loop_programs, kept_form
     hw = fp8_hw(q.device)
     if fp8:  # (label, q, weights, reference, q form, the sm_90 cap of its launched dtype)
         tiled = [("f16", q, w, r, "f16", ix.MAXNREG_SM90["fp16"])]
