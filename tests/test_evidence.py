@@ -2786,3 +2786,50 @@ def test_evidence_round33_gather_scales_wide_and_ncu():
     assert (old["WARPGROUP"], new["WARPGROUP"]) == (8.0, 3.0) and (old["IMAD"], new["IMAD"]) == (6.9, 3.2)
     assert (old["F2FP"], new["F2FP"]) == (15.8, 20.6) and max(new, key=new.get) == "F2FP"
     assert old["STS"] == 2.2 and "STS" not in new
+
+
+def test_evidence_round34_indexer_two_term_rule():
+    """NOTES round 34 / docs v44 (an H100 at 0bd890f, the rule shipped): bf16 q over fp8 keys is rewritten into two
+    e4m3 terms on sm_90. Against the top-2048 of the fp32 q that bf16 q was rounded from, the two terms agree about
+    as often as the exact forms do (the rounding to bf16 moves more picks than the terms add), where vLLM's fp8 q
+    moves an order of magnitude more; the rule's launch (4 tiles) is the two-term row of the sweep and faster than
+    the fp16 form under its cap, and on the looping grid of CUDA-graph decode faster by a quarter; memcheck of every
+    form clean, the case matrix's bf16-q rows scored through the terms and within tolerance."""
+    d = load("sweeps/indexer_form_topk_fp32q_h100_0bd890f.json")
+    assert d["meta"]["gpu"].startswith("NVIDIA H100") and d["meta"]["commit"][:7] == "0bd890f"
+    assert d["meta"]["q_drawn"] == "fp32" and d["meta"]["batch"] == 128 and d["meta"]["ctx"] == 32768
+    rows = {r["form"]: r for r in d["rows"]}
+    rounding, two, q8 = rows["bf16 rounding"], rows["e4m3x2"], rows["fp8 q"]
+    assert rounding["rows_identical"] == 128 and rounding["rows_identical_fp32"] == 0  # the rounding alone moves picks
+    assert 0.998 < rounding["topk_agree_mean_fp32"] < 0.999
+    for exact in ("f16", "bf16 dot"):  # the exact forms pick bf16 q's top-k: the same agreement with fp32 q's
+        r = rows[exact]
+        assert r["rows_identical"] == 128 and r["rel_err"] < 1e-6 and r["tiles"] == 1
+        assert r["topk_agree_mean_fp32"] == rounding["topk_agree_mean_fp32"]
+    assert two["tiles"] == 4 and 1e-5 < two["rel_err"] < 1e-3
+    assert two["topk_agree_mean"] > 0.999 and two["topk_agree_min"] >= 1 - 4 / 2048
+    assert abs(two["topk_agree_mean_fp32"] - rounding["topk_agree_mean_fp32"]) < 2e-4
+    assert 1 - two["topk_agree_mean"] < (1 - rounding["topk_agree_mean_fp32"]) / 2
+    assert 1 - q8["topk_agree_mean_fp32"] > 10 * (1 - two["topk_agree_mean_fp32"])
+    assert two["us"] < 0.97 * rows["f16"]["us"]
+    log = (BENCH / "sweeps" / "sanitizer_indexer_h100_0bd890f.log").read_text()
+    assert "48/48 indexer launches match the reference" in log and "ERROR SUMMARY: 0 errors" in log
+    assert log.count("e4m3x2 4 tiles a program: ok") == 4  # the rule's launch and the forced 4, at 32 and 24 heads
+    cases = {r["name"]: r for r in load("sweeps/checks_h100_full_0bd890f.json")}
+    assert len(cases) == 131 and all(r["ok"] for r in cases.values())
+    bf16q = [r for n, r in cases.items() if n.startswith("indexer-paged") and "-fp8-" in n and "-q8" not in n]
+    assert len(bf16q) == 3 and all(1e-5 < r["rel"] < 1e-3 for r in bf16q)  # through the terms, within tolerance
+    bench = load("sweeps/bench_h100_0bd890f.json")
+    assert bench["meta"]["commit"][:7] == "0bd890f" and bench["meta"]["gpu"].startswith("NVIDIA H100")
+    us = {r["impl"]: r for r in bench["rows"] if r["kind"].startswith("indexer-decode") and r["kv_format"] == "fp8"
+          and "error" not in r}
+    shipped = us["triton"]
+    assert abs(shipped["us"] / us["triton:q-e4m3x2-t4-s2"]["us"] - 1) < 0.02 and 1e-5 < shipped["rel_err"] < 1e-3
+    assert shipped["us"] < 0.98 * us["triton:q-f16-keysM-r96"]["us"]
+    for grid in ("loop8", "loop32"):
+        assert us[f"triton:e4m3x2:N128-w4-s2-{grid}"]["us"] < 0.8 * us[f"triton:f16:N128-w4-s2-{grid}"]["us"], grid
+    targets = {t["target"]: t for t in bench["targets"]}
+    assert sum(t["met"] for t in targets.values()) == 11
+    t = targets["indexer decode fp8: % of copy bandwidth"]
+    before = {x["target"]: x for x in load("sweeps/bench_h100_d1e47e4_gscales1.json")["targets"]}[t["target"]]
+    assert round(t["value"], 1) == 85.5 and round(before["value"], 1) == 82.1
