@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ref = naive.indexer_logits_ref(q.float(), cache, w, **kw)
     want = ref.topk(TOPK).indices
     want32 = None
-    if a.fp32_q:  # the same draw's standard normal q in fp32; the kernels get it rounded to bf16
+    if a.fp32_q:  # a fresh standard normal q in fp32 (the same keys and weights); the kernels get it rounded to bf16
         q32 = torch.randn(q.shape, device="cuda", generator=g)
         q = q32.bfloat16()
         ref = naive.indexer_logits_ref(q.float(), cache, w, **kw)

@@ -776,6 +776,10 @@ def test_paged_tiles_rule(monkeypatch):
     assert "-t4-" in spec.name and spec.name.endswith(":fp8:e4m3x2]"), spec.name
     spec = indexer_paged_spec(89, torch.bfloat16, True, False)
     assert spec.constexprs["Q_TERMS"] == 1 and spec.constexprs["TILES"] == 1 and spec.name.endswith(":fp8:f16]")
+    from glm5lib.kernels.compile_report import shipped_kernels
+
+    for arch, prep in ((90, "e4m3x2"), (89, "f16"), (120, "f16"), (80, "f16")):  # and the prepass the rule launches
+        assert [s.name for s in shipped_kernels(arch) if "q_prep" in s.name] == [f"indexer_q_prep[Hi32:{prep}]"], arch
     for one in (indexer_paged_spec(90, torch.float8_e4m3fn, True, False), indexer_paged_spec(90, torch.bfloat16, False, True),
                 indexer_paged_spec(89, torch.bfloat16, False, False)):
         assert not one.constexprs["MULTI"] and one.constexprs["TILES"] == 1, one.name
@@ -794,6 +798,18 @@ def test_paged_tiles_rule(monkeypatch):
     want = naive.indexer_logits_ref(q.float(), keys, w, **kw)
     fin = torch.isfinite(want)
     assert torch.equal(fin, torch.isfinite(got)) and torch.allclose(got[fin], want[fin], rtol=1e-5, atol=1e-5)
+    # over fp8 keys the launch asks the rule with the form q is rewritten into (the looping grid never asks)
+    monkeypatch.setattr(ix, "PAGED_TILES", None)
+    monkeypatch.setattr(ix, "PAGED_Q_REWRITE", True)
+    monkeypatch.setattr(ix, "PAGED_Q_FORM", "e4m3x2")
+    asked, real_tiles = [], ix.paged_tiles
+    monkeypatch.setattr(ix, "paged_tiles", lambda fmt, dev, form=None: asked.append((fmt, form)) or 2)
+    cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(keys.reshape(-1, 128).float()), 16)
+    launched.clear()
+    got = indexer_logits(q, cache, w, k_format="fp8", **kw)
+    indexer_logits(q, cache, w, k_format="fp8", row_bound_only=True, out=torch.full_like(got, float("-inf")), **kw)
+    assert asked == [("fp8", "e4m3x2")] and launched[0] == ((2, 2), 2) and launched[1][1] == 1  # 3 tiles, 2 a program
+    monkeypatch.setattr(ix, "paged_tiles", real_tiles)
 
 
 def test_paged_maxnreg_rule(monkeypatch):

@@ -89,9 +89,10 @@ SM90_TIMED_TILE = (0, 128, 4, 2)  # `INDEXER_CONFIGS["paged"]` when the sm_90 ca
 #   is the first's rounding error, e4m3's exponent keeping it to 4 bits) and the inverse into the weight; the scores
 #   kernel accumulates two fp8 dots on the keys' bytes as they are into one accumulator. The two terms hold a bf16
 #   value's 8 significant bits unless it lies more than 2^14 below its head's largest (e4m3 subnormals): on the
-#   CPU, in fp64, within 1e-6 of the bf16 dot's scores (scripts/indexer_q_forms_topk.py). On sm_90 the fp8
-#   products accumulate in the tensor cores' own precision: within ~1.6e-4 there (H200 and H100, the bench's
-#   `rel_err`), against bf16's own rounding of q at ~1.7e-3 and vLLM's fp8 q (one term) at ~2.7e-2.
+#   interpreter (fp32 products) they score within 1e-5 of the bf16 dot. On sm_90 the fp8 products accumulate in
+#   the tensor cores' own precision: within ~1.6e-4 there (H200 and H100, the bench's `rel_err`; vLLM's fp8 q, one
+#   term, 8.8e-3). Over the decode benchmark's 128 rows the terms move 0.05 % of bf16 q's top-2048 picks, where
+#   rounding an fp32 q to bf16 at all moves 0.15 % of its picks (scripts/indexer_form_topk.py --fp32-q, docs v44).
 #   sm_89+ only (elsewhere "f16").
 # PAGED_Q_FORM None is the rule (`q_form_rule`): "e4m3x2" on sm_90, where it was timed (H200 185.8 us at the rule's
 # 4 tiles against 209.3 for "f16" under its cap, 73 against 65 % of copy; an H100 221.5 against 230.4), "f16"
@@ -462,7 +463,8 @@ def indexer_logits(
     Ragged: `k_cache` `[N, 128]` or fp8 `[N, 132]` uint8; `ks`/`ke` int32 `[T]` (defaults 0 / N) -> `[T, N]`.
     Paged: `k_cache` `[num_blocks, block_size, 128]` or fp8 `[num_blocks, block_size, 132]` (block-split);
     `block_table` int32 `[B, max_blocks]`, `context_lens` int32 `[B]`, `T = B * next_n` -> `[T, max_len]`.
-    Paged launches score `paged_tiles` consecutive key tiles a program (`PAGED_TILES`: 8 over bf16 keys on sm_90).
+    Paged launches score `paged_tiles` consecutive key tiles a program (`PAGED_TILES`: 8 over bf16 keys on sm_90, 4
+    for q rewritten into two e4m3 terms).
     `row_bound_only`: row t is written only up to the end of the key tile holding its request's context (the rest
     keeps whatever `out` held)
     and the grid no longer grows with `max_len`: for a fixed, wide `max_len` (max_model_len, CUDA graphs) read
