@@ -54,8 +54,9 @@ def main() -> int:
                                                                                              rtol=1e-3, atol=1e-3)
                     bad += not ok
                     total += 1
-                    launched = ix.paged_q_form(qq.dtype, kwk["k_format"], q.device)
-                    how = " loop" if loop else f" {ix.paged_tiles(kwk['k_format'], q.device, launched)} tiles a program"
+                    fmt = kwk["k_format"]
+                    per = ix.paged_tiles(fmt, q.device, ix.paged_q_form(qq.dtype, fmt, q.device))
+                    how = " loop" if loop else f" {per} tiles a program"
                     print(f"indexer paged H{HI} {label}{how}: {'ok' if ok else 'FAILED'}", flush=True)
     print(f"{total - bad}/{total} indexer launches match the reference")
     return 1 if bad else 0

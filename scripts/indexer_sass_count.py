@@ -4,8 +4,8 @@ compile (`compile_report.indexer_paged_spec`), `cuobjdump -sass`, whole scores k
 program, with the register cap `indexer.paged_maxnreg` sets; the prepass is not counted), by opcode. `--loop`: the
 looping grid's builds instead (`row_bound_only`, what a captured decode step launches; never capped).
 
-`TRITON_INTERPRET=0 python scripts/indexer_sass_count.py [--arch 90 89 120 80] [--loop]`. The H200 runs Triton 3.6: put a
-3.6 install first on PYTHONPATH to count what it runs.
+`TRITON_INTERPRET=0 python scripts/indexer_sass_count.py [--arch 90 89 120 80] [--loop]`. The H200 runs Triton 3.6:
+put a 3.6 install first on PYTHONPATH to count what it runs.
 """
 
 from __future__ import annotations

@@ -2818,13 +2818,13 @@ def test_evidence_round34_indexer_two_term_rule():
     cases = {r["name"]: r for r in load("sweeps/checks_h100_full_0bd890f.json")}
     assert len(cases) == 131 and all(r["ok"] for r in cases.values())
     bf16q = [r for n, r in cases.items() if n.startswith("indexer-paged") and "-fp8-" in n and "-q8" not in n]
-    assert len(bf16q) == 3 and all(1e-5 < r["rel"] < 1e-3 for r in bf16q)  # through the terms, within tolerance
+    assert len(bf16q) == 3 and all(1.5e-4 < r["rel"] < 1.65e-4 for r in bf16q)  # through the terms (tolerance 1e-3)
     bench = load("sweeps/bench_h100_0bd890f.json")
     assert bench["meta"]["commit"][:7] == "0bd890f" and bench["meta"]["gpu"].startswith("NVIDIA H100")
     us = {r["impl"]: r for r in bench["rows"] if r["kind"].startswith("indexer-decode") and r["kv_format"] == "fp8"
           and "error" not in r}
     shipped = us["triton"]
-    assert abs(shipped["us"] / us["triton:q-e4m3x2-t4-s2"]["us"] - 1) < 0.02 and 1e-5 < shipped["rel_err"] < 1e-3
+    assert abs(shipped["us"] / us["triton:q-e4m3x2-t4-s2"]["us"] - 1) < 0.02 and 1.5e-4 < shipped["rel_err"] < 1.65e-4
     assert shipped["us"] < 0.98 * us["triton:q-f16-keysM-r96"]["us"]
     for grid in ("loop8", "loop32"):
         assert us[f"triton:e4m3x2:N128-w4-s2-{grid}"]["us"] < 0.8 * us[f"triton:f16:N128-w4-s2-{grid}"]["us"], grid
@@ -2841,5 +2841,13 @@ def test_evidence_round34_indexer_two_term_rule():
     regs = {(m[1], m[2]): (int(m[3]), int(m[4])) for m in re.finditer(
         r"^sm_(\d+) keys-as-M looping grid, q (.+?): (\d+) registers, (\d+) instructions", text, re.M)}
     assert regs[("90", "f16")] == (138, 1615) and regs[("90", "e4m3x2")] == (101, 1050)
-    for arch in ("89", "120"):
-        assert regs[(arch, "e4m3x2")][0] < regs[(arch, "f16")][0] and regs[(arch, "e4m3x2")][1] < regs[(arch, "f16")][1]
+    assert [regs[(a, f)] for a in ("89", "120") for f in ("f16", "e4m3x2")] == [(142, 1188), (128, 1028),
+                                                                               (148, 1200), (128, 1026)]
+    # what the rule's choices rest on (`indexer.Q_FORM_SM90`, `TILES_SM90`): the H200 run of 6eaff6f, the two terms
+    # at 4 tiles against one tile and against the fp16 form it shipped; the H100 run of d1e47e4, 4 tiles level
+    for name, four, one, f16 in (("bench_h200.json", 185.8, 191.5, 209.3),
+                                 ("sweeps/bench_h100_d1e47e4_gscales1.json", 221.5, 220.6, 230.4)):
+        run = {r["impl"]: r["us"] for r in load(name)["rows"] if r["kind"].startswith("indexer-decode")
+               and r["kv_format"] == "fp8" and "error" not in r}
+        got = [run["triton:q-e4m3x2-t4-s2"], run["triton:q-e4m3x2-keysM"], run["triton"]]
+        assert [round(x, 1) for x in got] == [four, one, f16], name

@@ -802,14 +802,13 @@ def test_paged_tiles_rule(monkeypatch):
     monkeypatch.setattr(ix, "PAGED_TILES", None)
     monkeypatch.setattr(ix, "PAGED_Q_REWRITE", True)
     monkeypatch.setattr(ix, "PAGED_Q_FORM", "e4m3x2")
-    asked, real_tiles = [], ix.paged_tiles
+    asked = []
     monkeypatch.setattr(ix, "paged_tiles", lambda fmt, dev, form=None: asked.append((fmt, form)) or 2)
     cache = naive.pack_indexer_cache_paged(naive.quantize_indexer_k(keys.reshape(-1, 128).float()), 16)
     launched.clear()
     got = indexer_logits(q, cache, w, k_format="fp8", **kw)
     indexer_logits(q, cache, w, k_format="fp8", row_bound_only=True, out=torch.full_like(got, float("-inf")), **kw)
     assert asked == [("fp8", "e4m3x2")] and launched[0] == ((2, 2), 2) and launched[1][1] == 1  # 3 tiles, 2 a program
-    monkeypatch.setattr(ix, "paged_tiles", real_tiles)
 
 
 def test_paged_maxnreg_rule(monkeypatch):
